@@ -1,0 +1,103 @@
+"""Django settings. Everything that varies between machines comes from the environment.
+
+See ``config/env.py`` for the variables and their defaults. With none set, the project runs on
+embedded defaults (SQLite, in-memory channel layer, eager Celery); with ``DATABASE_URL`` and
+``REDIS_URL`` set, it uses PostgreSQL and Redis.
+"""
+
+import os
+from pathlib import Path
+
+from config import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+ENV = env.load(os.environ, base_dir=BASE_DIR)
+
+DEBUG = ENV.debug
+SECRET_KEY = ENV.secret_key
+ALLOWED_HOSTS = ENV.allowed_hosts
+
+INSTALLED_APPS = [
+    # daphne first: its runserver replaces Django's, so `manage.py runserver` serves ASGI.
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    # The project package is an app too: it holds project-wide commands (check_services).
+    "config",
+    "accounts",
+    "market",
+    "scheduler_bridge",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Databases: DATABASE_URL (PostgreSQL via psycopg 3), else a SQLite file in the repository.
+DATABASES = {"default": ENV.database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Redis: one URL for the Celery broker and results, the Channels layer and the cache.
+REDIS_URL = ENV.redis.url if ENV.redis else None
+CACHES = env.caches(ENV.redis)
+CHANNEL_LAYERS = env.channel_layers(ENV.redis)
+# CELERY_BROKER_URL, CELERY_RESULT_BACKEND, CELERY_TASK_ALWAYS_EAGER (when REDIS_URL is unset), ...
+globals().update(env.celery_settings(ENV.redis))
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "home"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+# When on, config.asgi serves /static/ from the app and STATICFILES_DIRS (no collectstatic
+# needed). Behind a reverse proxy, set SERVE_STATIC=0 and serve STATIC_ROOT there.
+SERVE_STATIC = ENV.serve_static
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "INFO" if DEBUG else "WARNING"},
+}

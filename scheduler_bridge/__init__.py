@@ -1,0 +1,1 @@
+"""Engine client, gateway plumbing, Celery tasks, the SGLang plugin and the simulated engine."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SchedulerBridgeConfig(AppConfig):
+    name = "scheduler_bridge"
+    verbose_name = "Scheduler bridge"

@@ -1,0 +1,107 @@
+"""Celery: the ping task in-process, and through the Redis broker in a real worker process."""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+
+from config.celery import app as celery_app
+from scheduler_bridge.tasks import ping
+from tests.conftest import REPO_ROOT
+
+WORKER_START_TIMEOUT_S = 60
+
+
+def test_ping_runs_in_process() -> None:
+    result = ping.apply().get()
+    assert result["pong"] is True
+    assert result["pid"] == os.getpid()
+
+
+def test_celery_is_eager_exactly_when_redis_is_unset() -> None:
+    assert celery_app.conf.task_always_eager is (settings.REDIS_URL is None)
+    if settings.REDIS_URL:
+        assert celery_app.conf.broker_url == settings.REDIS_URL
+        assert celery_app.conf.result_backend == settings.REDIS_URL
+
+
+@dataclass(frozen=True)
+class WorkerProcess:
+    name: str  # Celery node name, "name@host"
+    queue: str  # the only queue it consumes
+    pid: int
+    log: Path
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """A real ``celery worker`` subprocess on a queue of its own, with this process's env."""
+    if not settings.REDIS_URL:
+        pytest.skip("needs Redis: set REDIS_URL=redis://... (.ci/run does)")
+    token = uuid.uuid4().hex[:12]
+    name, queue = f"imtest-{token}@pytest", f"imtest-{token}"
+    log = tmp_path_factory.mktemp("celery") / "worker.log"
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "--pool=solo",
+                "--concurrency=1",
+                "-Q",
+                queue,
+                "-n",
+                name,
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel=INFO",
+            ],
+            cwd=REPO_ROOT,
+            env=os.environ.copy(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while not celery_app.control.ping(destination=[name], timeout=1.0):
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"celery worker did not come up; its log:\n{log.read_text()}")
+        yield WorkerProcess(name=name, queue=queue, pid=process.pid, log=log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        client.delete(f"_kombu.binding.{queue}", queue)
+        client.close()
+
+
+@pytest.mark.celery_worker
+def test_ping_through_the_redis_broker_by_a_real_worker(
+    celery_worker_process: WorkerProcess,
+) -> None:
+    assert celery_app.conf.task_always_eager is False
+    result = ping.apply_async(queue=celery_worker_process.queue)
+    answer = result.get(timeout=30)
+    assert answer == {
+        "pong": True,
+        "worker": celery_worker_process.name,
+        "pid": celery_worker_process.pid,
+    }
+    assert answer["pid"] != os.getpid()

@@ -1,0 +1,32 @@
+"""The auction mechanism, pure Python (DESIGN.md section 4).
+
+It imports nothing from Django, Celery or SGLang: the engines and the SGLang plugin use it as is.
+
+    from market.mechanism import WaitingRequest, clear, POLICIES
+    c = clear(requests, "dfs-auction-density", reserve=0.01)
+    c.order, c.completion, c.payments, c.welfare
+
+For a queue that changes request by request, keep a ``RequestTree`` and call ``clear_tree``.
+"""
+
+from .clearing import DEFAULT_TOKENS_PER_SECOND, Clearing, clear, clear_tree
+from .policies import BID_POLICIES, DFS_AUCTIONS, POLICIES, block_key
+from .requests import BID_SCALE, MAX_BID, WaitingRequest, bid_checked, to_ticks
+from .tree import RequestTree
+
+__all__ = [
+    "BID_SCALE",
+    "MAX_BID",
+    "BID_POLICIES",
+    "DEFAULT_TOKENS_PER_SECOND",
+    "DFS_AUCTIONS",
+    "POLICIES",
+    "Clearing",
+    "RequestTree",
+    "WaitingRequest",
+    "bid_checked",
+    "block_key",
+    "clear",
+    "clear_tree",
+    "to_ticks",
+]

@@ -1,0 +1,125 @@
+"""Round-cost benchmark of the mechanism: ``python -m market.mechanism.bench``.
+
+Waiting queues shaped like real traffic: G shared system prompts of about 2,000 tokens (a Zipf mix
+of popularity), each request a distinct suffix of about 128 tokens, half of the system prompts
+already cached. For each queue size and policy it times, on the same queue:
+
+- ``order``: one round on the maintained tree (order and planned completions),
+- ``order+pay``: the same round plus the priority charge of every waiting request,
+- ``clear``: ``clear()`` from scratch (building the tree included),
+
+as the median of several repetitions, and reports each as a ratio to fcfs on the same tree in the
+same run, since the machine is shared and absolute times drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+
+from . import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
+
+SIZES = (1_000, 10_000, 100_000)
+RESERVE = 0.05  # dollars per second: about a sixth of the background bids fall under it
+GROUPS = {1_000: 64, 10_000: 256, 100_000: 1_024}
+
+
+def make_queue(n: int, groups: int, seed: int = 0) -> list[WaitingRequest]:
+    """``n`` waiting requests over ``groups`` shared system prompts."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(groups):
+        length = int(rng.gauss(2_000, 200))
+        prompts.append(tuple(rng.randrange(32_000) for _ in range(length)))
+    cached = [rng.random() < 0.5 for _ in range(groups)]
+    weights = [1 / (g + 1) for g in range(groups)]
+    picks = rng.choices(range(groups), weights=weights, k=n)
+    out = []
+    for i, g in enumerate(picks):
+        suffix = tuple(rng.randrange(32_000) for _ in range(max(1, int(rng.gauss(128, 32)))))
+        bid = rng.lognormvariate(1.0, 1.0) if rng.random() < 0.2 else rng.lognormvariate(-2, 1)
+        system = prompts[g]
+        out.append(
+            WaitingRequest(
+                f"r{i}",
+                system + suffix,
+                bid,
+                i * 0.001,
+                cached_len=len(system) if cached[g] else 0,
+            )
+        )
+    return out
+
+
+def bench_size(n: int, groups: int, repeat: int, progress) -> dict[str, dict[str, float]]:
+    """Median seconds per policy and kind of round; repetitions interleave the policies, so that
+    a slow spell of the machine falls on all of them alike."""
+    reqs = make_queue(n, groups)
+    tree = RequestTree(reqs)
+    runs = {
+        "order_s": lambda p: clear_tree(tree, p, reserve=RESERVE),
+        "order_pay_s": lambda p: clear_tree(tree, p, reserve=RESERVE).payments,
+        "clear_s": lambda p: clear(reqs, p, reserve=RESERVE),
+    }
+    times: dict[str, dict[str, list[float]]] = {p: {k: [] for k in runs} for p in POLICIES}
+    for rep in range(repeat):
+        progress(f"n={n:,} repetition {rep + 1}/{repeat}")
+        for kind, fn in runs.items():
+            if kind == "clear_s" and rep >= max(1, repeat // 3):
+                continue
+            for policy in POLICIES:
+                t0 = time.perf_counter()
+                fn(policy)
+                times[policy][kind].append(time.perf_counter() - t0)
+    return {p: {k: statistics.median(v) for k, v in per.items()} for p, per in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--repeat", type=int, default=9, help="repetitions per timing (median)")
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args(argv)
+
+    def progress(msg: str) -> None:
+        print(f"  ... {msg}", file=sys.stderr, flush=True)
+
+    results = {}
+    for n in args.sizes:
+        groups = GROUPS.get(n, max(64, min(1_024, n // 64)))
+        repeat = args.repeat if n <= 10_000 else max(1, args.repeat // 2)
+        results[n] = bench_size(n, groups, repeat, progress)
+
+    head = f"{'requests':>9} {'policy':<20} {'order ms':>9} {'+pay ms':>9} {'clear ms':>9}"
+    head += f" {'order/fcfs':>10} {'+pay/fcfs':>10} {'clear/fcfs':>10}"
+    print(head)
+    for n, per in results.items():
+        base = per["fcfs"]
+        for policy, t in per.items():
+            print(
+                f"{n:>9,} {policy:<20} {t['order_s'] * 1e3:>9.1f} {t['order_pay_s'] * 1e3:>9.1f}"
+                f" {t['clear_s'] * 1e3:>9.1f} {t['order_s'] / base['order_s']:>10.2f}"
+                f" {t['order_pay_s'] / base['order_pay_s']:>10.2f}"
+                f" {t['clear_s'] / base['clear_s']:>10.2f}"
+            )
+    sizes = list(results)
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        for policy in ("fcfs", "dfs-auction-density"):
+            ra = results[a][policy]["order_pay_s"]
+            rb = results[b][policy]["order_pay_s"]
+            print(
+                f"scaling {policy} order+pay {a:,} -> {b:,} requests: {rb / ra:.1f}x time "
+                f"for {b / a:.0f}x requests"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({str(n): per for n, per in results.items()}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""The six ordering policies of DESIGN.md 4.2, as a registry from name to planner.
+
+A planner walks the request tree and returns the service order with the cumulative work (tokens)
+at which each request completes. DFS policies serve every subtree as one contiguous block: at each
+node the blocks (child subtrees and the requests that end there) go in order of a key, ties to the
+earliest arrival, then the smallest id. The bid-blind baselines order the requests directly and
+find the work of each by marking the nodes its prefix needs (each computed once).
+
+The loops are written out by hand, leaves (one request, no children) taking a short path: a round
+visits every node, and most nodes are leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import attrgetter
+
+from .tree import INF, Entry, Node, RequestTree
+
+POLICIES = ("fcfs", "lpm", "dfs-weight", "highest-bid", "dfs-auction", "dfs-auction-density")
+
+# Policies whose order depends on bids, and so charge for priority.
+BID_POLICIES = frozenset({"highest-bid", "dfs-auction", "dfs-auction-density"})
+# Policies that order blocks of the full request tree by a bid key.
+DFS_AUCTIONS = frozenset({"dfs-auction", "dfs-auction-density"})
+
+Plan = tuple[list[Entry], list[int]]  # service order, cumulative work (tokens) at each completion
+
+# Planners take the reserve in bid ticks and leave each request's effective bid, in ticks, in
+# its entry's ``bsum``.
+
+_by_key = attrgetter("nk", "tie")
+_by_tie = attrgetter("tie")
+
+
+def block_key(policy: str, bsum: float, n: int, work: int) -> float:
+    """The key a DFS auction orders sibling blocks by, higher first.
+
+    ``dfs-auction``: average bid per request. ``dfs-auction-density``: bid per uncached token of
+    the block (Smith's rule); a block that needs no work costs the others nothing, so it goes
+    first whatever its bid. ``bsum`` is the block's sum of effective bids, in any unit.
+    """
+    if policy == "dfs-auction":
+        return bsum / n
+    return bsum / work if work > 0 else INF
+
+
+def _prepare_cached(tree: RequestTree) -> list[Node]:
+    """Bottom-up: the cached depth below each node and its uncached edge tokens."""
+    nodes = tree.nodes()
+    for x in reversed(nodes):
+        children = x.children
+        if not children and len(x.reqs) == 1:
+            for e in x.reqs.values():
+                cached = e.req.cached_len
+            x.cached = cached
+            x.ew = 0 if cached >= x.end else x.end - (cached if cached > x.start else x.start)
+            continue
+        cached = 0
+        for e in x.reqs.values():
+            if e.req.cached_len > cached:
+                cached = e.req.cached_len
+        for c in children.values():
+            if c.cached > cached:
+                cached = c.cached
+        x.cached = cached
+        x.ew = 0 if cached >= x.end else x.end - (cached if cached > x.start else x.start)
+    return nodes
+
+
+def _internal_nodes(root: Node) -> list[Node]:
+    """The nodes with children, parents before children."""
+    out = [root]
+    i = 0
+    while i < len(out):
+        for c in out[i].children.values():
+            if c.children:
+                out.append(c)
+        i += 1
+    return out
+
+
+def _auction_blocks(
+    x: Node, density: bool, reserve: int, overhead: int
+) -> tuple[list, int, int, int, int, tuple | None]:
+    """The requests ending at ``x`` as blocks: (blocks, n, bid sum, work, cached, tie)."""
+    cached = 0
+    bsum = 0
+    tie = None
+    blocks: list = []
+    for e in x.reqs.values():
+        b = e.ticks
+        if b < reserve:
+            b = 0
+        e.bsum, e.work = b, overhead
+        if density:
+            e.nk = -(b / overhead) if overhead else -INF
+        else:
+            e.nk = -b
+        if e.req.cached_len > cached:
+            cached = e.req.cached_len
+        if tie is None or e.tie < tie:
+            tie = e.tie
+        bsum += b
+        blocks.append(e)
+    return blocks, len(blocks), bsum, len(blocks) * overhead, cached, tie
+
+
+def _close_block(
+    x: Node, blocks: list, n: int, bsum: int, work: int, cached: int, tie, density: bool
+) -> None:
+    """Store a node's totals as a block (its edge's uncached tokens added) and sort its blocks."""
+    ew = 0 if cached >= x.end else x.end - (cached if cached > x.start else x.start)
+    work += ew
+    x.cached, x.ew, x.n, x.bsum, x.work, x.tie = cached, ew, n, bsum, work, tie
+    if density:
+        x.nk = -(bsum / work) if work else -INF
+    elif n:
+        x.nk = -(bsum / n)
+    if len(blocks) > 1:
+        blocks.sort(key=_by_key)
+    x.blocks = blocks
+    x.only = None
+    x.sums = None
+
+
+def _plan_dfs_auction(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+    """DFS order with sibling blocks by average bid or by bid density (see ``block_key``)."""
+    density = policy == "dfs-auction-density"
+    for x in reversed(_internal_nodes(tree.root)):
+        blocks, n, bsum, work, cached, tie = _auction_blocks(x, density, reserve, overhead)
+        for c in x.children.values():
+            if not c.children:
+                reqs = c.reqs
+                if len(reqs) == 1:
+                    # A leaf holding one request, the common case: the request is its only block.
+                    for e in reqs.values():
+                        b = e.ticks
+                        if b < reserve:
+                            b = 0
+                        e.bsum, e.work = b, overhead
+                        cc = e.req.cached_len
+                        end = c.end
+                        ew = 0 if cc >= end else end - (cc if cc > c.start else c.start)
+                        cw = ew + overhead
+                        c.only, c.cached, c.ew, c.n, c.bsum, c.work = e, cc, ew, 1, b, cw
+                        c.tie = e.tie
+                        if density:
+                            c.nk = -(b / cw) if cw else -INF
+                        else:
+                            c.nk = -b
+                else:
+                    _close_block(c, *_auction_blocks(c, density, reserve, overhead), density)
+            n += c.n
+            bsum += c.bsum
+            work += c.work
+            if c.cached > cached:
+                cached = c.cached
+            if tie is None or c.tie < tie:
+                tie = c.tie
+            blocks.append(c)
+        _close_block(x, blocks, n, bsum, work, cached, tie, density)
+    return _emit_dfs(tree.root, overhead)
+
+
+def _emit_dfs(root: Node, overhead: int) -> Plan:
+    """Walk the sorted blocks depth-first; an edge's uncached tokens are paid on entering it.
+
+    Records where each subtree's requests start in the order (``first``), for the payments.
+    """
+    order: list[Entry] = []
+    cums: list[int] = []
+    cum = 0
+    root.first = 0
+    stack = list(reversed(root.blocks)) if root.only is None else [root.only]
+    while stack:
+        b = stack.pop()
+        if type(b) is Entry:
+            b.first = len(order)
+            cum += overhead
+            order.append(b)
+            cums.append(cum)
+            continue
+        b.first = len(order)
+        cum += b.ew
+        e = b.only
+        if e is not None:
+            e.first = b.first
+            cum += overhead
+            order.append(e)
+            cums.append(cum)
+            continue
+        blocks = b.blocks
+        if len(blocks) == 1:
+            stack.append(blocks[0])
+        else:
+            stack.extend(reversed(blocks))
+    return order, cums
+
+
+def _mark_work(tree: RequestTree, order: list[Entry], overhead: int) -> Plan:
+    """Cumulative work of a given order: each request computes the nodes not yet computed."""
+    tree.stamp = stamp = tree.stamp + 1
+    tree.root.mark = stamp
+    cums = []
+    cum = 0
+    for e in order:
+        x = e.node
+        while x.mark != stamp:
+            cum += x.ew
+            x.mark = stamp
+            x = x.parent
+        cum += overhead
+        cums.append(cum)
+    return order, cums
+
+
+def _plan_fcfs(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+    """First come, first served."""
+    _prepare_cached(tree)
+    return _mark_work(tree, sorted(tree.entries.values(), key=_by_tie), overhead)
+
+
+def _plan_highest_bid(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+    """Highest effective bid first, then arrival (SGLang's priority scheduling, priority = bid)."""
+    _prepare_cached(tree)
+    entries = list(tree.entries.values())
+    for e in entries:
+        b = e.ticks
+        e.bsum = b if b >= reserve else 0
+        e.nk = -e.bsum
+    entries.sort(key=_by_key)
+    return _mark_work(tree, entries, overhead)
+
+
+def _plan_lpm(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+    """Longest cached prefix first (SGLang's lpm, without its fallback to fcfs on long queues)."""
+    _prepare_cached(tree)
+    order = sorted(tree.entries.values(), key=lambda e: (-e.req.cached_len, e.tie))
+    return _mark_work(tree, order, overhead)
+
+
+def _plan_dfs_weight(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+    """SGLang's dfs-weight: DFS over the tree of *cached* prefixes, heavier subtrees first.
+
+    A request hangs at the end of its cached prefix (its anchor). At each point of that tree the
+    child subtrees go first, by the number of requests anchored in them (descending), then the
+    requests anchored at the point itself. Unlike the DFS auctions, requests that share only an
+    uncached prefix are not grouped. Ties: earliest arrival, then id (SGLang keeps its radix
+    tree's insertion order there).
+    """
+    nodes = _prepare_cached(tree)
+    anchored: dict[Node, list[Entry]] = {}
+    root = tree.root
+    for e in tree.entries.values():
+        c = e.req.cached_len
+        x = e.node
+        while x is not root and x.start >= c:
+            x = x.parent
+        anchored.setdefault(x, []).append(e)
+    for x in reversed(nodes):
+        own = anchored.get(x, ())
+        n = len(own)
+        tie = min((e.tie for e in own), default=None)
+        live = []
+        for c in x.children.values():
+            if c.n:
+                n += c.n
+                if tie is None or c.tie < tie:
+                    tie = c.tie
+                live.append(c)
+        live.sort(key=lambda c: (-c.n, c.tie))
+        # Anchors inside this node's edge form a chain: the deeper ones are served first.
+        own = sorted(own, key=lambda e: (-e.req.cached_len, e.tie))
+        x.n, x.tie, x.blocks = n, tie, live + own
+    order: list[Entry] = []
+    stack = list(reversed(root.blocks))
+    while stack:
+        b = stack.pop()
+        if type(b) is Entry:
+            order.append(b)
+        else:
+            stack.extend(reversed(b.blocks))
+    return _mark_work(tree, order, overhead)
+
+
+PLANNERS: dict[str, Callable[[RequestTree, str, int, int], Plan]] = {
+    "fcfs": _plan_fcfs,
+    "lpm": _plan_lpm,
+    "dfs-weight": _plan_dfs_weight,
+    "highest-bid": _plan_highest_bid,
+    "dfs-auction": _plan_dfs_auction,
+    "dfs-auction-density": _plan_dfs_auction,
+}
+
+
+def policy_checked(policy: object) -> str:
+    """Return the policy name, or raise ValueError naming it if it is unknown."""
+    if policy not in PLANNERS:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return policy  # type: ignore[return-value]

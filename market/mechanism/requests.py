@@ -1,0 +1,75 @@
+"""The waiting request: what the mechanism knows about one request in the queue.
+
+Units: ``bid`` is dollars per second of waiting, ``arrival`` is seconds (any epoch, only the order
+matters), ``tokens`` are prompt token ids and ``cached_len`` is how many leading tokens are already
+in the engine's KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Bids are compared in whole ticks of 1e-9 dollars per second, so that sums of bids, and the
+# differences the payments take of them, are exact: a tie is a tie however the sum was formed.
+BID_SCALE = 10**9
+MAX_BID = 1e6  # dollars per second; anything above is a mistake, not a bid
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRequest:
+    """One request in the waiting queue. Validated on construction: bad input raises ValueError."""
+
+    id: str
+    tokens: Sequence[int]
+    bid: float
+    arrival: float
+    cached_len: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"request id must be a non-empty string, got {self.id!r}")
+        if not isinstance(self.tokens, tuple):
+            object.__setattr__(self, "tokens", tuple(self.tokens))
+        if not self.tokens:
+            raise ValueError(f"request {self.id!r}: empty token list")
+        object.__setattr__(self, "bid", bid_checked(self.bid, request_id=self.id))
+        if isinstance(self.arrival, bool) or not isinstance(self.arrival, int | float):
+            raise ValueError(f"request {self.id!r}: arrival must be a number, got {self.arrival!r}")
+        if not math.isfinite(self.arrival):
+            raise ValueError(f"request {self.id!r}: arrival must be finite, got {self.arrival!r}")
+        cached = self.cached_len
+        if isinstance(cached, bool) or not isinstance(cached, int):
+            raise ValueError(f"request {self.id!r}: cached_len must be an int, got {cached!r}")
+        if not 0 <= cached <= len(self.tokens):
+            raise ValueError(
+                f"request {self.id!r}: cached_len {cached} outside 0..{len(self.tokens)}"
+            )
+
+    @property
+    def tie(self) -> tuple[float, str]:
+        """Tie-breaking key: earliest arrival first, then the smallest id."""
+        return (self.arrival, self.id)
+
+
+def bid_checked(bid: object, *, request_id: str) -> float:
+    """Return ``bid`` as a float, or raise ValueError naming the request if it is not a valid bid.
+
+    A valid bid is a finite, non-negative real number (dollars per second of waiting).
+    """
+    if isinstance(bid, bool) or not isinstance(bid, int | float):
+        raise ValueError(f"request {request_id!r}: bid must be a number, got {bid!r}")
+    value = float(bid)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"request {request_id!r}: bid must be finite, got {bid!r}")
+    if value < 0:
+        raise ValueError(f"request {request_id!r}: bid must be >= 0, got {bid!r}")
+    if value > MAX_BID:
+        raise ValueError(f"request {request_id!r}: bid {bid!r} is above the maximum {MAX_BID:g}")
+    return value
+
+
+def to_ticks(amount: float) -> int:
+    """Dollars per second as a whole number of bid ticks (rounded to the nearest)."""
+    return round(amount * BID_SCALE)

@@ -1,0 +1,211 @@
+"""The request tree: a compressed trie over the token ids of the waiting requests.
+
+Every waiting request ends at a node. A node's edge covers the token positions ``start..end`` of
+every request below it; edges keep a reference to one such request's token tuple instead of a copy,
+so inserting or removing a request costs time proportional to its length (token comparisons run as
+slice comparisons in C). Requests that share a prefix share the nodes of that prefix whether or not
+it is cached yet; how much of an edge is cached is worked out each round from the requests'
+``cached_len`` (a token cached for one request is cached for every request with the same prefix).
+
+A scheduling round (``prepare``) walks the nodes once, bottom-up, so it costs time proportional to
+the number of nodes and requests, not to the number of prompt tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+from .requests import WaitingRequest, bid_checked, to_ticks
+
+INF = float("inf")
+
+# Slices shorter than this are compared token by token; longer ones by bisecting on slice equality.
+_SHORT_EDGE = 16
+
+
+class Node:
+    """A node of the request tree; its edge holds tokens ``seq[start:end]``."""
+
+    __slots__ = (
+        "parent",
+        "children",  # first token of the child's edge -> child
+        "seq",  # token tuple of some request at or below this node
+        "start",
+        "end",
+        "reqs",  # request id -> Entry, for the requests that end exactly here
+        # Per-round fields, written by RequestTree.prepare():
+        "cached",  # deepest cached position among the requests below (tokens)
+        "ew",  # uncached tokens of this node's edge
+        "n",  # requests in the subtree
+        "bsum",  # effective bids in the subtree, in bid ticks (see requests.BID_SCALE)
+        "work",  # uncached tokens + overheads of the subtree, the edge into it included
+        "tie",  # (arrival, id) of the subtree's earliest request
+        "nk",  # minus the policy's key as a block at the parent (so that ascending sorts first)
+        "only",  # the Entry, when the node is a leaf holding a single request, else None
+        "blocks",  # the blocks at this node (children and requests ending here), in service order
+        "first",  # position of the subtree's first request in the round's order
+        "sums",  # lazily built sort keys and prefix sums for payments, see payments.py
+        "mark",  # round stamp, used by the marking walk of non-DFS policies
+    )
+
+    def __init__(self, parent: Node | None, seq: Sequence[int], start: int, end: int) -> None:
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.seq = seq
+        self.start = start
+        self.end = end
+        self.reqs: dict[str, Entry] = {}
+        self.mark = -1
+        self.sums = None
+        self.only = None
+
+
+class Entry:
+    """A request in the tree, with its per-round fields (a request is a block of its own)."""
+
+    __slots__ = ("req", "node", "tie", "ticks", "n", "bsum", "work", "nk", "first")
+
+    def __init__(self, req: WaitingRequest, node: Node) -> None:
+        self.req = req
+        self.node = node
+        self.tie = (req.arrival, req.id)
+        self.ticks = to_ticks(req.bid)
+        self.n = 1
+
+
+def _common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
+    """Length of the common run of ``a`` and ``b`` starting at position ``lo``, capped at ``hi``."""
+    if hi - lo <= _SHORT_EDGE:
+        i = lo
+        while i < hi and a[i] == b[i]:
+            i += 1
+        return i - lo
+    if a[lo:hi] == b[lo:hi]:
+        return hi - lo
+    good, bad = lo, hi  # a[lo:good] == b[lo:good]; a[lo:bad] != b[lo:bad]
+    while bad - good > _SHORT_EDGE:
+        mid = (good + bad) // 2
+        if a[good:mid] == b[good:mid]:
+            good = mid
+        else:
+            bad = mid
+    while a[good] == b[good]:
+        good += 1
+    return good - lo
+
+
+class RequestTree:
+    """The waiting requests' prefix tree, kept up to date as requests arrive and leave."""
+
+    def __init__(self, requests: Sequence[WaitingRequest] = ()) -> None:
+        self.root = Node(None, (), 0, 0)
+        self.entries: dict[str, Entry] = {}
+        self.version = 0  # bumped by every change; a Clearing is valid for one version
+        self.stamp = 0  # round counter for marking walks
+        for req in requests:
+            self.insert(req)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self.entries
+
+    def __iter__(self) -> Iterator[WaitingRequest]:
+        return (e.req for e in self.entries.values())
+
+    def get(self, request_id: str) -> WaitingRequest:
+        """The waiting request with this id; KeyError if it is not waiting."""
+        return self.entries[request_id].req
+
+    def insert(self, req: WaitingRequest) -> None:
+        """Add a waiting request. Time proportional to its number of tokens."""
+        if not isinstance(req, WaitingRequest):
+            raise ValueError(f"expected a WaitingRequest, got {type(req).__name__}")
+        if req.id in self.entries:
+            raise ValueError(f"duplicate request id {req.id!r}")
+        toks = req.tokens
+        length = len(toks)
+        node, depth = self.root, 0
+        while depth < length:
+            child = node.children.get(toks[depth])
+            if child is None:
+                leaf = Node(node, toks, depth, length)
+                node.children[toks[depth]] = leaf
+                node, depth = leaf, length
+                break
+            k = _common_len(child.seq, toks, depth, min(child.end, length))
+            if depth + k == child.end:
+                node, depth = child, child.end
+                continue
+            # The request leaves (or ends inside) the child's edge: split the edge there.
+            cut = depth + k
+            mid = Node(node, child.seq, depth, cut)
+            node.children[toks[depth]] = mid
+            child.parent, child.start = mid, cut
+            mid.children[child.seq[cut]] = child
+            node, depth = mid, cut
+        entry = Entry(req, node)
+        node.reqs[req.id] = entry
+        self.entries[req.id] = entry
+        self.version += 1
+
+    def remove(self, request_id: str) -> WaitingRequest:
+        """Remove a waiting request (served or cancelled) and return it."""
+        entry = self.entries.pop(request_id, None)
+        if entry is None:
+            raise ValueError(f"request {request_id!r} is not waiting")
+        node = entry.node
+        del node.reqs[request_id]
+        root = self.root
+        # Keep the trie compressed: drop empty leaves, merge nodes left with one child.
+        while node is not root and not node.reqs:
+            parent = node.parent
+            if not node.children:
+                del parent.children[node.seq[node.start]]
+                node = parent
+                continue
+            if len(node.children) == 1:
+                (child,) = node.children.values()
+                child.start, child.parent = node.start, parent
+                parent.children[child.seq[child.start]] = child
+            break
+        self.version += 1
+        return entry.req
+
+    def update(
+        self, request_id: str, *, bid: float | None = None, cached_len: int | None = None
+    ) -> WaitingRequest:
+        """Change a waiting request's bid or cached length in place and return the new request."""
+        entry = self.entries.get(request_id)
+        if entry is None:
+            raise ValueError(f"request {request_id!r} is not waiting")
+        changes: dict[str, object] = {}
+        if bid is not None:
+            changes["bid"] = bid_checked(bid, request_id=request_id)
+        if cached_len is not None:
+            changes["cached_len"] = cached_len
+        entry.req = replace(entry.req, **changes)
+        entry.ticks = to_ticks(entry.req.bid)
+        self.version += 1
+        return entry.req
+
+    def nodes(self) -> list[Node]:
+        """All nodes, parents before children (breadth-first)."""
+        out = [self.root]
+        i = 0
+        while i < len(out):
+            out.extend(out[i].children.values())
+            i += 1
+        return out
+
+    def path(self, request_id: str) -> list[Node]:
+        """The nodes from the root down to the node where the request ends."""
+        node = self.entries[request_id].node
+        out = []
+        while node is not None:
+            out.append(node)
+            node = node.parent
+        out.reverse()
+        return out

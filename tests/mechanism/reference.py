@@ -1,0 +1,205 @@
+"""Brute-force references for the mechanism tests, written independently of market.mechanism.
+
+Nothing here shares code with the mechanism: the trie is uncompressed (one level per token), work
+is counted by hashing every prefix, DFS orders are enumerated outright, and payments come from
+re-clearing the reference auction on a grid of bids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Req:
+    id: str
+    tokens: tuple[int, ...]
+    bid: float
+    arrival: float
+    cached_len: int = 0
+
+
+def cached_prefixes(reqs: list[Req]) -> set[tuple[int, ...]]:
+    """Every token prefix that some request reports as cached."""
+    out = set()
+    for r in reqs:
+        for j in range(r.cached_len):
+            out.add(r.tokens[: j + 1])
+    return out
+
+
+def completions(reqs: list[Req], order: list[str], overhead: int, tps: float) -> dict[str, float]:
+    """Planned completion (seconds) of each request served in ``order``: each uncached prefix
+    token is computed once, by the first request in the order that needs it."""
+    by_id = {r.id: r for r in reqs}
+    done = cached_prefixes(reqs)
+    work = 0
+    out = {}
+    for rid in order:
+        toks = by_id[rid].tokens
+        for j in range(len(toks)):
+            p = toks[: j + 1]
+            if p not in done:
+                done.add(p)
+                work += 1
+        work += overhead
+        out[rid] = work / tps
+    return out
+
+
+def eff(bid: float, reserve: float) -> float:
+    return bid if bid >= reserve else 0.0
+
+
+def welfare(reqs, comp, reserve) -> float:
+    return -sum(eff(r.bid, reserve) * comp[r.id] for r in reqs)
+
+
+# ---- the uncompressed trie, as nested blocks ------------------------------------------------
+
+
+def blocks_at(reqs: list[Req], depth: int) -> list[list[Req] | Req]:
+    """The blocks below a point of depth ``depth`` shared by ``reqs``: requests ending there are
+    blocks of their own; the others group by their next token, each group continuing as one
+    subtree (a chain of single-token levels until it branches)."""
+    ending = [r for r in reqs if len(r.tokens) == depth]
+    groups: dict[int, list[Req]] = {}
+    for r in reqs:
+        if len(r.tokens) > depth:
+            groups.setdefault(r.tokens[depth], []).append(r)
+    return list(ending) + list(groups.values())
+
+
+def all_dfs_orders(reqs: list[Req], depth: int = 0):
+    """Every order that serves each subtree contiguously."""
+    if len(reqs) == 1 and len(reqs[0].tokens) == depth:
+        yield [reqs[0].id]
+        return
+    blocks = blocks_at(reqs, depth)
+    if len(blocks) == 1 and isinstance(blocks[0], list):
+        yield from all_dfs_orders(blocks[0], depth + 1)
+        return
+    sub = []
+    for b in blocks:
+        if isinstance(b, Req):
+            sub.append([[b.id]])
+        else:
+            sub.append(list(all_dfs_orders(b, depth + 1)))
+    for perm in itertools.permutations(range(len(blocks))):
+        for choice in itertools.product(*(sub[k] for k in perm)):
+            yield [rid for part in choice for rid in part]
+
+
+def is_dfs_order(reqs: list[Req], order: list[str]) -> bool:
+    """True if every set of requests sharing a prefix point is contiguous in ``order``."""
+    pos = {rid: i for i, rid in enumerate(order)}
+    seen = set()
+    for r in reqs:
+        for d in range(1, len(r.tokens) + 1):
+            p = r.tokens[:d]
+            if p in seen:
+                continue
+            seen.add(p)
+            members = [pos[s.id] for s in reqs if s.tokens[:d] == p]
+            if max(members) - min(members) + 1 != len(members):
+                return False
+    return True
+
+
+def _block_work(block, depth, done: set, overhead: int) -> int:
+    """Uncached tokens (below ``depth``) plus overheads of a block."""
+    reqs = block if isinstance(block, list) else [block]
+    prefixes = set()
+    for r in reqs:
+        for j in range(depth, len(r.tokens)):
+            prefixes.add(r.tokens[: j + 1])
+    return len(prefixes - done) + overhead * len(reqs)
+
+
+def dfs_auction_order(reqs: list[Req], density: bool, reserve: float, overhead: int) -> list[str]:
+    """The DFS auctions, by plain recursion over the uncompressed trie."""
+    done = cached_prefixes(reqs)
+
+    def rec(group: list[Req], depth: int) -> list[str]:
+        if len(group) == 1 and len(group[0].tokens) == depth:
+            return [group[0].id]
+        blocks = blocks_at(group, depth)
+        keyed = []
+        for b in blocks:
+            members = b if isinstance(b, list) else [b]
+            bsum = sum(eff(r.bid, reserve) for r in members)
+            if density:
+                w = _block_work(b, depth, done, overhead)
+                key = bsum / w if w > 0 else math.inf
+            else:
+                key = bsum / len(members)
+            tie = min((r.arrival, r.id) for r in members)
+            keyed.append(((-key, tie), b))
+        keyed.sort(key=lambda kb: kb[0])
+        out = []
+        for _, b in keyed:
+            out.extend([b.id] if isinstance(b, Req) else rec(b, depth + 1))
+        return out
+
+    return rec(list(reqs), 0)
+
+
+def highest_bid_order(reqs: list[Req], reserve: float) -> list[str]:
+    return [r.id for r in sorted(reqs, key=lambda r: (-eff(r.bid, reserve), r.arrival, r.id))]
+
+
+def fcfs_order(reqs: list[Req]) -> list[str]:
+    return [r.id for r in sorted(reqs, key=lambda r: (r.arrival, r.id))]
+
+
+def reference_order(reqs, policy: str, reserve: float, overhead: int) -> list[str]:
+    if policy == "dfs-auction":
+        return dfs_auction_order(reqs, False, reserve, overhead)
+    if policy == "dfs-auction-density":
+        return dfs_auction_order(reqs, True, reserve, overhead)
+    if policy == "highest-bid":
+        return highest_bid_order(reqs, reserve)
+    if policy == "fcfs":
+        return fcfs_order(reqs)
+    raise ValueError(policy)
+
+
+def with_bid(reqs: list[Req], rid: str, bid: float) -> list[Req]:
+    return [Req(r.id, r.tokens, bid, r.arrival, r.cached_len) if r.id == rid else r for r in reqs]
+
+
+def myerson_bounds(reqs, rid, policy, reserve, overhead, tps, steps=400):
+    """Bounds on the Myerson payment of ``rid`` from re-clearing at ``steps`` grid bids.
+
+    T(z) = C(0) - C(z) is non-decreasing, so left and right Riemann sums bracket its integral.
+    Returns (low, high, T(b)).
+    """
+    bid = next(r.bid for r in reqs if r.id == rid)
+
+    def comp_at(z: float) -> float:
+        rs = with_bid(reqs, rid, z)
+        return completions(rs, reference_order(rs, policy, reserve, overhead), overhead, tps)[rid]
+
+    c0 = comp_at(0.0)
+    t_b = c0 - comp_at(bid)
+    if bid < reserve or bid == 0:
+        return 0.0, 0.0, t_b
+    lo_z = reserve
+    grid = [lo_z + (bid - lo_z) * k / steps for k in range(steps + 1)]
+    ts = [c0 - comp_at(z) for z in grid]
+    h = (bid - lo_z) / steps
+    left = sum(ts[:-1]) * h
+    right = sum(ts[1:]) * h
+    return bid * t_b - right, bid * t_b - left, t_b
+
+
+def vcg_payment(reqs, rid, reserve, overhead, tps) -> float:
+    """Clarke pivot, normalised so a zero bid pays nothing: the others' loss of welfare."""
+
+    def others_welfare(rs):
+        comp = completions(rs, dfs_auction_order(rs, True, reserve, overhead), overhead, tps)
+        return sum(-eff(r.bid, reserve) * comp[r.id] for r in rs if r.id != rid)
+
+    return others_welfare(with_bid(reqs, rid, 0.0)) - others_welfare(reqs)

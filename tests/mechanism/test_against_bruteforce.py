@@ -1,0 +1,104 @@
+"""The mechanism against the brute-force references of reference.py."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from market.mechanism import POLICIES, clear
+
+from . import reference as ref
+from .strategies import queues, to_mechanism
+
+DFS_POLICIES = ("dfs-weight", "dfs-auction", "dfs-auction-density")
+REFERENCED = ("fcfs", "highest-bid", "dfs-auction", "dfs-auction-density")
+RESERVES = st.sampled_from([0.0, 0.0, 0.75, 2.0])
+OVERHEADS = st.sampled_from([0, 0, 1, 3])
+
+
+@settings(max_examples=300, deadline=None)
+@given(queues(), RESERVES, OVERHEADS, st.sampled_from([1.0, 250.0]))
+def test_orders_completions_welfare(reqs, reserve, overhead, tps):
+    for policy in POLICIES:
+        c = clear(
+            to_mechanism(reqs),
+            policy,
+            reserve=reserve,
+            overhead_tokens=overhead,
+            tokens_per_second=tps,
+        )
+        assert sorted(c.order) == sorted(r.id for r in reqs), "order must be a permutation"
+        expected = ref.completions(reqs, c.order, overhead, tps)
+        assert c.completion == pytest.approx(expected)
+        assert c.welfare == pytest.approx(ref.welfare(reqs, expected, reserve))
+        if policy in REFERENCED:
+            assert c.order == ref.reference_order(reqs, policy, reserve, overhead), policy
+        if policy in ("dfs-auction", "dfs-auction-density"):
+            assert ref.is_dfs_order(reqs, c.order), policy
+
+
+@settings(max_examples=200, deadline=None)
+@given(queues(max_size=5, max_len=4), RESERVES, OVERHEADS)
+def test_density_is_the_best_dfs_order(reqs, reserve, overhead):
+    c = clear(
+        to_mechanism(reqs),
+        "dfs-auction-density",
+        reserve=reserve,
+        overhead_tokens=overhead,
+        tokens_per_second=1.0,
+    )
+    best = max(
+        ref.welfare(reqs, ref.completions(reqs, order, overhead, 1.0), reserve)
+        for order in ref.all_dfs_orders(reqs)
+    )
+    assert c.welfare == pytest.approx(best)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    queues(max_size=5, max_len=4),
+    RESERVES,
+    OVERHEADS,
+    st.sampled_from(["highest-bid", "dfs-auction", "dfs-auction-density"]),
+)
+def test_payments_match_the_myerson_integral(reqs, reserve, overhead, policy):
+    c = clear(
+        to_mechanism(reqs), policy, reserve=reserve, overhead_tokens=overhead, tokens_per_second=1.0
+    )
+    for r in reqs:
+        low, high, saved = ref.myerson_bounds(reqs, r.id, policy, reserve, overhead, 1.0, steps=200)
+        assert low - 1e-9 <= c.payments[r.id] <= high + 1e-9, (r.id, low, high)
+        assert c.time_saved(r.id) == pytest.approx(saved)
+
+
+@settings(max_examples=150, deadline=None)
+@given(queues(max_size=6), OVERHEADS)
+def test_density_payment_is_the_vcg_charge(reqs, overhead):
+    c = clear(
+        to_mechanism(reqs), "dfs-auction-density", overhead_tokens=overhead, tokens_per_second=1.0
+    )
+    for r in reqs:
+        assert c.payments[r.id] == pytest.approx(ref.vcg_payment(reqs, r.id, 0.0, overhead, 1.0))
+
+
+def test_payments_on_random_real_valued_bids():
+    """Bids with no structure (lognormal), more requests, fine grid."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(25):
+        reqs = [
+            ref.Req(
+                f"r{i}",
+                tuple(rng.choice((0, 1, 2)) for _ in range(rng.randint(1, 6))),
+                rng.lognormvariate(0, 1),
+                rng.random(),
+                0,
+            )
+            for i in range(rng.randint(2, 8))
+        ]
+        for policy in ("highest-bid", "dfs-auction", "dfs-auction-density"):
+            reserve = rng.choice([0.0, 0.8])
+            c = clear(to_mechanism(reqs), policy, reserve=reserve, tokens_per_second=1.0)
+            for r in reqs:
+                low, high, _ = ref.myerson_bounds(reqs, r.id, policy, reserve, 0, 1.0, steps=1000)
+                assert low - 1e-9 <= c.payments[r.id] <= high + 1e-9

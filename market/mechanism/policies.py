@@ -233,11 +233,43 @@ def _plan_highest_bid(tree: RequestTree, policy: str, reserve: int, overhead: in
     return _mark_work(tree, entries, overhead)
 
 
+# SGLang's in-batch prefix caching check for lpm (its defaults; both are environment variables
+# there): a request with at most CHECK cached tokens that shares at least DEPRIORITIZE tokens with
+# an earlier such request in the queue waits behind everything else, so that the shared prefix is
+# computed once (by the earlier request) instead of twice in the same batch.
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
+
+
 def _plan_lpm(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
-    """Longest cached prefix first (SGLang's lpm, without its fallback to fcfs on long queues)."""
+    """Longest cached prefix first, SGLang's lpm (without its fallback to fcfs on long queues).
+
+    The queue is visited in arrival order for the in-batch check; the shared prefix with the
+    earlier requests checked is the end of the deepest node on the request's path that one of
+    them passes through (paths only part at nodes).
+    """
     _prepare_cached(tree)
-    order = sorted(tree.entries.values(), key=lambda e: (-e.req.cached_len, e.tie))
-    return _mark_work(tree, order, overhead)
+    tree.stamp = stamp = tree.stamp + 1
+    root = tree.root
+    root.mark = stamp
+    keyed = []
+    for e in sorted(tree.entries.values(), key=_by_tie):
+        cached = e.req.cached_len
+        deprioritized = False
+        if cached <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
+            x = e.node
+            while x.mark != stamp:
+                x = x.parent
+            if x.end >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
+                deprioritized = True
+            else:
+                x = e.node
+                while x.mark != stamp:
+                    x.mark = stamp
+                    x = x.parent
+        keyed.append(((1, 0, e.tie) if deprioritized else (0, -cached, e.tie), e))
+    keyed.sort(key=lambda ke: ke[0])
+    return _mark_work(tree, [e for _, e in keyed], overhead)
 
 
 def _plan_dfs_weight(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:

@@ -102,3 +102,18 @@ def test_payments_on_random_real_valued_bids():
             for r in reqs:
                 low, high, _ = ref.myerson_bounds(reqs, r.id, policy, reserve, 0, 1.0, steps=1000)
                 assert low - 1e-9 <= c.payments[r.id] <= high + 1e-9
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    queues(max_size=8, max_len=6),
+    RESERVES,
+    OVERHEADS,
+    st.sampled_from(["highest-bid", "dfs-auction", "dfs-auction-density"]),
+)
+def test_one_charge_at_a_time_equals_all_at_once(reqs, reserve, overhead, policy):
+    """The engine's path (a charge per admitted request) and the batch agree."""
+    one = clear(to_mechanism(reqs), policy, reserve=reserve, overhead_tokens=overhead)
+    singles = {r.id: one.charge(r.id) for r in reqs}
+    batch = clear(to_mechanism(reqs), policy, reserve=reserve, overhead_tokens=overhead)
+    assert singles == pytest.approx(batch.payments, rel=1e-12, abs=1e-15)

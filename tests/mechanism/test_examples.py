@@ -119,3 +119,17 @@ def test_dfs_weight_groups_cached_prefixes_only():
 def test_empty_queue(policy):
     c = clear([], policy)
     assert c.order == [] and c.payments == {} and c.welfare == 0.0
+
+
+def test_lpm_defers_a_second_request_sharing_an_uncached_prefix():
+    # SGLang's in-batch check: X and Y share 40 uncached tokens (>= 32), so Y, checked after X
+    # (arrival order), goes behind everything; Z shares only 2 tokens with X and keeps its place.
+    # W is cached 33 (> 32): not checked.  Sorted: W (33 cached), X, Z (0 cached), then Y.
+    shared = list(range(100, 140))
+    reqs = [
+        WaitingRequest("X", [*shared, 1], 0.0, 0.0),
+        WaitingRequest("Y", [*shared, 2], 0.0, 1.0),
+        WaitingRequest("Z", [100, 101, 7, 7], 0.0, 2.0),
+        WaitingRequest("W", [*range(200, 240)], 0.0, 3.0, cached_len=33),
+    ]
+    assert clear(reqs, "lpm").order == ["W", "X", "Z", "Y"]

@@ -1,0 +1,136 @@
+"""Round records: what an engine reports about each auction round (DESIGN.md 4.5).
+
+One schema for both engines: the simulated engine and the SGLang plugin emit these, the
+settlement service and the console consume them. Pure Python (no Django), because the plugin
+runs inside SGLang's scheduler process. On the wire a record is JSON, in the field ``record`` of
+a Redis stream entry.
+
+Units: bids and reserve in dollars per second of waiting, charges in dollars, times in seconds
+(``time`` is the engine's clock: Unix time in real time, seconds from the start in virtual time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, TypedDict
+
+SCHEMA = "inference-market/round@1"
+
+
+class SubtreeSummary(TypedDict):
+    """One subtree of the waiting queue's request tree, aggregated (no tenants, no single bids)."""
+
+    key: str  # stable id of the subtree's prefix (a hash of its tokens)
+    label: str  # a readable prefix label (decoded text, or the leading token ids)
+    depth: int  # 1 for a child of the root, 2 below it, ...
+    prefix_tokens: int  # tokens from the root to the end of the subtree's edge
+    cached_tokens: int  # of those, already in the KV cache
+    requests: int
+    bid_sum: float  # effective bids, dollars per second
+    bid_mean: float
+    density: float  # bid_sum per uncached token of the subtree's work, $/s per token
+    rank: int  # position among its siblings in this round's order, 0 first
+    first_position: int  # position of its first request in the round's whole order
+
+
+class AdmittedRequest(TypedDict):
+    """A request the engine admitted in this round: it is served and pays this round's charge."""
+
+    request_id: str
+    bid: float  # as sent, $/s
+    effective_bid: float  # 0 when under the reserve
+    position: int  # its place in the round's order, 0 first
+    planned_completion_s: float  # from the round's plan (DESIGN.md 4.1)
+    time_saved_s: float  # planned seconds its bid saved it over bidding 0
+    charge: float  # priority charge, dollars (DESIGN.md 4.4)
+    prompt_tokens: int
+    cached_tokens: int
+
+
+class RoundRecord(TypedDict):
+    """One auction round of one engine."""
+
+    schema: str
+    engine: str  # which engine instance ("sim", "sglang@host:port", ...)
+    market: str  # the market (served model) slug
+    round_id: str  # unique across engines and restarts: "<engine>:<epoch>:<seq>"
+    seq: int  # increasing within one engine run
+    time: float
+    policy: str
+    reserve: float
+    tokens_per_second: float
+    waiting: int  # requests in the queue when the round cleared
+    subtrees: list[SubtreeSummary]
+    admitted: list[AdmittedRequest]
+
+
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "schema": str,
+    "engine": str,
+    "market": str,
+    "round_id": str,
+    "seq": int,
+    "time": (int, float),
+    "policy": str,
+    "reserve": (int, float),
+    "tokens_per_second": (int, float),
+    "waiting": int,
+    "subtrees": list,
+    "admitted": list,
+}
+_ADMITTED_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "request_id": str,
+    "bid": (int, float),
+    "effective_bid": (int, float),
+    "position": int,
+    "planned_completion_s": (int, float),
+    "time_saved_s": (int, float),
+    "charge": (int, float),
+    "prompt_tokens": int,
+    "cached_tokens": int,
+}
+
+
+def _check_fields(obj: Any, fields: dict, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected an object, got {type(obj).__name__}")
+    for name, kind in fields.items():
+        if name not in obj:
+            raise ValueError(f"{where}: missing field {name!r}")
+        value = obj[name]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{where}: field {name!r} has the wrong type ({value!r})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where}: field {name!r} is not finite ({value!r})")
+
+
+def round_record_checked(obj: Any) -> RoundRecord:
+    """Return ``obj`` as a RoundRecord, or raise ValueError saying what is wrong with it."""
+    _check_fields(obj, _FIELDS, "round record")
+    if obj["schema"] != SCHEMA:
+        raise ValueError(f"round record: unknown schema {obj['schema']!r}, expected {SCHEMA!r}")
+    where = f"round {obj['round_id']!r}"
+    seen = set()
+    for i, adm in enumerate(obj["admitted"]):
+        _check_fields(adm, _ADMITTED_FIELDS, f"{where}, admitted[{i}]")
+        if adm["request_id"] in seen:
+            raise ValueError(f"{where}: request {adm['request_id']!r} admitted twice")
+        seen.add(adm["request_id"])
+        if adm["charge"] < 0 or adm["bid"] < 0:
+            raise ValueError(f"{where}: request {adm['request_id']!r} has a negative amount")
+    return obj
+
+
+def round_record_dumps(record: RoundRecord) -> str:
+    """The record as compact JSON, for a Redis stream entry's ``record`` field."""
+    return json.dumps(record, separators=(",", ":"), allow_nan=False)
+
+
+def round_record_loads(text: str | bytes) -> RoundRecord:
+    """Parse and check a record from its JSON; ValueError if it is malformed."""
+    try:
+        obj = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"round record is not JSON: {exc}") from exc
+    return round_record_checked(obj)

@@ -191,6 +191,28 @@ class RequestTree:
         self.version += 1
         return entry.req
 
+    # --- in-batch sharing (for the engines' admission loop) -----------------------------------
+
+    def begin_batch(self) -> int:
+        """Start a prefill batch: returns a stamp for ``batch_shared`` and ``batch_add``."""
+        self.stamp += 1
+        self.root.mark = self.stamp
+        return self.stamp
+
+    def batch_shared(self, request_id: str, stamp: int) -> int:
+        """Tokens the request shares with the requests added to the batch ``stamp``."""
+        x = self.entries[request_id].node
+        while x.mark != stamp:
+            x = x.parent
+        return x.end
+
+    def batch_add(self, request_id: str, stamp: int) -> None:
+        """Add a request to the batch ``stamp``: its prefix counts as being computed."""
+        x = self.entries[request_id].node
+        while x.mark != stamp:
+            x.mark = stamp
+            x = x.parent
+
     def nodes(self) -> list[Node]:
         """All nodes, parents before children (breadth-first)."""
         out = [self.root]

@@ -1,0 +1,94 @@
+"""The order book: the waiting queue's request tree aggregated by subtree, for one round.
+
+What the console shows and the round records carry: per subtree (down to a given depth) how many
+requests wait, the sum and mean of their effective bids, their bid density (per uncached token of
+the subtree's work), and where the round's order puts the subtree. No single bid, no request id:
+the public book is aggregated and anonymous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .clearing import Clearing
+from .requests import BID_SCALE
+from .tree import Node, RequestTree
+
+
+@dataclass(frozen=True, slots=True)
+class SubtreeRow:
+    """One subtree of the book. Bids in dollars per second, sizes in tokens."""
+
+    prefix: Sequence[int]  # the tokens from the root to the end of the subtree's edge
+    depth: int  # 1 for a child of the root
+    cached_tokens: int  # of the prefix, already in the KV cache
+    requests: int
+    bid_sum: float
+    bid_mean: float
+    density: float  # bid_sum / work, $/s per token (0 when the subtree needs no work)
+    work: int  # uncached tokens plus overheads of the whole subtree
+    rank: int  # position among its siblings in the round's order
+    first_position: int  # position of its first request in the round's order
+
+
+def subtree_book(
+    tree: RequestTree, clearing: Clearing, *, max_depth: int = 2, limit: int = 64
+) -> list[SubtreeRow]:
+    """Subtrees down to ``max_depth``, at most ``limit`` of them, biggest first at each level.
+
+    Works for every policy: aggregates are recomputed from the tree and the round's order
+    (time proportional to the number of nodes). Call it before the tree changes.
+    """
+    if tree.version != clearing._version:
+        raise RuntimeError("the request tree changed since this round was cleared")
+    position = {rid: i for i, rid in enumerate(clearing.order)}
+    reserve = round(clearing.reserve * BID_SCALE)
+    overhead = clearing.overhead_tokens
+    stats: dict[Node, tuple[int, int, int, int, int]] = {}  # n, bid ticks, work, first, cached
+    for x in reversed(tree.nodes()):
+        n = len(x.reqs)
+        bsum = 0
+        first = len(position)
+        cached = 0
+        for e in x.reqs.values():
+            if e.ticks >= reserve:
+                bsum += e.ticks
+            first = min(first, position[e.req.id])
+            cached = max(cached, e.req.cached_len)
+        work = n * overhead
+        for c in x.children.values():
+            cn, cb, cw, cf, cc = stats[c]
+            n, bsum, work = n + cn, bsum + cb, work + cw
+            first, cached = min(first, cf), max(cached, cc)
+        edge = 0 if cached >= x.end else x.end - max(cached, x.start)
+        stats[x] = (n, bsum, work + edge, first, cached)
+    rows: list[SubtreeRow] = []
+    level = [(tree.root, 0)]
+    while level and len(rows) < limit:
+        below = []
+        for node, depth in level:
+            if depth >= max_depth:
+                continue
+            children = sorted(node.children.values(), key=lambda c: stats[c][3])
+            for rank, c in enumerate(children):
+                n, bsum, work, first, cached = stats[c]
+                dollars = bsum / BID_SCALE
+                rows.append(
+                    SubtreeRow(
+                        prefix=c.seq[: c.end],
+                        depth=depth + 1,
+                        cached_tokens=min(cached, c.end),
+                        requests=n,
+                        bid_sum=dollars,
+                        bid_mean=dollars / n,
+                        density=dollars / work if work else 0.0,
+                        work=work,
+                        rank=rank,
+                        first_position=first,
+                    )
+                )
+                below.append((c, depth + 1))
+        level = below
+    rows.sort(key=lambda r: (r.depth, -r.requests, r.first_position))
+    return rows[:limit]

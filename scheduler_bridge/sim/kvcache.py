@@ -1,0 +1,181 @@
+"""The simulated engine's KV cache: a radix tree of token ids with LRU eviction, as SGLang's.
+
+Nodes hold token ranges ``seq[start:end]`` of some sequence (no copies). Running requests lock
+the nodes of their prefix (a lock covers the path to the root); only unlocked leaves are
+evicted, least recently used first, through a lazy heap (stale entries are skipped on pop).
+
+Token accounting (all in tokens): ``size`` tokens live in the tree, ``evictable`` of them
+unlocked. ``capacity`` bounds the tree plus what running requests hold outside it (their
+generated tokens and what they have reserved but not yet computed); the engine keeps that sum.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+
+_SHORT = 16
+
+
+def _common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
+    """Length of the common run of ``a`` and ``b`` from position ``lo``, capped at ``hi``."""
+    if hi - lo <= _SHORT:
+        i = lo
+        while i < hi and a[i] == b[i]:
+            i += 1
+        return i - lo
+    if a[lo:hi] == b[lo:hi]:
+        return hi - lo
+    good, bad = lo, hi
+    while bad - good > _SHORT:
+        mid = (good + bad) // 2
+        if a[good:mid] == b[good:mid]:
+            good = mid
+        else:
+            bad = mid
+    while a[good] == b[good]:
+        good += 1
+    return good - lo
+
+
+class KVNode:
+    """A node of the KV radix tree; its edge holds tokens ``seq[start:end]``."""
+
+    __slots__ = ("parent", "children", "seq", "start", "end", "lock", "last_access", "alive", "gen")
+
+    def __init__(self, parent: KVNode | None, seq: Sequence[int], start: int, end: int) -> None:
+        self.parent = parent
+        self.children: dict[int, KVNode] = {}
+        self.seq = seq
+        self.start = start
+        self.end = end
+        self.lock = 0
+        self.last_access = 0
+        self.alive = True
+        self.gen = 0  # bumped when a child is added below: a match that ended here may go on
+
+
+class KVCache:
+    """Radix tree of cached token ids with lock counts and LRU eviction."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.root = KVNode(None, (), 0, 0)
+        self.root.lock = 1  # never evicted
+        self.size = 0
+        self.evictable = 0
+        self._clock = itertools.count(1)
+        self._heap: list[tuple[int, int, KVNode]] = []
+        self._tiebreak = itertools.count()
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    def match(self, tokens: Sequence[int], limit: int | None = None) -> tuple[int, KVNode]:
+        """Longest cached prefix of ``tokens[:limit]``: (its length, the node it ends at).
+
+        A match that ends inside an edge splits the edge there, as SGLang's does, so the node
+        returned ends exactly at the match. Touches the matched nodes for LRU.
+        """
+        end = len(tokens) if limit is None else min(limit, len(tokens))
+        node, depth = self.root, 0
+        now = next(self._clock)
+        while depth < end:
+            child = node.children.get(tokens[depth])
+            if child is None:
+                break
+            k = _common_len(child.seq, tokens, depth, min(child.end, end))
+            if depth + k < child.end:
+                child = self._split(child, depth + k)
+            self._touch(child, now)
+            node, depth = child, child.end
+        return depth, node
+
+    def _touch(self, node: KVNode, now: int) -> None:
+        node.last_access = now
+        if not node.children and node.lock == 0:
+            heapq.heappush(self._heap, (now, next(self._tiebreak), node))
+
+    def _split(self, child: KVNode, cut: int) -> KVNode:
+        """Split ``child``'s edge at depth ``cut``; return the new upper node."""
+        parent = child.parent
+        mid = KVNode(parent, child.seq, child.start, cut)
+        mid.lock = child.lock
+        mid.last_access = child.last_access
+        parent.children[child.seq[child.start]] = mid
+        child.parent, child.start = mid, cut
+        mid.children[child.seq[cut]] = child
+        return mid
+
+    # --- changes ---------------------------------------------------------------------------
+
+    def free(self, held_outside: int) -> int:
+        """Tokens not used by the tree nor held outside it by running requests."""
+        return self.capacity - self.size - held_outside
+
+    def insert(self, tokens: Sequence[int], end: int) -> tuple[int, KVNode]:
+        """Cache ``tokens[:end]``; return (tokens newly added, the node at ``end``).
+
+        The caller makes room first (``evict``). Tokens already cached are not added twice.
+        """
+        depth, node = self.match(tokens, end)
+        if depth >= end:
+            return 0, node
+        leaf = KVNode(node, tokens, depth, end)
+        leaf.last_access = next(self._clock)
+        node.children[tokens[depth]] = leaf
+        node.gen += 1
+        added = end - depth
+        self.size += added
+        self.evictable += added
+        if node.lock == 0 and node is not self.root:
+            pass  # no longer a leaf; its heap entries go stale
+        heapq.heappush(self._heap, (leaf.last_access, next(self._tiebreak), leaf))
+        return added, leaf
+
+    def lock(self, node: KVNode) -> None:
+        """Protect ``node`` and its ancestors from eviction."""
+        while node is not None:
+            if node.lock == 0:
+                self.evictable -= node.end - node.start
+            node.lock += 1
+            node = node.parent
+
+    def unlock(self, node: KVNode) -> None:
+        """Undo one ``lock``; nodes left unlocked become evictable."""
+        while node is not None:
+            node.lock -= 1
+            if node.lock == 0:
+                self.evictable += node.end - node.start
+                if not node.children:
+                    heapq.heappush(self._heap, (node.last_access, next(self._tiebreak), node))
+            node = node.parent
+
+    def evict(self, tokens: int) -> int:
+        """Evict least recently used unlocked leaves until ``tokens`` are freed; return freed."""
+        freed = 0
+        heap = self._heap
+        while freed < tokens and heap:
+            stamp, _, node = heapq.heappop(heap)
+            if (
+                not node.alive
+                or node.children
+                or node.lock
+                or node.last_access != stamp
+                or node.parent is None
+            ):
+                continue
+            parent = node.parent
+            del parent.children[node.seq[node.start]]
+            node.alive = False
+            n = node.end - node.start
+            self.size -= n
+            self.evictable -= n
+            freed += n
+            if not parent.children and parent.lock == 0 and parent.parent is not None:
+                heapq.heappush(heap, (parent.last_access, next(self._tiebreak), parent))
+        return freed
+
+    def reset(self) -> None:
+        """Drop everything unlocked (SGLang's flush_cache)."""
+        self.evict(self.size)

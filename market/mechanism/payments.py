@@ -76,7 +76,12 @@ def dfs_charge(entry: Entry, *, density: bool, reserve: int) -> tuple[float, int
                     saved += pw[hi] - pw[lo]
         block = x
         x = x.parent
-    return total, saved
+    return _clamped(total, b, saved), saved
+
+
+def _clamped(total: float, bid: int, saved: int) -> float:
+    """The charge lies in [0, bid x saved]; prefix-sum rounding can stray by a few ulps."""
+    return min(max(total, 0.0), float(bid * saved))
 
 
 def dfs_payments(
@@ -154,6 +159,9 @@ def dfs_payments(
                 else:
                     pay[k] += size * (pwk[hi] - pwk[lo]) - others * (pw[hi] - pw[lo])
                 saved[k] += pw[hi] - pw[lo]
+    for k, amount in enumerate(pay):
+        if amount:
+            pay[k] = _clamped(amount, bids[k], saved[k])
     return pay, saved
 
 

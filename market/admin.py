@@ -1,0 +1,62 @@
+from django.contrib import admin
+
+from market.models import Market, ReserveChange
+from market.services import market_reserve_set
+
+
+class ReserveChangeInline(admin.TabularInline):
+    model = ReserveChange
+    extra = 0
+    can_delete = False
+    fields = ["at", "changed_by", "old", "new"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Market)
+class MarketAdmin(admin.ModelAdmin):
+    list_display = [
+        "slug",
+        "name",
+        "served_model",
+        "policy",
+        "reserve",
+        "price_input_per_mtok",
+        "price_cached_input_per_mtok",
+        "price_output_per_mtok",
+        "is_active",
+    ]
+    list_filter = ["is_active", "policy"]
+    search_fields = ["slug", "name", "served_model"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [ReserveChangeInline]
+
+    def save_model(self, request, obj: Market, form, change: bool) -> None:
+        # A reserve moved here goes through the service, so it is audited like one moved in
+        # the console.
+        if change and "reserve" in form.changed_data:
+            new_reserve = obj.reserve
+            obj.reserve = Market.objects.get(pk=obj.pk).reserve
+            super().save_model(request, obj, form, change)
+            market_reserve_set(market=obj, reserve=new_reserve, user=request.user)
+        else:
+            super().save_model(request, obj, form, change)
+
+
+@admin.register(ReserveChange)
+class ReserveChangeAdmin(admin.ModelAdmin):
+    """The audit trail is read-only."""
+
+    list_display = ["market", "at", "changed_by", "old", "new"]
+    list_filter = ["market"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

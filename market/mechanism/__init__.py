@@ -10,6 +10,7 @@ For a queue that changes request by request, keep a ``RequestTree`` and call ``c
 """
 
 from .clearing import DEFAULT_TOKENS_PER_SECOND, Clearing, clear, clear_tree
+from .pacing import NaiveAgent, PacingAgent
 from .policies import BID_POLICIES, DFS_AUCTIONS, POLICIES, block_key
 from .requests import BID_SCALE, MAX_BID, WaitingRequest, bid_checked, to_ticks
 from .tree import RequestTree
@@ -22,6 +23,8 @@ __all__ = [
     "DFS_AUCTIONS",
     "POLICIES",
     "Clearing",
+    "NaiveAgent",
+    "PacingAgent",
     "RequestTree",
     "WaitingRequest",
     "bid_checked",

@@ -1,1 +1,1 @@
-"""Tenants and their members. Later: roles, API keys, budgets, the ledger and invoices."""
+"""Tenants, members and roles, API keys, budgets and holds, the ledger, and invoices."""

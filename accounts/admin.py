@@ -1,12 +1,42 @@
-from django.contrib import admin
+"""Django admin for every accounts model. The ledger and the holds are read-only here: money
+moves only through the services (settlement, holds), never by hand."""
 
-from accounts.models import Membership, Tenant
+from django.contrib import admin
+from django.http import HttpRequest
+
+from accounts.models import (
+    ApiKey,
+    Budget,
+    Hold,
+    Invoice,
+    InvoiceLine,
+    LedgerEntry,
+    Membership,
+    Request,
+    Tenant,
+)
+from accounts.services.keys import api_key_revoke
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Viewable, never added, changed or deleted through the admin."""
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
 
 
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
     autocomplete_fields = ["user"]
+    fields = ["user", "role", "created_at"]
+    readonly_fields = ["created_at"]
 
 
 @admin.register(Tenant)
@@ -15,3 +45,92 @@ class TenantAdmin(admin.ModelAdmin):
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__slug"]
+    autocomplete_fields = ["user", "tenant"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are created where their secret can be shown once (the tenant's key page), so not
+    here; here they can be renamed and revoked."""
+
+    list_display = ["name", "tenant", "display", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["tenant"]
+    search_fields = ["name", "prefix", "tenant__slug"]
+    fields = ["tenant", "name", "prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["tenant", "prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected keys")
+    def revoke(self, request: HttpRequest, queryset) -> None:
+        revoked = sum(api_key_revoke(api_key=key) for key in queryset)
+        self.message_user(request, f"Revoked {revoked} key(s).")
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "api_key", "period", "limit", "soft_alert_fraction", "updated_at"]
+    list_filter = ["period", "tenant"]
+    search_fields = ["tenant__slug", "api_key__name"]
+    raw_id_fields = ["api_key"]
+
+
+@admin.register(Hold)
+class HoldAdmin(ReadOnlyAdmin):
+    list_display = ["request_id", "tenant", "api_key", "amount", "remaining", "state", "created_at"]
+    list_filter = ["state", "tenant"]
+    search_fields = ["request_id"]
+
+
+@admin.register(Request)
+class RequestAdmin(ReadOnlyAdmin):
+    list_display = ["request_id", "tenant", "market", "bid", "status", "created_at", "finished_at"]
+    list_filter = ["status", "market", "tenant", "request_class"]
+    search_fields = ["request_id"]
+    date_hierarchy = "created_at"
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnlyAdmin):
+    """The ledger is append-only: entries come from settlement, never from a person."""
+
+    list_display = ["created_at", "tenant", "market", "request", "kind", "amount", "round_id"]
+    list_filter = ["kind", "market", "tenant"]
+    search_fields = ["request__request_id", "round_id"]
+    date_hierarchy = "created_at"
+
+
+class InvoiceLineInline(admin.TabularInline):
+    model = InvoiceLine
+    extra = 0
+    can_delete = False
+    fields = ["request", "market", "priority_amount", "tokens_amount", "total"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(ReadOnlyAdmin):
+    """Invoices are generated from the ledger (``invoice_generate``), never edited."""
+
+    list_display = ["tenant", "period_start", "period_end", "total", "created_at"]
+    list_filter = ["tenant"]
+    inlines = [InvoiceLineInline]
+
+
+@admin.register(InvoiceLine)
+class InvoiceLineAdmin(ReadOnlyAdmin):
+    list_display = ["invoice", "request", "market", "priority_amount", "tokens_amount", "total"]
+    list_filter = ["market"]
+    search_fields = ["request__request_id"]

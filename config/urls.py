@@ -10,4 +10,5 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
+    path("", include("accounts.urls")),
 ]

@@ -6,7 +6,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from accounts.models import Membership, Tenant
+from accounts.models import Budget, Membership, Role, Tenant
+from market.models import Market
 
 pytestmark = pytest.mark.django_db
 
@@ -37,9 +38,13 @@ def database_snapshot() -> dict[str, list[tuple]]:
         ),
         "memberships": list(
             Membership.objects.order_by("id").values_list(
-                "id", "tenant_id", "user_id", "created_at"
+                "id", "tenant_id", "user_id", "role", "created_at"
             )
         ),
+        "budgets": list(
+            Budget.objects.order_by("id").values_list("id", "tenant_id", "limit", "updated_at")
+        ),
+        "markets": list(Market.objects.order_by("id").values_list("id", "slug", "updated_at")),
     }
 
 
@@ -52,6 +57,8 @@ def test_seed_demo_twice_changes_nothing() -> None:
     assert len(after_first["users"]) == 3
     assert len(after_first["tenants"]) == 2
     assert len(after_first["memberships"]) == 2
+    assert len(after_first["budgets"]) == 2
+    assert len(after_first["markets"]) == 1
 
 
 def test_printed_logins_work(client) -> None:
@@ -72,6 +79,16 @@ def test_operator_is_staff_and_tenant_admins_are_members() -> None:
         user = users.get(username=username)
         assert not user.is_staff
         assert list(user.tenants.values_list("slug", flat=True)) == [slug]
+        assert user.memberships.get().role == Role.ADMIN
+
+
+def test_seed_demo_gives_each_tenant_a_monthly_budget_and_seeds_a_market() -> None:
+    output = seed()
+    for slug in ["acme", "globex"]:
+        budget = Budget.objects.get(tenant__slug=slug, api_key=None)
+        assert (budget.period, str(budget.limit)) == ("month", "50.000000000")
+    market = Market.objects.get()
+    assert market.slug in output and market.is_active
 
 
 def test_seed_demo_repairs_a_changed_password(client) -> None:

@@ -1,8 +1,7 @@
-"""Tenants: the customers of the market.
+"""Tenants (the customers of the market) and their members' roles.
 
 Operators are Django staff users and belong to no tenant. Tenant members are ordinary users
-linked through :class:`Membership`. Provisional: a later issue adds roles, API keys, budgets and
-the ledger; the membership table is where roles will live.
+linked through :class:`Membership`, whose role says what they may do in their tenant.
 """
 
 from django.conf import settings
@@ -26,13 +25,22 @@ class Tenant(models.Model):
         return self.name
 
 
+class Role(models.TextChoices):
+    """What a member may do in their tenant."""
+
+    ADMIN = "tenant_admin", "Tenant admin"  # manages API keys, reads everything of the tenant
+    VIEWER = "tenant_viewer", "Tenant viewer"  # reads only
+
+
 class Membership(models.Model):
-    """A user's membership of a tenant (provisional: no roles yet)."""
+    """A user's membership of a tenant, with a role."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
+    # The least privilege unless said otherwise.
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.VIEWER)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -41,4 +49,4 @@ class Membership(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.user} in {self.tenant}"
+        return f"{self.user} in {self.tenant} ({self.role})"

@@ -1,4 +1,4 @@
-"""Writes about tenants, and the demo data ``make run`` starts with."""
+"""Writes about tenants and members, and the demo accounts ``make run`` starts with."""
 
 from dataclasses import dataclass
 
@@ -6,7 +6,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
 from django.db import transaction
 
-from accounts.models import Membership, Tenant
+from accounts.models import Budget, Membership, Period, Role, Tenant
+from accounts.money import money_exact
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class DemoLogin:
 
 DEMO_OPERATOR = DemoLogin("operator", "operator-demo-pass", "operator")
 # (tenant name, tenant slug, its admin's login)
+# Each demo tenant's monthly budget, dollars (created once; operators may change it later).
+DEMO_MONTHLY_BUDGET = "50.000000000"
 DEMO_TENANTS = (
     ("Acme Corp", "acme", DemoLogin("acme-admin", "acme-demo-pass", "tenant acme")),
     ("Globex Inc", "globex", DemoLogin("globex-admin", "globex-demo-pass", "tenant globex")),
@@ -32,9 +35,16 @@ def tenant_ensure(*, name: str, slug: str) -> Tenant:
     return tenant
 
 
-def membership_ensure(*, tenant: Tenant, user: AbstractUser) -> Membership:
-    """Make ``user`` a member of ``tenant`` (no-op when already one)."""
-    membership, _ = Membership.objects.get_or_create(tenant=tenant, user=user)
+def membership_ensure(*, tenant: Tenant, user: AbstractUser, role: str = Role.VIEWER) -> Membership:
+    """Make ``user`` a member of ``tenant`` with ``role`` (no write when it already is one)."""
+    if role not in Role.values:
+        raise ValueError(f"unknown role {role!r}")
+    membership, created = Membership.objects.get_or_create(
+        tenant=tenant, user=user, defaults={"role": role}
+    )
+    if not created and membership.role != role:
+        membership.role = role
+        membership.save(update_fields=["role"])
     return membership
 
 
@@ -58,11 +68,17 @@ def _demo_user_ensure(*, login: DemoLogin, operator: bool) -> AbstractUser:
 
 @transaction.atomic
 def demo_accounts_seed() -> list[DemoLogin]:
-    """Create the demo operator, the demo tenants and their admins. Idempotent."""
+    """Create the demo operator, the demo tenants, their admins and budgets. Idempotent."""
     _demo_user_ensure(login=DEMO_OPERATOR, operator=True)
     logins = [DEMO_OPERATOR]
     for name, slug, login in DEMO_TENANTS:
         tenant = tenant_ensure(name=name, slug=slug)
-        membership_ensure(tenant=tenant, user=_demo_user_ensure(login=login, operator=False))
+        user = _demo_user_ensure(login=login, operator=False)
+        membership_ensure(tenant=tenant, user=user, role=Role.ADMIN)
+        Budget.objects.get_or_create(
+            tenant=tenant,
+            api_key=None,
+            defaults={"limit": money_exact(DEMO_MONTHLY_BUDGET), "period": Period.MONTH},
+        )
         logins.append(login)
     return logins

@@ -1,0 +1,24 @@
+"""The accounts app's models, one module per concern."""
+
+from accounts.models.budgets import Budget, Hold, HoldState, Period
+from accounts.models.invoices import Invoice, InvoiceLine
+from accounts.models.keys import ApiKey
+from accounts.models.ledger import ChargeKind, LedgerEntry, Request, RequestStatus
+from accounts.models.tenants import Membership, Role, Tenant
+
+__all__ = [
+    "ApiKey",
+    "Budget",
+    "ChargeKind",
+    "Hold",
+    "HoldState",
+    "Invoice",
+    "InvoiceLine",
+    "LedgerEntry",
+    "Membership",
+    "Period",
+    "Request",
+    "RequestStatus",
+    "Role",
+    "Tenant",
+]

@@ -1,0 +1,89 @@
+"""Requests and the ledger: what each served request was charged, exactly (DESIGN.md 4.5, 6).
+
+A request pays two parts, each one :class:`LedgerEntry`: the priority charge, settled from the
+round record of the round that admitted it, and the token charge, settled from its completion
+report at the market's posted prices. The unique key (request, kind) makes replays change
+nothing. Entries are never updated or deleted.
+"""
+
+from django.db import models
+from django.db.models import Q
+
+from accounts.models.keys import ApiKey
+from accounts.models.tenants import Tenant
+from accounts.money import MoneyField
+
+
+class RequestStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"  # sent to the engine, not finished
+    SERVED = "served", "Served"  # completed; its token charge is in the ledger
+    FAILED = "failed", "Failed"  # not served (engine down, client gone, ...); never charged
+
+
+class Request(models.Model):
+    """The gateway's record of one request to an engine.
+
+    Its primary key ``request_id`` is the engine's rid, so the ledger's ``request_id`` column
+    holds that rid too.
+    """
+
+    request_id = models.CharField(max_length=200, primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="requests")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.PROTECT, related_name="requests"
+    )
+    market = models.ForeignKey("market.Market", on_delete=models.PROTECT, related_name="+")
+    bid = MoneyField(default=0, help_text="Dollars per second of waiting, as sent.")
+    request_class = models.CharField(max_length=50, default="interactive")
+    status = models.CharField(
+        max_length=8, choices=RequestStatus.choices, default=RequestStatus.QUEUED
+    )
+    created_at = models.DateTimeField()
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-request_id"]
+        indexes = [models.Index(fields=["tenant", "created_at"], name="request_tenant_time")]
+
+    def __str__(self) -> str:
+        return self.request_id
+
+
+class ChargeKind(models.TextChoices):
+    PRIORITY = "priority", "Priority"  # the truthful priority charge (DESIGN.md 4.4)
+    TOKENS = "tokens", "Tokens"  # posted prices x tokens used
+
+
+class LedgerEntry(models.Model):
+    """One charge to a tenant, in exact dollars. One per (request, kind): replays add nothing."""
+
+    request = models.ForeignKey(Request, on_delete=models.PROTECT, related_name="ledger_entries")
+    kind = models.CharField(max_length=8, choices=ChargeKind.choices)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="ledger_entries")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries"
+    )
+    market = models.ForeignKey("market.Market", on_delete=models.PROTECT, related_name="+")
+    round_id = models.CharField(max_length=200, blank=True, help_text="Priority charges only.")
+    amount = MoneyField(help_text="Dollars.")
+    detail = models.JSONField(default=dict, blank=True, help_text="Tokens, bid, time saved.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "ledger entries"
+        constraints = [
+            models.UniqueConstraint(fields=["request", "kind"], name="ledger_one_per_request_kind"),
+            models.CheckConstraint(condition=Q(amount__gte=0), name="ledger_amount_not_negative"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"], name="ledger_tenant_time"),
+            models.Index(fields=["api_key", "created_at"], name="ledger_key_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} ${self.amount} for {self.request_id}"

@@ -1,0 +1,95 @@
+"""Money: exact dollars as ``Decimal`` with 9 decimal places (nano-dollars), never float.
+
+The one rounding rule of the project lives here: :func:`money` quantizes to 9 decimal places,
+half to even (banker's rounding), and is applied exactly once, at the moment a float from an
+engine (a priority charge, in dollars) or a price x tokens product becomes a ledger amount.
+Everything after that (sums, invoice totals, budgets) is exact ``Decimal`` arithmetic.
+
+A float is converted with ``Decimal(float)``, which is exact (the binary value, all its digits),
+so the only rounding is the quantization: ``money(0.1) == Decimal("0.100000000")``.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation, localcontext
+
+from django.db import models
+
+MONEY_PLACES = 9
+MONEY_DIGITS = 20  # so amounts stay below 10**11 dollars
+QUANTUM = Decimal(1).scaleb(-MONEY_PLACES)  # Decimal("1E-9"), one nano-dollar
+MONEY_MAX = Decimal(10) ** (MONEY_DIGITS - MONEY_PLACES)  # exclusive
+ZERO = Decimal("0").quantize(QUANTUM)
+
+
+def _as_decimal(value: Decimal | float | int | str) -> Decimal:
+    if isinstance(value, bool):
+        raise ValueError(f"not an amount of money: {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"amount is not finite: {value!r}")
+        return Decimal(value)
+    if isinstance(value, Decimal | int | str):
+        try:
+            result = Decimal(value)
+        except InvalidOperation as exc:
+            raise ValueError(f"not an amount of money: {value!r}") from exc
+        if not result.is_finite():
+            raise ValueError(f"amount is not finite: {value!r}")
+        return result
+    raise ValueError(f"not an amount of money: {value!r}")
+
+
+def _checked_range(amount: Decimal, original: object) -> Decimal:
+    if amount < 0:
+        raise ValueError(f"amount is negative: {original!r}")
+    if amount >= MONEY_MAX:
+        raise ValueError(f"amount is too large: {original!r}")
+    return amount
+
+
+def money(value: Decimal | float | int | str) -> Decimal:
+    """Dollars as a ledger amount: quantized to 9 places, half to even. THE rounding rule.
+
+    ValueError for NaN, infinities, negative amounts, amounts of 10**11 dollars or more, and
+    anything that is not a number (bools included).
+    """
+    amount = _as_decimal(value)
+    with localcontext() as ctx:
+        ctx.prec = 60  # room for a float's full binary expansion; quantize does the rounding
+        quantized = amount.quantize(QUANTUM, rounding=ROUND_HALF_EVEN)
+    return _checked_range(quantized, value) + ZERO  # +ZERO: "-0E-9" becomes "0E-9"
+
+
+def money_exact(value: Decimal | int | str) -> Decimal:
+    """An amount typed by a person (a reserve, a limit, a price): no rounding at all.
+
+    ValueError when it is not finite, negative, too large, a float (say it as a string), or
+    has more than 9 decimal places.
+    """
+    if isinstance(value, float):
+        raise ValueError(f"give amounts as strings or Decimals, not floats: {value!r}")
+    amount = _as_decimal(value)
+    if amount != amount.quantize(QUANTUM, rounding=ROUND_HALF_EVEN):
+        raise ValueError(f"amount has more than {MONEY_PLACES} decimal places: {value!r}")
+    return _checked_range(amount.quantize(QUANTUM), value) + ZERO
+
+
+def per_million(*, tokens: int, price_per_million: Decimal) -> Decimal:
+    """Exact dollars for ``tokens`` at ``price_per_million`` dollars per million (not rounded)."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"token count must be a non-negative int: {tokens!r}")
+    with localcontext() as ctx:
+        ctx.prec = 60
+        return (price_per_million * tokens).scaleb(-6)
+
+
+def money_str(amount: Decimal) -> str:
+    """An amount as fixed-point text with its 9 places ("0.000000002", never "2E-9")."""
+    return format(amount.quantize(QUANTUM), "f")
+
+
+def MoneyField(**kwargs: object) -> models.DecimalField:  # noqa: N802 (reads like a field class)
+    """A money column: ``DecimalField(max_digits=20, decimal_places=9)``, dollars."""
+    return models.DecimalField(max_digits=MONEY_DIGITS, decimal_places=MONEY_PLACES, **kwargs)

@@ -1,0 +1,47 @@
+"""Writes of the accounts app, one module per concern; the public ones are re-exported here."""
+
+from accounts.services.budgets import BudgetExhausted, budget_hold, budget_set, hold_release
+from accounts.services.invoices import invoice_generate, month_bounds
+from accounts.services.keys import api_key_authenticate, api_key_create, api_key_revoke
+from accounts.services.settlement import (
+    SettleResult,
+    UnknownRequest,
+    request_complete,
+    request_fail,
+    request_open,
+    round_record_settle,
+    token_charge,
+)
+from accounts.services.tenants import (
+    DEMO_OPERATOR,
+    DEMO_TENANTS,
+    DemoLogin,
+    demo_accounts_seed,
+    membership_ensure,
+    tenant_ensure,
+)
+
+__all__ = [
+    "DEMO_OPERATOR",
+    "DEMO_TENANTS",
+    "BudgetExhausted",
+    "DemoLogin",
+    "SettleResult",
+    "UnknownRequest",
+    "api_key_authenticate",
+    "api_key_create",
+    "api_key_revoke",
+    "budget_hold",
+    "budget_set",
+    "demo_accounts_seed",
+    "hold_release",
+    "invoice_generate",
+    "membership_ensure",
+    "month_bounds",
+    "request_complete",
+    "request_fail",
+    "request_open",
+    "round_record_settle",
+    "tenant_ensure",
+    "token_charge",
+]

@@ -1,0 +1,153 @@
+"""Tenant pages: budgets, API keys and invoices (HTML, CSV, PDF). Thin: logic lives in the
+services and selectors.
+
+Who sees what: operators (staff) every tenant, members their own tenants, nobody else any. A
+tenant (or an object of a tenant) someone may not see answers 404, so its existence does not
+leak; a viewer trying to change something of their own tenant gets 403.
+"""
+
+from collections.abc import Callable
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from accounts.exports import invoice_csv, invoice_pdf, market_summaries
+from accounts.forms import ApiKeyCreateForm
+from accounts.models import ApiKey, Invoice, Tenant
+from accounts.selectors import (
+    api_key_for_tenant,
+    api_keys_for_tenant,
+    budget_statuses_for_tenant,
+    can_manage_keys,
+    invoice_for_tenant,
+    invoice_lines,
+    invoices_for_tenant,
+    role_for_user,
+    tenant_for_user,
+)
+from accounts.services import api_key_create, api_key_revoke
+
+TenantView = Callable[..., HttpResponse]
+
+
+def tenant_page(view: TenantView) -> Callable[..., HttpResponse]:
+    """Log in first (redirect), then resolve ``slug`` to a tenant the user may see, else 404."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request: HttpRequest, slug: str, **kwargs: object) -> HttpResponse:
+        try:
+            tenant = tenant_for_user(user=request.user, slug=slug)
+        except Tenant.DoesNotExist:
+            raise Http404("No such tenant") from None
+        return view(request, tenant, **kwargs)
+
+    return wrapper
+
+
+def _invoice_or_404(tenant: Tenant, invoice_id: int) -> Invoice:
+    try:
+        return invoice_for_tenant(tenant=tenant, invoice_id=invoice_id)
+    except Invoice.DoesNotExist:
+        raise Http404("No such invoice") from None
+
+
+@require_GET
+@tenant_page
+def tenant_home(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """A tenant's budgets at a glance, with links to its keys and invoices."""
+    context = {
+        "tenant": tenant,
+        "role": role_for_user(user=request.user, tenant=tenant),
+        "budgets": budget_statuses_for_tenant(tenant=tenant),
+    }
+    return render(request, "accounts/tenant_home.html", context)
+
+
+@require_GET
+@tenant_page
+def invoice_list(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    invoices = invoices_for_tenant(tenant=tenant)
+    return render(request, "accounts/invoice_list.html", {"tenant": tenant, "invoices": invoices})
+
+
+@require_GET
+@tenant_page
+def invoice_detail(request: HttpRequest, tenant: Tenant, invoice_id: int) -> HttpResponse:
+    invoice = _invoice_or_404(tenant, invoice_id)
+    lines = list(invoice_lines(invoice=invoice))
+    context = {
+        "tenant": tenant,
+        "invoice": invoice,
+        "lines": lines,
+        "markets": market_summaries(lines),
+    }
+    return render(request, "accounts/invoice_detail.html", context)
+
+
+@require_GET
+@tenant_page
+def invoice_csv_download(request: HttpRequest, tenant: Tenant, invoice_id: int) -> HttpResponse:
+    invoice = _invoice_or_404(tenant, invoice_id)
+    response = HttpResponse(invoice_csv(invoice), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{invoice.number}.csv"'
+    return response
+
+
+@require_GET
+@tenant_page
+def invoice_pdf_download(request: HttpRequest, tenant: Tenant, invoice_id: int) -> HttpResponse:
+    invoice = _invoice_or_404(tenant, invoice_id)
+    response = HttpResponse(invoice_pdf(invoice), content_type="application/pdf")
+    response["Content-Disposition"] = f'attachment; filename="{invoice.number}.pdf"'
+    return response
+
+
+@require_http_methods(["GET", "POST"])
+@tenant_page
+def api_key_list(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """The tenant's keys; a POST creates one and shows its secret on this response only."""
+    may_manage = can_manage_keys(user=request.user, tenant=tenant)
+    form = ApiKeyCreateForm()
+    new_key = new_secret = None
+    if request.method == "POST":
+        if not may_manage:
+            raise PermissionDenied("Only the tenant's admins manage its API keys.")
+        form = ApiKeyCreateForm(request.POST)
+        if form.is_valid():
+            new_key, new_secret = api_key_create(
+                tenant=tenant,
+                name=form.cleaned_data["name"],
+                created_by=request.user,
+                budget_limit=form.cleaned_data["budget_limit"],
+                budget_period=form.cleaned_data["budget_period"],
+            )
+            form = ApiKeyCreateForm()
+    context = {
+        "tenant": tenant,
+        "keys": api_keys_for_tenant(tenant=tenant),
+        "may_manage": may_manage,
+        "form": form,
+        "new_key": new_key,
+        "new_secret": new_secret,
+    }
+    response = render(request, "accounts/api_keys.html", context)
+    response["Cache-Control"] = "no-store"  # the page may carry a secret
+    return response
+
+
+@require_POST
+@tenant_page
+def api_key_revoke_view(request: HttpRequest, tenant: Tenant, key_id: int) -> HttpResponse:
+    try:
+        api_key = api_key_for_tenant(tenant=tenant, key_id=key_id)
+    except ApiKey.DoesNotExist:
+        raise Http404("No such key") from None
+    if not can_manage_keys(user=request.user, tenant=tenant):
+        raise PermissionDenied("Only the tenant's admins manage its API keys.")
+    api_key_revoke(api_key=api_key)
+    return redirect("accounts:api_keys", slug=tenant.slug)

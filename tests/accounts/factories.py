@@ -1,0 +1,117 @@
+"""Test data for the accounts tests: tenants, users with roles, a market, round records.
+
+Every amount here is written out by hand; tests compute expected values by hand, never from the
+code under test.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractUser
+
+from accounts.models import Membership, Role, Tenant
+from market.models import Market
+from scheduler_bridge.records import SCHEMA
+
+# A Wednesday afternoon. Its day starts 2026-11-18 00:00, its week Monday 2026-11-16, its month
+# 2026-11-01 (all UTC).
+NOW = datetime(2026, 11, 18, 15, 30, tzinfo=UTC)
+PASSWORD = "persona-pass-123"
+
+
+def market_create(slug: str = "test-llm") -> Market:
+    """$3 per million uncached input tokens, $0.30 cached, $15 output; no reserve."""
+    return Market.objects.create(
+        slug=slug,
+        name=f"Market {slug}",
+        served_model=f"org/{slug}",
+        price_input_per_mtok=Decimal("3"),
+        price_cached_input_per_mtok=Decimal("0.3"),
+        price_output_per_mtok=Decimal("15"),
+        reserve=Decimal("0"),
+    )
+
+
+def tenant_create(slug: str) -> Tenant:
+    return Tenant.objects.create(name=f"Tenant {slug.upper()}", slug=slug)
+
+
+def user_create(
+    username: str, *, tenant: Tenant | None = None, role: str | None = None, staff: bool = False
+) -> AbstractUser:
+    user = get_user_model().objects.create_user(
+        username=username, password=PASSWORD, is_staff=staff
+    )
+    if tenant is not None:
+        Membership.objects.create(tenant=tenant, user=user, role=role or Role.VIEWER)
+    return user
+
+
+def admitted(request_id: str, charge: float, *, bid: float = 0.5, position: int = 0) -> dict:
+    """One admitted request of a round record (the engines' schema)."""
+    return {
+        "request_id": request_id,
+        "bid": bid,
+        "effective_bid": bid,
+        "position": position,
+        "planned_completion_s": 0.25,
+        "time_saved_s": 0.125,
+        "charge": charge,
+        "prompt_tokens": 1200,
+        "cached_tokens": 1000,
+    }
+
+
+def round_record(
+    round_id: str, admitted_requests: list[dict], *, market: str = "test-llm", seq: int = 1
+) -> dict[str, Any]:
+    """A valid round record (scheduler_bridge.records schema) admitting ``admitted_requests``."""
+    return {
+        "schema": SCHEMA,
+        "engine": "sim",
+        "market": market,
+        "round_id": round_id,
+        "seq": seq,
+        "time": 1000.0 + seq,
+        "policy": "dfs-auction-density",
+        "reserve": 0.0,
+        "tokens_per_second": 10000.0,
+        "waiting": len(admitted_requests) + 3,
+        "subtrees": [],
+        "admitted": admitted_requests,
+    }
+
+
+def spend(
+    *,
+    tenant: Tenant,
+    market: Market,
+    request_id: str,
+    charge: float,
+    at: datetime,
+    api_key: Any = None,
+) -> None:
+    """Make ``tenant`` spend ``charge`` dollars at ``at``: a request is opened (holding the
+    charge), admitted in a round that charges it, and completes with no tokens."""
+    from accounts.services import request_complete, request_open, round_record_settle
+
+    request_open(
+        request_id=request_id,
+        tenant=tenant,
+        api_key=api_key,
+        market=market,
+        bid="1",
+        hold_amount=charge,
+        now=at,
+    )
+    round_record_settle(
+        record=round_record(f"r-{request_id}", [admitted(request_id, charge)], market=market.slug),
+        now=at,
+    )
+    request_complete(
+        request_id=request_id, prompt_tokens=0, cached_tokens=0, completion_tokens=0, now=at
+    )

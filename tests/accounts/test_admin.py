@@ -1,0 +1,125 @@
+"""Django admin: every accounts and market model is there; the ledger is read-only."""
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from accounts.models import (
+    ApiKey,
+    Budget,
+    Hold,
+    Invoice,
+    InvoiceLine,
+    LedgerEntry,
+    Membership,
+    Request,
+    Tenant,
+)
+from accounts.services import api_key_create, budget_set, invoice_generate, month_bounds
+from market.models import Market, ReserveChange
+from market.services import market_reserve_set
+from tests.accounts.factories import PASSWORD, market_create, spend, tenant_create, user_create
+
+pytestmark = pytest.mark.django_db
+
+MODELS = [
+    Tenant,
+    Membership,
+    ApiKey,
+    Budget,
+    Hold,
+    Request,
+    LedgerEntry,
+    Invoice,
+    InvoiceLine,
+    Market,
+    ReserveChange,
+]
+READ_ONLY = [LedgerEntry, Hold, Request, Invoice, InvoiceLine, ReserveChange]
+
+
+@pytest.fixture
+def operator_client(client):
+    get_user_model().objects.create_superuser("root", password=PASSWORD)
+    client.login(username="root", password=PASSWORD)
+    tenant = tenant_create("acme")
+    user_create("alice", tenant=tenant)
+    market = market_create()
+    budget_set(tenant=tenant, limit="5")
+    api_key_create(tenant=tenant, name="k", created_by=None)
+    spend(
+        tenant=tenant,
+        market=market,
+        request_id="r1",
+        charge=0.5,
+        at=datetime(2026, 10, 5, tzinfo=UTC),
+    )
+    start, end = month_bounds(year=2026, month=10)
+    invoice_generate(tenant=tenant, period_start=start, period_end=end)
+    market_reserve_set(market=market, reserve="0.01", user=None)
+    return client
+
+
+def admin_url(model, view: str, *args) -> str:
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+def test_every_model_is_in_the_admin(operator_client, model) -> None:
+    assert admin.site.is_registered(model)
+    assert operator_client.get(admin_url(model, "changelist")).status_code == 200
+    obj = model.objects.first()
+    assert obj is not None
+    assert operator_client.get(admin_url(model, "change", obj.pk)).status_code == 200
+
+
+@pytest.mark.parametrize("model", READ_ONLY, ids=lambda m: m.__name__)
+def test_money_records_are_read_only_in_the_admin(operator_client, model) -> None:
+    obj = model.objects.first()
+    count = model.objects.count()
+    assert operator_client.get(admin_url(model, "add")).status_code == 403
+    assert operator_client.post(admin_url(model, "change", obj.pk), {}).status_code == 403
+    assert (
+        operator_client.post(admin_url(model, "delete", obj.pk), {"post": "yes"}).status_code == 403
+    )
+    assert model.objects.count() == count
+
+
+def test_the_ledger_amount_cannot_be_edited(operator_client) -> None:
+    entry = LedgerEntry.objects.get(request_id="r1", kind="priority")
+    page = operator_client.get(admin_url(LedgerEntry, "change", entry.pk)).content.decode()
+    assert 'name="amount"' not in page
+    operator_client.post(admin_url(LedgerEntry, "change", entry.pk), {"amount": "0"})
+    entry.refresh_from_db()
+    assert entry.amount == Decimal("0.5")
+
+
+def test_a_reserve_moved_in_the_admin_is_audited(operator_client) -> None:
+    market = Market.objects.get(slug="test-llm")
+    form = {
+        "slug": market.slug,
+        "name": market.name,
+        "served_model": market.served_model,
+        "price_input_per_mtok": "3",
+        "price_cached_input_per_mtok": "0.3",
+        "price_output_per_mtok": "15",
+        "reserve": "0.02",
+        "policy": market.policy,
+        "is_active": "on",
+        "reserve_changes-TOTAL_FORMS": "0",
+        "reserve_changes-INITIAL_FORMS": "0",
+    }
+    response = operator_client.post(admin_url(Market, "change", market.pk), form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    market.refresh_from_db()
+    assert market.reserve == Decimal("0.02")
+    latest = ReserveChange.objects.filter(market=market).first()
+    assert (latest.old, latest.new, latest.changed_by.username) == (
+        Decimal("0.01"),
+        Decimal("0.02"),
+        "root",
+    )

@@ -1,0 +1,143 @@
+"""Real concurrency on PostgreSQL: threads, each with its own database connection, no mocks.
+
+pytest-django's ``transaction=True`` commits the test data, so every thread's connection sees
+it (and the tables are flushed afterwards).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+
+from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Period
+from accounts.selectors import budget_status
+from accounts.services import (
+    BudgetExhausted,
+    api_key_create,
+    budget_hold,
+    budget_set,
+    request_open,
+    round_record_settle,
+)
+from tests.accounts.factories import (
+    NOW,
+    admitted,
+    market_create,
+    round_record,
+    spend,
+    tenant_create,
+)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+THREADS = 40  # each with its own connection; PostgreSQL's default max_connections is 100
+
+
+def run_concurrently(jobs: list[Callable[[], object]]) -> list[object]:
+    """Run ``jobs`` on THREADS threads that start together; each thread closes its connection.
+    Returns each job's result, or the exception it raised."""
+    barrier = threading.Barrier(THREADS)
+    chunks = [jobs[i::THREADS] for i in range(THREADS)]
+
+    def worker(chunk: list[Callable[[], object]]) -> list[object]:
+        results: list[object] = []
+        try:
+            barrier.wait(timeout=60)
+            for job in chunk:
+                try:
+                    results.append(job())
+                except Exception as exc:  # collected and checked by the test
+                    results.append(exc)
+        finally:
+            connection.close()
+        return results
+
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        return [r for chunk_results in pool.map(worker, chunks) for r in chunk_results]
+
+
+def test_200_concurrent_holds_at_a_budgets_edge_never_overspend_it() -> None:
+    market = market_create()
+    tenant = tenant_create("acme")
+    budget_set(tenant=tenant, limit="1", period=Period.DAY)
+    spend(tenant=tenant, market=market, request_id="earlier", charge=0.3, at=NOW)
+    # 1 - 0.3 = 0.7 left; each request holds 0.007: exactly floor(0.7 / 0.007) = 100 fit.
+    amount = Decimal("0.007")
+
+    def place(i: int) -> Callable[[], object]:
+        return lambda: budget_hold(
+            tenant=tenant, api_key=None, request_id=f"c{i}", amount=amount, now=NOW
+        )
+
+    results = run_concurrently([place(i) for i in range(200)])
+    held = [r for r in results if isinstance(r, Hold)]
+    refused = [r for r in results if isinstance(r, BudgetExhausted)]
+    assert len(held) == 100
+    assert len(refused) == 100
+    assert len(held) + len(refused) == 200, [r for r in results if isinstance(r, Exception)]
+    status = budget_status(tenant=tenant, now=NOW)
+    assert (status.spent, status.held, status.remaining) == (Decimal("0.3"), Decimal("0.7"), 0)
+    assert Hold.objects.filter(state=HoldState.OPEN).count() == 100
+
+
+def test_concurrent_holds_through_a_key_budget_and_the_tenant_budget() -> None:
+    market = market_create()
+    tenant = tenant_create("acme")
+    budget_set(tenant=tenant, limit="1", period=Period.DAY)
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None, budget_limit="0.35")
+    # The key may hold 0.35 / 0.01 = 35 of its 100; the other 100 keyless requests share what
+    # the tenant has left: 1 - 0.35 = 0.65, so 65. In all 100 of 200 fit.
+    amount = Decimal("0.01")
+
+    def place(i: int) -> Callable[[], object]:
+        return lambda: request_open(
+            request_id=f"c{i}",
+            tenant=tenant,
+            api_key=key if i % 2 else None,
+            market=market,
+            bid="0.1",
+            hold_amount=amount,
+            now=NOW,
+        )
+
+    results = run_concurrently([place(i) for i in range(200)])
+    refused = [r for r in results if isinstance(r, BudgetExhausted)]
+    others = [r for r in results if isinstance(r, Exception) and not isinstance(r, BudgetExhausted)]
+    assert others == []
+    by_key = Hold.objects.filter(api_key=key).count()
+    assert by_key <= 35
+    assert Hold.objects.count() == 100
+    assert len(refused) == 100
+    assert budget_status(tenant=tenant, now=NOW).held == Decimal("1")
+
+
+def test_the_same_round_settled_by_many_workers_charges_each_request_once() -> None:
+    market = market_create()
+    tenant = tenant_create("acme")
+    budget_set(tenant=tenant, limit="100", period=Period.DAY)
+    rids = [f"r{i}" for i in range(20)]
+    for rid in rids:
+        request_open(
+            request_id=rid,
+            tenant=tenant,
+            api_key=None,
+            market=market,
+            bid="1",
+            hold_amount="1",
+            now=NOW,
+        )
+    record = round_record(
+        "sim:1:1", [admitted(rid, 0.25, position=i) for i, rid in enumerate(rids)]
+    )
+    results = run_concurrently([lambda: round_record_settle(record=record, now=NOW)] * 80)
+    assert not [r for r in results if isinstance(r, Exception)]
+    assert sum(r.charged for r in results) == 20
+    assert sum(r.duplicates for r in results) == 80 * 20 - 20
+    assert LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY).count() == 20
+    # Each hold consumed once: 1 - 0.25 = 0.75 left on each of the 20.
+    assert budget_status(tenant=tenant, now=NOW).held == Decimal("15")

@@ -1,0 +1,218 @@
+"""Invoices: generated once per tenant and period, exported as CSV, PDF and JSON."""
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from pypdf import PdfReader
+
+from accounts.exports import CSV_HEADER, invoice_csv, invoice_json, invoice_pdf
+from accounts.models import Invoice, InvoiceLine
+from accounts.services import (
+    invoice_generate,
+    month_bounds,
+    request_complete,
+    request_open,
+    round_record_settle,
+)
+from tests.accounts.factories import admitted, market_create, round_record, tenant_create
+
+pytestmark = pytest.mark.django_db
+
+D = Decimal
+NOV_START, NOV_END = month_bounds(year=2026, month=11)
+AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)
+
+
+def served(tenant, market, rid, *, priority, tokens, at) -> None:
+    """A request admitted with ``priority`` dollars and completed with ``tokens``
+    (prompt, cached, completion)."""
+    request_open(
+        request_id=rid, tenant=tenant, api_key=None, market=market, bid="1", hold_amount="5", now=at
+    )
+    if priority is not None:
+        record = round_record(f"rd-{rid}", [admitted(rid, priority)], market=market.slug)
+        round_record_settle(record=record, now=at)
+    if tokens is not None:
+        prompt, cached, completion = tokens
+        request_complete(
+            request_id=rid,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            completion_tokens=completion,
+            now=at,
+        )
+
+
+@pytest.fixture
+def november():
+    """Tenant acme's November on two markets, plus charges outside it and another tenant's.
+
+    test-llm ($3 in, $0.30 cached, $15 out per million):
+      a1: priority 0.25; tokens 1200/1000/500 -> 0.0006 + 0.0003 + 0.0075 = 0.0084; line 0.2584
+      a2: priority 0.5; no tokens (still running at the end of the month);   line 0.5
+    big-llm ($10 in, $1 cached, $30 out per million):
+      a3: no priority entry; tokens 2000/0/1000 -> 0.02 + 0 + 0.03 = 0.05;   line 0.05
+    test-llm sum: priority 0.75, tokens 0.0084, total 0.7584
+    big-llm sum:  priority 0,    tokens 0.05,   total 0.05
+    invoice: priority 0.75, tokens 0.0584, total 0.8084
+    """
+    acme, globex = tenant_create("acme"), tenant_create("globex")
+    small = market_create("test-llm")
+    big = market_create("big-llm")
+    big.price_input_per_mtok, big.price_cached_input_per_mtok = D(10), D(1)
+    big.price_output_per_mtok = D(30)
+    big.save()
+    nov = datetime(2026, 11, 10, tzinfo=UTC)
+    served(acme, small, "a1", priority=0.25, tokens=(1200, 1000, 500), at=nov)
+    served(acme, small, "a2", priority=0.5, tokens=None, at=nov + timedelta(hours=1))
+    served(acme, big, "a3", priority=None, tokens=(2000, 0, 1000), at=nov + timedelta(hours=2))
+    served(acme, small, "oct", priority=7.0, tokens=None, at=datetime(2026, 10, 31, 23, tzinfo=UTC))
+    served(acme, small, "dec", priority=9.0, tokens=None, at=NOV_END)  # the end is excluded
+    served(globex, small, "g1", priority=3.0, tokens=None, at=nov)
+    return acme
+
+
+def test_an_invoice_has_a_line_per_request_with_both_parts(november) -> None:
+    invoice = invoice_generate(
+        tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
+    )
+    assert (invoice.priority_total, invoice.tokens_total, invoice.total) == (
+        D("0.75"),
+        D("0.0584"),
+        D("0.8084"),
+    )
+    lines = {
+        line.request_id: (line.priority_amount, line.tokens_amount, line.total)
+        for line in invoice.lines.all()
+    }
+    assert lines == {
+        "a1": (D("0.25"), D("0.0084"), D("0.2584")),
+        "a2": (D("0.5"), D(0), D("0.5")),
+        "a3": (D(0), D("0.05"), D("0.05")),
+    }
+
+
+def test_invoice_generation_is_idempotent(november) -> None:
+    first = invoice_generate(
+        tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
+    )
+    again = invoice_generate(
+        tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
+    )
+    assert again.pk == first.pk
+    assert Invoice.objects.count() == 1 and InvoiceLine.objects.count() == 3
+
+
+def test_an_invoice_needs_a_finished_period_that_overlaps_no_other(november) -> None:
+    with pytest.raises(ValueError, match="not over"):
+        invoice_generate(
+            tenant=november,
+            period_start=NOV_START,
+            period_end=NOV_END,
+            now=NOV_END - timedelta(seconds=1),
+        )
+    invoice_generate(tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV)
+    with pytest.raises(ValueError, match="overlaps"):
+        invoice_generate(
+            tenant=november,
+            period_start=NOV_START + timedelta(days=1),
+            period_end=NOV_END,
+            now=AFTER_NOV,
+        )
+    with pytest.raises(ValueError):
+        invoice_generate(tenant=november, period_start=NOV_END, period_end=NOV_START, now=AFTER_NOV)
+
+
+def test_csv_has_request_lines_market_summaries_and_a_total(november) -> None:
+    invoice = invoice_generate(
+        tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
+    )
+    rows = list(csv.reader(io.StringIO(invoice_csv(invoice))))
+    assert rows[0] == CSV_HEADER
+    body = [dict(zip(CSV_HEADER, row, strict=True)) for row in rows[1:]]
+    requests = [r for r in body if r["row"] == "request"]
+    markets = [r for r in body if r["row"] == "market"]
+    totals = [r for r in body if r["row"] == "total"]
+    assert [r["row"] for r in body] == ["request"] * 3 + ["market"] * 2 + ["total"]
+    a1 = next(r for r in requests if r["request_id"] == "a1")
+    assert (
+        a1["market"],
+        a1["round_id"],
+        a1["prompt_tokens"],
+        a1["cached_tokens"],
+        a1["completion_tokens"],
+    ) == (
+        "test-llm",
+        "rd-a1",
+        "1200",
+        "1000",
+        "500",
+    )
+    assert (a1["priority_usd"], a1["tokens_usd"], a1["total_usd"]) == (
+        "0.250000000",
+        "0.008400000",
+        "0.258400000",
+    )
+    assert [(m["market"], m["priority_usd"], m["tokens_usd"], m["total_usd"]) for m in markets] == [
+        ("big-llm", "0.000000000", "0.050000000", "0.050000000"),
+        ("test-llm", "0.750000000", "0.008400000", "0.758400000"),
+    ]
+    assert (totals[0]["priority_usd"], totals[0]["tokens_usd"], totals[0]["total_usd"]) == (
+        "0.750000000",
+        "0.058400000",
+        "0.808400000",
+    )
+    # The request lines add up to the total, exactly.
+    assert sum(D(r["total_usd"]) for r in requests) == D(totals[0]["total_usd"])
+
+
+def test_pdf_is_a_real_pdf_with_the_totals(november) -> None:
+    invoice = invoice_generate(
+        tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
+    )
+    data = invoice_pdf(invoice)
+    assert data.startswith(b"%PDF-")
+    text = "\n".join(page.extract_text() for page in PdfReader(io.BytesIO(data)).pages)
+    assert "Tenant ACME" in text
+    assert "Priority total: USD 0.750000000" in text
+    assert "Tokens total: USD 0.058400000" in text
+    assert "Total due: USD 0.808400000" in text
+    for rid in ("a1", "a2", "a3"):
+        assert rid in text
+    assert "g1" not in text and "oct" not in text
+
+
+def test_pdf_of_many_lines_spans_pages(november) -> None:
+    market = market_create("many-llm")
+    at = datetime(2026, 11, 20, tzinfo=UTC)
+    for i in range(120):
+        served(november, market, f"m{i:03d}", priority=0.001, tokens=None, at=at)
+    invoice = invoice_generate(
+        tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
+    )
+    reader = PdfReader(io.BytesIO(invoice_pdf(invoice)))
+    assert len(reader.pages) > 1
+    # 0.8084 + 120 x 0.001 = 0.9284
+    assert "Total due: USD 0.928400000" in reader.pages[-1].extract_text()
+
+
+def test_json_carries_exact_amounts(november) -> None:
+    invoice = invoice_generate(
+        tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
+    )
+    data = invoice_json(invoice)
+    assert (data["tenant"], data["total"], data["priority_total"], data["tokens_total"]) == (
+        "acme",
+        "0.808400000",
+        "0.750000000",
+        "0.058400000",
+    )
+    assert {line["request_id"]: line["total"] for line in data["lines"]} == {
+        "a1": "0.258400000",
+        "a2": "0.500000000",
+        "a3": "0.050000000",
+    }
+    assert [m["market"] for m in data["markets"]] == ["big-llm", "test-llm"]

@@ -1,0 +1,238 @@
+"""Settlement: round records -> priority charges, completion reports -> token charges.
+
+Replays change nothing, unknown requests are skipped, a request that was not served is never
+charged, and the ledger sums exactly (no float anywhere) to the invoice total.
+"""
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Request, RequestStatus
+from accounts.services import (
+    SettleResult,
+    UnknownRequest,
+    invoice_generate,
+    month_bounds,
+    request_complete,
+    request_fail,
+    request_open,
+    round_record_settle,
+    token_charge,
+)
+from tests.accounts.factories import NOW, admitted, market_create, round_record, tenant_create
+
+pytestmark = pytest.mark.django_db
+
+D = Decimal
+
+
+@pytest.fixture
+def market():
+    return market_create()
+
+
+@pytest.fixture
+def tenant():
+    return tenant_create("acme")
+
+
+def open_(tenant, market, rid, *, hold="1", now=NOW) -> Request:
+    return request_open(
+        request_id=rid,
+        tenant=tenant,
+        api_key=None,
+        market=market,
+        bid="0.5",
+        hold_amount=hold,
+        now=now,
+    )
+
+
+def amounts(kind: str) -> dict[str, Decimal]:
+    return dict(LedgerEntry.objects.filter(kind=kind).values_list("request_id", "amount"))
+
+
+def test_a_round_record_charges_each_admitted_request_its_priority_charge(tenant, market) -> None:
+    open_(tenant, market, "r1")
+    open_(tenant, market, "r2")
+    record = round_record("sim:1:7", [admitted("r1", 0.25), admitted("r2", 0.1 + 0.2, position=1)])
+    result = round_record_settle(record=record, now=NOW)
+    assert result == SettleResult(charged=2, duplicates=0, unknown=0, not_served=0)
+    # 0.1 + 0.2 is 0.30000000000000004 as a float: the rule rounds it to 0.300000000.
+    assert amounts(ChargeKind.PRIORITY) == {"r1": D("0.25"), "r2": D("0.3")}
+    entry = LedgerEntry.objects.get(request_id="r1")
+    assert (entry.round_id, entry.tenant, entry.market, entry.created_at) == (
+        "sim:1:7",
+        tenant,
+        market,
+        NOW,
+    )
+    assert entry.detail["time_saved_s"] == 0.125 and entry.detail["bid"] == 0.5
+    assert Request.objects.get(pk="r1").admitted_at == NOW
+
+
+def test_replaying_a_round_record_changes_nothing(tenant, market) -> None:
+    open_(tenant, market, "r1", hold="0.5")
+    record = round_record("sim:1:7", [admitted("r1", 0.25)])
+    assert round_record_settle(record=record, now=NOW).charged == 1
+    before = list(
+        LedgerEntry.objects.values_list("id", "request_id", "kind", "amount", "created_at")
+    )
+    replay = round_record_settle(record=record, now=NOW + timedelta(minutes=5))
+    assert replay == SettleResult(charged=0, duplicates=1, unknown=0, not_served=0)
+    assert (
+        list(LedgerEntry.objects.values_list("id", "request_id", "kind", "amount", "created_at"))
+        == before
+    )
+    assert Hold.objects.get(request_id="r1").remaining == D("0.25")  # 0.5 - 0.25, consumed once
+
+
+def test_a_request_pays_once_even_if_a_later_round_lists_it_again(tenant, market) -> None:
+    open_(tenant, market, "r1")
+    round_record_settle(record=round_record("sim:1:7", [admitted("r1", 0.25)]), now=NOW)
+    result = round_record_settle(
+        record=round_record("sim:1:8", [admitted("r1", 0.5)], seq=2), now=NOW
+    )
+    assert result.duplicates == 1
+    assert amounts(ChargeKind.PRIORITY) == {"r1": D("0.25")}
+
+
+def test_unknown_requests_are_counted_and_skipped(tenant, market) -> None:
+    other_market = market_create("other-llm")
+    open_(tenant, market, "r1")
+    open_(tenant, other_market, "elsewhere")
+    record = round_record(
+        "sim:1:7", [admitted("ghost", 1.0), admitted("r1", 0.25), admitted("elsewhere", 2.0)]
+    )
+    result = round_record_settle(record=record, now=NOW)
+    assert result == SettleResult(charged=1, duplicates=0, unknown=2, not_served=0)
+    assert amounts(ChargeKind.PRIORITY) == {"r1": D("0.25")}
+
+
+def test_a_malformed_record_is_refused_and_writes_nothing(tenant, market) -> None:
+    open_(tenant, market, "r1")
+    bad = round_record("sim:1:7", [admitted("r1", 0.25)])
+    bad["admitted"][0]["charge"] = -1.0
+    with pytest.raises(ValueError, match="negative"):
+        round_record_settle(record=bad, now=NOW)
+    missing = round_record("sim:1:7", [admitted("r1", 0.25)])
+    del missing["admitted"][0]["charge"]
+    with pytest.raises(ValueError, match="charge"):
+        round_record_settle(record=missing, now=NOW)
+    assert not LedgerEntry.objects.exists()
+
+
+def test_requests_never_admitted_or_never_completed_are_never_charged(tenant, market) -> None:
+    open_(tenant, market, "waiting")  # never admitted, never completed
+    open_(tenant, market, "admitted-only")
+    round_record_settle(record=round_record("sim:1:7", [admitted("admitted-only", 0.25)]), now=NOW)
+    assert not LedgerEntry.objects.filter(request_id="waiting").exists()
+    # Admitted (being served) pays its priority charge; no tokens until it completes.
+    assert list(
+        LedgerEntry.objects.filter(request_id="admitted-only").values_list("kind", flat=True)
+    ) == [ChargeKind.PRIORITY]
+
+
+def test_a_failed_request_is_never_charged(tenant, market) -> None:
+    open_(tenant, market, "r1", hold="0.5")
+    assert request_fail(request_id="r1", now=NOW) is True
+    assert Hold.objects.get(request_id="r1").state == HoldState.RELEASED
+    # A round record admitting it afterwards, and a completion report, charge nothing.
+    result = round_record_settle(record=round_record("sim:1:7", [admitted("r1", 0.25)]), now=NOW)
+    assert result == SettleResult(charged=0, duplicates=0, unknown=0, not_served=1)
+    with pytest.raises(ValueError, match="not charged"):
+        request_complete(
+            request_id="r1", prompt_tokens=10, cached_tokens=0, completion_tokens=10, now=NOW
+        )
+    assert not LedgerEntry.objects.exists()
+    assert Request.objects.get(pk="r1").status == RequestStatus.FAILED
+
+
+def test_completion_of_an_unknown_request(tenant) -> None:
+    with pytest.raises(UnknownRequest):
+        request_complete(request_id="ghost", prompt_tokens=1, cached_tokens=0, completion_tokens=1)
+
+
+def test_the_token_charge_uses_the_posted_prices(tenant, market) -> None:
+    open_(tenant, market, "r1")
+    entry = request_complete(
+        request_id="r1", prompt_tokens=1200, cached_tokens=1000, completion_tokens=500, now=NOW
+    )
+    # 200 uncached x $3/M = 0.0006; 1000 cached x $0.30/M = 0.0003; 500 out x $15/M = 0.0075.
+    assert entry.amount == D("0.0084")
+    assert entry.kind == ChargeKind.TOKENS
+    assert entry.detail == {"prompt_tokens": 1200, "cached_tokens": 1000, "completion_tokens": 500}
+    request = Request.objects.get(pk="r1")
+    assert (request.status, request.finished_at, request.completion_tokens) == (
+        RequestStatus.SERVED,
+        NOW,
+        500,
+    )
+    # Replayed: the first entry, unchanged, even with other numbers.
+    again = request_complete(request_id="r1", prompt_tokens=5, cached_tokens=0, completion_tokens=5)
+    assert (again.pk, again.amount) == (entry.pk, D("0.0084"))
+    assert LedgerEntry.objects.count() == 1
+
+
+def test_the_token_charge_is_rounded_once() -> None:
+    market = market_create("odd")
+    market.price_input_per_mtok = D("1.234567891")
+    market.price_cached_input_per_mtok = D("0.000000007")
+    market.price_output_per_mtok = D("2.000000001")
+    # input: 3 x 1.234567891 / 10**6 = 0.000003703703673
+    # cached: 1 x 0.000000007 / 10**6 = 0.000000000000007
+    # output: 1 x 2.000000001 / 10**6 = 0.000002000000001
+    # sum = 0.000005703703681; its 10th decimal is 6, so it rounds up to 0.000005704.
+    charge = token_charge(market=market, prompt_tokens=4, cached_tokens=1, completion_tokens=1)
+    assert charge == D("0.000005704")
+    # 100000 cached at 0.000000007/M = 0.0000000007: rounds up to one nano-dollar; 71428 of
+    # them = 0.000000000499996, under half a nano-dollar: 0.
+    market.price_input_per_mtok = market.price_output_per_mtok = D(0)
+    assert token_charge(
+        market=market, prompt_tokens=100000, cached_tokens=100000, completion_tokens=0
+    ) == D("0.000000001")
+    assert token_charge(
+        market=market, prompt_tokens=71428, cached_tokens=71428, completion_tokens=0
+    ) == D(0)
+    # Rounded once, on the sum: two parts of 0.4 nano-dollars each (100000 tokens at
+    # 0.000000004/M) make 0.8, one nano-dollar; rounding each part first would give 0.
+    market.price_cached_input_per_mtok = market.price_output_per_mtok = D("0.000000004")
+    assert token_charge(
+        market=market, prompt_tokens=100000, cached_tokens=100000, completion_tokens=100000
+    ) == D("0.000000001")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached", "completion"),
+    [(-1, 0, 0), (1, 2, 0), (1, 0, -5), (1.0, 0, 0), (True, 0, 0)],
+)
+def test_bad_token_counts_are_refused(market, prompt, cached, completion) -> None:
+    with pytest.raises(ValueError):
+        token_charge(
+            market=market, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion
+        )
+
+
+def test_the_ledger_sums_exactly_to_the_invoice_total(tenant, market) -> None:
+    start, end = month_bounds(year=2026, month=11)
+    # Ten requests, each 0.1 (a float: 0.1000000000000000055...) for priority and tokens of
+    # 200 uncached, 1000 cached, 500 out = 0.0084. Floats would sum 0.1 ten times to
+    # 0.9999999999999999; the ledger must give exactly 10 x 0.1084 = 1.084.
+    for i in range(10):
+        rid = f"r{i}"
+        at = datetime(2026, 11, 3, tzinfo=UTC) + timedelta(hours=i)
+        open_(tenant, market, rid, now=at)
+        round_record_settle(record=round_record(f"sim:1:{i}", [admitted(rid, 0.1)], seq=i), now=at)
+        request_complete(
+            request_id=rid, prompt_tokens=1200, cached_tokens=1000, completion_tokens=500, now=at
+        )
+    invoice = invoice_generate(
+        tenant=tenant, period_start=start, period_end=end, now=NOW + timedelta(days=30)
+    )
+    ledger_sum = sum(LedgerEntry.objects.values_list("amount", flat=True), D(0))
+    assert all(isinstance(a, Decimal) for a in LedgerEntry.objects.values_list("amount", flat=True))
+    assert ledger_sum == invoice.total == D("1.084")
+    assert (invoice.priority_total, invoice.tokens_total) == (D("1"), D("0.084"))
+    assert sum((line.total for line in invoice.lines.all()), D(0)) == invoice.total

@@ -1,0 +1,273 @@
+"""SGLang's native HTTP API as the simulated engine speaks it: request parsing and response bodies.
+
+``POST /generate`` takes one request (SGLang's batch forms, lists of texts, are refused):
+``text`` or ``input_ids``, ``sampling_params`` (``max_new_tokens``, default 128;
+``custom_params.bid`` in dollars per second of waiting, default 0; other sampling parameters are
+type-checked loosely and otherwise ignored), ``stream`` and ``rid``.
+
+Errors are JSON ``{"error": {"message", "type", "code", "param"}}``: SGLang's own ``/generate``
+answers ``{"error": {"message": ...}}``, so this is that shape with the OpenAI-style extras
+(``code`` is the HTTP status, ``param`` the offending field or null). The aiohttp helpers at the
+end (``errors_as_json``, ``json_error``, ``sse``) write these bodies and SGLang's SSE framing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from market.mechanism import MAX_BID, bid_checked
+
+from .engine import SimRequest
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_NEW_TOKENS = 128
+MAX_RID_CHARS = 256
+MAX_TOKEN_ID = 2**31 - 1  # input_ids are accepted from any tokenizer's vocabulary
+# Sampling parameters SGLang knows whose type is checked; all are otherwise ignored.
+_NUMBER_PARAMS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
+_INT_PARAMS = ("top_k", "min_new_tokens", "n")
+_BOOL_PARAMS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens")
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class BadRequest(ValueError):
+    """A request the server refuses with 400; ``param`` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error response."""
+    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": status, "param": param}}
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A checked ``/generate`` body. ``bid`` in dollars per second of waiting."""
+
+    rid: str
+    text: str | None
+    input_ids: tuple[int, ...] | None
+    max_new_tokens: int
+    bid: float
+    stream: bool
+
+
+def loads_json(raw: bytes) -> Any:
+    """Parse a request body; BadRequest if it is not UTF-8 JSON."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, a 5000-digit number
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def parse_generate(body: Any) -> GenerateRequest:
+    """Check a ``/generate`` body; BadRequest naming the first bad field."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise BadRequest("give exactly one of text and input_ids", "text")
+    ids: tuple[int, ...] | None = None
+    if text is not None:
+        if not isinstance(text, str):
+            raise BadRequest("text must be a string (batch requests are not supported)", "text")
+        if not text:
+            raise BadRequest("text must not be empty", "text")
+    else:
+        if not isinstance(input_ids, list) or not input_ids:
+            raise BadRequest("input_ids must be a non-empty list of token ids", "input_ids")
+        if not all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in input_ids):
+            raise BadRequest(
+                f"input_ids must hold integers in 0..{MAX_TOKEN_ID} "
+                "(batch requests are not supported)",
+                "input_ids",
+            )
+        ids = tuple(input_ids)
+
+    sampling = body.get("sampling_params")
+    if sampling is None:
+        sampling = {}
+    if not isinstance(sampling, dict):
+        raise BadRequest("sampling_params must be an object", "sampling_params")
+    max_new = sampling.get("max_new_tokens")
+    if max_new is None:
+        max_new = DEFAULT_MAX_NEW_TOKENS
+    if not _is_int(max_new) or max_new < 1:
+        raise BadRequest(
+            f"sampling_params.max_new_tokens must be an integer >= 1, got {max_new!r}",
+            "sampling_params.max_new_tokens",
+        )
+    for name in _NUMBER_PARAMS:
+        value = sampling.get(name)
+        if value is not None and not (_is_number(value) and math.isfinite(value)):
+            raise BadRequest(f"sampling_params.{name} must be a number", f"sampling_params.{name}")
+    for name in _INT_PARAMS:
+        value = sampling.get(name)
+        if value is not None and not _is_int(value):
+            raise BadRequest(
+                f"sampling_params.{name} must be an integer", f"sampling_params.{name}"
+            )
+    if sampling.get("n") not in (None, 1):
+        raise BadRequest(
+            "sampling_params.n must be 1 (one sample per request)", "sampling_params.n"
+        )
+    for name in _BOOL_PARAMS:
+        value = sampling.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise BadRequest(f"sampling_params.{name} must be a boolean", f"sampling_params.{name}")
+    stop = sampling.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise BadRequest(
+            "sampling_params.stop must be a string or a list of strings", "sampling_params.stop"
+        )
+
+    custom = sampling.get("custom_params")
+    if custom is None:
+        custom = {}
+    if not isinstance(custom, dict):
+        raise BadRequest(
+            "sampling_params.custom_params must be an object", "sampling_params.custom_params"
+        )
+    bid = custom.get("bid")
+    if bid is None:
+        bid = 0.0
+    try:
+        bid = bid_checked(bid, request_id="-")
+    except ValueError:
+        raise BadRequest(
+            "sampling_params.custom_params.bid must be a finite number of dollars per second "
+            f"in 0..{MAX_BID:g}, got {_short(bid)}",
+            "sampling_params.custom_params.bid",
+        ) from None
+
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", "stream")
+
+    rid = body.get("rid")
+    if rid is None:
+        rid = uuid.uuid4().hex
+    if not isinstance(rid, str) or not rid or len(rid) > MAX_RID_CHARS:
+        raise BadRequest(
+            f"rid must be a non-empty string of at most {MAX_RID_CHARS} characters "
+            "(batch requests are not supported)",
+            "rid",
+        )
+    return GenerateRequest(rid, text, ids, max_new, bid, stream)
+
+
+# --- responses --------------------------------------------------------------------------------
+
+
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """A compact JSON response."""
+    return web.json_response(body, status=status, headers=headers, dumps=dumps)
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON; NaN and infinities are refused (they are not JSON)."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def json_error(status: int, message: str, param: str | None = None, **headers: str) -> web.Response:
+    """An error response carrying ``error_body``."""
+    return json_response(error_body(status, message, param), status, headers or None)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
+    """Every error is a JSON error body; bad input is never a 500."""
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return json_error(400, str(exc), exc.param)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return json_error(exc.status, exc.reason if exc.text is None else exc.text)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return json_error(500, "internal error in the simulated engine")
+
+
+def sse(obj: Any) -> bytes:
+    """One server-sent event carrying ``obj`` as JSON, SGLang's stream framing."""
+    return b"data: " + dumps(obj).encode() + b"\n\n"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def meta_info(req: SimRequest, generated: int, *, finished: bool) -> dict[str, Any]:
+    """SGLang's ``meta_info`` after ``generated`` output tokens, plus the auction's fields.
+
+    Times are engine seconds: ``queue_time`` is admission minus arrival, ``ttft`` first token
+    minus arrival, ``e2e_latency`` (finished only) finish minus arrival. ``bid`` is $/s, ``charge``
+    the priority charge in dollars, ``planned_completion_s`` and ``time_saved_s`` planned seconds
+    from the admitting round.
+    """
+    info: dict[str, Any] = {
+        "id": req.id,
+        "finish_reason": {"type": "length", "length": generated} if finished else None,
+        "prompt_tokens": len(req.tokens),
+        "completion_tokens": generated,
+        "cached_tokens": req.cached_tokens,
+        "queue_time": None if req.admitted_at is None else req.admitted_at - req.arrival,
+        "ttft": req.ttft,
+        "bid": req.bid,
+        "charge": req.charge,
+        "round_id": req.round_id,
+        "position": req.position,
+        "planned_completion_s": req.planned_completion_s,
+        "time_saved_s": req.time_saved_s,
+    }
+    if finished:
+        info["e2e_latency"] = req.e2e
+    return info

@@ -1,0 +1,53 @@
+"""Fixtures: simulated-engine servers on real TCP ports, in background threads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler_bridge.sim.background import ServerThread
+from scheduler_bridge.sim.server import ServerOptions
+
+# Steps take 1/SPEED of their modelled time; reported times stay in engine seconds.
+SPEED = 20.0
+
+StartServer = Callable[..., ServerThread]
+
+
+@pytest.fixture
+def start_server() -> Iterator[StartServer]:
+    """Start a server with the given ServerOptions fields (port 0: a free port); stopped after."""
+    started: list[ServerThread] = []
+
+    def start(**fields) -> ServerThread:
+        fields.setdefault("port", 0)
+        fields.setdefault("speed", SPEED)
+        fields["settings"] = tuple(fields.get("settings", ()))
+        sim = ServerThread(ServerOptions(**fields)).start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_server() -> Iterator[ServerThread]:
+    """One default server for tests that do not care what ran before them."""
+    with ServerThread(ServerOptions(port=0, speed=SPEED)) as sim:
+        yield sim
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Samples of a Prometheus exposition by name (labels dropped; ours have one series each)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name
+            if "le" in sample.labels:
+                key += f"[le={sample.labels['le']}]"
+            values[key] = sample.value
+    return values

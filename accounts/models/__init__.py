@@ -1,13 +1,18 @@
 """The accounts app's models, one module per concern."""
 
+from accounts.models.autobidder import Autobidder, AutobidderStep, AutobidPeriod
 from accounts.models.budgets import Budget, Hold, HoldState, Period
 from accounts.models.invoices import Invoice, InvoiceLine
 from accounts.models.keys import ApiKey
-from accounts.models.ledger import ChargeKind, LedgerEntry, Request, RequestStatus
+from accounts.models.ledger import BidSource, ChargeKind, LedgerEntry, Request, RequestStatus
 from accounts.models.tenants import Membership, Role, Tenant
 
 __all__ = [
     "ApiKey",
+    "AutobidPeriod",
+    "Autobidder",
+    "AutobidderStep",
+    "BidSource",
     "Budget",
     "ChargeKind",
     "Hold",

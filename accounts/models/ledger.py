@@ -20,6 +20,12 @@ class RequestStatus(models.TextChoices):
     FAILED = "failed", "Failed"  # not served (engine down, client gone, ...); never charged
 
 
+class BidSource(models.TextChoices):
+    EXPLICIT = "explicit", "Explicit"  # the request carried a bid (body or X-Bid)
+    AUTOBID = "autobid", "Autobidder"  # the tenant's autobidder chose it
+    NONE = "none", "None"  # no bid and no autobidder: 0
+
+
 class Request(models.Model):
     """The gateway's record of one request to an engine.
 
@@ -35,6 +41,7 @@ class Request(models.Model):
     market = models.ForeignKey("market.Market", on_delete=models.PROTECT, related_name="+")
     bid = MoneyField(default=0, help_text="Dollars per second of waiting, as sent.")
     request_class = models.CharField(max_length=50, default="interactive")
+    bid_source = models.CharField(max_length=8, choices=BidSource.choices, default=BidSource.NONE)
     status = models.CharField(
         max_length=8, choices=RequestStatus.choices, default=RequestStatus.QUEUED
     )

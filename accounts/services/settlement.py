@@ -51,6 +51,7 @@ def request_open(
     bid: Decimal | float | str,
     hold_amount: Decimal | float | str,
     request_class: str = "interactive",
+    bid_source: str = "none",
     now: datetime | None = None,
 ) -> Request:
     """Record a request the gateway is about to forward, and hold ``hold_amount`` dollars.
@@ -71,6 +72,7 @@ def request_open(
                 "market": market,
                 "bid": money(bid),
                 "request_class": request_class,
+                "bid_source": bid_source,
                 "created_at": now,
             },
         )

@@ -1,0 +1,69 @@
+"""A tenant's autobidder (DESIGN.md 4.6): its settings, its multiplier, and the multiplier's past.
+
+The autobidder bids for the tenant's requests that carry no explicit bid: value / (1 + mu) for
+the request's class, capped so that the worst case (bid x max_wait_s) fits what is left of its
+budget. Its budget covers the priority charges of the requests it bid for; a periodic task
+(``autobidder_step``) moves mu by one gradient step per interval. The pacing itself is
+``market.mechanism.pacing.PacingAgent``; this model only stores its state between steps.
+"""
+
+from django.db import models
+from django.db.models import Q
+
+from accounts.models.tenants import Tenant
+from accounts.money import MoneyField
+
+
+class AutobidPeriod(models.TextChoices):
+    """Budget periods the autobidder paces over (UTC calendar windows; no "none")."""
+
+    DAY = "day", "Day"
+    WEEK = "week", "Week"
+    MONTH = "month", "Month"
+
+
+class Autobidder(models.Model):
+    """One tenant's autobidder settings and current multiplier."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="autobidder")
+    enabled = models.BooleanField(default=False)
+    budget = MoneyField(default=0, help_text="Priority dollars per period for autobid requests.")
+    period = models.CharField(
+        max_length=8, choices=AutobidPeriod.choices, default=AutobidPeriod.DAY
+    )
+    values = models.JSONField(
+        default=dict,
+        help_text='Value per request class, dollars per second of waiting, e.g. {"interactive": '
+        '"0.05", "background": "0.001"}.',
+    )
+    max_wait_s = models.FloatField(
+        default=60.0, help_text="Bound on a request's planned wait, seconds; holds bid x this."
+    )
+    eta = models.FloatField(default=0.5, help_text="Gradient step size (unitless).")
+    mu_max = models.FloatField(default=20.0, help_text="Largest multiplier.")
+    mu = models.FloatField(default=0.0, help_text="Current multiplier: bids are value / (1 + mu).")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(mu__gte=0), name="autobidder_mu_not_negative"),
+            models.CheckConstraint(condition=Q(max_wait_s__gt=0), name="autobidder_wait_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"autobidder of {self.tenant}"
+
+
+class AutobidderStep(models.Model):
+    """One pacing step: the multiplier after it and the spend it reacted to (for the dashboard)."""
+
+    autobidder = models.ForeignKey(Autobidder, on_delete=models.CASCADE, related_name="steps")
+    at = models.DateTimeField()
+    mu = models.FloatField()
+    spent = MoneyField(help_text="Priority dollars spent by autobid requests in the interval.")
+    target = MoneyField(help_text="What the interval should have spent to pace the budget.")
+    window_spent = MoneyField(help_text="Spent so far in the budget window, dollars.")
+
+    class Meta:
+        ordering = ["autobidder", "at"]
+        indexes = [models.Index(fields=["autobidder", "at"], name="autobid_step_time")]

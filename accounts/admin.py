@@ -6,6 +6,8 @@ from django.http import HttpRequest
 
 from accounts.models import (
     ApiKey,
+    Autobidder,
+    AutobidderStep,
     Budget,
     Hold,
     Invoice,
@@ -134,3 +136,17 @@ class InvoiceLineAdmin(ReadOnlyAdmin):
     list_display = ["invoice", "request", "market", "priority_amount", "tokens_amount", "total"]
     list_filter = ["market"]
     search_fields = ["request__request_id"]
+
+
+@admin.register(Autobidder)
+class AutobidderAdmin(admin.ModelAdmin):
+    """Settings are edited here; the multiplier moves only by the pacing steps."""
+
+    list_display = ["tenant", "enabled", "budget", "period", "mu", "updated_at"]
+    readonly_fields = ["mu", "updated_at"]
+
+
+@admin.register(AutobidderStep)
+class AutobidderStepAdmin(ReadOnlyAdmin):
+    list_display = ["autobidder", "at", "mu", "spent", "target", "window_spent"]
+    list_filter = ["autobidder"]

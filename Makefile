@@ -5,12 +5,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Holds the sha256 of the pyproject.toml the venv was installed from.
 STAMP := $(VENV)/.installed-pyproject
-# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k healthz -x"`.
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k healthz -x"` (the main stage) or
+# `make test-sglang SGLANG_PYTEST_ARGS="-k adder"` (the SGLang plugin's stage).
 PYTEST_ARGS ?=
+SGLANG_PYTEST_ARGS ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The SGLang plugin's CPU test stage has a venv of its own: SGLang 0.5.23 (installed without its
+# GPU dependencies), torch and the project.
+SGLANG_VENV := .venv-sglang
+SGLANG_PY := $(SGLANG_VENV)/bin/python
+SGLANG_REQUIREMENTS := scheduler_bridge/sglang_plugin/requirements-cpu.txt
+# Holds the sha256 of pyproject.toml and the requirements the venv was installed from.
+SGLANG_STAMP := $(SGLANG_VENV)/.installed-inputs
 
-.PHONY: run test venv lint format
+.PHONY: run test test-main test-sglang venv venv-sglang lint format
 
 ## venv: create .venv if missing; (re)install the project when pyproject.toml changed
 venv:
@@ -33,9 +42,33 @@ run: venv
 	@echo "Serving on http://$(HOST):$(PORT)/  (health: http://$(HOST):$(PORT)/healthz; Ctrl-C stops)"
 	@exec "$(VENV)/bin/daphne" -b "$(HOST)" -p "$(PORT)" config.asgi:application
 
-## test: the whole test suite
-test: venv
-	@"$(VENV)/bin/pytest" $(PYTEST_ARGS)
+## test: the whole test suite, in two stages: the main suite, then the SGLang plugin's
+test: test-main test-sglang
+
+## test-main: everything but the SGLang plugin's tests, in .venv
+test-main: venv
+	@"$(VENV)/bin/pytest" --ignore=tests/sglang_plugin $(PYTEST_ARGS)
+
+## venv-sglang: create .venv-sglang if missing; (re)install when its inputs changed. The first
+## install copies torch (several GB) from pip's sources and takes minutes.
+venv-sglang:
+	@if [ ! -x "$(SGLANG_PY)" ]; then \
+		[ -n "$(PYTHON_BOOT)" ] || { echo "Neither python3.11 nor python3 is on PATH." >&2; exit 1; }; \
+		echo "Creating $(SGLANG_VENV) with $(PYTHON_BOOT)"; \
+		"$(PYTHON_BOOT)" -m venv "$(SGLANG_VENV)"; \
+	fi
+	@want=$$(cat pyproject.toml "$(SGLANG_REQUIREMENTS)" | sha256sum | cut -d' ' -f1); \
+	if [ "$$(cat "$(SGLANG_STAMP)" 2>/dev/null)" != "$$want" ]; then \
+		echo "Installing SGLang 0.5.23 (CPU, no GPU kernels) and the project into $(SGLANG_VENV)"; \
+		"$(SGLANG_PY)" -m pip install --quiet -e '.[dev]' -r "$(SGLANG_REQUIREMENTS)" \
+		&& "$(SGLANG_PY)" -m pip install --quiet --no-deps sglang==0.5.23 \
+		&& echo "$$want" > "$(SGLANG_STAMP)"; \
+	fi
+
+## test-sglang: the SGLang plugin against SGLang's real scheduler classes, on the CPU
+test-sglang: venv-sglang
+	@echo "==> SGLang plugin stage ($(SGLANG_VENV))"
+	@"$(SGLANG_VENV)/bin/pytest" tests/sglang_plugin $(SGLANG_PYTEST_ARGS)
 
 lint: venv
 	@"$(VENV)/bin/ruff" check .

@@ -1,0 +1,142 @@
+"""Round records of the SGLang engine: the same schema as the simulated engine's.
+
+A round is one prefill attempt of SGLang's scheduler: the waiting queue was ordered (one
+Clearing), and the scheduler admitted some requests from its front. Each admitted request pays
+the priority charge of that round's plan (DESIGN.md 4.5). Every ``book_interval_s`` seconds at
+most, the record also carries the order book's subtrees (``market.mechanism.book``).
+
+Units: bids in $/s of waiting, charges in dollars, times in seconds (``time`` is Unix time).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from market.mechanism import Clearing, RequestTree
+from market.mechanism.book import subtree_book
+
+from ..records import SCHEMA, AdmittedRequest, RoundRecord, SubtreeSummary
+
+BOOK_DEPTH = 2  # subtree levels in a record
+BOOK_LIMIT = 32  # subtrees in a record
+LABEL_TOKENS = 16  # tokens of a subtree's prefix that its label shows
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedInfo:
+    """What the engine knows about an admitted request beyond the round's plan (tokens)."""
+
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int  # found in the KV cache at admission
+
+
+def token_label(tokens: Sequence[int]) -> str:
+    """A label of leading token ids, when there is no tokenizer."""
+    return " ".join(map(str, tokens[:8]))
+
+
+def tokenizer_label(tokenizer: object) -> Callable[[Sequence[int]], str]:
+    """A label function that decodes the prefix with the tokenizer, or falls back to ids."""
+
+    def label(tokens: Sequence[int]) -> str:
+        try:
+            return tokenizer.decode(list(tokens), skip_special_tokens=False)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a label is never worth an error
+            return token_label(tokens)
+
+    return label
+
+
+class RoundRecorder:
+    """Builds the round records of one engine: ids, sequence numbers, charges, the book."""
+
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        market: str,
+        book_interval_s: float | None,
+        label: Callable[[Sequence[int]], str] = token_label,
+    ) -> None:
+        self.engine_id = engine_id
+        self.market = market
+        self.book_interval_s = book_interval_s
+        self.label = label
+        self._epoch = f"{int(time.time() * 1000):x}"
+        self._seq = itertools.count(1)
+        self._next_book = 0.0  # monotonic seconds
+
+    def record(
+        self, tree: RequestTree, clearing: Clearing, admitted: Sequence[AdmittedInfo], *, now: float
+    ) -> RoundRecord:
+        """The record of a round; call it while the tree is as the round cleared it."""
+        want = {a.request_id for a in admitted}
+        position: dict[str, int] = {}
+        for i, rid in enumerate(clearing.order):
+            if rid in want:
+                position[rid] = i
+                if len(position) == len(want):
+                    break
+        reserve = clearing.reserve
+        entries: list[AdmittedRequest] = []
+        for a in admitted:
+            rid = a.request_id
+            bid = tree.get(rid).bid
+            entries.append(
+                {
+                    "request_id": rid,
+                    "bid": bid,
+                    "effective_bid": bid if bid >= reserve else 0.0,
+                    "position": position[rid],
+                    "planned_completion_s": clearing.completion[rid],
+                    "time_saved_s": clearing.time_saved(rid),
+                    "charge": clearing.charge(rid),
+                    "prompt_tokens": a.prompt_tokens,
+                    "cached_tokens": a.cached_tokens,
+                }
+            )
+        seq = next(self._seq)
+        return {
+            "schema": SCHEMA,
+            "engine": self.engine_id,
+            "market": self.market,
+            "round_id": f"{self.engine_id}:{self._epoch}:{seq}",
+            "seq": seq,
+            "time": now,
+            "policy": clearing.policy,
+            "reserve": reserve,
+            "tokens_per_second": clearing.tokens_per_second,
+            "waiting": len(clearing.order),
+            "subtrees": self._book(tree, clearing),
+            "admitted": entries,
+        }
+
+    def _book(self, tree: RequestTree, clearing: Clearing) -> list[SubtreeSummary]:
+        if self.book_interval_s is None:
+            return []
+        tick = time.monotonic()
+        if tick < self._next_book:
+            return []
+        self._next_book = tick + self.book_interval_s
+        rows = subtree_book(tree, clearing, max_depth=BOOK_DEPTH, limit=BOOK_LIMIT)
+        return [
+            {
+                # The simulated engine's key for the same prefix: the same subtree, one key.
+                "key": f"{hash(tuple(row.prefix)) & 0xFFFFFFFFFFFF:012x}",
+                "label": self.label(tuple(row.prefix[:LABEL_TOKENS])),
+                "depth": row.depth,
+                "prefix_tokens": len(row.prefix),
+                "cached_tokens": row.cached_tokens,
+                "requests": row.requests,
+                "bid_sum": row.bid_sum,
+                "bid_mean": row.bid_mean,
+                "density": row.density,
+                "rank": row.rank,
+                "first_position": row.first_position,
+            }
+            for row in rows
+        ]

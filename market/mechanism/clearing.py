@@ -16,9 +16,10 @@ DEFAULT_TOKENS_PER_SECOND = 10_000.0
 class Clearing:
     """The plan of one round: service order, planned completions (seconds), welfare, charges.
 
-    Charges are worked out on demand from the round's plan (``charge``), or for every waiting
-    request at once (``payments``). A clearing of a maintained tree is valid until the tree
-    changes; asking it for a charge afterwards raises RuntimeError.
+    Engines read the front of the order and price what they admit (``completion_at``,
+    ``charge``); the rest is worked out only when asked for (``completion``, ``welfare``,
+    ``payments``). A clearing is valid until its tree changes or clears another round; asking it
+    for anything lazy afterwards raises RuntimeError.
     """
 
     def __init__(
@@ -29,7 +30,7 @@ class Clearing:
         reserve: float,
         tokens_per_second: float,
         overhead_tokens: int,
-        plan: tuple[list[Entry], list[int]],
+        plan: tuple[list[Entry], list[int] | None],
     ) -> None:
         self.policy = policy
         self.reserve = reserve
@@ -39,28 +40,78 @@ class Clearing:
         self._tree = tree
         self._version = tree.version
         self._reserve_ticks = to_ticks(reserve)
-        # Amounts in bid ticks x tokens become dollars:
+        # Amounts in bid ticks x tokens become dollars; tokens become seconds:
         self._dollars = 1.0 / (BID_SCALE * tokens_per_second)
+        self._seconds = 1.0 / tokens_per_second
         self._entries = entries
-        self._cums = cums
+        # Cumulative work at each completion: complete for DFS plans, extended on demand by a
+        # marking walk for the others (each node's uncached tokens counted once).
+        self._cums: list[int] = [] if cums is None else cums
+        if cums is None:
+            tree.stamp += 1
+            self._stamp = tree.stamp
+            tree.root.done = self._stamp
+        self._order: list[str] | None = None
         self._flat: FlatCharges | None = None
         self._payments: dict[str, float] | None = None
         self._positions: dict[str, int] | None = None
-        seconds = 1.0 / tokens_per_second
-        self.order: list[str] = [e.req.id for e in entries]
-        self.completion: dict[str, float] = {
-            rid: cum * seconds for rid, cum in zip(self.order, cums, strict=True)
-        }
-        reserve_ticks = self._reserve_ticks
-        welfare = 0
-        for e, cum in zip(entries, cums, strict=True):
-            if e.ticks >= reserve_ticks:
-                welfare -= e.ticks * cum
-        self.welfare: float = welfare * self._dollars
 
-    def _charge_and_saving(self, request_id: str) -> tuple[float, int]:
+    def _check(self) -> None:
         if self._tree.version != self._version:
             raise RuntimeError("the request tree changed since this round was cleared")
+
+    def _cums_upto(self, k: int) -> list[int]:
+        """The cumulative work of the first ``k`` requests of the order (tokens)."""
+        cums = self._cums
+        if len(cums) < k:
+            self._check()
+            stamp = self._stamp
+            overhead = self.overhead_tokens
+            cum = cums[-1] if cums else 0
+            for e in self._entries[len(cums) : k]:
+                x = e.node
+                while x.done != stamp:
+                    cum += x.ew
+                    x.done = stamp
+                    x = x.parent
+                cum += overhead
+                cums.append(cum)
+        return cums
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def order(self) -> list[str]:
+        """Request ids in service order."""
+        if self._order is None:
+            self._order = [e.req.id for e in self._entries]
+        return self._order
+
+    def completion_at(self, position: int) -> float:
+        """Planned completion (seconds) of the request at ``position`` of the order."""
+        return self._cums_upto(position + 1)[position] * self._seconds
+
+    @property
+    def completion(self) -> dict[str, float]:
+        """Planned completion of every waiting request, seconds."""
+        cums = self._cums_upto(len(self._entries))
+        seconds = self._seconds
+        return {rid: cum * seconds for rid, cum in zip(self.order, cums, strict=True)}
+
+    @property
+    def welfare(self) -> float:
+        """-sum(effective bid x planned completion), dollars; bids under the reserve count 0."""
+        cums = self._cums_upto(len(self._entries))
+        reserve_ticks = self._reserve_ticks
+        welfare = 0
+        for e, cum in zip(self._entries, cums, strict=True):
+            if e.ticks >= reserve_ticks:
+                welfare -= e.ticks * cum
+        return welfare * self._dollars
+
+    def _charge_and_saving(self, request_id: str) -> tuple[float, int]:
+        self._check()
         entry = self._tree.entries.get(request_id)
         if entry is None:
             raise ValueError(f"request {request_id!r} was not in this round")
@@ -74,7 +125,7 @@ class Clearing:
 
     def _flat_charges(self) -> FlatCharges:
         if self._flat is None:
-            self._flat = FlatCharges(self._entries, self._cums, self._reserve_ticks)
+            self._flat = FlatCharges(self._entries, self._cums_upto, self._reserve_ticks)
         return self._flat
 
     def _position(self, request_id: str) -> int:
@@ -96,8 +147,7 @@ class Clearing:
     def payments(self) -> dict[str, float]:
         """Priority charge of every waiting request, dollars."""
         if self._payments is None:
-            if self._tree.version != self._version:
-                raise RuntimeError("the request tree changed since this round was cleared")
+            self._check()
             if self.policy not in BID_POLICIES:
                 self._payments = dict.fromkeys(self.order, 0.0)
             else:
@@ -147,6 +197,7 @@ def clear_tree(
     """Run one round on a maintained request tree."""
     policy = policy_checked(policy)
     reserve, tps, overhead = _params_checked(reserve, tokens_per_second, overhead_tokens)
+    tree.version += 1  # the planners rewrite the nodes' per-round fields: older clearings expire
     plan = PLANNERS[policy](tree, policy, to_ticks(reserve), overhead)
     return Clearing(
         tree, policy, reserve=reserve, tokens_per_second=tps, overhead_tokens=overhead, plan=plan

@@ -166,19 +166,29 @@ def dfs_payments(
 
 
 class FlatCharges:
-    """Charges for highest-bid, from the plan's order and cumulative work."""
+    """Charges for highest-bid, from the plan's order and its cumulative work.
 
-    def __init__(self, order: list[Entry], cums: list[int], reserve: int) -> None:
+    ``cums_upto(k)`` gives the cumulative work of the first k requests (it may work it out on
+    demand); a request's charge needs it up to where the request would stand at bid 0.
+    """
+
+    def __init__(self, order: list[Entry], cums_upto, reserve: int) -> None:
         self.keys = [(e.nk, e.tie) for e in order]
-        self.cums = cums
+        self.cums_upto = cums_upto
         self.order = order
-        values = [0]
-        prev = 0
-        for e, cum in zip(order, cums, strict=True):
-            b = e.bsum
-            values.append(values[-1] + (cum - prev) * (b if b > reserve else reserve))
-            prev = cum
-        self.values = values
+        self.reserve = reserve
+        self.values = [0]  # values[m] = sum over k < m of (cum_k - cum_{k-1}) x max(bid_k, r)
+
+    def _values_upto(self, k: int) -> list:
+        values = self.values
+        if len(values) <= k:
+            cums = self.cums_upto(k)
+            reserve = self.reserve
+            for m in range(len(values) - 1, k):
+                b = self.order[m].bsum
+                prev = cums[m - 1] if m else 0
+                values.append(values[-1] + (cums[m] - prev) * (b if b > reserve else reserve))
+        return values
 
     def charge_at(self, p: int) -> tuple[float, int]:
         """Priority charge and planned saving of the request at position ``p`` of the order."""
@@ -188,4 +198,6 @@ class FlatCharges:
         q = bisect_left(self.keys, (0, e.tie), p + 1)
         if q <= p + 1:
             return 0.0, 0
-        return self.values[q] - self.values[p + 1], self.cums[q - 1] - self.cums[p]
+        values = self._values_upto(q)
+        cums = self.cums_upto(q)
+        return values[q] - values[p + 1], cums[q - 1] - cums[p]

@@ -1,10 +1,11 @@
 """The six ordering policies of DESIGN.md 4.2, as a registry from name to planner.
 
-A planner walks the request tree and returns the service order with the cumulative work (tokens)
-at which each request completes. DFS policies serve every subtree as one contiguous block: at each
-node the blocks (child subtrees and the requests that end there) go in order of a key, ties to the
-earliest arrival, then the smallest id. The bid-blind baselines order the requests directly and
-find the work of each by marking the nodes its prefix needs (each computed once).
+A planner walks the request tree and returns the service order, with the cumulative work
+(tokens) at which each request completes when it has it at hand. DFS policies serve every subtree
+as one contiguous block: at each node the blocks (child subtrees and the requests that end there)
+go in order of a key, ties to the earliest arrival, then the smallest id. The bid-blind baselines
+order the requests directly and leave the work of each to be found on demand by marking the nodes
+its prefix needs (each is computed once, by the first request that needs it).
 
 The loops are written out by hand, leaves (one request, no children) taking a short path: a round
 visits every node, and most nodes are leaves.
@@ -24,7 +25,9 @@ BID_POLICIES = frozenset({"highest-bid", "dfs-auction", "dfs-auction-density"})
 # Policies that order blocks of the full request tree by a bid key.
 DFS_AUCTIONS = frozenset({"dfs-auction", "dfs-auction-density"})
 
-Plan = tuple[list[Entry], list[int]]  # service order, cumulative work (tokens) at each completion
+# The service order, and the cumulative work (tokens) at each completion, or None when the
+# Clearing is to work it out itself, on demand, by marking the nodes each request needs.
+Plan = tuple[list[Entry], list[int] | None]
 
 # Planners take the reserve in bid ticks and leave each request's effective bid, in ticks, in
 # its entry's ``bsum``.
@@ -45,29 +48,6 @@ def block_key(policy: str, bsum: float, n: int, work: int) -> float:
     return bsum / work if work > 0 else INF
 
 
-def _prepare_cached(tree: RequestTree) -> list[Node]:
-    """Bottom-up: the cached depth below each node and its uncached edge tokens."""
-    nodes = tree.nodes()
-    for x in reversed(nodes):
-        children = x.children
-        if not children and len(x.reqs) == 1:
-            for e in x.reqs.values():
-                cached = e.req.cached_len
-            x.cached = cached
-            x.ew = 0 if cached >= x.end else x.end - (cached if cached > x.start else x.start)
-            continue
-        cached = 0
-        for e in x.reqs.values():
-            if e.req.cached_len > cached:
-                cached = e.req.cached_len
-        for c in children.values():
-            if c.cached > cached:
-                cached = c.cached
-        x.cached = cached
-        x.ew = 0 if cached >= x.end else x.end - (cached if cached > x.start else x.start)
-    return nodes
-
-
 def _internal_nodes(root: Node) -> list[Node]:
     """The nodes with children, parents before children."""
     out = [root]
@@ -82,9 +62,8 @@ def _internal_nodes(root: Node) -> list[Node]:
 
 def _auction_blocks(
     x: Node, density: bool, reserve: int, overhead: int
-) -> tuple[list, int, int, int, int, tuple | None]:
-    """The requests ending at ``x`` as blocks: (blocks, n, bid sum, work, cached, tie)."""
-    cached = 0
+) -> tuple[list, int, int, int, tuple | None]:
+    """The requests ending at ``x`` as blocks: (blocks, n, bid sum, work, tie)."""
     bsum = 0
     tie = None
     blocks: list = []
@@ -97,22 +76,17 @@ def _auction_blocks(
             e.nk = -(b / overhead) if overhead else -INF
         else:
             e.nk = -b
-        if e.req.cached_len > cached:
-            cached = e.req.cached_len
         if tie is None or e.tie < tie:
             tie = e.tie
         bsum += b
         blocks.append(e)
-    return blocks, len(blocks), bsum, len(blocks) * overhead, cached, tie
+    return blocks, len(blocks), bsum, len(blocks) * overhead, tie
 
 
-def _close_block(
-    x: Node, blocks: list, n: int, bsum: int, work: int, cached: int, tie, density: bool
-) -> None:
+def _close_block(x: Node, blocks: list, n: int, bsum: int, work: int, tie, density: bool) -> None:
     """Store a node's totals as a block (its edge's uncached tokens added) and sort its blocks."""
-    ew = 0 if cached >= x.end else x.end - (cached if cached > x.start else x.start)
-    work += ew
-    x.cached, x.ew, x.n, x.bsum, x.work, x.tie = cached, ew, n, bsum, work, tie
+    work += x.ew
+    x.n, x.bsum, x.work, x.tie = n, bsum, work, tie
     if density:
         x.nk = -(bsum / work) if work else -INF
     elif n:
@@ -128,7 +102,7 @@ def _plan_dfs_auction(tree: RequestTree, policy: str, reserve: int, overhead: in
     """DFS order with sibling blocks by average bid or by bid density (see ``block_key``)."""
     density = policy == "dfs-auction-density"
     for x in reversed(_internal_nodes(tree.root)):
-        blocks, n, bsum, work, cached, tie = _auction_blocks(x, density, reserve, overhead)
+        blocks, n, bsum, work, tie = _auction_blocks(x, density, reserve, overhead)
         for c in x.children.values():
             if not c.children:
                 reqs = c.reqs
@@ -139,12 +113,8 @@ def _plan_dfs_auction(tree: RequestTree, policy: str, reserve: int, overhead: in
                         if b < reserve:
                             b = 0
                         e.bsum, e.work = b, overhead
-                        cc = e.req.cached_len
-                        end = c.end
-                        ew = 0 if cc >= end else end - (cc if cc > c.start else c.start)
-                        cw = ew + overhead
-                        c.only, c.cached, c.ew, c.n, c.bsum, c.work = e, cc, ew, 1, b, cw
-                        c.tie = e.tie
+                        cw = c.ew + overhead
+                        c.only, c.n, c.bsum, c.work, c.tie = e, 1, b, cw, e.tie
                         if density:
                             c.nk = -(b / cw) if cw else -INF
                         else:
@@ -154,12 +124,10 @@ def _plan_dfs_auction(tree: RequestTree, policy: str, reserve: int, overhead: in
             n += c.n
             bsum += c.bsum
             work += c.work
-            if c.cached > cached:
-                cached = c.cached
             if tie is None or c.tie < tie:
                 tie = c.tie
             blocks.append(c)
-        _close_block(x, blocks, n, bsum, work, cached, tie, density)
+        _close_block(x, blocks, n, bsum, work, tie, density)
     return _emit_dfs(tree.root, overhead)
 
 
@@ -198,39 +166,20 @@ def _emit_dfs(root: Node, overhead: int) -> Plan:
     return order, cums
 
 
-def _mark_work(tree: RequestTree, order: list[Entry], overhead: int) -> Plan:
-    """Cumulative work of a given order: each request computes the nodes not yet computed."""
-    tree.stamp = stamp = tree.stamp + 1
-    tree.root.mark = stamp
-    cums = []
-    cum = 0
-    for e in order:
-        x = e.node
-        while x.mark != stamp:
-            cum += x.ew
-            x.mark = stamp
-            x = x.parent
-        cum += overhead
-        cums.append(cum)
-    return order, cums
-
-
 def _plan_fcfs(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
     """First come, first served."""
-    _prepare_cached(tree)
-    return _mark_work(tree, sorted(tree.entries.values(), key=_by_tie), overhead)
+    return sorted(tree.entries.values(), key=_by_tie), None
 
 
 def _plan_highest_bid(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
     """Highest effective bid first, then arrival (SGLang's priority scheduling, priority = bid)."""
-    _prepare_cached(tree)
     entries = list(tree.entries.values())
     for e in entries:
         b = e.ticks
         e.bsum = b if b >= reserve else 0
         e.nk = -e.bsum
     entries.sort(key=_by_key)
-    return _mark_work(tree, entries, overhead)
+    return entries, None
 
 
 # SGLang's in-batch prefix caching check for lpm (its defaults; both are environment variables
@@ -248,7 +197,6 @@ def _plan_lpm(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Pl
     earlier requests checked is the end of the deepest node on the request's path that one of
     them passes through (paths only part at nodes).
     """
-    _prepare_cached(tree)
     tree.stamp = stamp = tree.stamp + 1
     root = tree.root
     root.mark = stamp
@@ -269,7 +217,7 @@ def _plan_lpm(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Pl
                     x = x.parent
         keyed.append(((1, 0, e.tie) if deprioritized else (0, -cached, e.tie), e))
     keyed.sort(key=lambda ke: ke[0])
-    return _mark_work(tree, [e for _, e in keyed], overhead)
+    return [e for _, e in keyed], None
 
 
 def _plan_dfs_weight(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
@@ -281,7 +229,7 @@ def _plan_dfs_weight(tree: RequestTree, policy: str, reserve: int, overhead: int
     uncached prefix are not grouped. Ties: earliest arrival, then id (SGLang keeps its radix
     tree's insertion order there).
     """
-    nodes = _prepare_cached(tree)
+    nodes = tree.nodes()
     anchored: dict[Node, list[Entry]] = {}
     root = tree.root
     for e in tree.entries.values():
@@ -313,7 +261,7 @@ def _plan_dfs_weight(tree: RequestTree, policy: str, reserve: int, overhead: int
             order.append(b)
         else:
             stack.extend(reversed(b.blocks))
-    return _mark_work(tree, order, overhead)
+    return order, None
 
 
 PLANNERS: dict[str, Callable[[RequestTree, str, int, int], Plan]] = {

@@ -4,11 +4,12 @@ Every waiting request ends at a node. A node's edge covers the token positions `
 every request below it; edges keep a reference to one such request's token tuple instead of a copy,
 so inserting or removing a request costs time proportional to its length (token comparisons run as
 slice comparisons in C). Requests that share a prefix share the nodes of that prefix whether or not
-it is cached yet; how much of an edge is cached is worked out each round from the requests'
-``cached_len`` (a token cached for one request is cached for every request with the same prefix).
+it is cached yet. How much of an edge is cached follows from the requests' ``cached_len`` (a
+token cached for one request is cached for every request with the same prefix): each node keeps
+the deepest cached position below it, updated on the way up by every insert, removal and update.
 
-A scheduling round (``prepare``) walks the nodes once, bottom-up, so it costs time proportional to
-the number of nodes and requests, not to the number of prompt tokens.
+A scheduling round walks the nodes at most once, so it costs time proportional to the number of
+nodes and requests, not to the number of prompt tokens.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ class Node:
         "start",
         "end",
         "reqs",  # request id -> Entry, for the requests that end exactly here
-        # Per-round fields, written by RequestTree.prepare():
+        # Kept up to date by the tree:
         "cached",  # deepest cached position among the requests below (tokens)
         "ew",  # uncached tokens of this node's edge
+        # Per-round fields, written by the planners (policies.py):
         "n",  # requests in the subtree
         "bsum",  # effective bids in the subtree, in bid ticks (see requests.BID_SCALE)
         "work",  # uncached tokens + overheads of the subtree, the edge into it included
@@ -46,7 +48,8 @@ class Node:
         "blocks",  # the blocks at this node (children and requests ending here), in service order
         "first",  # position of the subtree's first request in the round's order
         "sums",  # lazily built sort keys and prefix sums for payments, see payments.py
-        "mark",  # round stamp, used by the marking walk of non-DFS policies
+        "mark",  # stamp of the in-batch sharing walks (lpm's check, the engines' admission)
+        "done",  # stamp of a Clearing's marking walk (planned work of non-DFS orders)
     )
 
     def __init__(self, parent: Node | None, seq: Sequence[int], start: int, end: int) -> None:
@@ -56,9 +59,29 @@ class Node:
         self.start = start
         self.end = end
         self.reqs: dict[str, Entry] = {}
+        self.cached = 0
+        self.ew = end - start
         self.mark = -1
+        self.done = -1
         self.sums = None
         self.only = None
+
+    def set_cached(self, cached: int) -> None:
+        """Set the deepest cached position below this node, and so its edge's uncached tokens."""
+        self.cached = cached
+        end = self.end
+        self.ew = 0 if cached >= end else end - (cached if cached > self.start else self.start)
+
+    def recount_cached(self) -> int:
+        """The deepest cached position below, from the requests here and the children."""
+        cached = 0
+        for e in self.reqs.values():
+            if e.req.cached_len > cached:
+                cached = e.req.cached_len
+        for c in self.children.values():
+            if c.cached > cached:
+                cached = c.cached
+        return cached
 
 
 class Entry:
@@ -101,8 +124,8 @@ class RequestTree:
     def __init__(self, requests: Sequence[WaitingRequest] = ()) -> None:
         self.root = Node(None, (), 0, 0)
         self.entries: dict[str, Entry] = {}
-        self.version = 0  # bumped by every change; a Clearing is valid for one version
-        self.stamp = 0  # round counter for marking walks
+        self.version = 0  # bumped by every change and every round; a Clearing needs its own
+        self.stamp = 0  # counter for marking walks
         for req in requests:
             self.insert(req)
 
@@ -144,12 +167,32 @@ class RequestTree:
             mid = Node(node, child.seq, depth, cut)
             node.children[toks[depth]] = mid
             child.parent, child.start = mid, cut
+            child.set_cached(child.cached)
             mid.children[child.seq[cut]] = child
+            mid.set_cached(child.cached)
             node, depth = mid, cut
         entry = Entry(req, node)
         node.reqs[req.id] = entry
         self.entries[req.id] = entry
+        self._raise_cached(node, req.cached_len)
         self.version += 1
+
+    @staticmethod
+    def _raise_cached(x: Node | None, cached: int) -> None:
+        """A request below ``x`` is cached up to ``cached``: raise the nodes above it."""
+        while x is not None and x.cached < cached:
+            x.set_cached(cached)
+            x = x.parent
+
+    @staticmethod
+    def _lower_cached(x: Node | None, gone: int) -> None:
+        """A cached depth ``gone`` below ``x`` went away or shrank: recount where it was the max."""
+        while x is not None and x.cached == gone:
+            now = x.recount_cached()
+            if now == gone:
+                return
+            x.set_cached(now)
+            x = x.parent
 
     def remove(self, request_id: str) -> WaitingRequest:
         """Remove a waiting request (served or cancelled) and return it."""
@@ -159,18 +202,24 @@ class RequestTree:
         node = entry.node
         del node.reqs[request_id]
         root = self.root
+        gone = entry.req.cached_len
         # Keep the trie compressed: drop empty leaves, merge nodes left with one child.
         while node is not root and not node.reqs:
             parent = node.parent
             if not node.children:
                 del parent.children[node.seq[node.start]]
+                if parent.cached == node.cached:
+                    gone = node.cached
                 node = parent
                 continue
             if len(node.children) == 1:
                 (child,) = node.children.values()
                 child.start, child.parent = node.start, parent
+                child.set_cached(child.cached)
                 parent.children[child.seq[child.start]] = child
+                node = parent
             break
+        self._lower_cached(node, gone)
         self.version += 1
         return entry.req
 
@@ -186,8 +235,14 @@ class RequestTree:
             changes["bid"] = bid_checked(bid, request_id=request_id)
         if cached_len is not None:
             changes["cached_len"] = cached_len
+        old = entry.req.cached_len
         entry.req = replace(entry.req, **changes)
         entry.ticks = to_ticks(entry.req.bid)
+        new = entry.req.cached_len
+        if new > old:
+            self._raise_cached(entry.node, new)
+        elif new < old:
+            self._lower_cached(entry.node, old)
         self.version += 1
         return entry.req
 

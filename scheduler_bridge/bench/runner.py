@@ -4,19 +4,18 @@ Every policy of a run sees the same arrivals (closed-loop turns excepted: an age
 arrives a think time after its previous turn finished, which depends on the policy).
 
 Load is relative to the engine's measured capacity on the workload: the requests per second it
-sustains when every request is queued at once (agents: every session starts at 0 and thinks for
-0 s), served under fcfs in virtual time. ``--load 0.9`` means Poisson arrivals at 0.9 x that
-rate. Capacity depends on the workload's content and on the engine config, not on the policy
-under test, and is measured once per (workload, config) in a run (``Capacities``).
+sustains in steady state when every request is queued at once (agents: every session starts at 0
+and thinks for 0 s), served under fcfs in virtual time. Steady state leaves out the cold start
+(the first batches compute the system prompts) and the drain at the end: capacity is the middle
+half of the requests divided by the time between the first and the third quartile of their
+finish times. ``--load 0.9`` means Poisson arrivals at 0.9 x that rate. Capacity depends on the
+workload's content and on the engine config, not on the policy under test, and is measured once
+per (workload, config) in a run (``Capacities``).
 
-Read the load with care: the measurement includes the cold start (the first batches compute the
-system prompts, fcfs sometimes twice in one batch) and the drain at the end, so it is below what
-the engine sustains in a long Poisson run, and more so for short workloads. On the default gsp
-workload (1,024 requests) it gives ~20 req/s while queues only start to build near load 1.5;
-with 10,048 requests of the same shape it gives ~30 req/s. The engine also admits new requests
-ahead of decoding while it has room (SGLang's prefill priority), so TTFT stays near one prefill
-step until the running-request limit or the KV cache is full: a closed-loop workload with fewer
-live sessions than ``max_running_requests`` never queues, whatever the load.
+The engine admits new requests ahead of decoding while it has room (SGLang's prefill priority),
+so TTFT stays near one prefill step until the running-request limit or the KV cache is full: a
+closed-loop workload with fewer live sessions than ``max_running_requests`` never queues,
+whatever the load.
 """
 
 from __future__ import annotations
@@ -117,6 +116,17 @@ def simulate(
     return PolicyRun(policy, metrics, served, makespan, wall, engine.steps, engine.rounds)
 
 
+def steady_throughput(finish_times: list[float], makespan_s: float) -> float:
+    """Requests per second between the first and third quartiles of the finish times (the whole
+    run when that span is empty, as for a handful of requests)."""
+    times = sorted(finish_times)
+    n = len(times)
+    lo, hi = n // 4, (3 * n) // 4
+    if hi > lo and times[hi - 1] > times[lo]:
+        return (hi - lo) / (times[hi - 1] - times[lo])
+    return n / makespan_s
+
+
 class Capacities:
     """Measured capacity (requests per second) per (workload, engine config), cached."""
 
@@ -127,7 +137,9 @@ class Capacities:
         key = (workload.key, config)
         if key not in self._cache:
             run = simulate(workload.all_at_once(), CAPACITY_POLICY, config)
-            self._cache[key] = workload.requests_total / run.makespan_s
+            self._cache[key] = steady_throughput(
+                [r.arrival + r.e2e_s for r in run.served], run.makespan_s
+            )
         return self._cache[key]
 
 

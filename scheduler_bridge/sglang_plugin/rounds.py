@@ -92,7 +92,7 @@ class RoundRecorder:
                     "bid": bid,
                     "effective_bid": bid if bid >= reserve else 0.0,
                     "position": position[rid],
-                    "planned_completion_s": clearing.completion[rid],
+                    "planned_completion_s": clearing.completion_at(position[rid]),
                     "time_saved_s": clearing.time_saved(rid),
                     "charge": clearing.charge(rid),
                     "prompt_tokens": a.prompt_tokens,
@@ -110,7 +110,7 @@ class RoundRecorder:
             "policy": clearing.policy,
             "reserve": reserve,
             "tokens_per_second": clearing.tokens_per_second,
-            "waiting": len(clearing.order),
+            "waiting": len(clearing),
             "subtrees": self._book(tree, clearing),
             "admitted": entries,
         }

@@ -71,7 +71,7 @@ class SimRequest:
     # Engine state:
     computed: int = field(default=0, repr=False)  # prompt tokens in the KV cache so far
     node: KVNode | None = field(default=None, repr=False)  # locked KV node
-    memo: tuple[KVNode, int, int] | None = field(default=None, repr=False)
+    memo: KVNode | None = field(default=None, repr=False)  # where its cache match ended
 
     @property
     def ttft(self) -> float | None:
@@ -129,6 +129,7 @@ class Engine:
         self.running: list[SimRequest] = []  # admitted, not finished (prefilling or decoding)
         self.chunked: SimRequest | None = None
         self.outside = 0  # KV tokens running requests hold outside the tree (reservations)
+        self._by_memo: dict[KVNode, set[str]] = {}  # waiting request ids by match end
         self._epoch = f"{int(time.time() * 1000):x}"
         self._rounds = itertools.count(1)
         self._next_book = 0.0
@@ -180,27 +181,46 @@ class Engine:
         """Drop a waiting request (its client went away); False if it is not waiting."""
         if request_id not in self.waiting:
             return False
-        del self.waiting[request_id]
+        self._unfile(self.waiting.pop(request_id))
         self.tree.remove(request_id)
         return True
 
     def _cached(self, req: SimRequest) -> int:
-        """Cached prompt tokens (at most all but the last, which must be computed)."""
-        memo = req.memo
-        if memo is not None and memo[0].alive and memo[0].gen == memo[2]:
-            return memo[1]
+        """Match the prompt in the KV cache (all but the last token, which must be computed) and
+        file the request under the node where the match ended."""
         length, node = self.kv.match(req.tokens, len(req.tokens) - 1)
-        req.memo = (node, length, node.gen)
+        req.memo = node
+        self._by_memo.setdefault(node, set()).add(req.id)
         return length
 
+    def _unfile(self, req: SimRequest) -> None:
+        ids = self._by_memo.get(req.memo)
+        if ids is not None:
+            ids.discard(req.id)
+            if not ids:
+                del self._by_memo[req.memo]
+        req.memo = None
+
     def _refresh_cached(self) -> None:
-        """Bring the waiting requests' cached lengths up to date with the KV cache."""
+        """Bring the waiting requests' cached lengths up to date with the KV cache.
+
+        Only the requests whose match ended at a node that changed since the last round are
+        matched again: elsewhere nothing could have moved.
+        """
+        changed = self.kv.changed
+        if not changed:
+            return
         tree = self.tree
-        for req in self.waiting.values():
-            before = req.memo[1] if req.memo else -1
-            now = self._cached(req)
-            if now != before:
-                tree.update(req.id, cached_len=now)
+        for node in changed:
+            ids = self._by_memo.pop(node, None)
+            if not ids:
+                continue
+            for rid in ids:
+                req = self.waiting[rid]
+                now = self._cached(req)
+                if now != tree.get(rid).cached_len:
+                    tree.update(rid, cached_len=now)
+        changed.clear()
 
     # --- the step ---------------------------------------------------------------------------
 
@@ -288,7 +308,7 @@ class Engine:
             req.round_id = round_id
             req.position = position
             req.charge = clearing.charge(rid)
-            req.planned_completion_s = clearing.completion[rid]
+            req.planned_completion_s = clearing.completion_at(position)
             req.time_saved_s = clearing.time_saved(rid)
             n = min(extend, budget)
             chunks.append((req, n))
@@ -302,7 +322,7 @@ class Engine:
             return None
         book = self._book(now, clearing)
         for req in admitted:
-            del self.waiting[req.id]
+            self._unfile(self.waiting.pop(req.id))
             self.tree.remove(req.id)
             self.running.append(req)
             self.prompt_tokens += len(req.tokens)
@@ -357,7 +377,7 @@ class Engine:
             "policy": clearing.policy,
             "reserve": reserve,
             "tokens_per_second": clearing.tokens_per_second,
-            "waiting": len(clearing.order),
+            "waiting": len(clearing),
             "subtrees": book,
             "admitted": entries,
         }

@@ -42,7 +42,7 @@ def _common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
 class KVNode:
     """A node of the KV radix tree; its edge holds tokens ``seq[start:end]``."""
 
-    __slots__ = ("parent", "children", "seq", "start", "end", "lock", "last_access", "alive", "gen")
+    __slots__ = ("parent", "children", "seq", "start", "end", "lock", "last_access", "alive")
 
     def __init__(self, parent: KVNode | None, seq: Sequence[int], start: int, end: int) -> None:
         self.parent = parent
@@ -53,7 +53,6 @@ class KVNode:
         self.lock = 0
         self.last_access = 0
         self.alive = True
-        self.gen = 0  # bumped when a child is added below: a match that ended here may go on
 
 
 class KVCache:
@@ -68,6 +67,9 @@ class KVCache:
         self._clock = itertools.count(1)
         self._heap: list[tuple[int, int, KVNode]] = []
         self._tiebreak = itertools.count()
+        # Nodes that got a child or were evicted since the engine last looked: a match that
+        # ended at one of them may now go further, or no longer reach it.
+        self.changed: set[KVNode] = set()
 
     # --- lookups ---------------------------------------------------------------------------
 
@@ -124,7 +126,7 @@ class KVCache:
         leaf = KVNode(node, tokens, depth, end)
         leaf.last_access = next(self._clock)
         node.children[tokens[depth]] = leaf
-        node.gen += 1
+        self.changed.add(node)
         added = end - depth
         self.size += added
         self.evictable += added
@@ -168,6 +170,7 @@ class KVCache:
             parent = node.parent
             del parent.children[node.seq[node.start]]
             node.alive = False
+            self.changed.add(node)
             n = node.end - node.start
             self.size -= n
             self.evictable -= n

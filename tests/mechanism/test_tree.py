@@ -30,6 +30,15 @@ def check_structure(tree: RequestTree) -> None:
                 for e in n.reqs.values():
                     assert tuple(e.req.tokens[: child.end]) == tuple(child.seq[: child.end])
                 stack.extend(n.children.values())
+        # The maintained cached depth is the deepest cached_len below, from the definition.
+        below, stack = [], [node]
+        while stack:
+            n = stack.pop()
+            below.extend(e.req.cached_len for e in n.reqs.values())
+            stack.extend(n.children.values())
+        deepest = max(below, default=0)
+        assert node.cached == deepest
+        assert node.ew == max(0, node.end - max(node.start, deepest))
     assert count == len(tree)
 
 
@@ -66,7 +75,7 @@ def test_incremental_tree_matches_a_fresh_clearing(seed):
             req = random_request(rng, step)
             tree.insert(req)
             live[req.id] = req
-        if step % 10 == 0:
+        if step % 5 == 0:
             check_structure(tree)
             for policy in POLICIES:
                 reserve = rng.choice([0.0, 1.0])

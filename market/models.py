@@ -11,10 +11,13 @@ from accounts.money import MoneyField
 from market.mechanism import POLICIES
 
 DEFAULT_POLICY = "dfs-auction-density"
+DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
+SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (scheduler_bridge.sim)
 
 
 class Market(models.Model):
-    """One served model: its posted token prices, its reserve price and its ordering policy."""
+    """One served model: its posted token prices, its reserve price, its ordering policy, and
+    where its engine is."""
 
     slug = models.SlugField(max_length=50, unique=True)
     name = models.CharField(max_length=200)
@@ -37,6 +40,21 @@ class Market(models.Model):
     policy = models.CharField(
         max_length=32, choices=[(p, p) for p in POLICIES], default=DEFAULT_POLICY
     )
+    engine_url = models.CharField(
+        max_length=500,
+        default=DEFAULT_ENGINE_URL,
+        help_text="Base URL of the market's engine (SGLang's native HTTP API).",
+    )
+    chat_template = models.CharField(
+        max_length=200,
+        default=SIMPLE_CHAT_TEMPLATE,
+        help_text='How chat messages become a prompt: "simple" (the simulated engine\'s '
+        "tokenizer) or a Hugging Face model id whose tokenizer's chat template applies.",
+    )
+    max_wait_s = models.FloatField(
+        default=60.0,
+        help_text="Bound on a request's planned wait, seconds: an explicit bid holds bid x this.",
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -50,7 +68,10 @@ class Market(models.Model):
                 & models.Q(price_output_per_mtok__gte=0)
                 & models.Q(reserve__gte=0),
                 name="market_amounts_not_negative",
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_wait_s__gt=0), name="market_max_wait_positive"
+            ),
         ]
 
     def __str__(self) -> str:

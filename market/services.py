@@ -1,5 +1,6 @@
 """Writes and side effects of the market app."""
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -11,8 +12,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.money import money_exact
+from market.mechanism import POLICIES
 from market.models import Market, ReserveChange
 from market.payloads import OrderBookSnapshot, book_snapshot_message, order_book_group
+from scheduler_bridge.engine_config import engine_config_push_enqueue
+
+logger = logging.getLogger(__name__)
 
 
 def order_book_publish(*, snapshot: OrderBookSnapshot) -> None:
@@ -51,8 +56,38 @@ def market_reserve_set(
             at=now or timezone.now(),
         )
         Market.objects.filter(pk=market.pk).update(reserve=new, updated_at=timezone.now())
+        _engine_config_push_on_commit(market_id=market.pk)
     market.reserve = new
     return change
+
+
+def market_policy_set(*, market: Market, policy: str, user: AbstractBaseUser | None) -> str | None:
+    """Set ``market``'s ordering policy (a name in ``market.mechanism.POLICIES``).
+
+    ValueError for an unknown name. Returns the old policy, or None when it already had this
+    one (nothing written). The change is logged with who made it, and the engine is told
+    once it has committed, as for the reserve.
+    """
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    with transaction.atomic():
+        locked = Market.objects.select_for_update().get(pk=market.pk)
+        old = locked.policy
+        if old == policy:
+            market.policy = policy
+            return None
+        Market.objects.filter(pk=market.pk).update(policy=policy, updated_at=timezone.now())
+        who = user.get_username() if user is not None and user.is_authenticated else "system"
+        logger.info("market %s: policy %s -> %s by %s", locked.slug, old, policy, who)
+        _engine_config_push_on_commit(market_id=market.pk)
+    market.policy = policy
+    return old
+
+
+def _engine_config_push_on_commit(*, market_id: int) -> None:
+    """Once the surrounding transaction commits, queue the push of the market's policy and
+    reserve to its engine (never raises into the caller)."""
+    transaction.on_commit(lambda: engine_config_push_enqueue(market_id=market_id))
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,20 @@ class SubtreeSummary(TypedDict):
     first_position: int  # position of its first request in the round's whole order
 
 
-class AdmittedRequest(TypedDict):
-    """A request the engine admitted in this round: it is served and pays this round's charge."""
+class BlockInfo(TypedDict):
+    """The top-level subtree the request waited in, at this round ("why this rank")."""
+
+    prefix_tokens: int
+    requests: int
+    bid_mean: float  # $/s
+    density: float  # $/s per uncached token
+
+
+class AdmittedRequest(TypedDict, total=False):
+    """A request the engine admitted in this round: it is served and pays this round's charge.
+
+    Every field is required but ``block``, which engines add when they can.
+    """
 
     request_id: str
     bid: float  # as sent, $/s
@@ -46,6 +58,7 @@ class AdmittedRequest(TypedDict):
     charge: float  # priority charge, dollars (DESIGN.md 4.4)
     prompt_tokens: int
     cached_tokens: int
+    block: BlockInfo
 
 
 class RoundRecord(TypedDict):

@@ -92,3 +92,50 @@ def subtree_book(
         level = below
     rows.sort(key=lambda r: (r.depth, -r.requests, r.first_position))
     return rows[:limit]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSummary:
+    """The top-level subtree a request waited in, as its round saw it ("why this rank")."""
+
+    prefix_tokens: int  # length of the subtree's shared prefix (its edge from the root)
+    requests: int
+    bid_mean: float  # $/s, effective bids
+    density: float  # $/s per uncached token of the subtree's work
+
+
+def block_of(
+    tree: RequestTree,
+    clearing: Clearing,
+    request_id: str,
+    cache: dict[Node, BlockSummary] | None = None,
+) -> BlockSummary:
+    """The summary of the root's child whose subtree holds ``request_id``, for this round.
+
+    Time proportional to that subtree's size, once per subtree when a ``cache`` dict is passed
+    for the round; call it before the tree changes.
+    """
+    if tree.version != clearing._version:
+        raise RuntimeError("the request tree changed since this round was cleared")
+    x = tree.entries[request_id].node
+    while x.parent is not tree.root:
+        x = x.parent
+    if cache is not None and x in cache:
+        return cache[x]
+    reserve = round(clearing.reserve * BID_SCALE)
+    overhead = clearing.overhead_tokens
+    n = bsum = work = 0
+    stack = [x]
+    while stack:
+        y = stack.pop()
+        work += y.ew + overhead * len(y.reqs)
+        for e in y.reqs.values():
+            n += 1
+            if e.ticks >= reserve:
+                bsum += e.ticks
+        stack.extend(y.children.values())
+    dollars = bsum / BID_SCALE
+    summary = BlockSummary(x.end, n, dollars / n, dollars / work if work else 0.0)
+    if cache is not None:
+        cache[x] = summary
+    return summary

@@ -32,7 +32,7 @@ from market.mechanism import (
     WaitingRequest,
     clear_tree,
 )
-from market.mechanism.book import subtree_book
+from market.mechanism.book import block_of, subtree_book
 
 from ..records import SCHEMA, AdmittedRequest, RoundRecord, SubtreeSummary
 from .config import EngineConfig
@@ -321,13 +321,15 @@ class Engine:
         if not admitted:
             return None
         book = self._book(now, clearing)
+        seen: dict = {}
+        blocks = {r.id: block_of(self.tree, clearing, r.id, seen) for r in admitted}
         for req in admitted:
             self._unfile(self.waiting.pop(req.id))
             self.tree.remove(req.id)
             self.running.append(req)
             self.prompt_tokens += len(req.tokens)
             self.cached_prompt_tokens += req.cached_tokens
-        return self._record(now, round_id, clearing, admitted, book)
+        return self._record(now, round_id, clearing, admitted, book, blocks)
 
     def _book(self, now: float, clearing) -> list[SubtreeSummary]:
         if self.book_interval_s is None or now < self._next_book:
@@ -351,7 +353,7 @@ class Engine:
             for row in rows
         ]
 
-    def _record(self, now, round_id, clearing, admitted, book) -> RoundRecord:
+    def _record(self, now, round_id, clearing, admitted, book, blocks) -> RoundRecord:
         reserve = self.reserve
         entries: list[AdmittedRequest] = [
             {
@@ -364,6 +366,12 @@ class Engine:
                 "charge": r.charge,
                 "prompt_tokens": len(r.tokens),
                 "cached_tokens": r.cached_tokens,
+                "block": {
+                    "prefix_tokens": blocks[r.id].prefix_tokens,
+                    "requests": blocks[r.id].requests,
+                    "bid_mean": blocks[r.id].bid_mean,
+                    "density": blocks[r.id].density,
+                },
             }
             for r in admitted
         ]

@@ -13,7 +13,7 @@ D:[10] (1) };  root -> C:[9 9 9 9] (4).  Block works: Y-block 1+3+2 = 6, X-block
 
 import pytest
 
-from market.mechanism import POLICIES, WaitingRequest, clear
+from market.mechanism import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
 
 
 def queue():
@@ -133,3 +133,26 @@ def test_lpm_defers_a_second_request_sharing_an_uncached_prefix():
         WaitingRequest("W", [*range(200, 240)], 0.0, 3.0, cached_len=33),
     ]
     assert clear(reqs, "lpm").order == ["W", "X", "Z", "Y"]
+
+
+def test_the_order_book_and_a_requests_block():
+    # The example queue under dfs-auction-density: the root's children are X = [1 2] (A, B, D:
+    # bids 1 + 4 + 0 = 5 $/s over 7 uncached tokens) and C's leaf (2 $/s over 4 tokens).
+    # X goes first (5/7 > 2/4).  Below X: Y = [3] (A, B: 5 $/s over 6 tokens) then D's leaf.
+    from market.mechanism.book import block_of, subtree_book
+
+    tree = RequestTree(queue())
+    c = clear_tree(tree, "dfs-auction-density", tokens_per_second=1.0)
+    rows = {tuple(r.prefix): r for r in subtree_book(tree, c, max_depth=2)}
+    assert len(rows) == 4  # X and C's leaf; below X, Y and D's leaf
+    x = rows[(1, 2)]
+    assert (x.requests, x.bid_sum, x.work, x.rank, x.first_position) == (3, 5.0, 7, 0, 0)
+    assert x.density == pytest.approx(5 / 7) and x.cached_tokens == 2
+    leaf_c = rows[(9, 9, 9, 9)]
+    assert (leaf_c.requests, leaf_c.rank, leaf_c.first_position) == (1, 1, 3)
+    y = rows[(1, 2, 3)]
+    assert (y.depth, y.requests, y.bid_sum, y.work, y.rank) == (2, 2, 5.0, 6, 0)
+    assert rows[(1, 2, 10)].rank == 1
+    b = block_of(tree, c, "B")
+    assert (b.prefix_tokens, b.requests) == (2, 3)
+    assert b.bid_mean == pytest.approx(5 / 3) and b.density == pytest.approx(5 / 7)

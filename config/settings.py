@@ -8,6 +8,8 @@ embedded defaults (SQLite, in-memory channel layer, eager Celery); with ``DATABA
 import os
 from pathlib import Path
 
+from celery.schedules import crontab
+
 from config import env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -72,6 +74,39 @@ CACHES = env.caches(ENV.redis)
 CHANNEL_LAYERS = env.channel_layers(ENV.redis)
 # CELERY_BROKER_URL, CELERY_RESULT_BACKEND, CELERY_TASK_ALWAYS_EAGER (when REDIS_URL is unset), ...
 globals().update(env.celery_settings(ENV.redis))
+# Tasks that acknowledge late take one message at a time, so a lost worker strands only that one.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+
+# Periodic work, run by `celery -A config beat` (and a worker: `celery -A config worker`).
+# Round records: the Redis stream the engines write (scheduler_bridge.rounds).
+ROUNDS_STREAM = os.environ.get("ROUNDS_STREAM", "").strip() or "inference-market:rounds"
+# Seconds between two pacing steps of each autobidder (accounts.services.autobidder).
+try:
+    AUTOBID_INTERVAL_S = float(os.environ.get("AUTOBID_INTERVAL_S", "").strip() or 10)
+except ValueError:
+    AUTOBID_INTERVAL_S = float("nan")
+if not 0 < AUTOBID_INTERVAL_S < float("inf"):
+    raise env.EnvironmentVariableError("AUTOBID_INTERVAL_S", "must be a number of seconds > 0")
+# Sent as `Authorization: Bearer ...` to engines' /admin/market (scheduler_bridge.engine_config).
+ENGINE_ADMIN_TOKEN = os.environ.get("ENGINE_ADMIN_TOKEN", "").strip() or None
+CELERY_BEAT_SCHEDULE = {
+    # Ticks expire rather than pile up while no worker runs; their results are not kept.
+    "rounds-consume": {
+        "task": "scheduler_bridge.rounds_consume",
+        "schedule": 1.0,
+        "options": {"expires": 5.0, "ignore_result": True},
+    },
+    "autobidders-step": {
+        "task": "scheduler_bridge.autobidders_step",
+        "schedule": AUTOBID_INTERVAL_S,
+        "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
+    },
+    "invoices-generate": {
+        "task": "scheduler_bridge.invoices_generate",
+        "schedule": crontab(hour=0, minute=30),  # daily, 00:30 UTC
+        "options": {"expires": 3600.0},
+    },
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -6,6 +6,8 @@ from django.urls import include, path
 from config import views
 
 urlpatterns = [
+    # The OpenAI-compatible gateway (/v1/...) and its /metrics, first: the hot path.
+    path("", include("scheduler_bridge.gateway.urls")),
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("accounts/", include("django.contrib.auth.urls")),

@@ -1,10 +1,22 @@
-"""Celery tasks. Thin wrappers: the work belongs in services."""
+"""Celery tasks. Thin wrappers: the work belongs in services.
 
+Scheduled by celery beat (``celery -A config beat``; ``CELERY_BEAT_SCHEDULE`` in
+``config.settings``): ``rounds_consume`` every second, ``autobidders_step`` every
+``AUTOBID_INTERVAL_S`` seconds, ``invoices_generate`` daily. ``engine_config_push`` is queued by
+``market.services`` when a reserve or policy changes.
+"""
+
+import logging
 import os
 import socket
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from celery import Task, shared_task
+from django.conf import settings
+
+from scheduler_bridge import engine_config, periodic, rounds
+
+logger = logging.getLogger(__name__)
 
 
 class PingResult(TypedDict):
@@ -23,3 +35,88 @@ def ping(self: Task) -> PingResult:
         "worker": self.request.hostname or socket.gethostname(),
         "pid": os.getpid(),
     }
+
+
+# --- round records, pacing, invoices, engine config (thin wrappers over services) ------------
+
+
+@shared_task(
+    bind=True,
+    name="scheduler_bridge.rounds_consume",
+    acks_late=True,  # a worker that dies mid-task leaves the message to be redelivered
+    reject_on_worker_lost=True,
+    soft_time_limit=60,  # seconds; a call is bounded by max_seconds long before this
+    time_limit=90,
+)
+def rounds_consume(
+    self: Task,
+    *,
+    stream: str | None = None,
+    group: str = rounds.GROUP,
+    max_seconds: float = 0.9,
+    max_records: int = 1000,
+    claim_min_idle_ms: int = rounds.CLAIM_MIN_IDLE_MS,
+    until_idle: bool = False,
+) -> dict[str, Any]:
+    """Settle round records from the Redis stream for up to ``max_seconds`` (beat: every second).
+
+    Safe to run anywhere, any number of times, concurrently: the stream's consumer group hands
+    each entry to one consumer, entries are acknowledged after their charges commit, and
+    settlement is idempotent. See ``scheduler_bridge.rounds``.
+    """
+    if not settings.REDIS_URL:
+        logger.warning("rounds_consume needs REDIS_URL (use `manage.py rounds_consume --jsonl`)")
+        return rounds.ConsumeStats(stalled="REDIS_URL is not set").as_dict()
+    client = rounds.redis_client(settings.REDIS_URL)
+    try:
+        sc = rounds.StreamConsumer(
+            client=client,
+            stream=stream or settings.ROUNDS_STREAM,
+            group=group,
+            # One name per process: what a dead process had pending is reclaimed by the others.
+            consumer=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}",
+        )
+        stats = rounds.rounds_consume(
+            sc=sc,
+            max_seconds=max_seconds,
+            max_records=max_records,
+            claim_min_idle_ms=claim_min_idle_ms,
+            until_idle=until_idle,
+        )
+    finally:
+        client.close()
+    return stats.as_dict()
+
+
+@shared_task(bind=True, name="scheduler_bridge.autobidders_step", acks_late=True)
+def autobidders_step(self: Task, *, interval_s: float | None = None) -> dict[str, Any]:
+    """One pacing step for each enabled autobidder that is due (beat: every AUTOBID_INTERVAL_S)."""
+    interval = interval_s if interval_s is not None else settings.AUTOBID_INTERVAL_S
+    return periodic.autobidders_step_due(interval_s=interval).as_dict()
+
+
+@shared_task(bind=True, name="scheduler_bridge.invoices_generate", acks_late=True)
+def invoices_generate(self: Task) -> dict[str, Any]:
+    """The previous UTC month's invoices where missing (beat: daily)."""
+    return periodic.invoices_generate_previous_month().as_dict()
+
+
+@shared_task(
+    bind=True,
+    name="scheduler_bridge.engine_config_push",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=engine_config.MAX_RETRIES,
+)
+def engine_config_push(self: Task, *, market_id: int) -> str:
+    """POST a market's policy and reserve to its engine; retry with backoff while unreachable."""
+    try:
+        return engine_config.engine_config_push(market_id=market_id)
+    except engine_config.EngineUnreachable as exc:
+        if self.request.is_eager:
+            # Eager mode runs in the operator's request: no sleeping retries there.
+            logger.warning("engine config: not pushed (%s); no worker to retry it", exc)
+            return "unreachable"
+        delay = engine_config.retry_delay_s(self.request.retries)
+        logger.warning("engine config: %s; retrying in %g s", exc, delay)
+        raise self.retry(exc=exc, countdown=delay) from exc

@@ -1,0 +1,106 @@
+"""The gateway's errors (DESIGN.md 7), each an HTTP status with an OpenAI-style JSON body.
+
+``{"error": {"message", "type", "param", "code"}}``: ``type`` is OpenAI's category
+(``invalid_request_error``, ``authentication_error``, ...), ``code`` a short machine-readable
+reason (``budget_exhausted``, ``model_not_found``, ...), ``param`` the offending field or null.
+Bad input is always a 4xx; a 5xx only ever means the engine (or the gateway's own setup) failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    """An answer other than 200: ``status``, the error body's fields, extra response headers."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class MalformedRequest(GatewayError):
+    """400: the body is not JSON, a field has the wrong type, a required field is missing."""
+
+    status = 400
+    code = "malformed_request"
+
+
+class InvalidValue(GatewayError):
+    """422: well-formed but unacceptable (a bad bid, max_tokens out of range, no messages)."""
+
+    status = 422
+    code = "invalid_value"
+
+
+class InvalidApiKey(GatewayError):
+    """401: no key, an unknown key, or a revoked key."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class BudgetExhaustedError(GatewayError):
+    """402: the request's worst case does not fit a budget (the message says what is left and
+    when it resets)."""
+
+    status = 402
+    type = "insufficient_quota"
+    code = "budget_exhausted"
+
+
+class ModelNotFound(GatewayError):
+    """404: no active market serves this model."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    """405: the endpoint does not take this method."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
+class EngineBusy(GatewayError):
+    """429: the engine's waiting queue is full; ``Retry-After`` says when to try again."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "queue_full"
+
+
+class EngineDown(GatewayError):
+    """503: the engine is down or failed; the request was not served and is not charged."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "engine_unavailable"

@@ -1,0 +1,47 @@
+"""API keys on the hot path: ``api_key_authenticate`` behind a short-lived cache.
+
+A key is looked up (and its ``last_used_at`` written) at most once per
+``GATEWAY_API_KEY_CACHE_S`` seconds (default 5) per process; a revoked key keeps working at most
+that long. Only the sha256 of a key is kept in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.conf import settings
+
+from accounts.models import ApiKey
+from accounts.services import api_key_authenticate
+from scheduler_bridge.gateway.errors import InvalidApiKey
+from scheduler_bridge.gateway.selectors import TtlCache
+
+DEFAULT_API_KEY_CACHE_S = 5.0
+
+
+def _api_key_ttl() -> float:
+    return float(getattr(settings, "GATEWAY_API_KEY_CACHE_S", DEFAULT_API_KEY_CACHE_S))
+
+
+_api_keys: TtlCache[str, ApiKey] = TtlCache(ttl_s=_api_key_ttl)
+
+
+def api_key_authenticated(*, key: str | None) -> ApiKey:
+    """The active key ``key``, from a short-lived cache or ``api_key_authenticate``; a revoked
+    key stops working within ``GATEWAY_API_KEY_CACHE_S``. InvalidApiKey otherwise."""
+    if not key:
+        raise InvalidApiKey("missing API key: send Authorization: Bearer <key>")
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    found, api_key = _api_keys.get(digest)
+    if not found:
+        api_key = api_key_authenticate(key=key)
+        if api_key is None:
+            raise InvalidApiKey("invalid or revoked API key")
+        _api_keys.put(digest, api_key)
+    assert api_key is not None
+    return api_key
+
+
+def api_key_cache_clear() -> None:
+    """Forget cached keys (tests; after a revocation that must apply at once)."""
+    _api_keys.clear()

@@ -1,0 +1,95 @@
+"""Reads of the gateway: which market serves a model, which models are served.
+
+Lookups on the hot path are cached in the process for a few seconds (``GATEWAY_MARKET_CACHE_S``,
+default 2): a reserve or price change reaches the gateway within that time. Every ledger amount
+is computed from the database's row at settlement, never from this cache.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from django.conf import settings
+from django.db.models import Q
+
+from market.models import Market
+
+K = TypeVar("K")
+V = TypeVar("V")
+DEFAULT_MARKET_CACHE_S = 2.0
+
+
+class TtlCache(Generic[K, V]):
+    """A small thread-safe map whose entries expire ``ttl_s`` seconds after they were stored."""
+
+    def __init__(self, *, ttl_s: Callable[[], float], max_entries: int = 10_000) -> None:
+        self._ttl_s = ttl_s
+        self._max = max_entries
+        self._entries: dict[K, tuple[float, V]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> tuple[bool, V | None]:
+        """(found, value); an expired entry is not found."""
+        entry = self._entries.get(key)
+        if entry is None or entry[0] < time.monotonic():
+            return False, None
+        return True, entry[1]
+
+    def put(self, key: K, value: V) -> None:
+        ttl = self._ttl_s()
+        if ttl <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self._max:
+                self._entries.clear()  # crude, and rare: keys and markets are few
+            self._entries[key] = (time.monotonic() + ttl, value)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def _market_ttl() -> float:
+    return float(getattr(settings, "GATEWAY_MARKET_CACHE_S", DEFAULT_MARKET_CACHE_S))
+
+
+_markets: TtlCache[str, Market | None] = TtlCache(ttl_s=_market_ttl)
+
+
+def market_for_model(*, model: str) -> Market | None:
+    """The active market whose ``served_model`` (or else slug) is ``model``; None if none."""
+    found, market = _markets.get(model)
+    if found:
+        return market
+    candidates = list(
+        Market.objects.filter(Q(served_model=model) | Q(slug=model), is_active=True).order_by(
+            "slug"
+        )[:10]
+    )
+    market = next((m for m in candidates if m.served_model == model), None)
+    if market is None and candidates:
+        market = candidates[0]
+    _markets.put(model, market)
+    return market
+
+
+def models_served() -> list[dict[str, Any]]:
+    """``GET /v1/models``: one entry per active market, in OpenAI's model shape."""
+    return [
+        {
+            "id": market.served_model,
+            "object": "model",
+            "created": int(market.created_at.timestamp()),
+            "owned_by": "inference-market",
+            "market": market.slug,
+        }
+        for market in Market.objects.filter(is_active=True).order_by("slug")
+    ]
+
+
+def caches_clear() -> None:
+    """Forget cached markets (tests; an operator's change that must apply at once)."""
+    _markets.clear()

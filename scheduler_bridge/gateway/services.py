@@ -1,0 +1,380 @@
+"""The gateway's request flow (DESIGN.md 2): admit, forward, settle.
+
+1. **Admit** (one step on a database thread, ``request_admit``): authenticate the API key (cached
+   for ``GATEWAY_API_KEY_CACHE_S`` seconds, default 5), find the market, choose the bid (explicit,
+   else the tenant's autobidder, else 0), render the prompt, and hold the worst case with
+   ``request_open``: prompt tokens x input price + max_tokens x output price (per million), plus
+   effective bid x the market's ``max_wait_s`` for an explicit bid or the autobid's own worst
+   case. A bid under the reserve buys no priority: its effective bid, and its priority hold, is 0
+   (the engine gets the raw bid and applies the same reserve itself).
+2. **Forward** through the engine client, with the Request's id as the engine's rid.
+3. **Settle**: served, ``request_complete`` writes the token charge; not served (engine down,
+   queue full, refused, the client gone before any token), ``request_fail`` releases the hold and
+   nothing is charged. A stream the client leaves half-way is charged the tokens it was sent.
+   The priority charge is settled from the round records by the settlement consumer, not here.
+
+Settling runs to the end even when the client goes away (``db.shielded``), and at most once per
+request; the ledger's (request, kind) key makes a replay change nothing anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from accounts.models import BidSource
+from accounts.money import ZERO, money, per_million
+from accounts.services import (
+    BudgetExhausted,
+    request_complete,
+    request_fail,
+    request_open,
+)
+from accounts.services.autobidder import autobid
+from market.models import Market
+from scheduler_bridge.engine_client import (
+    EngineChunk,
+    EngineError,
+    EngineMeta,
+    EngineOverloaded,
+    EngineRejected,
+    engine_client,
+    generate_body,
+)
+from scheduler_bridge.gateway import metrics, responses
+from scheduler_bridge.gateway.chat_templates import Prompt, chat_template
+from scheduler_bridge.gateway.db import db_call, detached, shielded
+from scheduler_bridge.gateway.errors import (
+    BudgetExhaustedError,
+    EngineBusy,
+    EngineDown,
+    GatewayError,
+    InvalidValue,
+    MalformedRequest,
+    ModelNotFound,
+)
+from scheduler_bridge.gateway.keys import api_key_authenticated
+from scheduler_bridge.gateway.selectors import market_for_model, models_served
+from scheduler_bridge.gateway.validation import CHAT, CompletionParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Trace:
+    """What the view needs for its metrics: filled in as the request goes."""
+
+    endpoint: str
+    market: str = metrics.NO_MARKET
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request recorded and held, ready to forward. Money in dollars (bids: per second)."""
+
+    request_id: str
+    market: Market
+    bid: Decimal
+    effective_bid: Decimal
+    bid_source: str
+    prompt: Prompt
+    hold: Decimal
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _prompt(params: CompletionParams, market: Market) -> Prompt:
+    template = chat_template(market.chat_template)
+    if params.endpoint == CHAT:
+        return template.chat(params.messages)
+    if params.prompt_ids is not None:
+        return template.ids(params.prompt_ids)
+    assert params.prompt_text is not None
+    return template.text(params.prompt_text)
+
+
+def request_admit(*, params: CompletionParams, key: str | None, request_id: str) -> Admitted:
+    """Authenticate, find the market, choose the bid, hold the worst case (synchronous: run it
+    on a database thread). GatewayError subclasses say why a request is refused."""
+    api_key = api_key_authenticated(key=key)
+    market = market_for_model(model=params.model)
+    if market is None:
+        raise ModelNotFound(f"no market serves the model {params.model!r}", param="model")
+    reserve = market.reserve
+    if params.bid is not None:
+        bid, source = params.bid, BidSource.EXPLICIT
+        effective = bid if bid >= reserve else ZERO
+        priority_hold = effective * Decimal(repr(market.max_wait_s))
+    else:
+        auto = autobid(tenant=api_key.tenant, request_class=params.request_class)
+        if auto is not None:
+            bid, source = auto.bid, BidSource.AUTOBID
+            effective = bid if bid >= reserve else ZERO
+            priority_hold = auto.worst_case if effective > 0 else ZERO
+        else:
+            bid, source, effective, priority_hold = ZERO, BidSource.NONE, ZERO, ZERO
+    prompt = _prompt(params, market)
+    if prompt.tokens == 0:
+        raise InvalidValue("the prompt has no tokens", param="prompt")
+    tokens_hold = per_million(
+        tokens=prompt.tokens, price_per_million=market.price_input_per_mtok
+    ) + per_million(tokens=params.max_tokens, price_per_million=market.price_output_per_mtok)
+    hold = money(tokens_hold + priority_hold)
+    try:
+        request_open(
+            request_id=request_id,
+            tenant=api_key.tenant,
+            api_key=api_key,
+            market=market,
+            bid=bid,
+            hold_amount=hold,
+            request_class=params.request_class,
+            bid_source=source,
+        )
+    except BudgetExhausted as exc:
+        raise BudgetExhaustedError(str(exc)) from None
+    return Admitted(request_id, market, bid, effective, source, prompt, hold)
+
+
+def _settle_tokens(*, request_id: str, meta: EngineMeta) -> Decimal:
+    """Write the token charge of a served request (dollars); synchronous."""
+    entry = request_complete(
+        request_id=request_id,
+        prompt_tokens=meta.prompt_tokens,
+        cached_tokens=min(meta.cached_tokens, meta.prompt_tokens),
+        completion_tokens=meta.completion_tokens,
+    )
+    return entry.amount
+
+
+async def _admit(params: CompletionParams, key: str | None, trace: Trace) -> Admitted:
+    request_id = "gw-" + uuid.uuid4().hex
+    task = detached(db_call(request_admit, params=params, key=key, request_id=request_id))
+    try:
+        admitted = await asyncio.shield(task)
+    except asyncio.CancelledError:  # the client went away: release the hold once it is placed
+        detached(_failed_after(task, request_id))
+        raise
+    trace.market = admitted.market.slug
+    metrics.BIDS.labels(trace.market, admitted.bid_source).observe(float(admitted.bid))
+    return admitted
+
+
+async def _failed_after(task: asyncio.Task[Admitted], request_id: str) -> None:
+    try:
+        await task
+    except Exception:  # noqa: BLE001 (refused: nothing was held)
+        return
+    await db_call(request_fail, request_id=request_id)
+
+
+def _engine_failure(exc: EngineError) -> GatewayError:
+    if isinstance(exc, EngineOverloaded):
+        seconds = max(1, round(exc.retry_after_s))
+        return EngineBusy(
+            f"the engine's queue is full; retry after {seconds} s: {exc.message}",
+            headers={"Retry-After": str(seconds)},
+        )
+    if isinstance(exc, EngineRejected):
+        return MalformedRequest(
+            f"the engine refused the request: {exc.message}",
+            param=exc.param,
+            code="engine_rejected",
+        )
+    return EngineDown(f"the engine is unavailable; the request was not charged: {exc.message}")
+
+
+def _body(admitted: Admitted, params: CompletionParams, stream: bool) -> dict:
+    return generate_body(
+        rid=admitted.request_id,
+        max_new_tokens=params.max_tokens,
+        bid=float(admitted.bid),
+        text=admitted.prompt.text,
+        input_ids=admitted.prompt.input_ids,
+        sampling_params=params.sampling,
+        stream=stream,
+    )
+
+
+def _auction(admitted: Admitted, meta: EngineMeta | None, token_charge: Decimal | None) -> dict:
+    return responses.auction_body(
+        bid=admitted.bid,
+        effective_bid=admitted.effective_bid,
+        reserve=admitted.market.reserve,
+        bid_source=admitted.bid_source,
+        meta=meta,
+        token_charge=token_charge,
+    )
+
+
+def _response_id(params: CompletionParams, admitted: Admitted) -> str:
+    prefix = "chatcmpl-" if params.endpoint == CHAT else "cmpl-"
+    return prefix + admitted.request_id
+
+
+async def completion_create(*, params: CompletionParams, key: str | None, trace: Trace) -> dict:
+    """A non-streamed chat or text completion: the response body (GatewayError on failure)."""
+    admitted = await _admit(params, key, trace)
+    market = trace.market
+    metrics.IN_FLIGHT.labels(market).inc()
+    metrics.WAITING.labels(market).inc()
+    started = time.perf_counter()
+    try:
+        output = await engine_client().generate(
+            base_url=admitted.market.engine_url, body=_body(admitted, params, stream=False)
+        )
+    except EngineError as exc:
+        await shielded(db_call(request_fail, request_id=admitted.request_id))
+        raise _engine_failure(exc) from None
+    except asyncio.CancelledError:  # the client went away before the answer
+        detached(db_call(request_fail, request_id=admitted.request_id))
+        raise
+    finally:
+        metrics.WAITING.labels(market).dec()
+        metrics.IN_FLIGHT.labels(market).dec()
+    metrics.TTFT.labels(market).observe(time.perf_counter() - started)
+    charge = await shielded(
+        db_call(_settle_tokens, request_id=admitted.request_id, meta=output.meta)
+    )
+    metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(output.meta))
+    return responses.completion_body(
+        endpoint=params.endpoint,
+        response_id=_response_id(params, admitted),
+        created=admitted.created,
+        model=admitted.market.served_model,
+        text=output.text,
+        finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
+        usage=responses.usage_body(output.meta),
+        auction=_auction(admitted, output.meta, charge),
+    )
+
+
+async def completion_stream(
+    *, params: CompletionParams, key: str | None, trace: Trace
+) -> AsyncIterator[bytes]:
+    """A streamed completion: admits and waits for the engine's first event (so refusals are
+    still proper error answers), then returns the server-sent events to send."""
+    admitted = await _admit(params, key, trace)
+    market = trace.market
+    metrics.IN_FLIGHT.labels(market).inc()
+    metrics.WAITING.labels(market).inc()
+    started = time.perf_counter()
+    events = engine_client().generate_stream(
+        base_url=admitted.market.engine_url, body=_body(admitted, params, stream=True)
+    )
+    try:
+        first: EngineChunk | None = await anext(events, None)
+    except EngineError as exc:
+        metrics.IN_FLIGHT.labels(market).dec()
+        await shielded(db_call(request_fail, request_id=admitted.request_id))
+        raise _engine_failure(exc) from None
+    except asyncio.CancelledError:
+        metrics.IN_FLIGHT.labels(market).dec()
+        detached(_closed_and_failed(events, admitted.request_id))
+        raise
+    finally:
+        metrics.WAITING.labels(market).dec()
+    metrics.TTFT.labels(market).observe(time.perf_counter() - started)
+    # Start the event generator here: a started async generator that is dropped unfinished is
+    # closed by the event loop (its finally settles), an unstarted one would never run at all.
+    sse = _sse(params, admitted, events, first)
+    return _prefixed(await anext(sse), sse)
+
+
+async def _prefixed(head: bytes, rest: AsyncGenerator[bytes]) -> AsyncIterator[bytes]:
+    """``head``, then what ``rest`` yields; closing this closes ``rest``."""
+    try:
+        yield head
+        async for part in rest:
+            yield part
+    finally:
+        await rest.aclose()
+
+
+async def _closed_and_failed(events: AsyncIterator[EngineChunk], request_id: str) -> None:
+    await events.aclose()  # type: ignore[attr-defined]
+    await db_call(request_fail, request_id=request_id)
+
+
+async def _sse(
+    params: CompletionParams,
+    admitted: Admitted,
+    events: AsyncIterator[EngineChunk],
+    first: EngineChunk | None,
+) -> AsyncGenerator[bytes]:
+    """The events of a stream. Settles exactly once, whether the stream ends, the engine fails
+    mid-way, or the client leaves (then the tokens sent so far are charged)."""
+    shape = {
+        "endpoint": params.endpoint,
+        "response_id": _response_id(params, admitted),
+        "created": admitted.created,
+        "model": admitted.market.served_model,
+    }
+    market = admitted.market.slug
+    meta: EngineMeta | None = first.meta if first is not None else None
+    settled = False
+
+    async def settle() -> Decimal | None:
+        nonlocal settled
+        settled = True
+        if meta is None or (meta.completion_tokens == 0 and meta.finish_reason is None):
+            await shielded(db_call(request_fail, request_id=admitted.request_id))
+            return None
+        charge = await shielded(db_call(_settle_tokens, request_id=admitted.request_id, meta=meta))
+        metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(meta))
+        return charge
+
+    try:
+        # The first event is yielded before anything is awaited (see completion_stream).
+        if params.endpoint == CHAT:
+            yield responses.sse(responses.chunk_body(**shape, role=True))
+            if first is not None and first.delta:
+                yield responses.sse(responses.chunk_body(**shape, text=first.delta))
+        else:
+            text = first.delta if first is not None else ""
+            yield responses.sse(responses.chunk_body(**shape, text=text))
+        try:
+            async for chunk in events:
+                meta = chunk.meta
+                if chunk.delta:
+                    yield responses.sse(responses.chunk_body(**shape, text=chunk.delta))
+        except EngineError as exc:
+            await settle()
+            error = _engine_failure(exc)
+            metrics.ERRORS.labels(market, params.endpoint, str(error.status), error.code).inc()
+            yield responses.sse(error.body())
+            return
+        charge = await settle()
+        auction = _auction(admitted, meta, charge)
+        finish = responses.finish_reason(meta, max_tokens=params.max_tokens)
+        if params.include_usage and meta is not None:
+            yield responses.sse(responses.chunk_body(**shape, finish=finish))
+            extra = {"usage": responses.usage_body(meta), "auction": auction}
+            yield responses.sse(responses.chunk_body(**shape, no_choices=True, extra=extra))
+        else:
+            yield responses.sse(
+                responses.chunk_body(**shape, finish=finish, extra={"auction": auction})
+            )
+        yield responses.DONE
+    finally:
+        metrics.IN_FLIGHT.labels(market).dec()
+        if not settled:  # the client left mid-stream
+            settled = True
+            detached(_left(events, settle))
+
+
+async def _left(events: AsyncIterator[EngineChunk], settle) -> None:
+    try:
+        await events.aclose()  # type: ignore[attr-defined]
+    finally:
+        await settle()
+
+
+async def models_list(*, key: str | None) -> dict:
+    """``GET /v1/models`` for an authenticated key."""
+    await db_call(api_key_authenticated, key=key)
+    return {"object": "list", "data": await db_call(models_served)}

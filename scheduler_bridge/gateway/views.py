@@ -1,0 +1,123 @@
+"""The OpenAI-compatible HTTP endpoints (thin: the flow is in ``services``).
+
+``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed or not), ``GET /v1/models``,
+authenticated by ``Authorization: Bearer <API key>``; ``GET /metrics`` for Prometheus. Every
+error is an OpenAI-style JSON body (``errors``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from scheduler_bridge.gateway import metrics, services
+from scheduler_bridge.gateway.errors import GatewayError, MalformedRequest, MethodNotAllowed
+from scheduler_bridge.gateway.validation import CHAT, COMPLETIONS, body_parsed, completion_params
+
+logger = logging.getLogger(__name__)
+
+
+class BodyTooLarge(MalformedRequest):
+    """413: the body is larger than the server takes (DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+
+    status = 413
+    code = "request_too_large"
+
+
+def _error(exc: GatewayError) -> JsonResponse:
+    response = JsonResponse(exc.body(), status=exc.status)
+    for name, value in exc.headers.items():
+        response[name] = value
+    # Counted in the metrics; Django's "Bad Request: ..." warning per refusal would be noise.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+def _bearer(request: HttpRequest) -> str | None:
+    """The API key of ``Authorization: Bearer <key>``, or None."""
+    scheme, _, key = request.headers.get("Authorization", "").strip().partition(" ")
+    return key.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _gateway_headers(request: HttpRequest) -> dict[str, str]:
+    headers = request.headers
+    return {
+        name: headers[name]
+        for name in ("x-bid", "x-request-class")
+        if headers.get(name) is not None
+    }
+
+
+async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:
+    trace = services.Trace(endpoint=endpoint)
+    started = time.perf_counter()
+    try:
+        if request.method != "POST":
+            raise MethodNotAllowed(f"{request.method} is not allowed here; use POST")
+        try:
+            raw = request.body
+        except RequestDataTooBig:
+            raise BodyTooLarge("the request body is too large") from None
+        params = completion_params(
+            body_parsed(raw), endpoint=endpoint, headers=_gateway_headers(request)
+        )
+        if params.stream:
+            events = await services.completion_stream(
+                params=params, key=_bearer(request), trace=trace
+            )
+            response: HttpResponse = StreamingHttpResponse(events, content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # proxies must not buffer the stream
+        else:
+            body = await services.completion_create(
+                params=params, key=_bearer(request), trace=trace
+            )
+            response = JsonResponse(body)
+    except GatewayError as exc:
+        metrics.answered(market=trace.market, endpoint=endpoint, status=exc.status, error=exc.code)
+        return _error(exc)
+    except Exception:
+        logger.exception("gateway: unexpected error on %s", endpoint)
+        error = GatewayError("internal error in the gateway", code="internal_error")
+        error.status, error.type = 500, "server_error"
+        metrics.answered(market=trace.market, endpoint=endpoint, status=500, error=error.code)
+        return _error(error)
+    metrics.answered(market=trace.market, endpoint=endpoint, status=200)
+    metrics.DURATION.labels(trace.market, endpoint).observe(time.perf_counter() - started)
+    return response
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/chat/completions``."""
+    return await _completion(request, CHAT)
+
+
+@csrf_exempt
+async def completions(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/completions``."""
+    return await _completion(request, COMPLETIONS)
+
+
+@csrf_exempt
+async def models(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/models``: the active markets' served models."""
+    try:
+        if request.method != "GET":
+            raise MethodNotAllowed(f"{request.method} is not allowed here; use GET")
+        body = await services.models_list(key=_bearer(request))
+    except GatewayError as exc:
+        metrics.answered(market=metrics.NO_MARKET, endpoint="models", status=exc.status,
+                         error=exc.code)  # fmt: skip
+        return _error(exc)
+    metrics.answered(market=metrics.NO_MARKET, endpoint="models", status=200)
+    return JsonResponse(body)
+
+
+async def prometheus(request: HttpRequest) -> HttpResponse:
+    """``GET /metrics``: the gateway's Prometheus exposition."""
+    return HttpResponse(metrics.exposition(), content_type=metrics.CONTENT_TYPE)

@@ -1,0 +1,125 @@
+"""``manage.py rounds_consume``: settle round records in the foreground until Ctrl-C.
+
+    manage.py rounds_consume [--stream NAME] [--group NAME] [--once]   # the Redis stream
+    manage.py rounds_consume --jsonl PATH [--follow] [--state PATH]   # embedded mode, no Redis
+
+The first runs the same loop as the Celery task ``scheduler_bridge.rounds_consume``
+(``scheduler_bridge.rounds``), as one more consumer of the group; the second tails the JSONL
+file the simulated engine writes with ``--rounds-jsonl`` (``scheduler_bridge.rounds_jsonl``),
+keeping its byte offset in ``PATH.offset``. Both are safe to stop and restart at any moment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from scheduler_bridge import rounds
+from scheduler_bridge.rounds_jsonl import rounds_jsonl_follow
+
+STATS_EVERY_S = 10.0  # how often the Redis loop prints what it did, wall seconds
+IDLE_RETRY_S = 1.0  # pause after a call stopped by an outage, seconds
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Command(BaseCommand):
+    help = "Settle round records from the Redis stream, or from a JSONL file (--jsonl)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--stream", help="Redis stream (default: the ROUNDS_STREAM setting)")
+        parser.add_argument("--group", default=rounds.GROUP, help="consumer group")
+        parser.add_argument("--consumer", help="consumer name (default: host:pid)")
+        parser.add_argument(
+            "--claim-min-idle-ms",
+            type=int,
+            default=rounds.CLAIM_MIN_IDLE_MS,
+            help="take over other consumers' entries pending this long (milliseconds)",
+        )
+        parser.add_argument(
+            "--once", action="store_true", help="stop when there is nothing left to settle"
+        )
+        parser.add_argument("--jsonl", type=Path, metavar="PATH", help="read a JSONL file instead")
+        parser.add_argument("--follow", action="store_true", help="with --jsonl: keep tailing")
+        parser.add_argument("--state", type=Path, help="with --jsonl: offset file (PATH.offset)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["jsonl"] is None and (options["follow"] or options["state"]):
+            raise CommandError("--follow and --state go with --jsonl")
+        self._stop = False
+        # Ctrl-C and SIGTERM finish the record in hand, then stop (previous handlers restored).
+        previous = {sig: signal.signal(sig, self._request_stop) for sig in STOP_SIGNALS}
+        try:
+            if options["jsonl"] is not None:
+                self._jsonl(options)
+            else:
+                self._stream(options)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _request_stop(self, signum: int, frame: FrameType | None) -> None:
+        self._stop = True
+
+    def _jsonl(self, options: dict[str, Any]) -> None:
+        path: Path = options["jsonl"]
+        self.stdout.write(f"settling round records from {path} (follow: {options['follow']})")
+        stats = rounds_jsonl_follow(
+            path=path,
+            state_path=options["state"],
+            follow=options["follow"],
+            should_stop=lambda: self._stop,
+        )
+        self.stdout.write(_summary(stats))
+
+    def _stream(self, options: dict[str, Any]) -> None:
+        if not settings.REDIS_URL:
+            raise CommandError("REDIS_URL is not set: use --jsonl PATH for the embedded mode")
+        sc = rounds.StreamConsumer(
+            client=rounds.redis_client(settings.REDIS_URL),
+            stream=options["stream"] or settings.ROUNDS_STREAM,
+            group=options["group"],
+            consumer=options["consumer"] or f"{socket.gethostname()}:{os.getpid()}",
+        )
+        self.stdout.write(f"settling round records from {sc.stream} as {sc.group}/{sc.consumer}")
+        total = rounds.ConsumeStats()
+        printed = time.monotonic()
+        try:
+            while not self._stop:
+                stats = rounds.rounds_consume(
+                    sc=sc,
+                    max_seconds=5.0,
+                    claim_min_idle_ms=options["claim_min_idle_ms"],
+                    until_idle=options["once"],
+                    should_stop=lambda: self._stop,
+                )
+                total.add(stats)
+                if stats.stalled:
+                    if options["once"]:
+                        raise CommandError(f"stopped: {stats.stalled}")
+                    time.sleep(IDLE_RETRY_S)
+                elif options["once"] and stats.read == 0:
+                    break
+                if time.monotonic() - printed >= STATS_EVERY_S:
+                    self.stdout.write(_summary(total))
+                    printed = time.monotonic()
+        finally:
+            sc.client.close()
+        self.stdout.write(_summary(total))
+
+
+def _summary(stats: rounds.ConsumeStats) -> str:
+    """One line: records handled and what their admitted requests came to."""
+    return (
+        f"records: {stats.read} read, {stats.settled} settled, {stats.reclaimed} reclaimed, "
+        f"{stats.dead} dead-lettered, {stats.failed} failed; requests: {stats.charged} charged, "
+        f"{stats.duplicates} already charged, {stats.unknown} unknown, "
+        f"{stats.not_served} not served"
+    )

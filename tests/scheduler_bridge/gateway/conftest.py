@@ -1,0 +1,175 @@
+"""Fixtures: the real ASGI app served by Daphne on a real port, simulated engines, personas.
+
+Daphne runs in a thread of the test process (Twisted's reactor runs once per process, so the
+server is session-wide), so it shares the test database: tests use the transactional ``db``
+(committed rows, seen by the server's threads), and the gateway's database threads are closed
+before the test database is dropped. The simulated engine runs in real time in its own thread
+(``ServerThread``), sped up.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+import httpx
+import openai
+import pytest
+
+from accounts.models import ApiKey, Tenant
+from accounts.services import api_key_create, budget_set
+from market.models import Market
+from scheduler_bridge.gateway import db as gateway_db
+from scheduler_bridge.gateway.keys import api_key_cache_clear
+from scheduler_bridge.gateway.selectors import caches_clear
+from scheduler_bridge.sim.background import ServerThread
+from scheduler_bridge.sim.server import ServerOptions
+
+SPEED = 20.0  # engine seconds per wall second
+
+
+class DaphneThread:
+    """Daphne serving ``config.asgi.application`` on 127.0.0.1, in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.port: int | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> DaphneThread:
+        from daphne.server import Server
+        from twisted.internet import reactor
+
+        from config.asgi import application
+
+        ready = threading.Event()
+        self._server = Server(
+            application,
+            endpoints=["tcp:port=0:interface=127.0.0.1"],
+            signal_handlers=False,
+            verbosity=0,
+            ready_callable=ready.set,
+        )
+        self._thread = threading.Thread(target=self._server.run, name="daphne", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("Daphne did not start")
+        for _ in range(200):
+            if self._server.listening_addresses:
+                break
+            threading.Event().wait(0.05)
+        else:
+            raise RuntimeError("Daphne did not listen")
+        self.port = self._server.listening_addresses[0][1]
+        self._reactor = reactor
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._reactor.callFromThread(self._reactor.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def gateway(django_db_setup, django_db_blocker) -> Iterator[DaphneThread]:
+    """The running ASGI server (one per test session)."""
+    server = DaphneThread().start()
+    yield server
+    server.stop()
+    with django_db_blocker.unblock():
+        gateway_db.connections_close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches() -> Iterator[None]:
+    caches_clear()
+    api_key_cache_clear()
+    yield
+    caches_clear()
+    api_key_cache_clear()
+
+
+StartSim = Callable[..., ServerThread]
+
+
+@pytest.fixture
+def start_sim() -> Iterator[StartSim]:
+    """Start a simulated engine with the given ServerOptions fields; stopped after the test."""
+    started: list[ServerThread] = []
+
+    def start(**fields) -> ServerThread:
+        fields.setdefault("port", 0)
+        fields.setdefault("speed", SPEED)
+        fields["settings"] = tuple(fields.get("settings", ()))
+        sim = ServerThread(ServerOptions(**fields)).start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+@pytest.fixture
+def sim(start_sim: StartSim) -> ServerThread:
+    return start_sim()
+
+
+def market_create(*, engine_url: str, reserve: str = "0", slug: str | None = None) -> Market:
+    """$3 per million uncached input tokens, $0.30 cached, $15 output; 60 s wait bound."""
+    slug = slug or f"m-{uuid.uuid4().hex[:8]}"
+    return Market.objects.create(
+        slug=slug,
+        name=f"Market {slug}",
+        served_model=f"org/{slug}",
+        price_input_per_mtok=Decimal("3"),
+        price_cached_input_per_mtok=Decimal("0.3"),
+        price_output_per_mtok=Decimal("15"),
+        reserve=Decimal(reserve),
+        engine_url=engine_url,
+        max_wait_s=60.0,
+    )
+
+
+@dataclass
+class Persona:
+    """A tenant with an API key (and its secret) and a budget."""
+
+    tenant: Tenant
+    api_key: ApiKey
+    key: str
+
+    def client(self, gateway: DaphneThread, **kwargs) -> openai.OpenAI:
+        """The official client, pointed at the gateway, no retries."""
+        return openai.OpenAI(
+            base_url=f"{gateway.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kwargs
+        )
+
+    def http(self, gateway: DaphneThread) -> httpx.Client:
+        return httpx.Client(
+            base_url=gateway.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30
+        )
+
+
+def persona_create(slug: str, *, budget: str = "100") -> Persona:
+    tenant = Tenant.objects.create(name=f"Tenant {slug}", slug=slug)
+    budget_set(tenant=tenant, limit=budget, period="month")
+    api_key, key = api_key_create(tenant=tenant, name="program", created_by=None)
+    return Persona(tenant=tenant, api_key=api_key, key=key)
+
+
+@pytest.fixture
+def acme(transactional_db) -> Persona:
+    return persona_create("acme")
+
+
+@pytest.fixture
+def market(transactional_db, sim: ServerThread) -> Market:
+    return market_create(engine_url=sim.url)

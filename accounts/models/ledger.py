@@ -51,6 +51,8 @@ class Request(models.Model):
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    ttft_s = models.FloatField(null=True, blank=True, help_text="Time to first token, seconds.")
+    e2e_s = models.FloatField(null=True, blank=True, help_text="End-to-end latency, seconds.")
 
     class Meta:
         ordering = ["-created_at", "-request_id"]

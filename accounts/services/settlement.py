@@ -111,6 +111,7 @@ def _charge(
     round_id: str,
     detail: dict[str, Any],
     now: datetime,
+    request_fields: dict[str, Any] | None = None,
 ) -> LedgerEntry | str:
     """Write one ledger entry and consume the request's hold, atomically, with its budgets and
     then the request locked. Returns the entry, or DUPLICATE (it exists: a replay) or
@@ -145,7 +146,7 @@ def _charge(
             return DUPLICATE  # settled concurrently by another worker
         if completes:
             Request.objects.filter(pk=request.pk).update(
-                status=RequestStatus.SERVED, finished_at=now, **detail
+                status=RequestStatus.SERVED, finished_at=now, **(request_fields or detail)
             )
         else:
             Request.objects.filter(pk=request.pk, admitted_at=None).update(admitted_at=now)
@@ -232,13 +233,16 @@ def request_complete(
     prompt_tokens: int,
     cached_tokens: int,
     completion_tokens: int,
+    ttft_s: float | None = None,
+    e2e_s: float | None = None,
     now: datetime | None = None,
 ) -> LedgerEntry:
     """Charge a served request its tokens and close its hold; returns its token entry.
 
     ``prompt_tokens`` counts all prompt tokens, ``cached_tokens`` those of them that were
-    cached. A replayed report returns the first entry unchanged. UnknownRequest when no such
-    request was opened; ValueError when it had failed (a failed request is never charged).
+    cached; the latencies (seconds), when known, are kept on the request for the dashboards.
+    A replayed report returns the first entry unchanged. UnknownRequest when no such request
+    was opened; ValueError when it had failed (a failed request is never charged).
     """
     now = now or timezone.now()
     request = Request.objects.select_related("market").filter(request_id=request_id).first()
@@ -255,6 +259,7 @@ def request_complete(
         "cached_tokens": cached_tokens,
         "completion_tokens": completion_tokens,
     }
+    latencies = {"ttft_s": ttft_s, "e2e_s": e2e_s}
     entry = _charge(
         request=request,
         kind=ChargeKind.TOKENS,
@@ -262,6 +267,7 @@ def request_complete(
         round_id="",
         detail=tokens,
         now=now,
+        request_fields={**tokens, **{k: v for k, v in latencies.items() if v is not None}},
     )
     if entry == NOT_SERVED:
         raise ValueError(f"request {request_id!r} failed: it is not charged")

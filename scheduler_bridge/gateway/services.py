@@ -141,12 +141,16 @@ def request_admit(*, params: CompletionParams, key: str | None, request_id: str)
 
 
 def _settle_tokens(*, request_id: str, meta: EngineMeta) -> Decimal:
-    """Write the token charge of a served request (dollars); synchronous."""
+    """Write the token charge of a served request (dollars) and its engine-side latencies;
+    synchronous."""
+    e2e = meta.raw.get("e2e_latency")
     entry = request_complete(
         request_id=request_id,
         prompt_tokens=meta.prompt_tokens,
         cached_tokens=min(meta.cached_tokens, meta.prompt_tokens),
         completion_tokens=meta.completion_tokens,
+        ttft_s=meta.ttft_s,
+        e2e_s=float(e2e) if isinstance(e2e, int | float) else None,
     )
     return entry.amount
 

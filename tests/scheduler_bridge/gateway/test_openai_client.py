@@ -61,6 +61,8 @@ def test_chat_with_a_bid_in_extra_body(gateway, acme, market):
         BidSource.EXPLICIT,
     )
     assert row.request_class == "interactive"
+    # The engine's latencies are kept for the tenant's dashboard: first token before the end.
+    assert 0 < row.ttft_s <= row.e2e_s
     (entry,) = entries(rid)  # one entry: the priority one comes from the round record
     assert (entry.kind, entry.amount) == (ChargeKind.TOKENS, Decimal("0.000123"))
     placed = hold(rid)

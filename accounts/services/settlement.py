@@ -185,6 +185,8 @@ def round_record_settle(
             "position": adm["position"],
             "engine_charge": adm["charge"],
         }
+        if isinstance(adm.get("block"), dict):
+            detail["block"] = adm["block"]  # the subtree it waited in: "why this rank"
         entry = _charge(
             request=request,
             kind=ChargeKind.PRIORITY,

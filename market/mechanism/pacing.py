@@ -5,12 +5,13 @@ waiting it would really pay). The agent bids ``value / (1 + mu)``: ``mu = 0`` bi
 a larger ``mu`` shades every bid alike. After each update interval it takes one projected
 gradient step on the dual of the budget constraint,
 
-    mu <- clip(mu + eta * (spent / target - 1), 0, mu_max),
+    mu <- clip(mu + eta * clip(spent / target - 1, -1, 1), 0, mu_max),
 
 where ``spent`` is what it spent in the interval and ``target`` what it should have spent to use
 the remaining budget evenly over the remaining time (remaining budget x interval / time left).
-Normalising by the target makes ``eta`` unitless: overspending by the whole target raises mu by
-eta. ``mu_max`` bounds the shading (bids never fall below value / (1 + mu_max) for budget reasons).
+Normalising by the target makes ``eta`` unitless, and clipping the gradient to [-1, 1] keeps
+one burst (a queue forming, many urgent requests at once) from swinging the multiplier for
+long: each step moves mu by at most eta. ``mu_max`` bounds the shading.
 
 Safety: a request's priority charge is at most bid x planned wait (DESIGN.md 4.4), so the agent
 never bids more than remaining budget / max_wait_s, where ``max_wait_s`` bounds the planned wait
@@ -91,7 +92,7 @@ class PacingAgent:
         self.spent += spent
         self.elapsed_s += interval_s
         if target > 0:
-            gradient = spent / target - 1.0
+            gradient = max(-1.0, min(1.0, spent / target - 1.0))
         else:
             gradient = 1.0 if spent > 0 or self.remaining <= 0 else 0.0
         self.mu = min(self.mu_max, max(0.0, self.mu + self.eta * gradient))

@@ -443,6 +443,14 @@ class Engine:
 
     # --- reading ----------------------------------------------------------------------------
 
+    def queue_drain_s(self) -> float:
+        """Planned seconds to prefill everything waiting now (its uncached tokens, shared
+        prefixes counted once, plus the overheads): a bound on a new request's planned wait
+        at bid 0 if nothing else arrives. Time proportional to the waiting tree's size."""
+        tree = self.tree
+        work = sum(x.ew for x in tree.nodes()) + len(tree) * self.config.overhead_tokens
+        return work / self.config.prefill_tokens_per_second
+
     @property
     def cache_hit_rate(self) -> float:
         """Share of admitted prompt tokens found in the KV cache."""

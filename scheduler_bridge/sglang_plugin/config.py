@@ -46,6 +46,7 @@ class PluginConfig:
     engine_id: str | None = None  # None: "sglang@<host>:<port>" from SGLang's server args
     redis_url: str | None = None  # None: no Redis; records are kept in memory only
     rounds_stream: str = DEFAULT_STREAM
+    rounds_jsonl: str | None = None  # without Redis: append the records to this file
     book_interval_s: float | None = 0.5  # subtrees in a record at most this often; None: never
     # Keep a request that would recompute at least this many uncached tokens it shares with a
     # request already in the prefill batch for the next batch (the simulated engine does the
@@ -67,7 +68,7 @@ class PluginConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        for name in ("engine_id", "redis_url"):
+        for name in ("engine_id", "redis_url", "rounds_jsonl"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string or null, got {value!r}")

@@ -106,7 +106,10 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
             self.sink = sink
             if self.sink is None and _reporting_rank():
                 self.sink = sink_for(
-                    config.redis_url, config.rounds_stream, queue_size=config.record_queue_size
+                    config.redis_url,
+                    config.rounds_stream,
+                    queue_size=config.record_queue_size,
+                    jsonl_path=config.rounds_jsonl,
                 )
             recorder = RoundRecorder(
                 engine_id=config.engine_id or _engine_id(),

@@ -190,8 +190,53 @@ class RedisStreamSink:
                 pass
 
 
-def sink_for(redis_url: str | None, stream: str, *, queue_size: int) -> Any:
-    """A Redis stream sink when a URL is configured, else an in-memory one."""
+class JsonlSink:
+    """Appends round records to a file, one JSON object a line, from a background thread (for
+    a machine without Redis; ``manage.py rounds_consume --jsonl PATH`` settles such a file)."""
+
+    def __init__(self, path: str, *, queue_size: int = 1000) -> None:
+        self.path = path
+        self.sent = 0
+        self.dropped_queue_full = 0
+        self._queue: queue.Queue[RoundRecord] = queue.Queue(maxsize=queue_size)
+        self._thread = threading.Thread(target=self._drain, name="market-rounds-jsonl", daemon=True)
+        self._thread.start()
+
+    def offer(self, record: RoundRecord) -> None:
+        """Queue the record for the file, or count it as dropped; never blocks."""
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.dropped_queue_full += 1
+
+    def stats(self) -> dict[str, int]:
+        return {"sent": self.sent, "dropped_queue_full": self.dropped_queue_full}
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def _drain(self) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            while True:
+                record = self._queue.get()
+                try:
+                    f.write(round_record_dumps(record) + "\n")
+                    f.flush()
+                    self.sent += 1
+                except OSError:
+                    log.exception("round records: cannot write %s", self.path)
+                finally:
+                    self._queue.task_done()
+
+
+def sink_for(
+    redis_url: str | None, stream: str, *, queue_size: int, jsonl_path: str | None = None
+) -> Any:
+    """A Redis stream sink when a URL is configured, else a file when a path is, else memory."""
     if redis_url:
         return RedisStreamSink(redis_url, stream, queue_size=queue_size)
+    if jsonl_path:
+        return JsonlSink(jsonl_path, queue_size=queue_size)
     return MemorySink()

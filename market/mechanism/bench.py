@@ -4,9 +4,12 @@ Waiting queues shaped like real traffic: G shared system prompts of about 2,000 
 of popularity), each request a distinct suffix of about 128 tokens, half of the system prompts
 already cached. For each queue size and policy it times, on the same queue:
 
-- ``order``: one round on the maintained tree (order and planned completions),
-- ``order+pay``: the same round plus the priority charge of every waiting request,
-- ``clear``: ``clear()`` from scratch (building the tree included),
+- ``order``: one round on the maintained tree, up to the service order,
+- ``plan``: the same round with the planned completion of every waiting request (the work model
+  of DESIGN.md 4.1; bid-blind policies work it out on demand, so only this column charges them
+  for it),
+- ``plan+pay``: the plan plus the priority charge of every waiting request,
+- ``clear``: ``clear()`` from scratch (building the tree included), up to the order,
 
 as the median of several repetitions, and reports each as a ratio to fcfs on the same tree in the
 same run, since the machine is shared and absolute times drift.
@@ -60,10 +63,17 @@ def bench_size(n: int, groups: int, repeat: int, progress) -> dict[str, dict[str
     a slow spell of the machine falls on all of them alike."""
     reqs = make_queue(n, groups)
     tree = RequestTree(reqs)
+
+    def plan(p: str):
+        c = clear_tree(tree, p, reserve=RESERVE)
+        _ = c.completion  # the plan: every planned completion
+        return c
+
     runs = {
-        "order_s": lambda p: clear_tree(tree, p, reserve=RESERVE),
-        "order_pay_s": lambda p: clear_tree(tree, p, reserve=RESERVE).payments,
-        "clear_s": lambda p: clear(reqs, p, reserve=RESERVE),
+        "order_s": lambda p: clear_tree(tree, p, reserve=RESERVE).order,
+        "plan_s": plan,
+        "plan_pay_s": lambda p: plan(p).payments,
+        "clear_s": lambda p: clear(reqs, p, reserve=RESERVE).order,
     }
     times: dict[str, dict[str, list[float]]] = {p: {k: [] for k in runs} for p in POLICIES}
     for rep in range(repeat):
@@ -94,25 +104,26 @@ def main(argv: list[str] | None = None) -> int:
         repeat = args.repeat if n <= 10_000 else max(1, args.repeat // 2)
         results[n] = bench_size(n, groups, repeat, progress)
 
-    head = f"{'requests':>9} {'policy':<20} {'order ms':>9} {'+pay ms':>9} {'clear ms':>9}"
-    head += f" {'order/fcfs':>10} {'+pay/fcfs':>10} {'clear/fcfs':>10}"
+    kinds = ("order_s", "plan_s", "plan_pay_s", "clear_s")
+    names = ("order", "plan", "plan+pay", "clear")
+    head = f"{'requests':>9} {'policy':<20}" + "".join(f"{n + ' ms':>12}" for n in names)
+    head += "".join(f"{n + '/fcfs':>14}" for n in names)
     print(head)
     for n, per in results.items():
         base = per["fcfs"]
         for policy, t in per.items():
             print(
-                f"{n:>9,} {policy:<20} {t['order_s'] * 1e3:>9.1f} {t['order_pay_s'] * 1e3:>9.1f}"
-                f" {t['clear_s'] * 1e3:>9.1f} {t['order_s'] / base['order_s']:>10.2f}"
-                f" {t['order_pay_s'] / base['order_pay_s']:>10.2f}"
-                f" {t['clear_s'] / base['clear_s']:>10.2f}"
+                f"{n:>9,} {policy:<20}"
+                + "".join(f"{t[k] * 1e3:>12.1f}" for k in kinds)
+                + "".join(f"{t[k] / base[k]:>14.2f}" for k in kinds)
             )
     sizes = list(results)
     for a, b in zip(sizes, sizes[1:], strict=False):
         for policy in ("fcfs", "dfs-auction-density"):
-            ra = results[a][policy]["order_pay_s"]
-            rb = results[b][policy]["order_pay_s"]
+            ra = results[a][policy]["plan_pay_s"]
+            rb = results[b][policy]["plan_pay_s"]
             print(
-                f"scaling {policy} order+pay {a:,} -> {b:,} requests: {rb / ra:.1f}x time "
+                f"scaling {policy} plan+pay {a:,} -> {b:,} requests: {rb / ra:.1f}x time "
                 f"for {b / a:.0f}x requests"
             )
     if args.json:

@@ -159,9 +159,11 @@ def dfs_payments(
                 else:
                     pay[k] += size * (pwk[hi] - pwk[lo]) - others * (pw[hi] - pw[lo])
                 saved[k] += pw[hi] - pw[lo]
+    # The charge lies in [0, bid x saved]; prefix-sum rounding can stray by a few ulps.
     for k, amount in enumerate(pay):
         if amount:
-            pay[k] = _clamped(amount, bids[k], saved[k])
+            top = float(bids[k] * saved[k])
+            pay[k] = 0.0 if amount < 0.0 else (top if amount > top else amount)
     return pay, saved
 
 

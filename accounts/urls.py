@@ -2,12 +2,17 @@
 
 from django.urls import path
 
-from accounts import api, views
+from accounts import api, dashboard_views, views
 
 app_name = "accounts"
 
 urlpatterns = [
     path("tenants/<slug:slug>/", views.tenant_home, name="tenant_home"),
+    path(
+        "tenants/<slug:slug>/dashboard/",
+        dashboard_views.tenant_dashboard,
+        name="tenant_dashboard",
+    ),
     path("tenants/<slug:slug>/keys/", views.api_key_list, name="api_keys"),
     path(
         "tenants/<slug:slug>/keys/<int:key_id>/revoke/",

@@ -59,6 +59,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "config.context_processors.nav",
             ],
         },
     },
@@ -95,6 +96,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "scheduler_bridge.rounds_consume",
         "schedule": 1.0,
         "options": {"expires": 5.0, "ignore_result": True},
+    },
+    # Engine status and token-charge spend ticks for the live consoles (market.live.periodic).
+    "live-publish": {
+        "task": "scheduler_bridge.live_publish",
+        "schedule": 1.0,
+        "options": {"expires": 2.0, "ignore_result": True},
     },
     "autobidders-step": {
         "task": "scheduler_bridge.autobidders_step",

@@ -10,6 +10,8 @@ urlpatterns = [
     path("", include("scheduler_bridge.gateway.urls")),
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("assets/plotly.min.js", views.plotly_js, name="plotly_js"),
+    path("console/", include("market.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("", include("accounts.urls")),

@@ -1,45 +1,223 @@
-"""Websocket payloads, shared by the producers (services, Celery tasks) and the consumers.
+"""Websocket payloads: the ONE contract shared by the producers and the consumers.
 
-A channel-layer message is a dict with a ``type`` naming the consumer handler (``book.snapshot``
-calls ``book_snapshot``); what reaches the browser is the message's payload as JSON.
+Producers (``market.live``: the round-record publisher, the periodic engine-status and spend
+publisher) build these payloads and send them to a Channels group wrapped in a channel-layer
+message ``{"type": <handler>, "payload": <payload>}``; the consumers (``market.consumers``) have
+one handler per message type and forward the payload to the browser as JSON, unchanged. Every
+payload says what it is in ``kind``, which the browser code dispatches on.
+
+Groups:
+
+- ``market.<slug>``: a market's operators (staff): order-book snapshots and diffs, round
+  results, engine status;
+- ``operators``: every operator console: tenants' spend lines;
+- ``tenant.<slug>``: a tenant's members (and staff): that tenant's spend ticks only.
+
+Units: bids and reserve in dollars per second of waiting ($/s), density in $/s per token,
+ledger amounts in dollars as exact decimal strings (``"0.000120000"``), engine charges and
+welfare in dollars as floats, latencies in seconds, times (``at``) in Unix seconds.
+
+The order book is aggregated and anonymous: a row is a prefix subtree with counts and sums,
+never a request id, a tenant or a single request's bid.
 """
+
+from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-BOOK_SNAPSHOT = "book.snapshot"
+# --- groups -----------------------------------------------------------------------------------
+
+OPERATORS_GROUP = "operators"
 
 
-def order_book_group(market_slug: str) -> str:
-    """The Channels group of one market's order-book watchers."""
-    return f"market.{market_slug}.book"
+def market_group(market_slug: str) -> str:
+    """The Channels group of one market's console watchers (staff)."""
+    return f"market.{market_slug}"
 
 
-class OrderBookLevel(TypedDict):
-    """One prefix subtree of the waiting queue, aggregated and anonymous."""
+def tenant_group(tenant_slug: str) -> str:
+    """The Channels group of one tenant's dashboard watchers (its members, and staff)."""
+    return f"tenant.{tenant_slug}"
 
-    subtree: str  # opaque id of the subtree, stable within a round
+
+# --- the order book ---------------------------------------------------------------------------
+
+
+class BookRow(TypedDict):
+    """One prefix subtree of a market's waiting queue, aggregated (no request, no tenant)."""
+
+    key: str  # stable id of the subtree's prefix: the row's identity across rounds
+    label: str  # readable start of the prefix (decoded text)
+    depth: int  # 1 for a child of the root, 2 below it
+    prefix_tokens: int  # tokens from the root to the end of the subtree's edge
+    cached_tokens: int  # of those, already in the KV cache
     requests: int  # waiting requests in the subtree
-    total_bid: float  # sum of their bids, dollars per second of waiting
-    work_tokens: int  # uncached prompt tokens still to prefill in the subtree
+    bid_sum: float  # $/s, effective bids (under the reserve count as 0)
+    bid_mean: float  # $/s
+    density: float  # $/s per uncached token of the subtree's work
+    rank: int  # place among its siblings in the round's order, 0 first
+    position: int  # place of its first request in the round's whole (DFS) order, 0 first
 
 
-class OrderBookSnapshot(TypedDict):
-    """The order book of one market after one auction round (what the browser receives)."""
+class BookMeta(TypedDict):
+    """Where a book comes from: the round that reported it."""
 
     market: str  # market slug
-    round: int  # engine round number
-    at: float  # Unix time of the round, seconds
-    reserve: float  # reserve price, dollars per second of waiting
-    levels: list[OrderBookLevel]
+    version: int  # increases by one with every published snapshot or diff of this market
+    round_id: str  # the engine round whose queue this is
+    at: float  # Unix seconds, the engine's clock at that round
+    waiting: int  # requests waiting when the round cleared
+    policy: str
+    reserve: float  # $/s, the reserve that round used
 
 
-class BookSnapshotMessage(TypedDict):
-    """The channel-layer message that carries an :class:`OrderBookSnapshot`."""
+class BookSnapshot(BookMeta):
+    """The whole book (sent on connect and on a browser's resync request)."""
 
-    type: Literal["book.snapshot"]
-    snapshot: OrderBookSnapshot
+    kind: Literal["book.snapshot"]
+    rows: list[BookRow]
 
 
-def book_snapshot_message(snapshot: OrderBookSnapshot) -> BookSnapshotMessage:
-    """Wrap ``snapshot`` for ``group_send``."""
-    return {"type": BOOK_SNAPSHOT, "snapshot": snapshot}
+class BookDiff(BookMeta):
+    """What changed since version ``base``: rows added or changed (whole rows), keys removed.
+
+    A browser applies it only when it holds version ``base``; otherwise it asks for a snapshot
+    (``{"type": "book.resync"}``). Rows that did not change are not sent.
+    """
+
+    kind: Literal["book.diff"]
+    base: int
+    changed: list[BookRow]
+    removed: list[str]
+
+
+# --- rounds and the engine --------------------------------------------------------------------
+
+
+class RoundResult(TypedDict):
+    """The rounds of one market settled since the previous result (one or more rounds)."""
+
+    kind: Literal["round.result"]
+    market: str
+    at: float  # Unix seconds, engine clock of the last round
+    round_id: str  # the last round
+    rounds: int  # rounds summarized
+    admitted: int  # requests admitted in them
+    revenue: float  # dollars: their priority charges, as the engine priced them
+    welfare: float  # dollars: planned welfare, -sum(effective bid x planned completion)
+    waiting: int  # requests waiting when the last round cleared
+    policy: str  # the last round's policy
+    reserve: float  # $/s, the reserve the last round used (a new one shows here once applied)
+
+
+class EngineStatus(TypedDict):
+    """One scrape of a market's engine ``/metrics`` (SGLang's names)."""
+
+    kind: Literal["engine.status"]
+    market: str
+    at: float  # Unix seconds of the scrape
+    up: bool  # the engine answered
+    error: str  # why not, when not up; "" otherwise
+    queue: int | None  # requests waiting
+    running: int | None  # requests admitted and not finished
+    cache_hit_rate: float | None  # 0..1, cached share of admitted prompt tokens
+    tokens_per_second: float | None  # generated tokens per second, over the last window
+    prompt_tokens_per_second: float | None  # admitted prompt tokens per second, same window
+    ttft_p50_s: float | None  # seconds, over the last window (None: no request finished)
+    ttft_p99_s: float | None
+    window_s: float | None  # seconds the rates and quantiles cover
+
+
+# --- spend ------------------------------------------------------------------------------------
+
+
+class BudgetLine(TypedDict):
+    """A tenant's own budget (not its keys') in its current window. Amounts: dollar strings."""
+
+    period: str  # day, week, month or none
+    limit: str
+    spent: str
+    held: str
+    remaining: str
+    window_start: float  # Unix seconds
+    resets_at: float | None  # Unix seconds; None: never resets
+
+
+class RequestRow(TypedDict):
+    """One of the tenant's requests, with why it ranked where it did (tenant-private)."""
+
+    request_id: str
+    at: float  # Unix seconds it arrived at the gateway
+    market: str
+    request_class: str
+    status: str  # queued, served or failed
+    bid: str  # $/s as sent
+    bid_source: str  # explicit, autobid or none
+    effective_bid: float | None  # $/s, 0 when under the reserve; None before admission
+    position: int | None  # place in its round's order, 0 first
+    block_bid_mean: float | None  # $/s, the average bid of the subtree it waited in
+    block_density: float | None  # $/s per token, that subtree's bid density
+    block_requests: int | None  # requests in that subtree
+    time_saved_s: float | None  # planned seconds its bid saved over bidding 0
+    priority_charge: str | None  # dollars
+    token_charge: str | None  # dollars
+    ttft_s: float | None  # seconds, as the engine measured
+    e2e_s: float | None
+
+
+class AutobidderPoint(TypedDict):
+    at: float  # Unix seconds of the pacing step
+    mu: float  # the multiplier after it: bids are value / (1 + mu)
+
+
+class SpendTick(TypedDict):
+    """A tenant's spend now, and the requests whose charges just settled."""
+
+    kind: Literal["spend.tick"]
+    tenant: str  # tenant slug
+    at: float  # Unix seconds
+    budget: BudgetLine | None
+    spent_window: str  # dollars in the budget's window (this UTC month without a budget)
+    spent_today: str  # dollars since 00:00 UTC
+    autobidder: AutobidderPoint | None  # its latest step
+    requests: list[RequestRow]
+
+
+class TenantSpend(TypedDict):
+    """A tenant's spend line for the operators' tenants table."""
+
+    kind: Literal["tenant.spend"]
+    tenant: str  # slug
+    name: str
+    at: float
+    budget: BudgetLine | None
+    spent_today: str
+
+
+Payload = BookSnapshot | BookDiff | RoundResult | EngineStatus | SpendTick | TenantSpend
+
+# --- channel-layer messages: the ``type`` names the consumer's handler ------------------------
+
+HANDLERS: dict[str, str] = {
+    "book.snapshot": "book_snapshot",
+    "book.diff": "book_diff",
+    "round.result": "round_result",
+    "engine.status": "engine_status",
+    "spend.tick": "spend_tick",
+    "tenant.spend": "tenant_spend",
+}
+
+
+class LayerMessage(TypedDict):
+    """What travels through the channel layer: ``type`` (== the payload's ``kind``, which
+    Channels turns into the handler ``book_snapshot`` etc.) and the payload."""
+
+    type: str
+    payload: Payload
+
+
+def layer_message(payload: Payload) -> LayerMessage:
+    """Wrap ``payload`` for ``group_send``; its ``kind`` picks the consumer's handler."""
+    if payload["kind"] not in HANDLERS:
+        raise ValueError(f"unknown payload kind {payload['kind']!r}")
+    return {"type": payload["kind"], "payload": payload}

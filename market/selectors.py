@@ -1,7 +1,18 @@
-"""Reads of the market app."""
+"""Reads of the market app: markets, the reserve's audit trail, and the console's history."""
 
-from django.db.models import QuerySet
+from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.db.models import Count, F, FloatField, QuerySet, Sum
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, TruncMinute
+from django.utils import timezone
+
+from accounts.models import ChargeKind, LedgerEntry
+from accounts.money import ZERO
 from market.models import Market, ReserveChange
 
 
@@ -18,3 +29,58 @@ def market_by_slug(*, slug: str) -> Market:
 def reserve_changes_for_market(*, market: Market, limit: int = 50) -> QuerySet[ReserveChange]:
     """The latest reserve changes of ``market``, newest first."""
     return ReserveChange.objects.filter(market=market).select_related("changed_by")[:limit]
+
+
+@dataclass(frozen=True)
+class MinuteRevenue:
+    """One minute of a market: what it earned and the welfare of what it served."""
+
+    minute: datetime  # start of the minute, UTC
+    priority: Decimal  # dollars of priority charges settled in it
+    tokens: Decimal  # dollars of token charges
+    welfare: float  # dollars, planned: -sum(effective bid $/s x planned completion s)
+    requests: int  # requests whose priority charge settled in it
+
+
+def revenue_per_minute(
+    *, market: Market, minutes: int = 60, now: datetime | None = None
+) -> list[MinuteRevenue]:
+    """The last ``minutes`` minutes of ``market`` (the current one last), zero-filled, from the
+    ledger. Welfare comes from the priority entries' detail (DESIGN.md 4.3, planned times)."""
+    if minutes < 1:
+        raise ValueError("minutes must be at least 1")
+    now = (now or timezone.now()).astimezone(UTC)
+    last = now.replace(second=0, microsecond=0)
+    first = last - timedelta(minutes=minutes - 1)
+    entries = LedgerEntry.objects.filter(market=market, created_at__gte=first).annotate(
+        minute=TruncMinute("created_at", tzinfo=UTC)
+    )
+    money: dict[tuple[datetime, str], Decimal] = {}
+    for row in entries.values("minute", "kind").annotate(amount=Sum("amount")):
+        money[(row["minute"].astimezone(UTC), row["kind"])] = row["amount"]
+    welfare: dict[datetime, tuple[float, int]] = {}
+    priority = (
+        entries.filter(kind=ChargeKind.PRIORITY)
+        .annotate(
+            eff=Cast(KeyTextTransform("effective_bid", "detail"), FloatField()),
+            done=Cast(KeyTextTransform("planned_completion_s", "detail"), FloatField()),
+        )
+        .values("minute")
+        .annotate(product=Sum(F("eff") * F("done"), output_field=FloatField()), n=Count("pk"))
+    )
+    for row in priority:
+        welfare[row["minute"].astimezone(UTC)] = (-(row["product"] or 0.0), row["n"] or 0)
+    result = []
+    for i in range(minutes):
+        minute = first + timedelta(minutes=i)
+        w, n = welfare.get(minute, (0.0, 0))
+        result.append(
+            MinuteRevenue(
+                minute=minute,
+                priority=money.get((minute, ChargeKind.PRIORITY), ZERO),
+                tokens=money.get((minute, ChargeKind.TOKENS), ZERO),
+                welfare=w + 0.0,
+                requests=n,
+            )
+        )
+    return result

@@ -5,27 +5,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
 from accounts.money import money_exact
-from market.mechanism import POLICIES
+from market.mechanism import MAX_BID, POLICIES
 from market.models import Market, ReserveChange
-from market.payloads import OrderBookSnapshot, book_snapshot_message, order_book_group
 from scheduler_bridge.engine_config import engine_config_push_enqueue
 
 logger = logging.getLogger(__name__)
-
-
-def order_book_publish(*, snapshot: OrderBookSnapshot) -> None:
-    """Send ``snapshot`` to everyone watching its market's book (from synchronous code)."""
-    layer = get_channel_layer()
-    async_to_sync(layer.group_send)(
-        order_book_group(snapshot["market"]), book_snapshot_message(snapshot)
-    )
 
 
 def market_reserve_set(
@@ -37,12 +26,15 @@ def market_reserve_set(
 ) -> ReserveChange | None:
     """Set ``market``'s reserve price (dollars per second of waiting) and audit the change.
 
-    ``reserve`` must be finite, >= 0 and have at most 9 decimal places (ValueError otherwise; a
-    float is refused too: say it as a string). The audit row and the new value commit together,
-    with the market row locked so concurrent changes record the true old value. Setting the
-    value it already has writes nothing and returns None.
+    ``reserve`` must be finite, >= 0, at most ``MAX_BID`` (what engines accept) and have at
+    most 9 decimal places (ValueError otherwise; a float is refused too: say it as a string).
+    The audit row and the new value commit together, with the market row locked so concurrent
+    changes record the true old value. Setting the value it already has writes nothing and
+    returns None.
     """
     new = money_exact(reserve)
+    if new > Decimal(str(MAX_BID)):
+        raise ValueError(f"reserve must be at most {MAX_BID:g} $/s: {reserve!r}")
     with transaction.atomic():
         locked = Market.objects.select_for_update().get(pk=market.pk)
         if locked.reserve == new:

@@ -16,6 +16,10 @@ Engines XADD each round record to a stream (default ``inference-market:rounds``,
   A database or Redis outage stops the invocation without acknowledging anything: the entries
   are retried later.
 
+- **Live.** Each settled record also goes to the consoles (``market.live.publisher``): the
+  market's order book as a diff, the round's result, and a spend tick for each tenant charged,
+  throttled to two messages a second per market and per tenant, after its charges committed.
+
 Each call of :func:`rounds_consume` is bounded (``max_seconds``, ``max_records``), so celery
 beat can run it every second (``scheduler_bridge.rounds_consume``), and ``manage.py
 rounds_consume`` can loop it in the foreground.
@@ -35,6 +39,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from accounts.services.settlement import SettleResult, round_record_settle
+from market.live.publisher import RoundsPublisher, default_publisher
 from scheduler_bridge.records import round_record_loads
 
 logger = logging.getLogger(__name__)
@@ -142,14 +147,17 @@ def rounds_consume(
     until_idle: bool = False,
     prune_idle_ms: int = PRUNE_IDLE_MS,
     should_stop: Callable[[], bool] = lambda: False,
+    publisher: RoundsPublisher | None = None,
 ) -> ConsumeStats:
     """Settle records from the stream for up to ``max_seconds`` (wall) or ``max_records``.
 
     Each turn first takes over entries idle for ``claim_min_idle_ms`` in other consumers'
     pending lists, else reads new ones (waiting up to ``block_ms``). With ``until_idle`` it
     returns as soon as a turn finds nothing. Never raises for a bad record; a database or Redis
-    outage ends the call early with ``stalled`` set.
+    outage ends the call early with ``stalled`` set. Settled records are published live
+    through ``publisher`` (this process's by default), flushed before it returns.
     """
+    publisher = publisher or default_publisher()
     stats = ConsumeStats()
     deadline = time.monotonic() + max_seconds
     cursor: bytes | str | None = "0-0"  # where this call's one pass over the pending list is
@@ -175,7 +183,9 @@ def rounds_consume(
                     deliveries=deliveries,
                     max_deliveries=max_deliveries,
                     stats=stats,
+                    publisher=publisher,
                 )
+            publisher.tick()
             if (not entries and until_idle) or time.monotonic() >= deadline:
                 break
     except TRANSIENT_ERRORS as exc:
@@ -183,6 +193,7 @@ def rounds_consume(
         logger.warning("rounds: stopping early, will retry: %s", exc)
         stats.stalled = f"{type(exc).__name__}: {exc}"
         db_connection_reset()
+    publisher.flush()
     return stats
 
 
@@ -257,13 +268,16 @@ def _entry_settle(
     deliveries: int,
     max_deliveries: int,
     stats: ConsumeStats,
+    publisher: RoundsPublisher,
 ) -> None:
-    """Settle one entry and acknowledge it, or dead-letter it, or leave it pending."""
+    """Settle one entry and acknowledge it, or dead-letter it, or leave it pending; publish it
+    once settled."""
     try:
         raw = entry_fields.get(RECORD_FIELD)
         if raw is None:
             raise ValueError(f"stream entry has no {RECORD_FIELD.decode()!r} field")
-        result = round_record_settle(record=round_record_loads(raw))
+        record = round_record_loads(raw)
+        result = round_record_settle(record=record)
     except ValueError as exc:  # malformed: it will never settle
         _dead_letter(sc=sc, entry_id=entry_id, entry_fields=entry_fields, error=str(exc))
         stats.dead += 1
@@ -284,6 +298,7 @@ def _entry_settle(
     # settles as duplicates.
     sc.client.xack(sc.stream, sc.group, entry_id)
     stats.add_settled(result)
+    publisher.settled(record)
 
 
 def _dead_letter(

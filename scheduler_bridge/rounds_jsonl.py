@@ -6,7 +6,8 @@ offset just past it in a small state file (``PATH.offset``, JSON, replaced atomi
 between the two settles that line again on restart, which charges nothing twice (settlement is
 idempotent per request and kind), so restarts are safe. A line that is not a valid record is
 appended to ``PATH.dead`` with its error and skipped. A file that shrinks or is replaced (another
-inode) is read again from its start.
+inode) is read again from its start. Settled records are published to the consoles
+(``market.live.publisher``), as by the Redis consumer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accounts.services.settlement import round_record_settle
-from scheduler_bridge.records import round_record_loads
+from market.live.publisher import RoundsPublisher, default_publisher
+from scheduler_bridge.records import RoundRecord, round_record_loads
 from scheduler_bridge.rounds import TRANSIENT_ERRORS, ConsumeStats, db_connection_reset
 
 logger = logging.getLogger(__name__)
@@ -64,12 +66,15 @@ def rounds_jsonl_follow(
     follow: bool = False,
     poll_s: float = POLL_S,
     should_stop: Callable[[], bool] = lambda: False,
+    publisher: RoundsPublisher | None = None,
 ) -> ConsumeStats:
     """Settle every complete line after the saved offset; with ``follow``, keep waiting for
     more until ``should_stop()`` (checked every ``poll_s`` seconds when idle).
 
-    Without ``follow`` it returns at the end of the file. The file may not exist yet.
+    Without ``follow`` it returns at the end of the file. The file may not exist yet. Settled
+    records go live through ``publisher`` (this process's by default).
     """
+    publisher = publisher or default_publisher()
     path = Path(path)
     state_path = state_path or path.with_name(path.name + ".offset")
     dead_path = dead_path or path.with_name(path.name + ".dead")
@@ -77,17 +82,30 @@ def rounds_jsonl_follow(
     position = position_load(state_path)
     while not should_stop():
         position, progressed = _read_available(
-            path=path, position=position, state_path=state_path, dead_path=dead_path, stats=stats
+            path=path,
+            position=position,
+            state_path=state_path,
+            dead_path=dead_path,
+            stats=stats,
+            publisher=publisher,
         )
         if not follow and not progressed:
             break
         if not progressed:
+            publisher.tick()  # a throttled book's turn may have come
             time.sleep(poll_s)
+    publisher.flush()
     return stats
 
 
 def _read_available(
-    *, path: Path, position: Position, state_path: Path, dead_path: Path, stats: ConsumeStats
+    *,
+    path: Path,
+    position: Position,
+    state_path: Path,
+    dead_path: Path,
+    stats: ConsumeStats,
+    publisher: RoundsPublisher,
 ) -> tuple[Position, bool]:
     """Settle the complete lines there are now; returns the new position and whether any were."""
     try:
@@ -108,21 +126,28 @@ def _read_available(
             if not line.endswith(b"\n"):
                 break  # the engine is still writing it: read it whole next time
             where = f"{path}@{position.offset}"
-            if not _line_settle(line=line, where=where, dead_path=dead_path, stats=stats):
+            record = _line_settle(line=line, where=where, dead_path=dead_path, stats=stats)
+            if record is False:
                 return position, progressed  # a database outage: try this line again later
             position = Position(offset=position.offset + len(line), inode=st.st_ino)
             position_save(state_path, position)
             stats.read += 1
             progressed = True
+            if isinstance(record, dict):
+                publisher.settled(record)
     return position, progressed
 
 
-def _line_settle(*, line: bytes, where: str, dead_path: Path, stats: ConsumeStats) -> bool:
-    """Settle one line (or dead-letter it); False when the database is away."""
+def _line_settle(
+    *, line: bytes, where: str, dead_path: Path, stats: ConsumeStats
+) -> RoundRecord | bool:
+    """Settle one line (or dead-letter it): the settled record, True when there was none to
+    settle (blank, dead-lettered), False when the database is away."""
     if not line.strip():
         return True
     try:
-        result = round_record_settle(record=round_record_loads(line))
+        record = round_record_loads(line)
+        result = round_record_settle(record=record)
     except TRANSIENT_ERRORS as exc:
         logger.warning("rounds: cannot settle %s now (%s); retrying in %g s", where, exc, RETRY_S)
         stats.stalled = f"{type(exc).__name__}: {exc}"
@@ -137,7 +162,7 @@ def _line_settle(*, line: bytes, where: str, dead_path: Path, stats: ConsumeStat
         stats.dead += 1
         return True
     stats.add_settled(result)
-    return True
+    return record
 
 
 def _dead_letter(*, line: bytes, where: str, error: str, dead_path: Path) -> None:

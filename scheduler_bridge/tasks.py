@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 from celery import Task, shared_task
 from django.conf import settings
 
+from market.live.periodic import live_tick
 from scheduler_bridge import engine_config, periodic, rounds
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,13 @@ def rounds_consume(
     finally:
         client.close()
     return stats.as_dict()
+
+
+@shared_task(name="scheduler_bridge.live_publish", ignore_result=True)
+def live_publish() -> dict[str, Any]:
+    """Engine status of every open market and spend ticks of the tenants charged just now, to
+    the consoles' websocket groups (beat: every second). See ``market.live.periodic``."""
+    return live_tick().as_dict()
 
 
 @shared_task(bind=True, name="scheduler_bridge.autobidders_step", acks_late=True)

@@ -11,7 +11,8 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,69 @@ def run_manage() -> ManageRunner:
         )
 
     return run
+
+
+class DaphneThread:
+    """Daphne serving ``config.asgi.application`` on 127.0.0.1, in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.port: int | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> DaphneThread:
+        from daphne.server import Server
+        from twisted.internet import reactor
+
+        from config.asgi import application
+
+        ready = threading.Event()
+        self._server = Server(
+            application,
+            endpoints=["tcp:port=0:interface=127.0.0.1"],
+            signal_handlers=False,
+            verbosity=0,
+            ready_callable=ready.set,
+        )
+        self._thread = threading.Thread(target=self._server.run, name="daphne", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("Daphne did not start")
+        for _ in range(200):
+            if self._server.listening_addresses:
+                break
+            threading.Event().wait(0.05)
+        else:
+            raise RuntimeError("Daphne did not listen")
+        self.port = self._server.listening_addresses[0][1]
+        self._reactor = reactor
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def loop(self):
+        """The asyncio loop Twisted's reactor runs on: the one serving the websockets."""
+        return self._reactor._asyncioEventloop
+
+    def stop(self) -> None:
+        self._reactor.callFromThread(self._reactor.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def asgi_server(django_db_setup, django_db_blocker) -> Iterator[DaphneThread]:
+    """The ASGI app served by Daphne in a thread of this process, on a free port, for the whole
+    session (the gateway's tests and the browser tests share it: Twisted's reactor runs once per
+    process). It shares the test database; the gateway's database threads are closed before the
+    test database is dropped."""
+    from scheduler_bridge.gateway import db as gateway_db
+
+    server = DaphneThread().start()
+    yield server
+    server.stop()
+    with django_db_blocker.unblock():
+        gateway_db.connections_close()

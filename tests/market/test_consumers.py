@@ -1,90 +1,194 @@
-"""The order-book websocket: group messages of type ``book.snapshot`` reach the browser."""
+"""The websocket routes: who may connect, what each receives, one handler per message type.
+
+Personas (as in the page tests): an operator (staff), tenant A's admin and viewer, tenant B's
+admin, and an anonymous visitor. The market socket is for operators; a tenant's socket for its
+members and operators; nobody receives another tenant's data, and the book is anonymous.
+"""
+
+from __future__ import annotations
+
+import json
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
-from channels_redis.core import RedisChannelLayer
 
 from config.asgi import application
-from market.payloads import OrderBookSnapshot, book_snapshot_message, order_book_group
-from market.services import order_book_publish
+from market.live import book
+from market.live.publisher import RoundsPublisher
+from market.live.send import group_send
+from market.live.spend import spend_ticks_publish
+from market.payloads import BookRow, RoundResult, layer_message, market_group
+from tests.accounts.factories import spend
+from tests.market.live_helpers import (
+    PERSONAS,
+    World,
+    admitted,
+    logged_in,
+    record,
+    session_cookie,
+    subtree,
+    world_create,
+)
 
-ORIGIN = (b"origin", b"http://localhost")
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
 
-def snapshot_for(slug: str, round_: int) -> OrderBookSnapshot:
-    return {
-        "market": slug,
-        "round": round_,
-        "at": 1_700_000_000.25,
-        "reserve": 0.01,
-        "levels": [
-            {"subtree": "a1", "requests": 3, "total_bid": 0.75, "work_tokens": 1200},
-            {"subtree": "b7", "requests": 1, "total_bid": 0.1, "work_tokens": 64},
-        ],
-    }
+@pytest.fixture
+def world(unique_slug) -> World:
+    return world_create(market_slug=unique_slug)
 
 
-async def connect(slug: str) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, f"/ws/markets/{slug}/book/", headers=[ORIGIN])
+async def connect(path: str, headers) -> tuple[WebsocketCommunicator, bool]:
+    communicator = WebsocketCommunicator(application, path, headers=headers)
     connected, _ = await communicator.connect(timeout=5)
-    assert connected
-    return communicator
+    return communicator, connected
 
 
-@pytest.mark.redis
-@pytest.mark.asyncio
-async def test_round_trip_through_the_redis_channel_layer(unique_slug: str) -> None:
-    layer = get_channel_layer()
-    assert isinstance(layer, RedisChannelLayer)
-    communicator = await connect(unique_slug)
-    try:
-        first = snapshot_for(unique_slug, 1)
-        await layer.group_send(order_book_group(unique_slug), book_snapshot_message(first))
-        assert await communicator.receive_json_from(timeout=5) == first
-        # The producer-side service, called from synchronous code as a Celery task would.
-        second = snapshot_for(unique_slug, 2)
-        await sync_to_async(order_book_publish)(snapshot=second)
-        assert await communicator.receive_json_from(timeout=5) == second
-    finally:
-        await communicator.disconnect()
+async def as_persona(client, world: World, persona: str, path: str):
+    await sync_to_async(logged_in)(client, world, persona)
+    return await connect(path, session_cookie(client))
 
 
-@pytest.mark.asyncio
-async def test_round_trip_through_the_in_memory_layer(settings, unique_slug: str) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    communicator = await connect(unique_slug)
-    try:
-        snapshot = snapshot_for(unique_slug, 7)
-        await get_channel_layer().group_send(
-            order_book_group(unique_slug), book_snapshot_message(snapshot)
-        )
-        assert await communicator.receive_json_from(timeout=5) == snapshot
-    finally:
-        await communicator.disconnect()
-
-
-@pytest.mark.asyncio
-async def test_other_markets_books_do_not_arrive(settings, unique_slug: str) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    communicator = await connect(unique_slug)
-    try:
-        other = f"{unique_slug}-other"
-        await get_channel_layer().group_send(
-            order_book_group(other), book_snapshot_message(snapshot_for(other, 1))
-        )
-        assert await communicator.receive_nothing(timeout=0.2)
-    finally:
-        await communicator.disconnect()
-
-
-@pytest.mark.asyncio
-async def test_foreign_origin_is_refused(unique_slug: str) -> None:
-    communicator = WebsocketCommunicator(
-        application,
-        f"/ws/markets/{unique_slug}/book/",
-        headers=[(b"origin", b"http://evil.example")],
+@pytest.mark.parametrize("persona", PERSONAS)
+async def test_the_market_socket_is_for_operators_only(client, world, persona) -> None:
+    communicator, connected = await as_persona(
+        client, world, persona, f"/ws/markets/{world.market.slug}/"
     )
-    connected, _ = await communicator.connect(timeout=5)
+    assert connected == (persona == "operator")
+    await communicator.disconnect()
+
+
+async def test_an_unknown_market_is_refused_even_to_operators(client, world) -> None:
+    communicator, connected = await as_persona(client, world, "operator", "/ws/markets/nope/")
     assert not connected
+
+
+@pytest.mark.parametrize("persona", PERSONAS)
+async def test_a_tenant_socket_is_for_its_members_and_operators(client, world, persona) -> None:
+    communicator, connected = await as_persona(client, world, persona, "/ws/tenants/acme/")
+    assert connected == (persona in ("operator", "a_admin", "a_viewer"))
+    await communicator.disconnect()
+
+
+async def test_a_foreign_origin_is_refused(client, world) -> None:
+    await sync_to_async(logged_in)(client, world, "operator")
+    headers = [(b"origin", b"http://evil.example"), *session_cookie(client)[1:]]
+    _, connected = await connect(f"/ws/markets/{world.market.slug}/", headers)
+    assert not connected
+
+
+async def test_snapshot_on_connect_then_diffs_and_a_resync(client, world) -> None:
+    slug = world.market.slug
+    first = record(slug, 1, subtrees=[subtree("a"), subtree("b", position=2)])
+    await sync_to_async(book.book_publish)(record=first, rows=book.book_rows(first), now=1.0)
+    communicator, connected = await as_persona(client, world, "operator", f"/ws/markets/{slug}/")
+    assert connected
+    snapshot = await communicator.receive_json_from(timeout=5)
+    assert snapshot["kind"] == "book.snapshot" and snapshot["version"] == 1
+    assert [r["key"] for r in snapshot["rows"]] == ["a", "b"]
+
+    second = record(slug, 2, subtrees=[subtree("a"), subtree("c", position=1)])
+    await sync_to_async(book.book_publish)(record=second, rows=book.book_rows(second), now=2.0)
+    diff = await communicator.receive_json_from(timeout=5)
+    assert (diff["kind"], diff["base"], diff["version"]) == ("book.diff", 1, 2)
+    assert [r["key"] for r in diff["changed"]] == ["c"] and diff["removed"] == ["b"]
+
+    await communicator.send_json_to({"type": "book.resync"})
+    again = await communicator.receive_json_from(timeout=5)
+    assert again["kind"] == "book.snapshot" and again["version"] == 2
+    assert [r["key"] for r in again["rows"]] == ["a", "c"]  # by position: a at 0, c at 1
+    await communicator.disconnect()
+
+
+async def test_each_message_type_reaches_the_operators(client, world) -> None:
+    slug = world.market.slug
+    communicator, _ = await as_persona(client, world, "operator", f"/ws/markets/{slug}/")
+    result: RoundResult = {
+        "kind": "round.result", "market": slug, "at": 1.0, "round_id": "e:1:1", "rounds": 2,
+        "admitted": 3, "revenue": 0.01, "welfare": -0.5, "waiting": 4,
+        "policy": "fcfs", "reserve": 0.002,
+    }  # fmt: skip
+    await sync_to_async(group_send)(market_group(slug), result)
+    assert await communicator.receive_json_from(timeout=5) == result
+    # The tenants' spend lines go to every console.
+    await sync_to_async(spend_ticks_publish)(requests_by_tenant={world.a.pk: []})
+    line = await communicator.receive_json_from(timeout=5)
+    assert (line["kind"], line["tenant"], line["name"]) == ("tenant.spend", "acme", "Tenant ACME")
+    await communicator.disconnect()
+
+
+async def test_tenants_receive_their_own_spend_only(client, world) -> None:
+    await sync_to_async(spend)(
+        tenant=world.b, market=world.market, request_id="b-req-1", charge=0.5, at=_now()
+    )
+    await sync_to_async(spend)(
+        tenant=world.a, market=world.market, request_id="a-req-1", charge=0.25, at=_now()
+    )
+    communicator, connected = await as_persona(client, world, "a_viewer", "/ws/tenants/acme/")
+    assert connected
+    await sync_to_async(spend_ticks_publish)(
+        requests_by_tenant={world.b.pk: ["b-req-1"], world.a.pk: ["a-req-1"]}
+    )
+    tick = await communicator.receive_json_from(timeout=5)
+    assert tick["kind"] == "spend.tick" and tick["tenant"] == "acme"
+    assert [r["request_id"] for r in tick["requests"]] == ["a-req-1"]
+    assert tick["spent_today"] == "0.250000000"
+    assert await communicator.receive_nothing(timeout=0.3)  # B's tick never arrives
+    assert "globex" not in json.dumps(tick).lower() and "b-req" not in json.dumps(tick)
+    await communicator.disconnect()
+
+
+async def test_the_book_and_round_results_are_anonymous(client, world) -> None:
+    """A round admitting B's requests reaches the console with no request id, no tenant and
+    no single bid: only subtree aggregates."""
+    await sync_to_async(spend)(
+        tenant=world.b, market=world.market, request_id="b-req-9", charge=0.5, at=_now()
+    )
+    slug = world.market.slug
+    communicator, _ = await as_persona(client, world, "operator", f"/ws/markets/{slug}/")
+    rec = record(
+        slug, 1, subtrees=[subtree("a", requests=3, bid_sum=0.75)],
+        admitted_requests=[admitted("b-req-9", bid=0.123456)],
+    )  # fmt: skip
+    publisher = RoundsPublisher()
+    await sync_to_async(publisher.settled)(rec)
+    await sync_to_async(publisher.flush)()
+    seen = []
+    while not await communicator.receive_nothing(timeout=0.3):
+        seen.append(await communicator.receive_json_from())
+    kinds = sorted(m["kind"] for m in seen)
+    assert kinds == ["book.diff", "round.result", "tenant.spend"]
+    for message in seen:
+        if message["kind"] == "tenant.spend":
+            continue  # the operators' tenants table: names and spend, no requests or bids
+        text = json.dumps(message)
+        assert "b-req" not in text and "globex" not in text.lower() and "0.123456" not in text
+    diff = next(m for m in seen if m["kind"] == "book.diff")
+    assert all(set(r) == set(BookRow.__annotations__) for r in diff["changed"])
+    result = next(m for m in seen if m["kind"] == "round.result")
+    assert (result["admitted"], result["rounds"]) == (1, 1)
+    assert result["revenue"] == pytest.approx(0.002)
+    assert result["welfare"] == pytest.approx(-0.123456 * 0.25)
+    assert "requests" not in next(m for m in seen if m["kind"] == "tenant.spend")
+    await communicator.disconnect()
+
+
+async def test_the_in_memory_layer_works_too(settings, client, world) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    slug = world.market.slug
+    communicator, _ = await as_persona(client, world, "operator", f"/ws/markets/{slug}/")
+    status = {"kind": "engine.status", "market": slug, "at": 1.0, "up": False, "error": "down",
+              "queue": None, "running": None, "cache_hit_rate": None, "tokens_per_second": None,
+              "prompt_tokens_per_second": None, "ttft_p50_s": None, "ttft_p99_s": None,
+              "window_s": None}  # fmt: skip
+    await get_channel_layer().group_send(market_group(slug), layer_message(status))
+    assert await communicator.receive_json_from(timeout=5) == status
+    await communicator.disconnect()
+
+
+def _now():
+    from django.utils import timezone
+
+    return timezone.now()

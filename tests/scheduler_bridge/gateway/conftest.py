@@ -1,15 +1,14 @@
 """Fixtures: the real ASGI app served by Daphne on a real port, simulated engines, personas.
 
 Daphne runs in a thread of the test process (Twisted's reactor runs once per process, so the
-server is session-wide), so it shares the test database: tests use the transactional ``db``
-(committed rows, seen by the server's threads), and the gateway's database threads are closed
-before the test database is dropped. The simulated engine runs in real time in its own thread
-(``ServerThread``), sped up.
+server is session-wide: ``asgi_server`` in ``tests/conftest.py``), so it shares the test
+database: tests use the transactional ``db`` (committed rows, seen by the server's threads), and
+the gateway's database threads are closed before the test database is dropped. The simulated
+engine runs in real time in its own thread (``ServerThread``), sped up.
 """
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,69 +21,19 @@ import pytest
 from accounts.models import ApiKey, Tenant
 from accounts.services import api_key_create, budget_set
 from market.models import Market
-from scheduler_bridge.gateway import db as gateway_db
 from scheduler_bridge.gateway.keys import api_key_cache_clear
 from scheduler_bridge.gateway.selectors import caches_clear
 from scheduler_bridge.sim.background import ServerThread
 from scheduler_bridge.sim.server import ServerOptions
+from tests.conftest import DaphneThread
 
 SPEED = 20.0  # engine seconds per wall second
 
 
-class DaphneThread:
-    """Daphne serving ``config.asgi.application`` on 127.0.0.1, in a daemon thread."""
-
-    def __init__(self) -> None:
-        self.port: int | None = None
-        self._server = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> DaphneThread:
-        from daphne.server import Server
-        from twisted.internet import reactor
-
-        from config.asgi import application
-
-        ready = threading.Event()
-        self._server = Server(
-            application,
-            endpoints=["tcp:port=0:interface=127.0.0.1"],
-            signal_handlers=False,
-            verbosity=0,
-            ready_callable=ready.set,
-        )
-        self._thread = threading.Thread(target=self._server.run, name="daphne", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("Daphne did not start")
-        for _ in range(200):
-            if self._server.listening_addresses:
-                break
-            threading.Event().wait(0.05)
-        else:
-            raise RuntimeError("Daphne did not listen")
-        self.port = self._server.listening_addresses[0][1]
-        self._reactor = reactor
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self._reactor.callFromThread(self._reactor.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-
 @pytest.fixture(scope="session")
-def gateway(django_db_setup, django_db_blocker) -> Iterator[DaphneThread]:
-    """The running ASGI server (one per test session)."""
-    server = DaphneThread().start()
-    yield server
-    server.stop()
-    with django_db_blocker.unblock():
-        gateway_db.connections_close()
+def gateway(asgi_server: DaphneThread) -> DaphneThread:
+    """The running ASGI server (one per test session, shared with the browser tests)."""
+    return asgi_server
 
 
 @pytest.fixture(autouse=True)

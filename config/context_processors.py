@@ -1,0 +1,16 @@
+"""Template context shared by every page: what the nav bar links to."""
+
+from typing import Any
+
+from django.http import HttpRequest
+
+from accounts.selectors import tenants_for_user
+
+
+def nav(request: HttpRequest) -> dict[str, Any]:
+    """``nav_tenant``: the signed-in member's first tenant (its dashboard, invoices and keys),
+    or None (anonymous visitors, operators who belong to no tenant)."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {"nav_tenant": None}
+    return {"nav_tenant": tenants_for_user(user=user).first()}

@@ -1,0 +1,249 @@
+"""The live order book: rows from round records, keyed diffs, and the last published state.
+
+A round record's ``subtrees`` (``scheduler_bridge.records.SubtreeSummary``) is the waiting queue
+aggregated by prefix subtree, at most every ``book_interval_s`` of the engine; a record without
+them says nothing about the book (the previous one stands), unless its round admitted every
+waiting request: then the queue is empty.
+
+Each market's last published book lives in Django's cache (Redis when ``REDIS_URL`` is set, so
+every publishing process and every consumer sees the same one; local memory in the embedded
+mode, where everything runs in one process), with a version. Publishing compares the new rows
+with it and sends only the difference, under a short lock so two publishers (two Celery workers)
+cannot interleave versions; at most once per ``min_interval_s`` per market.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypedDict
+
+from django.core.cache import cache
+
+from market.live.send import group_send
+from market.payloads import BookDiff, BookRow, BookSnapshot, market_group
+from scheduler_bridge.records import RoundRecord
+
+logger = logging.getLogger(__name__)
+
+MIN_INTERVAL_S = 0.5  # at most two book messages per second per market
+STATE_TTL_S = 24 * 3600  # a market silent this long starts again from version 0
+LOCK_TTL_S = 5  # a lock left by a dead publisher expires after this, seconds
+LOCK_WAIT_S = 1.0  # how long a publisher waits for the lock before giving up this time
+ROW_FIELDS = (
+    "key",
+    "label",
+    "depth",
+    "prefix_tokens",
+    "cached_tokens",
+    "requests",
+    "bid_sum",
+    "bid_mean",
+    "density",
+    "rank",
+    "position",
+)
+
+
+class BookState(TypedDict):
+    """A market's last published book, as kept in the cache."""
+
+    version: int
+    published_at: float  # Unix seconds (wall) of the last message
+    engine: str  # which engine reported it
+    epoch: str  # that engine run's epoch (round ids are "<engine>:<epoch>:<seq>")
+    seq: int  # the round's number in that run
+    meta: dict[str, Any]  # BookMeta without version
+    rows: dict[str, BookRow]
+
+
+def state_key(market: str) -> str:
+    return f"live:book:{market}"
+
+
+def book_rows(record: RoundRecord) -> dict[str, BookRow] | None:
+    """The record's book keyed by subtree, or None when the record carries no book.
+
+    A record that admitted every waiting request leaves an empty queue: an empty book. Only
+    aggregate fields are copied (the anonymity of the public book does not depend on what an
+    engine adds to its records).
+    """
+    subtrees = record.get("subtrees") or []
+    if not subtrees:
+        if record["waiting"] <= len(record["admitted"]):
+            return {}
+        return None
+    rows: dict[str, BookRow] = {}
+    for s in subtrees:
+        row: BookRow = {
+            "key": str(s["key"]),
+            "label": str(s["label"]),
+            "depth": int(s["depth"]),
+            "prefix_tokens": int(s["prefix_tokens"]),
+            "cached_tokens": int(s["cached_tokens"]),
+            "requests": int(s["requests"]),
+            "bid_sum": float(s["bid_sum"]),
+            "bid_mean": float(s["bid_mean"]),
+            "density": float(s["density"]),
+            "rank": int(s["rank"]),
+            "position": int(s["first_position"]),
+        }
+        rows[row["key"]] = row
+    return rows
+
+
+def round_place(record: RoundRecord) -> tuple[str, str, int]:
+    """(engine, epoch, seq) of a record: rounds of one engine run are ordered by ``seq``."""
+    parts = record["round_id"].rsplit(":", 2)
+    epoch = parts[-2] if len(parts) == 3 else ""
+    return record["engine"], epoch, int(record["seq"])
+
+
+def book_meta(record: RoundRecord) -> dict[str, Any]:
+    """The BookMeta fields a record gives (all but ``version``)."""
+    return {
+        "market": record["market"],
+        "round_id": record["round_id"],
+        "at": float(record["time"]),
+        "waiting": int(record["waiting"]),
+        "policy": record["policy"],
+        "reserve": float(record["reserve"]),
+    }
+
+
+def book_diff(
+    old: Mapping[str, BookRow], new: Mapping[str, BookRow]
+) -> tuple[list[BookRow], list[str]]:
+    """Rows of ``new`` that are not in ``old`` or differ from it, and keys ``new`` lost."""
+    changed = [row for key, row in new.items() if old.get(key) != row]
+    removed = [key for key in old if key not in new]
+    return changed, removed
+
+
+def book_apply(
+    rows: Mapping[str, BookRow], changed: list[BookRow], removed: list[str]
+) -> dict[str, BookRow]:
+    """``rows`` after a diff (what a browser does with it)."""
+    result = {k: v for k, v in rows.items() if k not in set(removed)}
+    result.update({row["key"]: row for row in changed})
+    return result
+
+
+@contextmanager
+def cache_lock(name: str, *, wait_s: float = LOCK_WAIT_S) -> Iterator[bool]:
+    """A best-effort mutex across processes (``cache.add`` is atomic on Redis and locmem).
+
+    Yields whether it was acquired within ``wait_s``.
+    """
+    token = uuid.uuid4().hex
+    key = f"{name}:lock"
+    deadline = time.monotonic() + wait_s
+    acquired = cache.add(key, token, timeout=LOCK_TTL_S)
+    while not acquired and time.monotonic() < deadline:
+        time.sleep(0.005)
+        acquired = cache.add(key, token, timeout=LOCK_TTL_S)
+    try:
+        yield acquired
+    finally:
+        if acquired and cache.get(key) == token:
+            cache.delete(key)
+
+
+def book_state(market: str) -> BookState | None:
+    """The market's last published book, or None."""
+    return cache.get(state_key(market))
+
+
+def book_snapshot(market: str) -> BookSnapshot | None:
+    """The last published book of ``market`` as a snapshot payload (None: nothing yet)."""
+    state = book_state(market)
+    if state is None:
+        return None
+    rows = sorted(state["rows"].values(), key=lambda r: (r["position"], r["depth"]))
+    return {"kind": "book.snapshot", **state["meta"], "version": state["version"], "rows": rows}
+
+
+def book_publish(
+    *,
+    record: RoundRecord,
+    rows: dict[str, BookRow],
+    min_interval_s: float = MIN_INTERVAL_S,
+    now: float | None = None,
+) -> str:
+    """Publish ``rows`` (the book of ``record``) to the market's group as a diff.
+
+    Returns ``"sent"``, ``"unchanged"`` (nothing differs: nothing sent), ``"throttled"`` (the
+    market's last message is younger than ``min_interval_s``: the caller offers it again later),
+    ``"stale"`` (an older round of the same engine than the published one) or ``"busy"``.
+    """
+    market = record["market"]
+    engine, epoch, seq = round_place(record)
+    with cache_lock(state_key(market)) as acquired:
+        if not acquired:
+            return "busy"
+        now = time.time() if now is None else now
+        state = book_state(market)
+        if state is not None:
+            if now - state["published_at"] < min_interval_s:
+                return "throttled"
+            same_run = state["engine"] == engine and state.get("epoch") == epoch
+            if same_run and seq < state["seq"]:
+                return "stale"
+        old_rows = state["rows"] if state is not None else {}
+        changed, removed = book_diff(old_rows, rows)
+        meta = book_meta(record)
+        if state is not None and not changed and not removed:
+            return "unchanged"
+        version = (state["version"] if state is not None else 0) + 1
+        new_state: BookState = {
+            "version": version,
+            "published_at": now,
+            "engine": engine,
+            "epoch": epoch,
+            "seq": seq,
+            "meta": meta,
+            "rows": rows,
+        }
+        cache.set(state_key(market), new_state, timeout=STATE_TTL_S)
+        diff: BookDiff = {
+            "kind": "book.diff",
+            **meta,
+            "version": version,
+            "base": version - 1,
+            "changed": changed,
+            "removed": removed,
+        }
+        group_send(market_group(market), diff)
+    return "sent"
+
+
+def book_clear(*, market: str, now: float | None = None) -> bool:
+    """Publish an empty book for ``market`` (its engine reports an empty queue) if the last
+    published one had rows and is at least ``MIN_INTERVAL_S`` old. True when one was sent."""
+    with cache_lock(state_key(market)) as acquired:
+        if not acquired:
+            return False
+        now = time.time() if now is None else now
+        state = book_state(market)
+        if state is None or not state["rows"] or now - state["published_at"] < MIN_INTERVAL_S:
+            return False
+        version = state["version"] + 1
+        meta = {**state["meta"], "waiting": 0}
+        cache.set(
+            state_key(market),
+            {**state, "version": version, "published_at": now, "meta": meta, "rows": {}},
+            timeout=STATE_TTL_S,
+        )
+        diff: BookDiff = {
+            "kind": "book.diff",
+            **meta,
+            "version": version,
+            "base": version - 1,
+            "changed": [],
+            "removed": list(state["rows"]),
+        }
+        group_send(market_group(market), diff)
+    return True

@@ -1,0 +1,212 @@
+"""Engine status from its Prometheus ``/metrics`` (SGLang's ``sglang:`` names).
+
+Both engines export them: SGLang itself and the simulated engine (``scheduler_bridge.sim``).
+Gauges are read as they are (queue length, running requests, cache hit rate); rates and TTFT
+quantiles need two scrapes: each scrape is kept in the cache for ``HISTORY_S`` seconds, and the
+status compares the newest with the oldest kept within ``WINDOW_S`` (so any process polling,
+any Celery worker, sees the same window).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TypedDict
+
+import httpx
+from django.core.cache import cache
+from prometheus_client.parser import text_string_to_metric_families
+
+from market.payloads import EngineStatus
+
+logger = logging.getLogger(__name__)
+
+TIMEOUT_S = 0.5  # connect and read timeout of one scrape, seconds
+WINDOW_S = 30.0  # rates and quantiles cover about this many seconds
+HISTORY_S = 40.0  # scrapes kept
+CHART_POINTS = 600  # statuses kept for the console's engine chart (10 minutes at 1 a second)
+TTFT = "sglang:time_to_first_token_seconds"
+
+
+class EngineSample(TypedDict):
+    """What one scrape says. Counters are totals since the engine started."""
+
+    at: float  # Unix seconds
+    queue: float | None
+    running: float | None
+    cache_hit_rate: float | None
+    generation_tokens: float | None
+    prompt_tokens: float | None
+    ttft_buckets: list[tuple[float, float]]  # (upper bound s, cumulative count), ascending
+
+
+def metrics_parse(text: str, *, at: float) -> EngineSample:
+    """The sample in a Prometheus text exposition (unknown metrics are ignored).
+
+    ValueError when the text is not an exposition.
+    """
+    values: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == f"{TTFT}_bucket":
+                le = float(s.labels.get("le", "inf"))
+                buckets[le] = buckets.get(le, 0.0) + s.value
+            else:
+                values[s.name] = values.get(s.name, 0.0) + s.value
+    return {
+        "at": at,
+        "queue": values.get("sglang:num_queue_reqs"),
+        "running": values.get("sglang:num_running_reqs"),
+        "cache_hit_rate": values.get("sglang:cache_hit_rate"),
+        "generation_tokens": values.get("sglang:generation_tokens_total"),
+        "prompt_tokens": values.get("sglang:prompt_tokens_total"),
+        "ttft_buckets": sorted(buckets.items()),
+    }
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile (0..1) of a cumulative histogram, Prometheus-style: linear within the
+    bucket that holds it; the largest finite bound when it falls in the +Inf bucket. None when
+    the histogram is empty."""
+    if not buckets:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            if count == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
+
+
+def _bucket_delta(
+    new: list[tuple[float, float]], old: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    before = dict(old)
+    return [(le, count - before.get(le, 0.0)) for le, count in new]
+
+
+def _rate(new: float | None, old: float | None, dt: float) -> float | None:
+    if new is None or old is None or dt <= 0 or new < old:  # new < old: the engine restarted
+        return None
+    return (new - old) / dt
+
+
+def engine_status(
+    *, market: str, sample: EngineSample, history: list[EngineSample]
+) -> EngineStatus:
+    """The status of ``market``'s engine from its newest ``sample`` and earlier ones."""
+    base = None
+    for old in history:  # the oldest within the window, of the same engine run
+        same_run = (old["generation_tokens"] or 0) <= (sample["generation_tokens"] or 0) and (
+            old["prompt_tokens"] or 0
+        ) <= (sample["prompt_tokens"] or 0)  # counters that went down: the engine restarted
+        if 0 < sample["at"] - old["at"] <= WINDOW_S + 1 and same_run:
+            base = old
+            break
+    dt = sample["at"] - base["at"] if base else 0.0
+    buckets = _bucket_delta(sample["ttft_buckets"], base["ttft_buckets"]) if base else []
+    if not buckets or buckets[-1][1] <= 0:
+        buckets = sample["ttft_buckets"]  # nothing finished in the window: since the start
+        window = None
+    else:
+        window = dt
+
+    def as_int(value: float | None) -> int | None:
+        return None if value is None else int(value)
+
+    def rate(name: str) -> float | None:
+        return _rate(sample[name], base[name] if base else None, dt)  # type: ignore[literal-required]
+
+    return {
+        "kind": "engine.status",
+        "market": market,
+        "at": sample["at"],
+        "up": True,
+        "error": "",
+        "queue": as_int(sample["queue"]),
+        "running": as_int(sample["running"]),
+        "cache_hit_rate": sample["cache_hit_rate"],
+        "tokens_per_second": rate("generation_tokens"),
+        "prompt_tokens_per_second": rate("prompt_tokens"),
+        "ttft_p50_s": histogram_quantile(0.5, buckets),
+        "ttft_p99_s": histogram_quantile(0.99, buckets),
+        "window_s": window,
+    }
+
+
+def engine_down(*, market: str, error: str, at: float) -> EngineStatus:
+    """The status of an engine that did not answer."""
+    return {
+        "kind": "engine.status",
+        "market": market,
+        "at": at,
+        "up": False,
+        "error": error,
+        "queue": None,
+        "running": None,
+        "cache_hit_rate": None,
+        "tokens_per_second": None,
+        "prompt_tokens_per_second": None,
+        "ttft_p50_s": None,
+        "ttft_p99_s": None,
+        "window_s": None,
+    }
+
+
+def _history_key(market: str) -> str:
+    return f"live:engine:{market}:history"
+
+
+def last_key(market: str) -> str:
+    return f"live:engine:{market}:last"
+
+
+def engine_status_last(market: str) -> EngineStatus | None:
+    """The latest status polled for ``market`` (any process), or None."""
+    return cache.get(last_key(market))
+
+
+def _chart_key(market: str) -> str:
+    return f"live:engine:{market}:chart"
+
+
+def engine_chart(market: str) -> list[list[float | None]]:
+    """``[at, queue, output tokens/s]`` of the statuses polled in the last ten minutes or so,
+    oldest first (what a console that was just opened draws before its socket speaks)."""
+    return cache.get(_chart_key(market)) or []
+
+
+def engine_status_poll(
+    *, market: str, engine_url: str, client: httpx.Client | None = None, now: float | None = None
+) -> EngineStatus:
+    """Scrape ``engine_url``'s ``/metrics`` once; remember the sample and the status."""
+    now = time.time() if now is None else now
+    url = engine_url.rstrip("/") + "/metrics"
+    try:
+        if client is not None:
+            response = client.get(url, timeout=TIMEOUT_S)
+        else:
+            response = httpx.get(url, timeout=TIMEOUT_S)
+        response.raise_for_status()
+        sample = metrics_parse(response.text, at=now)
+    except (httpx.HTTPError, ValueError) as exc:
+        status = engine_down(market=market, error=f"{type(exc).__name__}: {exc}"[:300], at=now)
+    else:
+        history = [s for s in cache.get(_history_key(market)) or [] if now - s["at"] <= HISTORY_S]
+        status = engine_status(market=market, sample=sample, history=history)
+        cache.set(_history_key(market), [*history, sample], timeout=int(HISTORY_S) + 10)
+        point = [now, status["queue"], status["tokens_per_second"]]
+        chart = [p for p in engine_chart(market) if now - p[0] <= CHART_POINTS][-CHART_POINTS:]
+        cache.set(_chart_key(market), [*chart, point], timeout=CHART_POINTS)
+    cache.set(last_key(market), status, timeout=int(HISTORY_S))
+    return status

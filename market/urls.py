@@ -1,0 +1,14 @@
+"""The operator console's pages, mounted at ``/console/`` by ``config/urls.py``."""
+
+from django.urls import path
+
+from market import views
+
+app_name = "market"
+
+urlpatterns = [
+    path("", views.console_index, name="console_index"),
+    path("markets/<slug:slug>/", views.console, name="console"),
+    path("markets/<slug:slug>/reserve/", views.reserve_set, name="reserve_set"),
+    path("markets/<slug:slug>/policy/", views.policy_set, name="policy_set"),
+]

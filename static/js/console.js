@@ -1,0 +1,248 @@
+/* The operator console: the live order book (snapshot, then keyed diffs), engine status,
+ * round results (revenue, welfare, the reserve the engine applies) and tenants' spend.
+ * Payload shapes: market/payloads.py. */
+"use strict";
+
+(function () {
+  const initial = JSON.parse(document.getElementById("initial").textContent);
+  const $ = (id) => document.getElementById(id);
+  const ENGINE_HISTORY_S = 600;
+
+  const state = {
+    version: 0,
+    rows: new Map(),
+    meta: null,
+    bookAt: null,
+    revenue: initial.revenue.map((m) => ({...m})),
+    engine: initial.engine_chart.map(([t, queue, tps]) => ({t, queue, tps})),
+    tenants: new Map(initial.tenants.map((t) => [t.tenant, t])),
+    revenueDirty: true,
+  };
+
+  // --- the order book ---------------------------------------------------------------------
+  function bookSet(snapshot) {
+    state.version = snapshot.version;
+    state.rows = new Map(snapshot.rows.map((r) => [r.key, r]));
+    state.meta = snapshot;
+    state.bookAt = Date.now();
+    renderBook(new Set());
+  }
+
+  function bookDiff(diff, socket) {
+    if (diff.version <= state.version) return; // old news (a resync already covered it)
+    if (diff.base !== state.version) {
+      socket.send({type: "book.resync"});
+      return;
+    }
+    for (const key of diff.removed) state.rows.delete(key);
+    const changed = new Set();
+    for (const row of diff.changed) {
+      state.rows.set(row.key, row);
+      changed.add(row.key);
+    }
+    state.version = diff.version;
+    state.meta = diff;
+    state.bookAt = Date.now();
+    renderBook(changed);
+  }
+
+  function renderBook(changed) {
+    const table = $("book");
+    const body = table.querySelector("tbody");
+    const rows = [...state.rows.values()].sort(
+      (a, b) => a.position - b.position || a.depth - b.depth || b.requests - a.requests,
+    );
+    const maxMean = Math.max(1e-12, ...rows.map((r) => r.bid_mean));
+    const fresh = document.createDocumentFragment();
+    for (const r of rows) {
+      const tr = el("tr", {"data-key": r.key, class: `depth-${r.depth}${changed.has(r.key) ? " changed" : ""}`});
+      tr.append(cell(fmt.int(r.position + 1), "num"));
+      const label = el("td", {class: "label", title: r.label});
+      label.append(el("span", {class: "prefix"}, r.label || "(empty prefix)"));
+      tr.append(label);
+      tr.append(cell(fmt.int(r.requests), "num"));
+      tr.append(cell(fmt.rate(r.bid_sum), "num"));
+      const mean = cell(fmt.rate(r.bid_mean), "num");
+      const bar = el("span", {class: "bar"});
+      const fill = el("span");
+      fill.style.width = `${Math.round((100 * r.bid_mean) / maxMean)}%`;
+      bar.append(fill);
+      mean.append(bar);
+      tr.append(mean);
+      tr.append(cell(fmt.density(r.density), "num"));
+      tr.append(cell(`${fmt.int(r.prefix_tokens)} (${fmt.int(r.cached_tokens)})`, "num"));
+      tr.append(cell(`#${r.rank + 1}`, "num"));
+      fresh.append(tr);
+    }
+    body.replaceChildren(fresh);
+    table.dataset.version = String(state.version);
+    $("book-empty").hidden = rows.length > 0;
+    table.hidden = rows.length === 0;
+    renderBookMeta();
+  }
+
+  function renderBookMeta() {
+    const m = state.meta;
+    if (!m) return;
+    const ago = state.bookAt ? ((Date.now() - state.bookAt) / 1000).toFixed(0) : "?";
+    $("book-meta").textContent =
+      `${fmt.int(m.waiting)} waiting at round ${m.round_id.split(":").pop()} · ` +
+      `${m.policy} · updated ${ago} s ago · v${state.version}`;
+  }
+
+  // --- round results: revenue, welfare, what the engine applies ------------------------------
+  function minuteBucket(tUnix) {
+    const t = Math.floor(tUnix / 60) * 60;
+    let last = state.revenue[state.revenue.length - 1];
+    while (!last || last.t < t) {
+      const next = last ? last.t + 60 : t;
+      state.revenue.push({t: next, priority: 0, tokens: 0, welfare: 0, requests: 0});
+      last = state.revenue[state.revenue.length - 1];
+      if (state.revenue.length > 60) state.revenue.shift();
+    }
+    return state.revenue.find((m) => m.t === t) || last;
+  }
+
+  function roundResult(r) {
+    const bucket = minuteBucket(Date.now() / 1000);
+    bucket.priority += r.revenue;
+    bucket.welfare += r.welfare;
+    bucket.requests += r.admitted;
+    state.revenueDirty = true;
+    const reserveNote = $("kpi-engine-reserve");
+    reserveNote.dataset.reserve = String(r.reserve);
+    const reserveApplied = Math.abs(r.reserve - Number(initial.reserve)) < 1e-12;
+    reserveNote.textContent = reserveApplied ? "$/s · in effect" : `$/s · engine at ${fmt.rate(r.reserve)}`;
+    reserveNote.title = reserveApplied ? "the engine's last round used this reserve"
+      : "the engine's last round used another reserve: the change is on its way";
+    reserveNote.classList.toggle("pending", !reserveApplied);
+    const policyNote = $("kpi-engine-policy");
+    policyNote.dataset.policy = r.policy;
+    policyNote.textContent = r.policy === initial.policy ? "in effect" : `engine at ${r.policy}`;
+    policyNote.classList.toggle("pending", r.policy !== initial.policy);
+  }
+
+  function renderRevenue() {
+    if (!state.revenueDirty) return;
+    state.revenueDirty = false;
+    // From the first minute with activity (at least the last 15 minutes), not an hour of zeros.
+    const first = state.revenue.findIndex((m) => m.priority || m.tokens || m.welfare);
+    const from = first < 0 ? state.revenue.length - 15 : Math.min(first - 1, state.revenue.length - 15);
+    const shown = state.revenue.slice(Math.max(0, from));
+    const xs = shown.map((m) => unixDate(m.t));
+    const last = state.revenue[state.revenue.length - 1];
+    $("kpi-revenue").textContent = last ? fmt.dollars(last.priority) : "—";
+    Plotly.react("chart-revenue", [
+      {type: "bar", name: "priority charges", x: xs, y: shown.map((m) => m.priority),
+       marker: {color: "#5b8cff"}, hovertemplate: "$%{y:.4f}"},
+      {type: "bar", name: "token charges", x: xs, y: shown.map((m) => m.tokens),
+       marker: {color: "#b9ccf7"}, hovertemplate: "$%{y:.4f}"},
+      {type: "scatter", mode: "lines+markers", name: "waiting cost (−welfare)", x: xs,
+       y: shown.map((m) => -m.welfare), line: {color: "#e08a2e", width: 2}, marker: {size: 4},
+       hovertemplate: "$%{y:.4f}"},
+    ], layout({
+      barmode: "stack",
+      yaxis: {title: {text: "$ per minute", standoff: 4}},
+    }), PLOT_CONFIG);
+  }
+
+  // --- engine status --------------------------------------------------------------------------
+  function engineStatus(s) {
+    const down = $("engine-down");
+    if (!s.up) {
+      down.hidden = false;
+      down.textContent = `The engine does not answer its /metrics: ${s.error}`;
+    } else {
+      down.hidden = true;
+    }
+    $("kpi-queue").textContent = fmt.int(s.queue);
+    $("kpi-running").textContent = fmt.int(s.running);
+    $("kpi-cache").textContent = fmt.pct(s.cache_hit_rate);
+    $("kpi-tps").textContent = s.tokens_per_second === null ? "—" : fmt.int(s.tokens_per_second);
+    $("kpi-ttft").textContent = s.ttft_p50_s === null ? "—"
+      : `${fmt.seconds(s.ttft_p50_s)} / ${fmt.seconds(s.ttft_p99_s)}`;
+    $("kpi-ttft-window").textContent = s.window_s ? `seconds, last ${Math.round(s.window_s)} s`
+      : "seconds, since the engine started";
+    const latest = state.engine[state.engine.length - 1];
+    if (s.up && (!latest || s.at > latest.t)) {
+      state.engine.push({t: s.at, queue: s.queue, tps: s.tokens_per_second});
+      while (state.engine.length && state.engine[0].t < s.at - ENGINE_HISTORY_S) state.engine.shift();
+      renderEngine();
+    }
+  }
+
+  function renderEngine() {
+    const xs = state.engine.map((p) => unixDate(p.t));
+    const now = Date.now() / 1000;
+    const span = state.engine.length ? Math.max(120, now - state.engine[0].t) : 120;
+    Plotly.react("chart-engine", [
+      {type: "scatter", mode: "lines", name: "queue (requests)", x: xs,
+       y: state.engine.map((p) => p.queue), line: {color: "#e08a2e", width: 2, shape: "hv"}},
+      {type: "scatter", mode: "lines", name: "output tokens/s", x: xs, yaxis: "y2",
+       y: state.engine.map((p) => p.tps), line: {color: "#5b8cff", width: 2}},
+    ], layout({
+      xaxis: {range: [unixDate(now - span), unixDate(now)]},
+      yaxis: {title: {text: "requests", standoff: 4}},
+      yaxis2: {overlaying: "y", side: "right", showgrid: false, zeroline: false, rangemode: "tozero",
+               title: {text: "tokens/s", standoff: 4}},
+      margin: {l: 56, r: 60, t: 8, b: 32},
+    }), PLOT_CONFIG);
+  }
+
+  // --- tenants --------------------------------------------------------------------------------
+  function renderTenants() {
+    const body = $("tenants").querySelector("tbody");
+    const rows = [...state.tenants.values()].sort((a, b) => a.name.localeCompare(b.name));
+    const fresh = document.createDocumentFragment();
+    for (const t of rows) {
+      const b = t.budget;
+      const tr = el("tr", {"data-tenant": t.tenant});
+      tr.append(cell(t.name));
+      tr.append(cell(b ? `per ${b.period}` : "none"));
+      tr.append(cell(b ? fmt.dollars(b.spent) : "—", "num"));
+      tr.append(cell(b ? fmt.dollars(b.limit) : "—", "num"));
+      tr.append(cell(b ? fmt.dollars(b.held) : "—", "num"));
+      tr.append(cell(b ? fmt.dollars(b.remaining) : "—", "num"));
+      const used = el("td");
+      if (b && Number(b.limit) > 0) {
+        const share = Math.min(1, Number(b.spent) / Number(b.limit));
+        const wrap = el("div", {class: "used"});
+        const meter = el("div", {class: "meter"});
+        const fill = el("span", {class: share > 0.9 ? "bad" : share > 0.75 ? "warn" : ""});
+        fill.style.width = `${(share * 100).toFixed(1)}%`;
+        meter.append(fill);
+        wrap.append(meter, el("span", {class: "small muted"}, `${(share * 100).toFixed(0)}%`));
+        used.append(wrap);
+      }
+      tr.append(used);
+      tr.append(cell(fmt.dollars(t.spent_today), "num"));
+      tr.append(cell(b && b.resets_at ? `in ${fmt.duration(b.resets_at - Date.now() / 1000)}` : "never"));
+      fresh.append(tr);
+    }
+    body.replaceChildren(fresh);
+    $("tenants-empty").hidden = rows.length > 0;
+  }
+
+  // --- wiring ---------------------------------------------------------------------------------
+  const handlers = {
+    "book.snapshot": (m) => bookSet(m),
+    "book.diff": (m, socket) => bookDiff(m, socket),
+    "round.result": (m) => roundResult(m),
+    "engine.status": (m) => engineStatus(m),
+    "tenant.spend": (m) => { state.tenants.set(m.tenant, m); renderTenants(); },
+  };
+
+  $("kpi-reserve").textContent = fmt.rate(initial.reserve);
+  $("reserve-input").value = fmt.rate(initial.reserve).replace(/,/g, "");
+  if (initial.book) bookSet(initial.book); else { $("book").hidden = true; }
+  if (initial.engine) engineStatus(initial.engine);
+  renderEngine();
+  renderRevenue();
+  renderTenants();
+  setInterval(() => { renderBookMeta(); renderRevenue(); }, 1000);
+
+  window.live = new LiveSocket(initial.socket, (message, socket) => {
+    const handle = handlers[message.kind];
+    if (handle) handle(message, socket);
+  }, $("live-state"));
+})();

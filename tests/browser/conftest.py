@@ -1,0 +1,224 @@
+"""Browser tests: Playwright's Python package driving Debian's Chromium (``/usr/bin/chromium``,
+installed by ``.ci/run``; no browser download), against the real ASGI app served by Daphne in
+this process (``asgi_server``) and a live market:
+
+- a simulated engine in real time, slowed so a queue forms, writing its round records to a
+  JSONL file;
+- the live publishers as the embedded mode runs them in the web process
+  (``market.live.embedded``: the JSONL follower settles and publishes, the periodic publisher
+  polls the engine's ``/metrics``), sending through the loop that serves the websockets;
+- a load generator: threads of two tenants' programs sending chat completions with bids
+  through the gateway.
+
+Screenshots go to ``test-results/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from accounts.models import Role
+from accounts.services import api_key_create, budget_set, invoice_generate, month_bounds
+from config.celery import app as celery_app
+from market.live.embedded import LiveServices, live_services_start
+from market.models import Market
+from scheduler_bridge.gateway.keys import api_key_cache_clear
+from scheduler_bridge.gateway.selectors import caches_clear
+from scheduler_bridge.sim.background import ServerThread
+from scheduler_bridge.sim.server import ServerOptions
+from tests.accounts.factories import PASSWORD, tenant_create, user_create
+from tests.conftest import REPO_ROOT, DaphneThread
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+SCREENSHOTS = REPO_ROOT / "test-results" / "screenshots"
+# A slow engine (1 ms per prefilled token, 768 tokens per step) so requests queue up.
+ENGINE_SETTINGS = ("prefill_token_s=1e-3", "max_prefill_tokens=768", "chunked_prefill_size=768")
+PROGRAMS = [  # (system prompt, bid $/s, request class): shared prefixes make the subtrees
+    ("You are a support agent for a hardware store. " + "Be brief. " * 30, 0.02, "interactive"),
+    ("You review code for bugs and style. " + "Explain each finding. " * 40, 0.05, "interactive"),
+    ("Summarize the document for executives. " + "Keep numbers exact. " * 60, 0.004, "background"),
+    ("You label support tickets with one category. " + "One word. " * 10, 0.001, "background"),
+    ("You translate the user's text into French. " + "Keep the format. " * 20, 0.01, "interactive"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser(django_db_setup):
+    """Headless Chromium (Debian's), one per module.
+
+    Playwright's sync API keeps an event loop running in this thread, which Django takes for an
+    async context: DJANGO_ALLOW_ASYNC_UNSAFE lets the tests use the ORM meanwhile (they are
+    synchronous; the server runs in its own thread), and only while the browser is open.
+    """
+    if not CHROMIUM.exists():
+        pytest.skip(f"needs {CHROMIUM}: apt-get install chromium (.ci/run does)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_api.sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            yield chromium
+            chromium.close()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    yield page
+    context.close()
+
+
+def screenshot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def login(page, server: DaphneThread, username: str, next_url: str) -> None:
+    page.goto(f"{server.url}/accounts/login/?next={next_url}")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("main button[type=submit]")
+    page.wait_for_url(f"{server.url}{next_url}")
+
+
+@dataclass
+class LiveMarket:
+    server: DaphneThread
+    sim: ServerThread
+    market: Market
+    keys: dict[str, str]
+    sent: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class LoadGenerator:
+    """Threads sending chat completions with bids through the gateway until stopped."""
+
+    def __init__(self, live: LiveMarket, threads: int = 32) -> None:
+        self.live = live
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
+        ]
+        self._lock = threading.Lock()
+
+    def start(self) -> LoadGenerator:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def _run(self, i: int) -> None:
+        rnd = random.Random(i)
+        tenants = sorted(self.live.keys)
+        with httpx.Client(base_url=self.live.server.url, timeout=60) as client:
+            while not self._stop.is_set():
+                tenant = tenants[i % len(tenants)]
+                prompt, bid, request_class = rnd.choice(PROGRAMS)
+                body = {
+                    "model": self.live.market.served_model,
+                    "max_tokens": rnd.randint(8, 24),
+                    "messages": [
+                        {"role": "system", "content": prompt},
+                        {"role": "user", "content": f"Case {rnd.random()}: " + "w " * 20},
+                    ],
+                    "bid": f"{bid * rnd.uniform(0.5, 1.5):.6f}",
+                    "request_class": request_class,
+                }
+                headers = {"Authorization": f"Bearer {self.live.keys[tenant]}"}
+                try:
+                    response = client.post("/v1/chat/completions", json=body, headers=headers)
+                except httpx.HTTPError as exc:
+                    response = None
+                    error = f"{type(exc).__name__}: {exc}"
+                else:
+                    error = "" if response.status_code == 200 else response.text[:200]
+                with self._lock:
+                    self.live.sent += 1
+                    if error:
+                        self.live.errors.append(error)
+                if response is None:
+                    self._stop.wait(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=70)
+
+
+@pytest.fixture
+def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
+    """A market with a real engine, two tenants (acme, globex) with members and an operator,
+    the embedded live publishers, and load from both tenants' programs."""
+    caches_clear()
+    api_key_cache_clear()
+    eager = celery_app.conf.task_always_eager
+    celery_app.conf.task_always_eager = True  # the reserve push runs in the request, as embedded
+    slug = f"live-{uuid.uuid4().hex[:8]}"
+    jsonl = tmp_path / "rounds.jsonl"
+    sim = ServerThread(
+        ServerOptions(
+            port=0, speed=1.0, market=slug, rounds_jsonl=str(jsonl), settings=ENGINE_SETTINGS
+        )
+    ).start()
+    market = Market.objects.create(
+        slug=slug,
+        name="Live LLM",
+        served_model=f"org/{slug}",
+        price_input_per_mtok="0.15",
+        price_cached_input_per_mtok="0.075",
+        price_output_per_mtok="0.6",
+        engine_url=sim.url,
+    )
+    keys = {}
+    start, end = month_bounds(year=2026, month=1)
+    for name in ["acme", "globex"]:
+        tenant = tenant_create(name)
+        budget_set(tenant=tenant, limit="50", period="month")
+        keys[name] = api_key_create(tenant=tenant, name="agents", created_by=None)[1]
+        user_create(f"{name}_admin", tenant=tenant, role=Role.ADMIN)
+        invoice_generate(tenant=tenant, period_start=start, period_end=end)
+    user_create("operator", staff=True)
+    live = LiveMarket(server=asgi_server, sim=sim, market=market, keys=keys)
+    services: LiveServices = live_services_start(loop=asgi_server.loop, rounds_jsonl=jsonl)
+    load = LoadGenerator(live).start()
+    try:
+        yield live
+    finally:
+        load.stop()
+        services.stop()
+        sim.stop()
+        celery_app.conf.task_always_eager = eager
+        caches_clear()
+        api_key_cache_clear()
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

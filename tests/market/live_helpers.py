@@ -1,0 +1,125 @@
+"""Hand-made round records and personas for the live-console tests.
+
+Every number here is written out by hand; expectations in the tests are worked out by hand too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractUser
+from django.test import Client
+
+from accounts.models import Role, Tenant
+from market.models import Market
+from scheduler_bridge.records import SCHEMA
+from tests.accounts.factories import market_create, tenant_create, user_create
+
+PERSONAS = ["operator", "a_admin", "a_viewer", "b_admin", "anonymous"]
+
+
+def subtree(
+    key: str,
+    *,
+    label: str = "<|system|> You are",
+    depth: int = 1,
+    requests: int = 2,
+    bid_sum: float = 0.5,
+    position: int = 0,
+    rank: int = 0,
+) -> dict[str, Any]:
+    """One SubtreeSummary; bid_mean and density follow from the arguments (100 tokens of work)."""
+    return {
+        "key": key,
+        "label": label,
+        "depth": depth,
+        "prefix_tokens": 40,
+        "cached_tokens": 30,
+        "requests": requests,
+        "bid_sum": bid_sum,
+        "bid_mean": bid_sum / requests,
+        "density": bid_sum / 100,
+        "rank": rank,
+        "first_position": position,
+    }
+
+
+def admitted(request_id: str, *, charge: float = 0.002, bid: float = 0.5) -> dict[str, Any]:
+    """One admitted request that waited in a 3-request subtree averaging 0.25 $/s."""
+    return {
+        "request_id": request_id,
+        "bid": bid,
+        "effective_bid": bid,
+        "position": 1,
+        "planned_completion_s": 0.25,
+        "time_saved_s": 0.125,
+        "charge": charge,
+        "prompt_tokens": 1200,
+        "cached_tokens": 1000,
+        "block": {"prefix_tokens": 40, "requests": 3, "bid_mean": 0.25, "density": 0.0075},
+    }
+
+
+def record(
+    market: str,
+    seq: int,
+    *,
+    subtrees: list[dict[str, Any]] | None = None,
+    admitted_requests: list[dict[str, Any]] | None = None,
+    waiting: int = 10,
+    reserve: float = 0.0,
+    engine: str = "sim@test",
+) -> dict[str, Any]:
+    """A valid round record of ``market`` (scheduler_bridge.records)."""
+    return {
+        "schema": SCHEMA,
+        "engine": engine,
+        "market": market,
+        "round_id": f"{engine}:epoch1:{seq}",
+        "seq": seq,
+        "time": 1_800_000_000.0 + seq,
+        "policy": "dfs-auction-density",
+        "reserve": reserve,
+        "tokens_per_second": 10_000.0,
+        "waiting": waiting,
+        "subtrees": subtrees or [],
+        "admitted": admitted_requests or [],
+    }
+
+
+@dataclass
+class World:
+    """Tenant A (acme) and B (globex), their members, an operator, and one market."""
+
+    a: Tenant
+    b: Tenant
+    market: Market
+    users: dict[str, AbstractUser]
+
+
+def world_create(market_slug: str = "test-llm") -> World:
+    a, b = tenant_create("acme"), tenant_create("globex")
+    users = {
+        "operator": user_create("operator", staff=True),
+        "a_admin": user_create("a_admin", tenant=a, role=Role.ADMIN),
+        "a_viewer": user_create("a_viewer", tenant=a, role=Role.VIEWER),
+        "b_admin": user_create("b_admin", tenant=b, role=Role.ADMIN),
+    }
+    return World(a=a, b=b, market=market_create(market_slug), users=users)
+
+
+def logged_in(client: Client, world: World, persona: str) -> Client:
+    """``client`` logged in as ``persona`` (left anonymous for "anonymous")."""
+    if persona != "anonymous":
+        client.force_login(world.users[persona])
+    return client
+
+
+def session_cookie(client: Client) -> list[tuple[bytes, bytes]]:
+    """The headers a browser with ``client``'s session sends on a websocket handshake."""
+    headers = [(b"origin", b"http://localhost")]
+    sid = client.cookies.get("sessionid")
+    if sid is not None:
+        headers.append((b"cookie", f"sessionid={sid.value}".encode()))
+    return headers

@@ -1,0 +1,105 @@
+"""The live order book: rows from round records, keyed diffs, versions, throttling."""
+
+from __future__ import annotations
+
+import pytest
+
+from market.live import book
+from market.payloads import BookRow
+from tests.market.live_helpers import admitted, record, subtree
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple[str, dict]]:
+    """What book_publish sends, instead of sending it."""
+    messages: list[tuple[str, dict]] = []
+    monkeypatch.setattr(
+        book, "group_send", lambda group, payload: messages.append((group, payload))
+    )
+    return messages
+
+
+def test_rows_copy_only_the_aggregates() -> None:
+    rec = record("m", 1, subtrees=[{**subtree("k1", requests=4, bid_sum=1.0), "tenant": "x"}])
+    rows = book.book_rows(rec)
+    assert rows == {
+        "k1": {
+            "key": "k1",
+            "label": "<|system|> You are",
+            "depth": 1,
+            "prefix_tokens": 40,
+            "cached_tokens": 30,
+            "requests": 4,
+            "bid_sum": 1.0,
+            "bid_mean": 0.25,
+            "density": 0.01,
+            "rank": 0,
+            "position": 0,
+        }
+    }
+
+
+def test_a_record_without_a_book_says_nothing_unless_the_queue_drained() -> None:
+    assert book.book_rows(record("m", 1, waiting=5, admitted_requests=[admitted("r1")])) is None
+    drained = record("m", 2, waiting=2, admitted_requests=[admitted("r1"), admitted("r2")])
+    assert book.book_rows(drained) == {}
+
+
+def row(key: str, requests: int) -> BookRow:
+    return book.book_rows(record("m", 1, subtrees=[subtree(key, requests=requests)]))[key]
+
+
+def test_diff_sends_changed_and_added_rows_and_removed_keys() -> None:
+    old = {"a": row("a", 1), "b": row("b", 2), "c": row("c", 3)}
+    new = {"a": row("a", 1), "b": row("b", 5), "d": row("d", 1)}
+    changed, removed = book.book_diff(old, new)
+    assert [r["key"] for r in changed] == ["b", "d"]  # "a" is unchanged: not sent
+    assert removed == ["c"]
+    assert book.book_apply(old, changed, removed) == new
+
+
+def test_publish_versions_and_sends_only_differences(sent, unique_slug) -> None:
+    first = record(unique_slug, 1, subtrees=[subtree("a"), subtree("b", position=2)])
+    assert book.book_publish(record=first, rows=book.book_rows(first), now=100.0) == "sent"
+    ((group, diff),) = sent
+    assert group == f"market.{unique_slug}"
+    assert (diff["kind"], diff["version"], diff["base"]) == ("book.diff", 1, 0)
+    assert sorted(r["key"] for r in diff["changed"]) == ["a", "b"] and diff["removed"] == []
+
+    second = record(unique_slug, 2, subtrees=[subtree("a"), subtree("b", position=2, requests=3)])
+    # 0.2 s later: throttled (at most two messages a second), nothing sent
+    assert book.book_publish(record=second, rows=book.book_rows(second), now=100.2) == "throttled"
+    assert book.book_publish(record=second, rows=book.book_rows(second), now=100.5) == "sent"
+    diff = sent[-1][1]
+    assert (diff["version"], diff["base"]) == (2, 1)
+    assert [r["key"] for r in diff["changed"]] == ["b"] and diff["changed"][0]["requests"] == 3
+
+    same = record(unique_slug, 3, subtrees=[subtree("a"), subtree("b", position=2, requests=3)])
+    assert book.book_publish(record=same, rows=book.book_rows(same), now=101.5) == "unchanged"
+    older = record(unique_slug, 1, subtrees=[subtree("z")])
+    assert book.book_publish(record=older, rows=book.book_rows(older), now=102.0) == "stale"
+    assert len(sent) == 2
+
+    snapshot = book.book_snapshot(unique_slug)
+    assert snapshot["kind"] == "book.snapshot" and snapshot["version"] == 2
+    assert [r["key"] for r in snapshot["rows"]] == ["a", "b"]  # in the round's order
+    assert snapshot["round_id"] == "sim@test:epoch1:2"
+
+
+def test_a_restarted_engine_is_not_stale(sent, unique_slug) -> None:
+    before = record(unique_slug, 50, subtrees=[subtree("a")])
+    book.book_publish(record=before, rows=book.book_rows(before), now=10.0)
+    after = {**record(unique_slug, 1, subtrees=[subtree("b")]), "round_id": "sim@test:epoch2:1"}
+    assert book.book_publish(record=after, rows=book.book_rows(after), now=11.0) == "sent"
+
+
+def test_clearing_an_idle_book(sent, unique_slug) -> None:
+    assert not book.book_clear(market=unique_slug, now=1.0)  # nothing published yet
+    rec = record(unique_slug, 1, subtrees=[subtree("a"), subtree("b")])
+    book.book_publish(record=rec, rows=book.book_rows(rec), now=10.0)
+    assert not book.book_clear(market=unique_slug, now=10.1)  # too soon after the last one
+    assert book.book_clear(market=unique_slug, now=11.0)
+    diff = sent[-1][1]
+    assert diff["changed"] == [] and sorted(diff["removed"]) == ["a", "b"]
+    assert diff["waiting"] == 0 and diff["version"] == 2
+    assert not book.book_clear(market=unique_slug, now=12.0)  # already empty

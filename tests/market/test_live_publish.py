@@ -1,0 +1,191 @@
+"""Publishing: settled round records (both consumers) and the periodic tick, to the groups."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from decimal import Decimal
+
+import httpx
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from accounts.services import request_complete, request_open
+from market.live import book, periodic, publisher, spend
+from market.live.publisher import RoundsPublisher
+from market.models import Market
+from scheduler_bridge import rounds
+from scheduler_bridge.rounds_jsonl import rounds_jsonl_follow
+from scheduler_bridge.sim.background import ServerThread
+from scheduler_bridge.sim.server import ServerOptions
+from tests.accounts.factories import market_create, tenant_create
+from tests.market.live_helpers import admitted, record, subtree
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple[str, dict]]:
+    """Every (group, payload) the publishers send, in order, instead of sending it."""
+    messages: list[tuple[str, dict]] = []
+
+    def many(pairs) -> bool:
+        messages.extend(pairs)
+        return True
+
+    monkeypatch.setattr(publisher, "group_send_many", many)
+    monkeypatch.setattr(spend, "group_send_many", many)
+    monkeypatch.setattr(periodic, "group_send_many", many)
+    monkeypatch.setattr(book, "group_send", lambda group, payload: many([(group, payload)]))
+    return messages
+
+
+def kinds(messages, group: str) -> list[str]:
+    return [p["kind"] for g, p in messages if g == group]
+
+
+@pytest.fixture
+def market(unique_slug) -> Market:
+    return market_create(unique_slug)
+
+
+def open_requests(market: Market, tenant_slug: str, ids: list[str]) -> None:
+    tenant = tenant_create(tenant_slug)
+    for rid in ids:
+        request_open(
+            request_id=rid, tenant=tenant, api_key=None, market=market, bid="0.5", hold_amount="1"
+        )
+
+
+def three_rounds(market: str) -> list[dict]:
+    """Three rounds admitting a1 (acme), b1 (globex), then a2 (acme); each reports a book."""
+    return [
+        record(market, 1, subtrees=[subtree("p", requests=3)], admitted_requests=[admitted("a1")]),
+        record(market, 2, subtrees=[subtree("p", requests=2)], admitted_requests=[admitted("b1")]),
+        record(market, 3, subtrees=[subtree("p", requests=1), subtree("q", position=1)],
+               admitted_requests=[admitted("a2", charge=0.004)]),
+    ]  # fmt: skip
+
+
+def check_published(messages, market: str) -> None:
+    """What three_rounds must have produced, whatever the timing within the throttle."""
+    group = f"market.{market}"
+    results = [p for g, p in messages if g == group and p["kind"] == "round.result"]
+    assert sum(r["rounds"] for r in results) == 3 and sum(r["admitted"] for r in results) == 3
+    assert sum(r["revenue"] for r in results) == pytest.approx(0.002 + 0.002 + 0.004)
+    assert results[-1]["round_id"].endswith(":3")
+    diffs = [p for g, p in messages if g == group and p["kind"] == "book.diff"]
+    assert diffs[0]["version"] == 1 and diffs[-1]["round_id"].endswith(":3")  # the latest wins
+    assert book.book_snapshot(market)["rows"][0]["requests"] == 1
+    ticks = {p["tenant"]: p for g, p in messages if p["kind"] == "spend.tick"}
+    assert set(ticks) == {"acme", "globex"}
+    acme_rows = {r["request_id"] for g, p in messages if g == "tenant.acme" for r in p["requests"]}
+    assert acme_rows == {"a1", "a2"}
+    assert not any("b1" in json.dumps(p) for g, p in messages if g == "tenant.acme")
+    a2 = next(
+        r
+        for g, p in messages
+        if g == "tenant.acme"
+        for r in p["requests"]
+        if r["request_id"] == "a2"
+    )
+    assert a2["priority_charge"] == "0.004000000" and a2["block_bid_mean"] == 0.25
+    assert a2["position"] == 1 and a2["time_saved_s"] == 0.125 and a2["status"] == "queued"
+
+
+def test_the_jsonl_follower_publishes_what_it_settles(sent, market, tmp_path) -> None:
+    open_requests(market, "acme", ["a1", "a2"])
+    open_requests(market, "globex", ["b1"])
+    path = tmp_path / "rounds.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in three_rounds(market.slug)))
+    stats = rounds_jsonl_follow(path=path, publisher=RoundsPublisher())
+    assert stats.charged == 3
+    check_published(sent, market.slug)
+
+
+@pytest.mark.redis
+def test_the_stream_consumer_publishes_what_it_settles(sent, market) -> None:
+    open_requests(market, "acme", ["a1", "a2"])
+    open_requests(market, "globex", ["b1"])
+    client = rounds.redis_client(settings.REDIS_URL)
+    stream = f"test-live:{uuid.uuid4().hex}"
+    try:
+        for r in three_rounds(market.slug):
+            client.xadd(stream, {"record": json.dumps(r)})
+        sc = rounds.StreamConsumer(client=client, stream=stream, consumer="t")
+        stats = rounds.rounds_consume(sc=sc, until_idle=True, publisher=RoundsPublisher())
+    finally:
+        client.delete(stream)
+        client.close()
+    assert stats.settled == 3 and stats.charged == 3
+    check_published(sent, market.slug)
+
+
+def test_results_and_ticks_are_throttled_per_market_and_tenant(sent, market) -> None:
+    open_requests(market, "acme", ["a1", "a2"])
+    now = [100.0]
+    pub = RoundsPublisher(clock=lambda: now[0])
+    pub.settled(record(market.slug, 1, admitted_requests=[admitted("a1")]))
+    assert kinds(sent, f"market.{market.slug}") == ["round.result"]
+    assert kinds(sent, "tenant.acme") == ["spend.tick"]
+    now[0] = 100.2  # within 0.5 s: held back
+    pub.settled(record(market.slug, 2, admitted_requests=[admitted("a2")]))
+    assert len(kinds(sent, f"market.{market.slug}")) == 1 and len(kinds(sent, "tenant.acme")) == 1
+    now[0] = 100.6
+    pub.tick()
+    results = [p for g, p in sent if p["kind"] == "round.result"]
+    assert [r["rounds"] for r in results] == [1, 1] and results[1]["round_id"].endswith(":2")
+    ticks = [p for g, p in sent if g == "tenant.acme"]
+    assert [r["request_id"] for r in ticks[1]["requests"]] == ["a2"]
+    assert not pub.pending()
+
+
+def test_a_publishing_failure_never_stops_settlement(monkeypatch, market, tmp_path) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("the channel layer is down")
+
+    monkeypatch.setattr(publisher, "book_publish", broken)
+    monkeypatch.setattr(publisher, "group_send_many", broken)
+    open_requests(market, "acme", ["a1", "a2"])
+    open_requests(market, "globex", ["b1"])
+    path = tmp_path / "rounds.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in three_rounds(market.slug)))
+    assert rounds_jsonl_follow(path=path, publisher=RoundsPublisher()).charged == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_periodic_tick_sends_engine_status_idle_books_and_token_spend(sent, market) -> None:
+    with ServerThread(ServerOptions(port=0, speed=20, market=market.slug)) as sim:
+        Market.objects.filter(pk=market.pk).update(engine_url=sim.url)
+        # A book published a while ago, while the engine now reports an empty queue.
+        rec = record(market.slug, 1, subtrees=[subtree("p")])
+        book.book_publish(record=rec, rows=book.book_rows(rec), now=time.time() - 5)
+        # A request completes (token charge, in the gateway): its tenant gets a tick.
+        open_requests(market, "acme", ["a1"])
+        request_complete(
+            request_id="a1", prompt_tokens=1000, cached_tokens=0, completion_tokens=100,
+            ttft_s=0.5, e2e_s=1.5, now=timezone.now(),
+        )  # fmt: skip
+        assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 200
+        tick = periodic.live_tick()
+    assert tick.engines_up == 1 and tick.books_cleared == 1 and tick.tenants == 1
+    group = f"market.{market.slug}"
+    status = next(p for g, p in sent if g == group and p["kind"] == "engine.status")
+    assert status["up"] and status["queue"] == 0
+    *_, cleared = (p for g, p in sent if g == group and p["kind"] == "book.diff")
+    assert cleared["removed"] == ["p"] and cleared["version"] == 2
+    acme = next(p for g, p in sent if g == "tenant.acme")
+    (row,) = acme["requests"]
+    # $3 per million uncached input tokens x 1000 + $15 per million output x 100 = $0.0045
+    assert row["token_charge"] == "0.004500000" and row["ttft_s"] == 0.5
+    assert Decimal(acme["spent_today"]) == Decimal("0.0045")
+    # No budget: the window is this UTC month.
+    assert acme["budget"] is None and acme["spent_window"] == "0.004500000"
+
+
+@pytest.mark.redis
+def test_redis_is_reachable_for_the_live_tests() -> None:
+    assert redis.Redis.from_url(settings.REDIS_URL).ping()

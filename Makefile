@@ -34,13 +34,13 @@ venv:
 		"$(PY)" -m pip install --quiet -e '.[dev]' && echo "$$want" > "$(STAMP)"; \
 	fi
 
-## run: check services, migrate, seed the demo accounts, serve on http://$(HOST):$(PORT)/
+## run: check services, migrate, seed the demo, then run the live market on http://$(HOST):$(PORT)/
+## (the simulated engine, the web server, settlement and publishers, and agents bidding)
 run: venv
 	@"$(PY)" manage.py check_services
 	@"$(PY)" manage.py migrate --noinput
 	@"$(PY)" manage.py seed_demo
-	@echo "Serving on http://$(HOST):$(PORT)/  (health: http://$(HOST):$(PORT)/healthz; Ctrl-C stops)"
-	@exec "$(VENV)/bin/daphne" -b "$(HOST)" -p "$(PORT)" config.asgi:application
+	@exec "$(PY)" manage.py live_market --host "$(HOST)" --port "$(PORT)"
 
 ## test: the whole test suite, in two stages: the main suite, then the SGLang plugin's
 test: test-main test-sglang

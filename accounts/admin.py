@@ -9,6 +9,7 @@ from accounts.models import (
     Autobidder,
     AutobidderStep,
     Budget,
+    BudgetCounter,
     Hold,
     Invoice,
     InvoiceLine,
@@ -84,6 +85,15 @@ class BudgetAdmin(admin.ModelAdmin):
     list_filter = ["period", "tenant"]
     search_fields = ["tenant__slug", "api_key__name"]
     raw_id_fields = ["api_key"]
+
+
+@admin.register(BudgetCounter)
+class BudgetCounterAdmin(ReadOnlyAdmin):
+    """Kept by the services in step with the ledger and the holds, never by hand."""
+
+    list_display = ["tenant", "api_key", "held", "day_spent", "week_spent", "month_spent",
+                    "spent_total"]  # fmt: skip
+    list_filter = ["tenant"]
 
 
 @admin.register(Hold)

@@ -1,7 +1,7 @@
 """The accounts app's models, one module per concern."""
 
 from accounts.models.autobidder import Autobidder, AutobidderStep, AutobidPeriod
-from accounts.models.budgets import Budget, Hold, HoldState, Period
+from accounts.models.budgets import Budget, BudgetCounter, Hold, HoldState, Period
 from accounts.models.invoices import Invoice, InvoiceLine
 from accounts.models.keys import ApiKey
 from accounts.models.ledger import BidSource, ChargeKind, LedgerEntry, Request, RequestStatus
@@ -14,6 +14,7 @@ __all__ = [
     "AutobidderStep",
     "BidSource",
     "Budget",
+    "BudgetCounter",
     "ChargeKind",
     "Hold",
     "HoldState",

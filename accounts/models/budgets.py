@@ -1,11 +1,13 @@
-"""Budgets and holds (DESIGN.md 4.6 and 6).
+"""Budgets, holds and the counters budgets are checked against (DESIGN.md 4.6 and 6).
 
 A budget caps what a tenant (or one of its API keys) may spend per period. The period's window
-is computed from the clock when it is read (``accounts.windows``): there is no stored "spent"
-counter and no reset job, so nothing can reset on top of fresh spend. Spend in a window is the
-sum of the ledger entries created in it; a hold is money reserved for a request in flight.
+is computed from the clock (``accounts.windows``): spend in a window is the sum of the ledger
+entries created in it; a hold is money reserved for a request in flight. So that a hold need not
+sum the ledger, :class:`BudgetCounter` keeps those sums as the ledger is written; there is still
+no reset job, so nothing can reset on top of fresh spend.
 """
 
+from datetime import datetime
 from decimal import Decimal
 
 from django.db import models
@@ -13,7 +15,8 @@ from django.db.models import Q
 
 from accounts.models.keys import ApiKey
 from accounts.models.tenants import Tenant
-from accounts.money import MoneyField
+from accounts.money import ZERO, MoneyField
+from accounts.windows import EPOCH, window_for
 
 
 class Period(models.TextChoices):
@@ -105,3 +108,84 @@ class Hold(models.Model):
 
     def __str__(self) -> str:
         return f"hold {self.request_id}: ${self.remaining} of ${self.amount} ({self.state})"
+
+
+WINDOWED_PERIODS = ("day", "week", "month")  # the periods whose windows end ("none" never does)
+
+
+class BudgetCounter(models.Model):
+    """What a tenant (``api_key`` null: all of its requests) or one of its API keys has spent and
+    holds, kept in step with the ledger and the holds: a hold is checked against one row per
+    budget instead of a sum over the ledger.
+
+    There is a row per tenant and per key that has made requests, whether or not a budget
+    applies, so a budget set later, or switched to another period, reads the right spend at once.
+    Every ledger entry and every change of an open hold updates the rows of its tenant and key
+    in the same transaction (``accounts.services.fastpath`` on PostgreSQL, else the services'
+    own code).
+
+    For each period the row keeps the spend of one window: the newest that a charge has fallen
+    in (its ``*_start`` is computed from the charge's time, ``accounts.windows``). A charge in a
+    newer window starts that window's sum at its own amount, a charge in an older window leaves
+    it alone, and no entry lies in a window newer than the row's: the windows that follow have
+    spent nothing yet, and only windows older than the row's need the ledger
+    (:meth:`spent_in`). Holds are not windowed: a request in flight keeps its money reserved
+    across a reset.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budget_counters")
+    api_key = models.OneToOneField(
+        ApiKey, null=True, blank=True, on_delete=models.CASCADE, related_name="budget_counter"
+    )
+    held = MoneyField(default=0, help_text="Dollars reserved by open holds.")
+    spent_total = MoneyField(default=0, help_text="Dollars charged, ever (period none).")
+    day_start = models.DateTimeField(default=EPOCH)
+    day_spent = MoneyField(default=0, help_text="Dollars charged in the day from day_start.")
+    week_start = models.DateTimeField(default=EPOCH)
+    week_spent = MoneyField(default=0, help_text="Dollars charged in the week from week_start.")
+    month_start = models.DateTimeField(default=EPOCH)
+    month_spent = MoneyField(default=0, help_text="Dollars charged in the month from month_start.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant"],
+                condition=Q(api_key__isnull=True),
+                name="budget_counter_one_per_tenant",
+            ),
+            models.CheckConstraint(
+                condition=Q(held__gte=0)
+                & Q(spent_total__gte=0)
+                & Q(day_spent__gte=0)
+                & Q(week_spent__gte=0)
+                & Q(month_spent__gte=0),
+                name="budget_counter_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        owner = f"key {self.api_key_id}" if self.api_key_id else "tenant"
+        return f"{self.tenant_id} {owner}: ${self.spent_total} spent, ${self.held} held"
+
+    def spent_in(self, *, period: str, window_start: datetime) -> Decimal | None:
+        """Dollars charged in the ``period`` window that starts at ``window_start``; None when
+        that window is older than the one this row keeps (sum the ledger for it)."""
+        if period == "none":
+            return self.spent_total
+        kept = getattr(self, f"{period}_start")
+        if kept == window_start:
+            return getattr(self, f"{period}_spent")
+        return ZERO if kept < window_start else None
+
+    def charge_counted(self, *, amount: Decimal, at: datetime) -> None:
+        """Count a charge of ``amount`` dollars made at ``at`` (its ledger entry's time); the
+        caller saves. The same rule as the SQL of ``accounts.services.fastpath``."""
+        self.spent_total += amount
+        for period in WINDOWED_PERIODS:
+            start = window_for(period=period, now=at).start
+            kept = getattr(self, f"{period}_start")
+            if start == kept:
+                setattr(self, f"{period}_spent", getattr(self, f"{period}_spent") + amount)
+            elif start > kept:  # the first charge of a newer window
+                setattr(self, f"{period}_start", start)
+                setattr(self, f"{period}_spent", amount)

@@ -1,8 +1,10 @@
 """Reads about budgets: how much of each budget is spent, held and left, right now.
 
-Spend is the sum of the ledger entries created in the budget's current window (computed from the
-clock, ``accounts.windows``); held is the sum of the open holds, whatever their window (a request
-in flight still reserves its money when a new window starts).
+Spend is what the ledger entries created in the budget's current window (computed from the clock,
+``accounts.windows``) add up to; held is the sum of the open holds, whatever their window (a
+request in flight still reserves its money when a new window starts). Both are read from the
+budget's :class:`~accounts.models.BudgetCounter` row, one row whatever the history; only a window
+older than the one the row keeps is summed from the ledger.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from decimal import Decimal
 from django.db.models import F, Q, Sum
 from django.utils import timezone
 
-from accounts.models import ApiKey, Budget, Hold, HoldState, LedgerEntry, Tenant
+from accounts.models import ApiKey, Budget, BudgetCounter, Hold, HoldState, LedgerEntry, Tenant
 from accounts.money import ZERO, money_str
-from accounts.windows import window_for
+from accounts.windows import Window, window_for
 
 
 @dataclass(frozen=True)
@@ -56,24 +58,11 @@ class BudgetStatus:
         }
 
 
-def budget_usage(*, budget: Budget, now: datetime | None = None) -> BudgetStatus:
-    """The status of ``budget`` at ``now`` (default: the clock).
-
-    Writers (holds, settlement, releases) lock the budget rows first, so read under the same
-    lock this is a consistent picture on PostgreSQL.
-    """
-    now = now or timezone.now()
-    window = window_for(period=budget.period, now=now)
-    entries = LedgerEntry.objects.filter(tenant_id=budget.tenant_id, created_at__gte=window.start)
-    if window.end is not None:
-        entries = entries.filter(created_at__lt=window.end)
-    holds = Hold.objects.filter(tenant_id=budget.tenant_id, state=HoldState.OPEN)
-    if budget.api_key_id is not None:
-        entries = entries.filter(api_key_id=budget.api_key_id)
-        holds = holds.filter(api_key_id=budget.api_key_id)
-    spent = entries.aggregate(total=Sum("amount"))["total"] or ZERO
-    held = holds.aggregate(total=Sum("remaining"))["total"] or ZERO
-    remaining = max(budget.limit - spent - held, ZERO)
+def budget_status_of(
+    *, budget: Budget, spent: Decimal, held: Decimal, window: Window, now: datetime
+) -> BudgetStatus:
+    """The status of ``budget`` given what was spent in ``window`` (its window at ``now``) and
+    what is held, in dollars."""
     return BudgetStatus(
         budget_id=budget.pk,
         scope="key" if budget.api_key_id is not None else "tenant",
@@ -81,12 +70,73 @@ def budget_usage(*, budget: Budget, now: datetime | None = None) -> BudgetStatus
         limit=budget.limit,
         spent=spent,
         held=held,
-        remaining=remaining,
+        remaining=max(budget.limit - spent - held, ZERO),
         window_start=window.start,
         resets_at=window.end,
         seconds_until_reset=window.seconds_until_end(now),
         soft_alert=spent >= budget.soft_alert_fraction * budget.limit,
     )
+
+
+def budget_counter_for(*, tenant_id: int, api_key_id: int | None) -> BudgetCounter | None:
+    """The counters of a tenant (``api_key_id`` None: all of its requests) or of one key."""
+    return BudgetCounter.objects.filter(tenant_id=tenant_id, api_key_id=api_key_id).first()
+
+
+def ledger_spent(*, tenant_id: int, api_key_id: int | None, window: Window) -> Decimal:
+    """Dollars of the ledger entries of a tenant (or one key) created in ``window``, summed."""
+    entries = LedgerEntry.objects.filter(tenant_id=tenant_id, created_at__gte=window.start)
+    if window.end is not None:
+        entries = entries.filter(created_at__lt=window.end)
+    if api_key_id is not None:
+        entries = entries.filter(api_key_id=api_key_id)
+    return entries.aggregate(total=Sum("amount"))["total"] or ZERO
+
+
+def budget_usage_counted(
+    *, budget: Budget, counter: BudgetCounter | None, now: datetime
+) -> BudgetStatus:
+    """The status of ``budget`` at ``now`` from its counter row (read with it, or locked by
+    the caller); the ledger and the holds are summed only for what the row cannot tell: a
+    window older than the row's, or no row at all (no request since the counters exist)."""
+    window = window_for(period=budget.period, now=now)
+    spent = counter.spent_in(period=budget.period, window_start=window.start) if counter else None
+    if spent is None:
+        spent = ledger_spent(
+            tenant_id=budget.tenant_id, api_key_id=budget.api_key_id, window=window
+        )
+    if counter is not None:
+        held = counter.held
+    else:
+        holds = Hold.objects.filter(tenant_id=budget.tenant_id, state=HoldState.OPEN)
+        if budget.api_key_id is not None:
+            holds = holds.filter(api_key_id=budget.api_key_id)
+        held = holds.aggregate(total=Sum("remaining"))["total"] or ZERO
+    return budget_status_of(budget=budget, spent=spent, held=held, window=window, now=now)
+
+
+def budget_usage(*, budget: Budget, now: datetime | None = None) -> BudgetStatus:
+    """The status of ``budget`` at ``now`` (default: the clock)."""
+    now = now or timezone.now()
+    counter = budget_counter_for(tenant_id=budget.tenant_id, api_key_id=budget.api_key_id)
+    return budget_usage_counted(budget=budget, counter=counter, now=now)
+
+
+def _usages(budgets: list[Budget], now: datetime) -> list[BudgetStatus]:
+    """The status of each of ``budgets`` (all of one tenant), their counters read at once."""
+    if not budgets:
+        return []
+    tenant_id = budgets[0].tenant_id
+    key_ids = [b.api_key_id for b in budgets if b.api_key_id is not None]
+    counters = {
+        c.api_key_id: c
+        for c in BudgetCounter.objects.filter(
+            Q(api_key__isnull=True) | Q(api_key_id__in=key_ids), tenant_id=tenant_id
+        )
+    }
+    return [
+        budget_usage_counted(budget=b, counter=counters.get(b.api_key_id), now=now) for b in budgets
+    ]
 
 
 def budgets_applying(*, tenant: Tenant, api_key: ApiKey | None = None) -> list[Budget]:
@@ -105,9 +155,7 @@ def budget_status(
     None when no budget applies (the tenant has none and neither does the key).
     """
     now = now or timezone.now()
-    statuses = [
-        budget_usage(budget=b, now=now) for b in budgets_applying(tenant=tenant, api_key=api_key)
-    ]
+    statuses = _usages(budgets_applying(tenant=tenant, api_key=api_key), now)
     if not statuses:
         return None
     # min() keeps the first of equals: the tenant's budget sorts first when created first.
@@ -122,4 +170,4 @@ def budget_statuses_for_tenant(
     budgets = Budget.objects.filter(tenant=tenant).order_by(
         F("api_key_id").asc(nulls_first=True), "id"
     )
-    return [budget_usage(budget=b, now=now) for b in budgets]
+    return _usages(list(budgets), now)

@@ -4,8 +4,11 @@ A request's life: :func:`request_open` (the gateway holds its worst case), then 
 admitted in a round (the round record's priority charge, :func:`round_record_settle`) and
 completes (:func:`request_complete`, the token charge), or it fails (:func:`request_fail`, the
 hold is released, nothing charged). Each charge is one ledger entry, unique per (request,
-kind): replaying a round record or a completion report changes nothing. The entry and the
-hold it consumes commit together, with the request's budget rows locked.
+kind): replaying a round record or a completion report changes nothing. The entry, the hold it
+consumes and the budget counters commit together, with the request's row locked first.
+
+On PostgreSQL each of these steps is one statement (``accounts.services.fastpath``); the ORM
+code here is the reference, and runs on other databases and whenever a statement declines.
 """
 
 from __future__ import annotations
@@ -16,12 +19,23 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import ApiKey, ChargeKind, LedgerEntry, Request, RequestStatus, Tenant
 from accounts.money import money, per_million
-from accounts.services.budgets import budget_hold, budgets_locked, hold_consume, hold_release
+from accounts.services import fastpath
+from accounts.services.budgets import (
+    budget_counters_ensure,
+    budget_counters_locked,
+    budget_counters_saved,
+    hold_amount_checked,
+    hold_consumed,
+    hold_fast,
+    hold_reference,
+    hold_release,
+    hold_released,
+)
 from market.models import Market
 from scheduler_bridge.records import RoundRecord, round_record_checked
 
@@ -60,23 +74,59 @@ def request_open(
     dollars per second of waiting. Idempotent per ``request_id``.
     """
     now = now or timezone.now()
+    amount = hold_amount_checked(tenant=tenant, api_key=api_key, amount=hold_amount)
+    fields = {
+        "market_id": market.pk,
+        "bid": money(bid),
+        "request_class": request_class,
+        "bid_source": bid_source,
+    }
+    if fastpath.available():
+        request = {"market": market.pk, **{k: v for k, v in fields.items() if k != "market_id"}}
+        placed = hold_fast(
+            tenant=tenant,
+            api_key=api_key,
+            request_id=request_id,
+            amount=amount,
+            now=now,
+            request=request,
+        )
+        if placed is not None and placed.request_created:
+            return fastpath.model_loaded(
+                Request,
+                {
+                    "request_id": request_id,
+                    "tenant_id": tenant.pk,
+                    "api_key_id": api_key.pk if api_key else None,
+                    "status": RequestStatus.QUEUED,
+                    "created_at": now,
+                    **dict.fromkeys(_UNSET_AT_OPEN),
+                    **fields,
+                },
+            )
+        if placed is not None:  # the hold is new but the request's row was there already
+            return Request.objects.get(request_id=request_id)
     with transaction.atomic():
-        budget_hold(
-            tenant=tenant, api_key=api_key, request_id=request_id, amount=hold_amount, now=now
+        hold_reference(
+            tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
         )
         request, _ = Request.objects.get_or_create(
             request_id=request_id,
-            defaults={
-                "tenant": tenant,
-                "api_key": api_key,
-                "market": market,
-                "bid": money(bid),
-                "request_class": request_class,
-                "bid_source": bid_source,
-                "created_at": now,
-            },
+            defaults={"tenant": tenant, "api_key": api_key, "created_at": now, **fields},
         )
     return request
+
+
+# A request's fields that only its settlement fills in.
+_UNSET_AT_OPEN = (
+    "admitted_at",
+    "finished_at",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "ttft_s",
+    "e2e_s",
+)
 
 
 def request_fail(*, request_id: str, now: datetime | None = None) -> bool:
@@ -86,73 +136,168 @@ def request_fail(*, request_id: str, now: datetime | None = None) -> bool:
     even if a round record admitting it arrives afterwards.
     """
     now = now or timezone.now()
-    request = Request.objects.filter(request_id=request_id).first()
-    if request is None:
+    if fastpath.available():
+        fast = fastpath.hold_close(request_id=request_id, now=now, fail_request=True)
+        if fast.counted:
+            return fast.failed if fast.request_found else fast.released
+    owner = Request.objects.filter(request_id=request_id).values("tenant_id", "api_key_id").first()
+    if owner is None:
         return hold_release(request_id=request_id, now=now)
     with transaction.atomic():
-        # Lock order everywhere: budgets, then the request, then its hold.
-        budgets_locked(tenant_id=request.tenant_id, api_key_id=request.api_key_id)
+        budget_counters_ensure(**owner, now=now)
+        # Lock order everywhere: the request, then its hold, then the counters.
+        Request.objects.select_for_update().filter(request_id=request_id).exists()
         failed = Request.objects.filter(request_id=request_id, status=RequestStatus.QUEUED).update(
             status=RequestStatus.FAILED, finished_at=now
         )
-        hold_release(request_id=request_id, now=now)
+        hold_released(request_id=request_id, now=now)
     return failed == 1
 
 
+UNKNOWN = "unknown"
 NOT_SERVED = "not_served"
 DUPLICATE = "duplicate"
+REPRICED = "repriced"
 
 
 def _charge(
     *,
-    request: Request,
+    request_id: str,
     kind: str,
     amount: Decimal,
     round_id: str,
     detail: dict[str, Any],
     now: datetime,
+    market_slug: str | None = None,
     request_fields: dict[str, Any] | None = None,
+    priced_by: Market | None = None,
 ) -> LedgerEntry | str:
-    """Write one ledger entry and consume the request's hold, atomically, with its budgets and
-    then the request locked. Returns the entry, or DUPLICATE (it exists: a replay) or
-    NOT_SERVED (the request failed) when nothing was written.
+    """Write one ledger entry, consume the request's hold and count the charge in the budget
+    counters, atomically, with the request locked. Returns the entry, or UNKNOWN (no such
+    request, or not of ``market_slug``), DUPLICATE (it exists: a replay), NOT_SERVED (the
+    request failed) or REPRICED (``amount`` was computed from ``priced_by``, a market whose
+    prices are not, or no longer, those of the request's market) when nothing was written.
 
-    A token charge completes the request: it is marked served and its hold closed.
+    A token charge completes the request: it is marked served (with ``request_fields``) and its
+    hold closed.
     """
+    if fastpath.available():
+        tokens = None
+        if kind == ChargeKind.TOKENS:
+            tokens = {"ttft_s": None, "e2e_s": None, **(request_fields or detail)}
+        fast = fastpath.charge_write(
+            request_id=request_id,
+            kind=kind,
+            amount=amount,
+            round_id=round_id,
+            detail=detail,
+            now=now,
+            market_slug=market_slug,
+            tokens=tokens,
+            prices=None if priced_by is None else _prices(priced_by),
+        )
+        if fast.status is None:
+            return UNKNOWN
+        if fast.status == RequestStatus.FAILED:
+            return NOT_SERVED
+        if fast.entry_id is not None:
+            return fastpath.model_loaded(
+                LedgerEntry,
+                {
+                    "id": fast.entry_id,
+                    "request_id": request_id,
+                    "kind": kind,
+                    "tenant_id": fast.tenant_id,
+                    "api_key_id": fast.api_key_id,
+                    "market_id": fast.market_id,
+                    "round_id": round_id,
+                    "amount": amount,
+                    "detail": detail,
+                    "created_at": now,
+                },
+            )
+        if not fast.priced:
+            return REPRICED
+        if fast.counted:
+            return DUPLICATE
+    elif priced_by is not None:
+        return REPRICED  # the reference code reads the prices itself
+    return _charge_reference(
+        request_id=request_id,
+        kind=kind,
+        amount=amount,
+        round_id=round_id,
+        detail=detail,
+        now=now,
+        market_slug=market_slug,
+        request_fields=request_fields,
+    )
+
+
+def _prices(market: Market) -> dict[str, Any]:
+    return {
+        "market": market.pk,
+        "price_input": market.price_input_per_mtok,
+        "price_cached": market.price_cached_input_per_mtok,
+        "price_output": market.price_output_per_mtok,
+    }
+
+
+def _charge_reference(
+    *,
+    request_id: str,
+    kind: str,
+    amount: Decimal,
+    round_id: str,
+    detail: dict[str, Any],
+    now: datetime,
+    market_slug: str | None,
+    request_fields: dict[str, Any] | None,
+) -> LedgerEntry | str:
+    """:func:`_charge` with the ORM."""
+    owner = (
+        Request.objects.filter(request_id=request_id)
+        .values("tenant_id", "api_key_id", "market_id", "market__slug")
+        .first()
+    )
+    if owner is None or (market_slug is not None and owner["market__slug"] != market_slug):
+        return UNKNOWN
     completes = kind == ChargeKind.TOKENS
+    scope = {"tenant_id": owner["tenant_id"], "api_key_id": owner["api_key_id"]}
     with transaction.atomic():
-        budgets_locked(tenant_id=request.tenant_id, api_key_id=request.api_key_id)
+        budget_counters_ensure(**scope, now=now)
+        # Lock order everywhere: the request, then its hold, then the counters.
         status = (
-            Request.objects.select_for_update().filter(pk=request.pk).values_list("status")
+            Request.objects.select_for_update().filter(pk=request_id).values_list("status")
         ).get()[0]
         if status == RequestStatus.FAILED:
             return NOT_SERVED
-        if LedgerEntry.objects.filter(request=request, kind=kind).exists():
+        if LedgerEntry.objects.filter(request_id=request_id, kind=kind).exists():
             return DUPLICATE
-        try:
-            with transaction.atomic():
-                entry = LedgerEntry.objects.create(
-                    request=request,
-                    kind=kind,
-                    tenant_id=request.tenant_id,
-                    api_key_id=request.api_key_id,
-                    market_id=request.market_id,
-                    round_id=round_id,
-                    amount=amount,
-                    detail=detail,
-                    created_at=now,
-                )
-        except IntegrityError:
-            return DUPLICATE  # settled concurrently by another worker
+        entry = LedgerEntry.objects.create(
+            request_id=request_id,
+            kind=kind,
+            **scope,
+            market_id=owner["market_id"],
+            round_id=round_id,
+            amount=amount,
+            detail=detail,
+            created_at=now,
+        )
         if completes:
-            Request.objects.filter(pk=request.pk).update(
+            Request.objects.filter(pk=request_id).update(
                 status=RequestStatus.SERVED, finished_at=now, **(request_fields or detail)
             )
         else:
-            Request.objects.filter(pk=request.pk, admitted_at=None).update(admitted_at=now)
+            Request.objects.filter(pk=request_id, admitted_at=None).update(admitted_at=now)
         # A charge above the hold is still charged in full (money is never lost); the budget
         # check of the next hold sees it as spend.
-        hold_consume(request_id=request.request_id, amount=amount, close=completes, now=now)
+        released = hold_consumed(request_id=request_id, amount=amount, close=completes, now=now)
+        counters = budget_counters_locked(**scope)
+        for counter in counters:
+            counter.charge_counted(amount=amount, at=now)
+            counter.held -= released
+        budget_counters_saved(counters)
         return entry
 
 
@@ -166,17 +311,8 @@ def round_record_settle(
     """
     record = round_record_checked(record)
     now = now or timezone.now()
-    admitted = record["admitted"]
-    requests = Request.objects.select_related("market").in_bulk([a["request_id"] for a in admitted])
     counts = {"charged": 0, "duplicates": 0, "unknown": 0, "not_served": 0}
-    for adm in admitted:
-        request = requests.get(adm["request_id"])
-        if request is None or request.market.slug != record["market"]:
-            logger.warning(
-                "round %s admits unknown request %r", record["round_id"], adm["request_id"]
-            )
-            counts["unknown"] += 1
-            continue
+    for adm in record["admitted"]:
         detail = {
             "bid": adm["bid"],
             "effective_bid": adm["effective_bid"],
@@ -188,14 +324,20 @@ def round_record_settle(
         if isinstance(adm.get("block"), dict):
             detail["block"] = adm["block"]  # the subtree it waited in: "why this rank"
         entry = _charge(
-            request=request,
+            request_id=adm["request_id"],
             kind=ChargeKind.PRIORITY,
             amount=money(adm["charge"]),
             round_id=record["round_id"],
             detail=detail,
             now=now,
+            market_slug=record["market"],
         )
-        if entry == NOT_SERVED:
+        if entry == UNKNOWN:
+            logger.warning(
+                "round %s admits unknown request %r", record["round_id"], adm["request_id"]
+            )
+            counts["unknown"] += 1
+        elif entry == NOT_SERVED:
             counts["not_served"] += 1
         elif entry == DUPLICATE:
             counts["duplicates"] += 1
@@ -238,6 +380,7 @@ def request_complete(
     ttft_s: float | None = None,
     e2e_s: float | None = None,
     now: datetime | None = None,
+    market: Market | None = None,
 ) -> LedgerEntry:
     """Charge a served request its tokens and close its hold; returns its token entry.
 
@@ -245,34 +388,57 @@ def request_complete(
     cached; the latencies (seconds), when known, are kept on the request for the dashboards.
     A replayed report returns the first entry unchanged. UnknownRequest when no such request
     was opened; ValueError when it had failed (a failed request is never charged).
+
+    The charge is at the prices of the market's row when it is written. ``market``, the
+    request's market as the caller read it, saves reading them first when they are still the
+    same (on PostgreSQL: the charge is then one statement).
     """
     now = now or timezone.now()
-    request = Request.objects.select_related("market").filter(request_id=request_id).first()
-    if request is None:
-        raise UnknownRequest(f"no request {request_id!r}")
-    amount = token_charge(
-        market=request.market,
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens,
-        completion_tokens=completion_tokens,
-    )
     tokens = {
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached_tokens,
         "completion_tokens": completion_tokens,
     }
     latencies = {"ttft_s": ttft_s, "e2e_s": e2e_s}
-    entry = _charge(
-        request=request,
-        kind=ChargeKind.TOKENS,
-        amount=amount,
-        round_id="",
-        detail=tokens,
-        now=now,
-        request_fields={**tokens, **{k: v for k, v in latencies.items() if v is not None}},
-    )
+    charge = {
+        "request_id": request_id,
+        "kind": ChargeKind.TOKENS,
+        "round_id": "",
+        "detail": tokens,
+        "now": now,
+        "request_fields": {**tokens, **{k: v for k, v in latencies.items() if v is not None}},
+    }
+    entry: LedgerEntry | str = REPRICED
+    if market is not None and fastpath.available():
+        try:
+            amount = token_charge(market=market, **tokens)
+        except ValueError:
+            pass  # said below, in the usual order
+        else:
+            entry = _charge(**charge, amount=amount, priced_by=market)
+    if entry == REPRICED:
+        entry = _charge(**charge, amount=token_charge(market=_market_of(request_id), **tokens))
+    if entry == UNKNOWN:
+        raise UnknownRequest(f"no request {request_id!r}")
     if entry == NOT_SERVED:
         raise ValueError(f"request {request_id!r} failed: it is not charged")
     if entry == DUPLICATE:
-        return LedgerEntry.objects.get(request=request, kind=ChargeKind.TOKENS)
+        return LedgerEntry.objects.get(request_id=request_id, kind=ChargeKind.TOKENS)
     return entry
+
+
+def _market_of(request_id: str) -> Market:
+    """The market of ``request_id`` with its posted prices now (UnknownRequest if none)."""
+    if fastpath.available():
+        prices = fastpath.request_prices(request_id=request_id)
+        if prices is not None:
+            return Market(
+                price_input_per_mtok=prices[0],
+                price_cached_input_per_mtok=prices[1],
+                price_output_per_mtok=prices[2],
+            )
+    else:
+        request = Request.objects.select_related("market").filter(request_id=request_id).first()
+        if request is not None:
+            return request.market
+    raise UnknownRequest(f"no request {request_id!r}")

@@ -140,11 +140,13 @@ def request_admit(*, params: CompletionParams, key: str | None, request_id: str)
     return Admitted(request_id, market, bid, effective, source, prompt, hold)
 
 
-def _settle_tokens(*, request_id: str, meta: EngineMeta) -> Decimal:
+def _settle_tokens(*, request_id: str, meta: EngineMeta, market: Market) -> Decimal:
     """Write the token charge of a served request (dollars) and its engine-side latencies;
-    synchronous."""
+    synchronous. ``market`` (as admitted) only saves reading its prices again while they are
+    unchanged: the charge is at the prices of the market's row when it is written."""
     e2e = meta.raw.get("e2e_latency")
     entry = request_complete(
+        market=market,
         request_id=request_id,
         prompt_tokens=meta.prompt_tokens,
         cached_tokens=min(meta.cached_tokens, meta.prompt_tokens),
@@ -242,7 +244,12 @@ async def completion_create(*, params: CompletionParams, key: str | None, trace:
         metrics.IN_FLIGHT.labels(market).dec()
     metrics.TTFT.labels(market).observe(time.perf_counter() - started)
     charge = await shielded(
-        db_call(_settle_tokens, request_id=admitted.request_id, meta=output.meta)
+        db_call(
+            _settle_tokens,
+            request_id=admitted.request_id,
+            meta=output.meta,
+            market=admitted.market,
+        )
     )
     metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(output.meta))
     return responses.completion_body(
@@ -328,7 +335,11 @@ async def _sse(
         if meta is None or (meta.completion_tokens == 0 and meta.finish_reason is None):
             await shielded(db_call(request_fail, request_id=admitted.request_id))
             return None
-        charge = await shielded(db_call(_settle_tokens, request_id=admitted.request_id, meta=meta))
+        charge = await shielded(
+            db_call(
+                _settle_tokens, request_id=admitted.request_id, meta=meta, market=admitted.market
+            )
+        )
         metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(meta))
         return charge
 

@@ -115,3 +115,40 @@ def spend(
     request_complete(
         request_id=request_id, prompt_tokens=0, cached_tokens=0, completion_tokens=0, now=at
     )
+
+
+def counters_mismatches(tenant: Tenant) -> list[str]:
+    """How the budget counter rows of ``tenant`` (its own and its keys') differ from sums of its
+    ledger entries and open holds, worked out here one by one; [] when they agree."""
+    from accounts.models import BudgetCounter, Hold, HoldState, LedgerEntry
+    from accounts.windows import window_for
+
+    entries = list(
+        LedgerEntry.objects.filter(tenant=tenant).values_list("api_key_id", "amount", "created_at")
+    )
+    holds = list(
+        Hold.objects.filter(tenant=tenant, state=HoldState.OPEN).values_list(
+            "api_key_id", "remaining"
+        )
+    )
+    mismatches = []
+    for counter in BudgetCounter.objects.filter(tenant=tenant):
+        key = counter.api_key_id
+        mine = [(amount, at) for k, amount, at in entries if key is None or k == key]
+        expected = {
+            "held": sum((r for k, r in holds if key is None or k == key), Decimal(0)),
+            "spent_total": sum((amount for amount, _ in mine), Decimal(0)),
+        }
+        for period in ("day", "week", "month"):
+            start = getattr(counter, f"{period}_start")
+            end = window_for(period=period, now=start).end
+            expected[f"{period}_spent"] = sum(
+                (a for a, at in mine if start <= at < end), Decimal(0)
+            )
+            newer = [at for _, at in mine if at >= end]
+            if newer:
+                mismatches.append(f"key {key}: {period} window {start} but spend at {newer}")
+        for name, value in expected.items():
+            if getattr(counter, name) != value:
+                mismatches.append(f"key {key}: {name} {getattr(counter, name)} != {value}")
+    return mismatches

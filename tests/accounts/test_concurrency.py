@@ -15,18 +15,22 @@ import pytest
 from django.db import connection
 
 from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Period
-from accounts.selectors import budget_status
+from accounts.selectors import budget_status, budget_statuses_for_tenant
 from accounts.services import (
     BudgetExhausted,
     api_key_create,
     budget_hold,
     budget_set,
+    fastpath,
+    request_complete,
+    request_fail,
     request_open,
     round_record_settle,
 )
 from tests.accounts.factories import (
     NOW,
     admitted,
+    counters_mismatches,
     market_create,
     round_record,
     spend,
@@ -83,6 +87,7 @@ def test_200_concurrent_holds_at_a_budgets_edge_never_overspend_it() -> None:
     status = budget_status(tenant=tenant, now=NOW)
     assert (status.spent, status.held, status.remaining) == (Decimal("0.3"), Decimal("0.7"), 0)
     assert Hold.objects.filter(state=HoldState.OPEN).count() == 100
+    assert counters_mismatches(tenant) == []
 
 
 def test_concurrent_holds_through_a_key_budget_and_the_tenant_budget() -> None:
@@ -114,6 +119,7 @@ def test_concurrent_holds_through_a_key_budget_and_the_tenant_budget() -> None:
     assert Hold.objects.count() == 100
     assert len(refused) == 100
     assert budget_status(tenant=tenant, now=NOW).held == Decimal("1")
+    assert counters_mismatches(tenant) == []
 
 
 def test_the_same_round_settled_by_many_workers_charges_each_request_once() -> None:
@@ -141,3 +147,47 @@ def test_the_same_round_settled_by_many_workers_charges_each_request_once() -> N
     assert LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY).count() == 20
     # Each hold consumed once: 1 - 0.25 = 0.75 left on each of the 20.
     assert budget_status(tenant=tenant, now=NOW).held == Decimal("15")
+    assert counters_mismatches(tenant) == []
+
+
+@pytest.mark.parametrize("statements", ["single", "reference"])
+def test_holds_charges_and_failures_of_one_tenant_at_once_agree_with_the_ledger(
+    statements, monkeypatch
+) -> None:
+    # Every step of a request's life, for the tenant and for its key, from 40 connections at
+    # once: no deadlock, no error but refusals, never over the budget, and the counters are the
+    # ledger's and the holds' sums at the end. With the single statements of the hot path, and
+    # with the reference ORM code they stand for.
+    monkeypatch.setattr(fastpath, "ENABLED", statements == "single")
+    market = market_create()
+    tenant = tenant_create("acme")
+    budget_set(tenant=tenant, limit="1", period=Period.DAY)
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None, budget_limit="0.5")
+
+    def life(i: int) -> Callable[[], object]:
+        rid = f"c{i}"
+
+        def run() -> object:
+            request_open(request_id=rid, tenant=tenant, api_key=key if i % 2 else None,
+                         market=market, bid="0.1", hold_amount="0.02", now=NOW)  # fmt: skip
+            round_record_settle(record=round_record(f"r{i}", [admitted(rid, 0.01)]), now=NOW)
+            if i % 3 == 0:
+                return request_fail(request_id=rid, now=NOW)
+            # 100 prompt tokens at $3/M = 0.0003.
+            return request_complete(
+                request_id=rid, prompt_tokens=100, cached_tokens=0, completion_tokens=0, now=NOW
+            )
+
+        return run
+
+    results = run_concurrently([life(i) for i in range(200)])
+    others = [r for r in results if isinstance(r, Exception) and not isinstance(r, BudgetExhausted)]
+    assert others == []
+    assert counters_mismatches(tenant) == []
+    status = budget_status(tenant=tenant, now=NOW)
+    assert status.held == 0
+    assert status.spent == sum(LedgerEntry.objects.values_list("amount", flat=True), Decimal(0))
+    assert status.spent <= Decimal("1")
+    tenant_budget, key_budget = budget_statuses_for_tenant(tenant=tenant, now=NOW)
+    assert key_budget.scope == "key"
+    assert key_budget.spent <= Decimal("0.5")

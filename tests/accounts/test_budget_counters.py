@@ -1,0 +1,355 @@
+"""Budget counters: the running sums a hold is checked against, kept in step with the ledger.
+
+Each counter value below is worked out by hand from the charges made; ``counters_mismatches``
+also re-sums the ledger and the holds independently. On PostgreSQL the writes are single
+statements (``accounts.services.fastpath``): they are checked against the ORM reference code,
+and the hot path's statement counts are pinned.
+"""
+
+import importlib
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.apps import apps
+
+from accounts.models import BudgetCounter, Hold, LedgerEntry, Period, Request
+from accounts.selectors import budget_status
+from accounts.services import (
+    BudgetExhausted,
+    api_key_create,
+    budget_hold,
+    budget_set,
+    hold_release,
+    request_complete,
+    request_fail,
+    request_open,
+    round_record_settle,
+)
+from accounts.services import fastpath as fastpath_module
+from market.models import Market
+from tests.accounts.factories import (
+    NOW,
+    admitted,
+    counters_mismatches,
+    market_create,
+    round_record,
+    spend,
+    tenant_create,
+)
+
+pytestmark = pytest.mark.django_db
+
+D = Decimal
+MIDNIGHT = datetime(2026, 11, 19, tzinfo=UTC)  # the day after NOW's; the same week and month
+
+
+@pytest.fixture
+def market():
+    return market_create()
+
+
+@pytest.fixture
+def tenant():
+    return tenant_create("acme")
+
+
+def counters(tenant) -> dict:
+    """The tenant's counter rows by key id (None: the tenant's own), as plain values."""
+    names = ["held", "spent_total", "day_start", "day_spent", "week_start", "week_spent"]
+    names += ["month_start", "month_spent"]
+    return {
+        c.api_key_id: {name: getattr(c, name) for name in names}
+        for c in BudgetCounter.objects.filter(tenant=tenant)
+    }
+
+
+def open_(tenant, market, rid, hold, *, key=None, at=NOW):
+    return request_open(
+        request_id=rid,
+        tenant=tenant,
+        api_key=key,
+        market=market,
+        bid="0.5",
+        hold_amount=hold,
+        now=at,
+    )
+
+
+def settle(rid, charge, *, at=NOW):
+    return round_record_settle(record=round_record(f"rd-{rid}", [admitted(rid, charge)]), now=at)
+
+
+def test_counters_follow_a_requests_life(tenant, market) -> None:
+    budget_set(tenant=tenant, limit="10", period=Period.DAY)
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None, budget_limit="5")
+    open_(tenant, market, "r1", "1", key=key)
+    open_(tenant, market, "r2", "2")
+    assert {k: c["held"] for k, c in counters(tenant).items()} == {None: D(3), key.pk: D(1)}
+    settle("r1", 0.25)
+    # Tokens: 200 uncached x $3/M + 1000 cached x $0.30/M + 500 output x $15/M = 0.0084.
+    request_complete(
+        request_id="r1", prompt_tokens=1200, cached_tokens=1000, completion_tokens=500, now=NOW
+    )
+    request_fail(request_id="r2", now=NOW)
+    # r1 spent 0.25 + 0.0084; its hold closed and r2's was released: nothing held.
+    windows = {
+        "day_start": datetime(2026, 11, 18, tzinfo=UTC),
+        "week_start": datetime(2026, 11, 16, tzinfo=UTC),
+        "month_start": datetime(2026, 11, 1, tzinfo=UTC),
+    }
+    spent = {"spent_total": D("0.2584"), "day_spent": D("0.2584")}
+    spent |= {"week_spent": D("0.2584"), "month_spent": D("0.2584")}
+    expected = {"held": D(0), **spent, **windows}
+    assert counters(tenant) == {None: expected, key.pk: expected}
+    assert counters_mismatches(tenant) == []
+
+
+def test_a_new_window_starts_at_its_first_charge_and_a_late_charge_stays_in_its_own(
+    tenant, market
+) -> None:
+    budget_set(tenant=tenant, limit="10", period=Period.DAY)
+    spend(tenant=tenant, market=market, request_id="wed", charge=0.25, at=NOW)
+    spend(tenant=tenant, market=market, request_id="thu", charge=0.5, at=MIDNIGHT)
+    # A charge stamped just before midnight, settled after the new day's first one.
+    spend(
+        tenant=tenant,
+        market=market,
+        request_id="late",
+        charge=0.125,
+        at=MIDNIGHT - timedelta(seconds=1),
+    )
+    row = counters(tenant)[None]
+    assert (row["day_start"], row["day_spent"]) == (MIDNIGHT, D("0.5"))
+    assert row["week_spent"] == row["month_spent"] == row["spent_total"] == D("0.875")
+    assert counters_mismatches(tenant) == []
+    # Wednesday, read after Thursday started: summed from the ledger, 0.25 + 0.125.
+    before = budget_status(tenant=tenant, now=MIDNIGHT - timedelta(milliseconds=1))
+    assert before.spent == D("0.375")
+    assert budget_status(tenant=tenant, now=MIDNIGHT + timedelta(hours=1)).spent == D("0.5")
+    # Friday has spent nothing yet, without any row having been reset.
+    assert budget_status(tenant=tenant, now=MIDNIGHT + timedelta(days=1)).spent == D(0)
+
+
+def test_a_hold_whose_clock_is_behind_the_counters_window_is_checked_against_its_own(
+    tenant, market
+) -> None:
+    budget_set(tenant=tenant, limit="1", period=Period.DAY)
+    spend(
+        tenant=tenant,
+        market=market,
+        request_id="wed",
+        charge=0.7,
+        at=MIDNIGHT - timedelta(seconds=2),
+    )
+    spend(
+        tenant=tenant,
+        market=market,
+        request_id="thu",
+        charge=0.2,
+        at=MIDNIGHT + timedelta(seconds=1),
+    )
+    # Stamped Wednesday (a gateway whose clock lags): Wednesday's 0.7 counts, not Thursday's 0.2.
+    wednesday = MIDNIGHT - timedelta(seconds=1)
+    with pytest.raises(BudgetExhausted) as refused:
+        budget_hold(tenant=tenant, api_key=None, request_id="h1", amount="0.4", now=wednesday)
+    assert refused.value.remaining == D("0.3")
+    budget_hold(tenant=tenant, api_key=None, request_id="h2", amount="0.3", now=wednesday)
+    # Thursday: 0.2 spent + 0.3 held.
+    thursday = MIDNIGHT + timedelta(seconds=2)
+    with pytest.raises(BudgetExhausted):
+        budget_hold(tenant=tenant, api_key=None, request_id="h3", amount="0.51", now=thursday)
+    budget_hold(tenant=tenant, api_key=None, request_id="h4", amount="0.5", now=thursday)
+    assert counters_mismatches(tenant) == []
+
+
+def test_counters_missing_for_existing_spend_are_summed_from_the_ledger(tenant, market) -> None:
+    budget_set(tenant=tenant, limit="1", period=Period.MONTH)
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None)
+    spend(tenant=tenant, market=market, request_id="a", charge=0.25, at=NOW - timedelta(days=2))
+    spend(tenant=tenant, market=market, request_id="b", charge=0.125, at=NOW, api_key=key)
+    open_(tenant, market, "in-flight", "0.5", key=key)
+    BudgetCounter.objects.all().delete()  # as before the counters existed
+    status = budget_status(tenant=tenant, now=NOW)
+    assert (status.spent, status.held) == (D("0.375"), D("0.5"))
+    with pytest.raises(BudgetExhausted):
+        budget_hold(tenant=tenant, api_key=key, request_id="c", amount="0.126", now=NOW)
+    budget_hold(tenant=tenant, api_key=key, request_id="d", amount="0.125", now=NOW)
+    rows = counters(tenant)
+    assert (rows[None]["month_spent"], rows[None]["held"]) == (D("0.375"), D("0.625"))
+    assert (rows[key.pk]["month_spent"], rows[key.pk]["held"]) == (D("0.125"), D("0.625"))
+    assert rows[None]["day_spent"] == D("0.125")  # the 16th's 0.25 is not today's
+    assert counters_mismatches(tenant) == []
+
+
+def test_the_migration_builds_the_counters_of_existing_data(tenant, market) -> None:
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None)
+    spend(tenant=tenant, market=market, request_id="a", charge=0.25, at=NOW, api_key=key)
+    spend(tenant=tenant, market=market, request_id="b", charge=0.5, at=NOW - timedelta(days=40))
+    open_(tenant, market, "in-flight", "0.75")
+    BudgetCounter.objects.all().delete()
+    migration = importlib.import_module("accounts.migrations.0005_budget_counters")
+    migration.counters_build(apps, None)
+    rows = counters(tenant)
+    assert set(rows) == {None, key.pk}
+    assert (rows[None]["spent_total"], rows[None]["held"]) == (D("0.75"), D("0.75"))
+    assert (rows[key.pk]["spent_total"], rows[key.pk]["held"]) == (D("0.25"), D(0))
+    assert counters_mismatches(tenant) == []
+
+
+# --- PostgreSQL: the single statements against the reference code ------------------------------
+
+
+def life(slug: str) -> list:
+    """Every kind of write, on a tenant of its own; returns what the services returned."""
+    tenant = tenant_create(slug)
+    market = market_create(f"m-{slug}")
+    budget_set(tenant=tenant, limit="2", period=Period.DAY)
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None, budget_limit="1")
+    out = []
+
+    def call(fn, **kwargs):
+        try:
+            result = fn(**kwargs)
+        except (BudgetExhausted, ValueError, LookupError) as exc:
+            return out.append((type(exc).__name__, str(exc)))
+        if isinstance(result, Hold):
+            result = (result.request_id, result.amount, result.remaining, result.state)
+        elif isinstance(result, Request):
+            result = (result.request_id, result.bid, result.status, result.created_at)
+        elif isinstance(result, LedgerEntry):
+            result = (result.request_id, result.kind, result.amount, result.created_at)
+        out.append(result)
+
+    def opened(rid, hold, key=None, at=NOW):
+        call(request_open, request_id=f"{slug}-{rid}", tenant=tenant, api_key=key, market=market,
+             bid="0.5", hold_amount=hold, now=at)  # fmt: skip
+
+    def settled(rid, charge, at=NOW):
+        record = round_record(f"rd-{rid}", [admitted(f"{slug}-{rid}", charge)], market=market.slug)
+        call(round_record_settle, record=record, now=at)
+
+    def completed(rid, at=NOW):
+        call(request_complete, request_id=f"{slug}-{rid}", prompt_tokens=1200, cached_tokens=1000,
+             completion_tokens=500, ttft_s=0.5, now=at)  # fmt: skip
+
+    opened("a", "0.6", key)
+    opened("b", "0.6", key)  # the key's budget refuses: 0.6 + 0.6 > 1
+    opened("a", "0.6", key)  # a replay returns the first
+    opened("c", "1.2")
+    opened("d", "0.3")  # the tenant's refuses: 0.6 + 1.2 + 0.3 > 2
+    settled("a", 0.25)
+    settled("a", 0.25)  # replayed
+    settled("c", 1.5)  # above its hold: charged in full
+    completed("a")
+    completed("a")  # replayed
+    call(request_fail, request_id=f"{slug}-c", now=NOW)  # admitted, then failed: charge kept
+    opened("e", "0.1", key)
+    call(request_fail, request_id=f"{slug}-e", now=NOW)
+    settled("e", 0.05)  # failed: never charged
+    completed("e")
+    call(budget_hold, tenant=tenant, api_key=None, request_id=f"{slug}-h", amount="0.01", now=NOW)
+    call(hold_release, request_id=f"{slug}-h", now=NOW)
+    call(hold_release, request_id=f"{slug}-h", now=NOW)
+    opened("f", "0.01", at=MIDNIGHT)  # a new day
+    settled("f", 0.005, at=MIDNIGHT)
+    opened("g", "0.01", at=MIDNIGHT - timedelta(seconds=1))  # a lagging clock
+    settled("g", 0.005, at=MIDNIGHT - timedelta(seconds=1))
+    completed("ghost")
+    state = {
+        "entries": sorted(
+            (e.request_id.split("-", 1)[1], e.kind, e.amount, e.created_at, e.round_id, e.detail)
+            for e in LedgerEntry.objects.filter(tenant=tenant)
+        ),
+        "holds": sorted(
+            (h.request_id.split("-", 1)[1], h.amount, h.remaining, h.state, h.closed_at)
+            for h in Hold.objects.filter(tenant=tenant)
+        ),
+        "requests": sorted(
+            (
+                r.request_id.split("-", 1)[1],
+                r.status,
+                r.admitted_at,
+                r.finished_at,
+                r.prompt_tokens,
+                r.cached_tokens,
+                r.completion_tokens,
+                r.ttft_s,
+                r.e2e_s,
+            )
+            for r in Request.objects.filter(tenant=tenant)
+        ),  # fmt: skip
+        "counters": {k is not None: c for k, c in counters(tenant).items()},
+        "status": {
+            name: value
+            for name, value in budget_status(tenant=tenant, api_key=key, now=MIDNIGHT)
+            .as_json()
+            .items()
+            if name != "budget_id"
+        },
+    }
+    assert counters_mismatches(tenant) == []
+    unslugged = [
+        tuple(v.replace(slug, "") if isinstance(v, str) else v for v in r)
+        if isinstance(r, tuple)
+        else r
+        for r in out
+    ]
+    return [*unslugged, state]
+
+
+@pytest.mark.postgres
+def test_the_single_statements_do_what_the_reference_code_does(monkeypatch) -> None:
+    fast = life("fast")
+    monkeypatch.setattr(fastpath_module, "ENABLED", False)
+    reference = life("ref")
+    assert fast == reference
+
+
+@pytest.mark.postgres
+def test_the_hot_path_takes_one_statement_per_step(
+    tenant, market, django_assert_num_queries
+) -> None:
+    budget_set(tenant=tenant, limit="10", period=Period.DAY)
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None)
+    open_(tenant, market, "first", "0.1", key=key)  # creates the counter rows
+    with django_assert_num_queries(1):
+        open_(tenant, market, "r1", "0.1", key=key)
+    with django_assert_num_queries(1):
+        settle("r1", 0.01)
+    with django_assert_num_queries(2):  # the market's prices, then the charge
+        request_complete(request_id="r1", prompt_tokens=10, cached_tokens=0, completion_tokens=1)
+    open_(tenant, market, "r3", "0.1", key=key)
+    with django_assert_num_queries(1):  # the caller knows the prices: checked as it charges
+        request_complete(
+            request_id="r3", prompt_tokens=10, cached_tokens=0, completion_tokens=1, market=market
+        )
+    open_(tenant, market, "r2", "0.1", key=key)
+    with django_assert_num_queries(1):
+        request_fail(request_id="r2")
+    assert counters_mismatches(tenant) == []
+
+
+def test_a_token_charge_is_at_the_markets_prices_when_written(tenant, market) -> None:
+    open_(tenant, market, "r1", "1")
+    open_(tenant, market, "r2", "1")
+    # The caller read the market before its prices went up: $3 -> $4 per million input.
+    stale = Market.objects.get(pk=market.pk)
+    market.price_input_per_mtok = D("4")
+    market.save()
+    # 1000 uncached input tokens at $4/M = 0.004, not 0.003.
+    entry = request_complete(
+        request_id="r1", prompt_tokens=1000, cached_tokens=0, completion_tokens=0, market=stale
+    )
+    assert entry.amount == D("0.004")
+    # Another market with the very prices of the request's: its prices are read all the same.
+    other = market_create("other")
+    other.price_input_per_mtok = D("5")
+    other.save()
+    market.price_input_per_mtok = D("5")
+    market.save()
+    entry = request_complete(
+        request_id="r2", prompt_tokens=1000, cached_tokens=0, completion_tokens=0, market=other
+    )
+    assert entry.amount == D("0.005")
+    assert counters_mismatches(tenant) == []

@@ -39,6 +39,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs Redis: set REDIS_URL=redis://... (.ci/run does)")
 
 
+@pytest.fixture(autouse=True)
+def fresh_channel_layers() -> Iterator[None]:
+    """Give each test its own channel-layer instances.
+
+    channels caches one layer per alias for the process, and a Redis layer remembers the event
+    loop that first received on it; pytest-asyncio runs each test on a new loop, so a layer kept
+    from an earlier test refuses to receive ("Two event loops are trying to receive()").
+    """
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
 def dead_port() -> int:
     """A loopback TCP port nothing listens on (it was free a moment ago)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -97,7 +97,7 @@ class Entry:
         self.n = 1
 
 
-def _common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
+def common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
     """Length of the common run of ``a`` and ``b`` starting at position ``lo``, capped at ``hi``."""
     if hi - lo <= _SHORT_EDGE:
         i = lo
@@ -158,7 +158,7 @@ class RequestTree:
                 node.children[toks[depth]] = leaf
                 node, depth = leaf, length
                 break
-            k = _common_len(child.seq, toks, depth, min(child.end, length))
+            k = common_len(child.seq, toks, depth, min(child.end, length))
             if depth + k == child.end:
                 node, depth = child, child.end
                 continue

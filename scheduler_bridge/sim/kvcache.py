@@ -15,28 +15,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
-_SHORT = 16
-
-
-def _common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
-    """Length of the common run of ``a`` and ``b`` from position ``lo``, capped at ``hi``."""
-    if hi - lo <= _SHORT:
-        i = lo
-        while i < hi and a[i] == b[i]:
-            i += 1
-        return i - lo
-    if a[lo:hi] == b[lo:hi]:
-        return hi - lo
-    good, bad = lo, hi
-    while bad - good > _SHORT:
-        mid = (good + bad) // 2
-        if a[good:mid] == b[good:mid]:
-            good = mid
-        else:
-            bad = mid
-    while a[good] == b[good]:
-        good += 1
-    return good - lo
+from market.mechanism.tree import common_len
 
 
 class KVNode:
@@ -86,7 +65,7 @@ class KVCache:
             child = node.children.get(tokens[depth])
             if child is None:
                 break
-            k = _common_len(child.seq, tokens, depth, min(child.end, end))
+            k = common_len(child.seq, tokens, depth, min(child.end, end))
             if depth + k < child.end:
                 child = self._split(child, depth + k)
             self._touch(child, now)

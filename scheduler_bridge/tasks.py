@@ -3,7 +3,7 @@
 Scheduled by celery beat (``celery -A config beat``; ``CELERY_BEAT_SCHEDULE`` in
 ``config.settings``): ``rounds_consume`` every second, ``autobidders_step`` every
 ``AUTOBID_INTERVAL_S`` seconds, ``invoices_generate`` daily. ``engine_config_push`` is queued by
-``market.services`` when a reserve or policy changes.
+``market.services`` when a reserve or policy changes, ``batch_run`` when a batch job is submitted.
 """
 
 import logging
@@ -16,6 +16,7 @@ from django.conf import settings
 
 from market.live.periodic import live_tick
 from scheduler_bridge import engine_config, periodic, rounds
+from scheduler_bridge.batches import run as batches_run
 
 logger = logging.getLogger(__name__)
 
@@ -128,3 +129,15 @@ def engine_config_push(self: Task, *, market_id: int) -> str:
         delay = engine_config.retry_delay_s(self.request.retries)
         logger.warning("engine config: %s; retrying in %g s", exc, delay)
         raise self.retry(exc=exc, countdown=delay) from exc
+
+
+@shared_task(
+    bind=True,
+    name="scheduler_bridge.batch_run",
+    acks_late=True,  # a worker that dies mid-batch leaves the message to be redelivered
+    reject_on_worker_lost=True,
+)
+def batch_run(self: Task, batch_id: int) -> dict[str, Any]:
+    """Drive a batch job's remaining items through the engine (``scheduler_bridge.batches``).
+    Safe to run again at any point: finished items are skipped, none is charged twice."""
+    return batches_run.batch_run(batch_id=batch_id)

@@ -20,14 +20,17 @@ request; the ledger's (request, kind) key makes a replay change nothing anyway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from accounts.models import BidSource
+from django.db import transaction
+
+from accounts.models import ApiKey, BidSource, Tenant
 from accounts.money import ZERO, money, per_million
 from accounts.services import (
     BudgetExhausted,
@@ -41,6 +44,7 @@ from scheduler_bridge.engine_client import (
     EngineChunk,
     EngineError,
     EngineMeta,
+    EngineOutput,
     EngineOverloaded,
     EngineRejected,
     engine_client,
@@ -101,6 +105,16 @@ def request_admit(*, params: CompletionParams, key: str | None, request_id: str)
     """Authenticate, find the market, choose the bid, hold the worst case (synchronous: run it
     on a database thread). GatewayError subclasses say why a request is refused."""
     api_key = api_key_authenticated(key=key)
+    return request_admit_for(
+        params=params, tenant=api_key.tenant, api_key=api_key, request_id=request_id
+    )
+
+
+def request_admit_for(
+    *, params: CompletionParams, tenant: Tenant, api_key: ApiKey | None, request_id: str
+) -> Admitted:
+    """:func:`request_admit` for a caller already known: ``tenant`` and its ``api_key`` (None:
+    the tenant's own console). Used by batch jobs, which keep no key's secret."""
     market = market_for_model(model=params.model)
     if market is None:
         raise ModelNotFound(f"no market serves the model {params.model!r}", param="model")
@@ -110,7 +124,7 @@ def request_admit(*, params: CompletionParams, key: str | None, request_id: str)
         effective = bid if bid >= reserve else ZERO
         priority_hold = effective * Decimal(repr(market.max_wait_s))
     else:
-        auto = autobid(tenant=api_key.tenant, request_class=params.request_class)
+        auto = autobid(tenant=tenant, request_class=params.request_class)
         if auto is not None:
             bid, source = auto.bid, BidSource.AUTOBID
             effective = bid if bid >= reserve else ZERO
@@ -127,7 +141,7 @@ def request_admit(*, params: CompletionParams, key: str | None, request_id: str)
     try:
         request_open(
             request_id=request_id,
-            tenant=api_key.tenant,
+            tenant=tenant,
             api_key=api_key,
             market=market,
             bid=bid,
@@ -225,7 +239,21 @@ def _response_id(params: CompletionParams, admitted: Admitted) -> str:
 async def completion_create(*, params: CompletionParams, key: str | None, trace: Trace) -> dict:
     """A non-streamed chat or text completion: the response body (GatewayError on failure)."""
     admitted = await _admit(params, key, trace)
-    market = trace.market
+    return await completion_forward(params=params, admitted=admitted, trace=trace)
+
+
+async def completion_forward(
+    *,
+    params: CompletionParams,
+    admitted: Admitted,
+    trace: Trace,
+    on_settled: Callable[[dict], None] | None = None,
+) -> dict:
+    """Forward an admitted, non-streamed request to the engine and settle it: the response
+    body, or GatewayError (its hold released, nothing charged) when the engine did not serve
+    it. ``on_settled(body)`` (synchronous) runs in the token charge's own transaction: what it
+    writes commits with the charge or not at all (a batch item keeps its answer so)."""
+    market = trace.market = admitted.market.slug
     metrics.IN_FLIGHT.labels(market).inc()
     metrics.WAITING.labels(market).inc()
     started = time.perf_counter()
@@ -243,25 +271,41 @@ async def completion_create(*, params: CompletionParams, key: str | None, trace:
         metrics.WAITING.labels(market).dec()
         metrics.IN_FLIGHT.labels(market).dec()
     metrics.TTFT.labels(market).observe(time.perf_counter() - started)
-    charge = await shielded(
+    body, charge = await shielded(
         db_call(
-            _settle_tokens,
-            request_id=admitted.request_id,
-            meta=output.meta,
-            market=admitted.market,
+            _settled_body, params=params, admitted=admitted, output=output, on_settled=on_settled
         )
     )
     metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(output.meta))
-    return responses.completion_body(
-        endpoint=params.endpoint,
-        response_id=_response_id(params, admitted),
-        created=admitted.created,
-        model=admitted.market.served_model,
-        text=output.text,
-        finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
-        usage=responses.usage_body(output.meta),
-        auction=_auction(admitted, output.meta, charge),
-    )
+    return body
+
+
+def _settled_body(
+    *,
+    params: CompletionParams,
+    admitted: Admitted,
+    output: EngineOutput,
+    on_settled: Callable[[dict], None] | None,
+) -> tuple[dict, Decimal]:
+    """Write the token charge and build the response body (synchronous); with ``on_settled``,
+    both in one transaction with what it writes."""
+    with transaction.atomic() if on_settled is not None else contextlib.nullcontext():
+        charge = _settle_tokens(
+            request_id=admitted.request_id, meta=output.meta, market=admitted.market
+        )
+        body = responses.completion_body(
+            endpoint=params.endpoint,
+            response_id=_response_id(params, admitted),
+            created=admitted.created,
+            model=admitted.market.served_model,
+            text=output.text,
+            finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
+            usage=responses.usage_body(output.meta),
+            auction=_auction(admitted, output.meta, charge),
+        )
+        if on_settled is not None:
+            on_settled(body)
+    return body, charge
 
 
 async def completion_stream(

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from scheduler_bridge.gateway import views
+from scheduler_bridge.gateway import batch_views, views
 
 app_name = "gateway"
 
@@ -10,5 +10,10 @@ urlpatterns = [
     path("v1/chat/completions", views.chat_completions, name="chat_completions"),
     path("v1/completions", views.completions, name="completions"),
     path("v1/models", views.models, name="models"),
+    path("v1/batches", batch_views.batches, name="batches"),
+    path("v1/batches/<str:batch_id>", batch_views.batch, name="batch"),
+    path("v1/batches/<str:batch_id>/cancel", batch_views.batch_cancel_view, name="batch_cancel"),
+    path("v1/batches/<str:batch_id>/output", batch_views.batch_output, name="batch_output"),
+    path("v1/batches/<str:batch_id>/errors", batch_views.batch_errors, name="batch_errors"),
     path("metrics", views.prometheus, name="metrics"),
 ]

@@ -16,6 +16,8 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from accounts.batch_views import can_submit_batches
+from accounts.forms import BatchUploadForm
 from accounts.models import Autobidder, Tenant
 from accounts.selectors import (
     api_keys_for_tenant,
@@ -32,11 +34,13 @@ from accounts.selectors.live import (
 from accounts.views import tenant_page
 from accounts.windows import window_for
 from market.live.spend import request_row, spend_tick
+from scheduler_bridge.batches.selectors import batches_for_tenant
 
 LATENCY_LOOKBACK = timedelta(hours=1)
 AUTOBID_LOOKBACK = timedelta(hours=24)
 RECENT_REQUESTS = 25
 INVOICES_SHOWN = 6
+BATCHES_SHOWN = 10
 
 
 def _pacing(tenant: Tenant, tick: Any, now: datetime) -> dict[str, Any]:
@@ -102,6 +106,9 @@ def tenant_dashboard(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         "autobidder": autobidder,
         "invoices": invoices_for_tenant(tenant=tenant)[:INVOICES_SHOWN],
         "keys": api_keys_for_tenant(tenant=tenant)[:10],
+        "batches": batches_for_tenant(tenant=tenant)[:BATCHES_SHOWN],
+        "may_submit_batches": can_submit_batches(user=request.user, tenant=tenant),
+        "batch_form": BatchUploadForm(tenant=tenant),
         "initial": initial,
     }
     return render(request, "accounts/tenant_dashboard.html", context)

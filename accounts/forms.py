@@ -23,3 +23,24 @@ class ApiKeyCreateForm(forms.Form):
 
     def clean_budget_period(self) -> str:
         return self.cleaned_data.get("budget_period") or Period.MONTH
+
+
+class BatchUploadForm(forms.Form):
+    """A batch job from the console: a JSONL file of requests with bids (OpenAI's batch line
+    format), run with the tenant's budget (or one of its keys', and that key's budget too)."""
+
+    input = forms.FileField(label="JSONL file", help_text="One request a line, with its bid.")
+    api_key = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="None: the tenant's budget only",
+        help_text="Optional: charge the batch to one of your API keys.",
+    )
+
+    def __init__(self, *args, tenant, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        from accounts.models import ApiKey  # noqa: PLC0415
+
+        self.fields["api_key"].queryset = ApiKey.objects.filter(
+            tenant=tenant, revoked_at__isnull=True
+        )

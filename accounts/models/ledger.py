@@ -40,6 +40,12 @@ class Request(models.Model):
     )
     market = models.ForeignKey("market.Market", on_delete=models.PROTECT, related_name="+")
     bid = MoneyField(default=0, help_text="Dollars per second of waiting, as sent.")
+    priority_cap = MoneyField(
+        null=True,
+        blank=True,
+        help_text="The most its priority charge may be, dollars: the priority part of its hold "
+        "(effective bid x the market's max_wait_s, or the autobid's worst case). Empty: no cap.",
+    )
     request_class = models.CharField(max_length=50, default="interactive")
     bid_source = models.CharField(max_length=8, choices=BidSource.choices, default=BidSource.NONE)
     status = models.CharField(

@@ -63,6 +63,7 @@ PARAM_TYPES = {
     "round_id": "varchar",
     "amount": "numeric",
     "bid": "numeric",
+    "priority_cap": "numeric",
     "price_input": "numeric",
     "price_cached": "numeric",
     "price_output": "numeric",
@@ -177,9 +178,9 @@ ORDER BY u.id
 _REQUEST_INSERT = """,
 request AS (
     INSERT INTO accounts_request (request_id, tenant_id, api_key_id, market_id, bid,
-                                  request_class, bid_source, status, created_at)
+                                  priority_cap, request_class, bid_source, status, created_at)
     SELECT %(request_id)s, %(tenant)s, %(key)s, %(market)s, %(bid)s,
-           %(request_class)s, %(bid_source)s, 'queued', %(now)s
+           %(priority_cap)s, %(request_class)s, %(bid_source)s, 'queued', %(now)s
     WHERE EXISTS (SELECT FROM placed)
     ON CONFLICT (request_id) DO NOTHING
     RETURNING 1
@@ -227,7 +228,8 @@ def hold_place(
     request: dict[str, Any] | None = None,
 ) -> HoldOutcome:
     """Hold ``amount`` dollars for ``request_id`` if every budget of the tenant and the key
-    fits it, and (with ``request``: market, bid, request_class, bid_source) record the request.
+    fits it, and (with ``request``: market, bid, priority_cap, request_class, bid_source)
+    record the request.
     """
     params = {
         "tenant": tenant_id,
@@ -257,7 +259,7 @@ WITH request AS (
     SELECT r.request_id, r.tenant_id, r.api_key_id, r.market_id, r.status,
            {_COUNTERS_FOUND.format(tenant="r.tenant_id", key="r.api_key_id")}
                = {_COUNTERS_NEEDED.format(key="r.api_key_id")} AS counted,
-           {{priced}} AS priced
+           {{priced}} AS priced, {{amount}} AS amount
     FROM accounts_request r {{market_join}}
     WHERE r.request_id = %(request_id)s
     FOR UPDATE OF r
@@ -265,8 +267,8 @@ WITH request AS (
 entry AS (
     INSERT INTO accounts_ledgerentry
         (request_id, kind, tenant_id, api_key_id, market_id, round_id, amount, detail, created_at)
-    SELECT request_id, %(kind)s, tenant_id, api_key_id, market_id, %(round_id)s, %(amount)s,
-           %(detail)s, %(now)s
+    SELECT request_id, %(kind)s, tenant_id, api_key_id, market_id, %(round_id)s, amount,
+           {{detail}}, %(now)s
     FROM request WHERE status <> 'failed' AND counted AND priced
     ON CONFLICT (request_id, kind) DO NOTHING
     RETURNING id, tenant_id, api_key_id
@@ -295,25 +297,30 @@ counter AS (
 counted AS (
     UPDATE accounts_budgetcounter c SET
         held = c.held - COALESCE((SELECT sum(released) FROM hold_consumed), 0),
-        spent_total = c.spent_total + %(amount)s,
-        day_spent = CASE WHEN c.day_start = %(day)s THEN c.day_spent + %(amount)s
-                         WHEN c.day_start < %(day)s THEN %(amount)s ELSE c.day_spent END,
+        spent_total = c.spent_total + q.amount,
+        day_spent = CASE WHEN c.day_start = %(day)s THEN c.day_spent + q.amount
+                         WHEN c.day_start < %(day)s THEN q.amount ELSE c.day_spent END,
         day_start = GREATEST(c.day_start, %(day)s),
-        week_spent = CASE WHEN c.week_start = %(week)s THEN c.week_spent + %(amount)s
-                          WHEN c.week_start < %(week)s THEN %(amount)s ELSE c.week_spent END,
+        week_spent = CASE WHEN c.week_start = %(week)s THEN c.week_spent + q.amount
+                          WHEN c.week_start < %(week)s THEN q.amount ELSE c.week_spent END,
         week_start = GREATEST(c.week_start, %(week)s),
-        month_spent = CASE WHEN c.month_start = %(month)s THEN c.month_spent + %(amount)s
-                           WHEN c.month_start < %(month)s THEN %(amount)s ELSE c.month_spent END,
+        month_spent = CASE WHEN c.month_start = %(month)s THEN c.month_spent + q.amount
+                           WHEN c.month_start < %(month)s THEN q.amount ELSE c.month_spent END,
         month_start = GREATEST(c.month_start, %(month)s)
-    FROM counter WHERE c.id = counter.id
+    FROM counter, request q WHERE c.id = counter.id
 )
-SELECT status, counted, (SELECT id FROM entry), tenant_id, api_key_id, market_id, priced
+SELECT status, counted, (SELECT id FROM entry), tenant_id, api_key_id, market_id, priced, amount
 FROM request
 """
 
 _PRIORITY = {
     "request_set": "admitted_at = COALESCE(admitted_at, %(now)s)",
-    "hold_set": "remaining = GREATEST(h.remaining - %(amount)s, 0)",
+    "hold_set": "remaining = GREATEST(h.remaining - (SELECT amount FROM request), 0)",
+    # Never past the priority part of the request's hold; the engine's figure stays in detail.
+    "amount": "LEAST(%(amount)s, COALESCE(r.priority_cap, %(amount)s))",
+    "detail": """CASE WHEN amount < %(amount)s
+                 THEN %(detail)s || jsonb_build_object('capped_at', amount::text)
+                 ELSE %(detail)s END""",
 }
 _TOKENS = {
     "request_set": """status = 'served', finished_at = %(now)s,
@@ -321,6 +328,8 @@ _TOKENS = {
         completion_tokens = %(completion_tokens)s,
         ttft_s = COALESCE(%(ttft_s)s, ttft_s), e2e_s = COALESCE(%(e2e_s)s, e2e_s)""",
     "hold_set": "remaining = 0, state = 'settled', closed_at = %(now)s",
+    "amount": "%(amount)s",
+    "detail": "%(detail)s",
 }
 _MARKET_JOIN = "JOIN market_market m ON m.id = r.market_id AND m.slug = %(market_slug)s"
 # A token charge computed by the caller from prices it read earlier is written only if they are
@@ -360,6 +369,7 @@ class ChargeOutcome:
     api_key_id: int | None = None
     market_id: int | None = None
     priced: bool = True
+    amount: Decimal | None = None  # as written: a priority charge may be capped
 
 
 def charge_write(

@@ -23,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import ApiKey, ChargeKind, LedgerEntry, Request, RequestStatus, Tenant
-from accounts.money import money, per_million
+from accounts.money import ZERO, money, per_million
 from accounts.services import fastpath
 from accounts.services.budgets import (
     budget_counters_ensure,
@@ -66,20 +66,26 @@ def request_open(
     hold_amount: Decimal | float | str,
     request_class: str = "interactive",
     bid_source: str = "none",
+    priority_cap: Decimal | None = None,
     now: datetime | None = None,
 ) -> Request:
     """Record a request the gateway is about to forward, and hold ``hold_amount`` dollars.
 
     Raises ``BudgetExhausted`` (nothing written) when the hold does not fit. ``bid`` is in
-    dollars per second of waiting. Idempotent per ``request_id``.
+    dollars per second of waiting. ``priority_cap`` (dollars, within the hold) bounds the
+    priority charge settled for it later, so that the hold covers every charge it can get;
+    None leaves it uncapped. Idempotent per ``request_id``.
     """
     now = now or timezone.now()
     amount = hold_amount_checked(tenant=tenant, api_key=api_key, amount=hold_amount)
+    if priority_cap is not None and not ZERO <= Decimal(priority_cap) <= amount:
+        raise ValueError(f"priority_cap {priority_cap} must lie between 0 and the hold ({amount})")
     fields = {
         "market_id": market.pk,
         "bid": money(bid),
         "request_class": request_class,
         "bid_source": bid_source,
+        "priority_cap": None if priority_cap is None else money(priority_cap),
     }
     if fastpath.available():
         request = {"market": market.pk, **{k: v for k, v in fields.items() if k != "market_id"}}
@@ -179,7 +185,9 @@ def _charge(
     prices are not, or no longer, those of the request's market) when nothing was written.
 
     A token charge completes the request: it is marked served (with ``request_fields``) and its
-    hold closed.
+    hold closed. A priority charge above the request's ``priority_cap`` (the priority part of its
+    hold: the tenant's consent) is written as the cap, with the engine's figure kept in the
+    detail and ``capped_at`` added, so the hold covers every charge.
     """
     if fastpath.available():
         tokens = None
@@ -201,6 +209,8 @@ def _charge(
         if fast.status == RequestStatus.FAILED:
             return NOT_SERVED
         if fast.entry_id is not None:
+            if fast.amount != amount:
+                detail = {**detail, "capped_at": str(fast.amount)}
             return fastpath.model_loaded(
                 LedgerEntry,
                 {
@@ -211,7 +221,7 @@ def _charge(
                     "api_key_id": fast.api_key_id,
                     "market_id": fast.market_id,
                     "round_id": round_id,
-                    "amount": amount,
+                    "amount": fast.amount,
                     "detail": detail,
                     "created_at": now,
                 },
@@ -257,12 +267,15 @@ def _charge_reference(
     """:func:`_charge` with the ORM."""
     owner = (
         Request.objects.filter(request_id=request_id)
-        .values("tenant_id", "api_key_id", "market_id", "market__slug")
+        .values("tenant_id", "api_key_id", "market_id", "market__slug", "priority_cap")
         .first()
     )
     if owner is None or (market_slug is not None and owner["market__slug"] != market_slug):
         return UNKNOWN
     completes = kind == ChargeKind.TOKENS
+    cap = owner["priority_cap"]
+    if not completes and cap is not None and amount > cap:
+        amount, detail = cap, {**detail, "capped_at": str(cap)}
     scope = {"tenant_id": owner["tenant_id"], "api_key_id": owner["api_key_id"]}
     with transaction.atomic():
         budget_counters_ensure(**scope, now=now)

@@ -6,7 +6,8 @@
    ``request_open``: prompt tokens x input price + max_tokens x output price (per million), plus
    effective bid x the market's ``max_wait_s`` for an explicit bid or the autobid's own worst
    case. A bid under the reserve buys no priority: its effective bid, and its priority hold, is 0
-   (the engine gets the raw bid and applies the same reserve itself).
+   (the engine gets the raw bid and applies the same reserve itself). The priority part of the
+   hold is also the request's ``priority_cap``: settlement never charges more than the hold.
 2. **Forward** through the engine client, with the Request's id as the engine's rid.
 3. **Settle**: served, ``request_complete`` writes the token charge; not served (engine down,
    queue full, refused, the client gone before any token), ``request_fail`` releases the hold and
@@ -148,6 +149,7 @@ def request_admit_for(
             hold_amount=hold,
             request_class=params.request_class,
             bid_source=source,
+            priority_cap=money(priority_hold),
         )
     except BudgetExhausted as exc:
         raise BudgetExhaustedError(str(exc)) from None

@@ -236,3 +236,51 @@ def test_the_ledger_sums_exactly_to_the_invoice_total(tenant, market) -> None:
     assert ledger_sum == invoice.total == D("1.084")
     assert (invoice.priority_total, invoice.tokens_total) == (D("1"), D("0.084"))
     assert sum((line.total for line in invoice.lines.all()), D(0)) == invoice.total
+
+
+def test_a_priority_charge_never_goes_past_the_requests_cap(tenant, market) -> None:
+    """The gateway holds bid x max_wait_s as the priority part; a plan whose wait outgrew it
+    (the engine reports more) is charged the cap, and the budget is never exceeded."""
+    from accounts.models import Period
+    from accounts.selectors.budgets import budget_usage
+    from accounts.services import budget_set
+
+    budget = budget_set(tenant=tenant, limit="1.5", period=Period.DAY)
+    # Hold 1.0 = tokens 0.4 + priority cap 0.6 (e.g. bid 0.01 $/s x 60 s).
+    request_open(
+        request_id="r1",
+        tenant=tenant,
+        api_key=None,
+        market=market,
+        bid="0.01",
+        hold_amount="1.0",
+        priority_cap=D("0.6"),
+        now=NOW,
+    )
+    open_(tenant, market, "r2", hold="0.5")  # no cap: charged as the engine says
+    record = round_record("sim:1:7", [admitted("r1", 0.9), admitted("r2", 0.45, position=1)])
+    assert round_record_settle(record=record, now=NOW).charged == 2
+    assert amounts(ChargeKind.PRIORITY) == {"r1": D("0.6"), "r2": D("0.45")}
+    entry = LedgerEntry.objects.get(request_id="r1")
+    assert entry.detail["engine_charge"] == 0.9 and entry.detail["capped_at"] == "0.600000000"
+    assert "capped_at" not in LedgerEntry.objects.get(request_id="r2").detail
+    # r1's hold keeps 0.4 for its tokens; spent 1.05 + held 0.45 (0.4 + r2's 0.05) = 1.5.
+    usage = budget_usage(budget=budget, now=NOW)
+    assert (usage.spent, usage.held) == (D("1.05"), D("0.45"))
+    assert usage.spent + usage.held <= D("1.5")
+
+
+@pytest.mark.parametrize("cap", ["-0.01", "1.01"])
+def test_a_priority_cap_outside_the_hold_is_refused(tenant, market, cap) -> None:
+    with pytest.raises(ValueError, match="priority_cap"):
+        request_open(
+            request_id="r1",
+            tenant=tenant,
+            api_key=None,
+            market=market,
+            bid="0.01",
+            hold_amount="1.0",
+            priority_cap=D(cap),
+            now=NOW,
+        )
+    assert not Request.objects.exists() and not Hold.objects.exists()

@@ -69,6 +69,8 @@ def test_chat_with_a_bid_in_extra_body(gateway, acme, market):
     # worst case: 16 x $3 + 5 x $15 per million + $0.01/s x 60 s = $0.600123
     assert placed.amount == Decimal("0.600123")
     assert (placed.state, placed.remaining) == (HoldState.SETTLED, 0)
+    # The priority part of the hold caps the priority charge settled later: $0.01/s x 60 s.
+    assert row.priority_cap == Decimal("0.6")
 
 
 def test_completion_with_an_x_bid_header_and_request_class(gateway, acme, market):
@@ -176,6 +178,7 @@ def test_autobidder_bids_when_the_request_has_no_bid(gateway, acme, market):
     assert request_row(rid).bid_source == BidSource.AUTOBID
     # 16 x $3 + 2 x $15 per million + $0.05/s x 30 s = $1.500078
     assert hold(rid).amount == Decimal("1.500078")
+    assert request_row(rid).priority_cap == Decimal("1.5")
 
 
 def test_no_bid_and_no_autobidder_bids_zero(gateway, acme, market):
@@ -190,6 +193,7 @@ def test_no_bid_and_no_autobidder_bids_zero(gateway, acme, market):
     )
     # 16 x $3 + 1 x $15 per million; no priority part
     assert hold(request_id_of(reply.id)).amount == Decimal("0.000063")
+    assert request_row(request_id_of(reply.id)).priority_cap == 0
 
 
 def test_a_bid_under_the_reserve_buys_no_priority(gateway, acme, start_sim, transactional_db):

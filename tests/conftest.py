@@ -129,6 +129,13 @@ class DaphneThread:
         return self._reactor._asyncioEventloop
 
     def stop(self) -> None:
+        import asyncio
+
+        from scheduler_bridge.engine_client import engine_client
+
+        # Close the engine client's pooled connections on the server's loop while it runs.
+        closing = asyncio.run_coroutine_threadsafe(engine_client().aclose(), self.loop)
+        closing.result(timeout=10)
         self._reactor.callFromThread(self._reactor.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)

@@ -10,7 +10,7 @@ engine runs in real time in its own thread (``ServerThread``), sped up.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -24,10 +24,8 @@ from market.models import Market
 from scheduler_bridge.gateway.keys import api_key_cache_clear
 from scheduler_bridge.gateway.selectors import caches_clear
 from scheduler_bridge.sim.background import ServerThread
-from scheduler_bridge.sim.server import ServerOptions
 from tests.conftest import DaphneThread
-
-SPEED = 20.0  # engine seconds per wall second
+from tests.scheduler_bridge.conftest import StartSim
 
 
 @pytest.fixture(scope="session")
@@ -43,27 +41,6 @@ def _fresh_caches() -> Iterator[None]:
     yield
     caches_clear()
     api_key_cache_clear()
-
-
-StartSim = Callable[..., ServerThread]
-
-
-@pytest.fixture
-def start_sim() -> Iterator[StartSim]:
-    """Start a simulated engine with the given ServerOptions fields; stopped after the test."""
-    started: list[ServerThread] = []
-
-    def start(**fields) -> ServerThread:
-        fields.setdefault("port", 0)
-        fields.setdefault("speed", SPEED)
-        fields["settings"] = tuple(fields.get("settings", ()))
-        sim = ServerThread(ServerOptions(**fields)).start()
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.stop()
 
 
 @pytest.fixture

@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_bridge.sim.background import ServerThread
 from scheduler_bridge.sim.server import ServerOptions
+from tests.scheduler_bridge.conftest import SPEED, StartSim
 
-# Steps take 1/SPEED of their modelled time; reported times stay in engine seconds.
-SPEED = 20.0
-
-StartServer = Callable[..., ServerThread]
+StartServer = StartSim
 
 
 @pytest.fixture
-def start_server() -> Iterator[StartServer]:
+def start_server(start_sim: StartSim) -> StartSim:
     """Start a server with the given ServerOptions fields (port 0: a free port); stopped after."""
-    started: list[ServerThread] = []
-
-    def start(**fields) -> ServerThread:
-        fields.setdefault("port", 0)
-        fields.setdefault("speed", SPEED)
-        fields["settings"] = tuple(fields.get("settings", ()))
-        sim = ServerThread(ServerOptions(**fields)).start()
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.stop()
+    return start_sim
 
 
 @pytest.fixture(scope="module")

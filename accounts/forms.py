@@ -33,6 +33,7 @@ class BatchUploadForm(forms.Form):
     api_key = forms.ModelChoiceField(
         queryset=None,
         required=False,
+        label="API key",
         empty_label="None: the tenant's budget only",
         help_text="Optional: charge the batch to one of your API keys.",
     )

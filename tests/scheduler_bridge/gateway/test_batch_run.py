@@ -175,3 +175,55 @@ def test_a_revoked_key_fails_the_lines_left_with_a_401(gateway, acme, market):
     item = BatchItem.objects.get()
     assert (item.status, item.status_code) == (ItemStatus.FAILED, 401)
     assert LedgerEntry.objects.count() == 0 and Hold.objects.count() == 0
+
+
+def test_cancel_mid_run_cancels_pending_lines_and_lets_the_one_in_flight_finish(
+    gateway, acme, market, settings, monkeypatch, tmp_path
+):
+    import threading
+
+    from django.db import connection
+
+    from scheduler_bridge.batches.run import PAUSE_FILE_ENV
+
+    settings.BATCH_CONCURRENCY = 1
+    pause = tmp_path / "pause"
+    pause.write_text("0")  # every admitted line waits before the engine while the file exists
+    monkeypatch.setenv(PAUSE_FILE_ENV, str(pause))
+    lines = [
+        completion_line(f"q{i}", market.served_model, prompt=prompt_of(i, 3), max_tokens=2)
+        for i in range(4)
+    ]
+    outcome: dict = {}
+
+    def worker() -> None:
+        try:
+            outcome.update(run(public_id))
+        finally:
+            connection.close()
+
+    with acme.http(gateway) as http:
+        public_id = submit(http, lines)
+        thread = threading.Thread(target=worker)
+        thread.start()
+        wait_until_true(lambda: Request.objects.filter(status="queued").count() == 1)
+        cancelling = http.post(f"/v1/batches/{public_id}/cancel").json()
+        pause.unlink()
+        thread.join(timeout=60)
+        final = http.get(f"/v1/batches/{public_id}").json()
+        output = results(http.get(f"/v1/batches/{public_id}/output").text)
+        errors = results(http.get(f"/v1/batches/{public_id}/errors").text)
+    assert cancelling["status"] == "cancelling"
+    assert cancelling["request_counts"]["cancelled"] == 3
+    assert final["status"] == "cancelled" and final["cancelled_at"] is not None
+    assert final["request_counts"] == {"total": 4, "completed": 1, "failed": 0, "cancelled": 3}
+    assert outcome["status"] == "cancelled"
+    assert list(output) == ["q0"] and sorted(errors) == ["q1", "q2", "q3"]
+    (entry,) = LedgerEntry.objects.all()  # the line in flight, and only it, was charged
+    assert entry.amount == charge_of(lines[0])
+
+
+def wait_until_true(check, timeout_s: float = 30.0) -> None:
+    from tests.scheduler_bridge.gateway.helpers import wait_until
+
+    wait_until(check, timeout_s=timeout_s)

@@ -15,6 +15,9 @@ Exactly once, whatever dies when:
   opened, it is tried under the same id; opened and not finished, its hold is released
   (``request_fail``: never charged) and the item tried again as its next attempt. Finished
   items are skipped. So an item is charged for one request only, and no hold is left behind.
+  One edge stays: if the engine had already admitted the dead run's attempt and its round
+  record was settled before the attempt was released, that attempt keeps its priority charge
+  (a real admission); a round record arriving after the release charges nothing.
 
 Refusals are answers, not retries: an exhausted budget fails that item with the 402 body and
 the batch goes on; an engine that is down fails items with the 503 body, uncharged. A full

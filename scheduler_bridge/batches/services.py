@@ -4,11 +4,12 @@ and the state changes of items and batches, each a conditional UPDATE so that tw
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -101,12 +102,34 @@ def batch_create(
     return batch
 
 
-def batch_enqueue(*, batch_id: int) -> None:
-    """Queue the batch's run (on ``BATCH_QUEUE`` when set, else Celery's default queue)."""
+def batch_enqueue(*, batch_id: int) -> threading.Thread | None:
+    """Queue the batch's run (on ``BATCH_QUEUE`` when set, else Celery's default queue).
+
+    Without a worker (embedded mode: Celery eager) the run goes to a thread of its own, with its
+    own event loop and database connection, which is returned: run inline it would hold the
+    request that submitted the batch (a gateway database thread, or the console's page) until
+    the last line was served.
+    """
     from scheduler_bridge.tasks import batch_run  # noqa: PLC0415 (tasks import this module)
 
+    if batch_run.app.conf.task_always_eager:
+        thread = threading.Thread(
+            target=_run_beside, args=(batch_id,), name=f"batch-{batch_id}", daemon=True
+        )
+        thread.start()
+        return thread
     queue = getattr(settings, "BATCH_QUEUE", None)
     batch_run.apply_async(args=[batch_id], **({"queue": queue} if queue else {}))
+    return None
+
+
+def _run_beside(batch_id: int) -> None:
+    from scheduler_bridge.tasks import batch_run  # noqa: PLC0415 (tasks import this module)
+
+    try:
+        batch_run.apply(args=[batch_id])  # eager: logs and keeps a failure, never raises here
+    finally:
+        connections.close_all()
 
 
 def batch_cancel(*, batch: BatchJob) -> BatchJob:

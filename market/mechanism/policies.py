@@ -13,6 +13,7 @@ visits every node, and most nodes are leaves.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from operator import attrgetter
 
@@ -172,13 +173,23 @@ def _plan_fcfs(tree: RequestTree, policy: str, reserve: int, overhead: int) -> P
 
 
 def _plan_highest_bid(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
-    """Highest effective bid first, then arrival (SGLang's priority scheduling, priority = bid)."""
-    entries = list(tree.entries.values())
+    """Highest effective bid first, then arrival (SGLang's priority scheduling, priority = bid).
+
+    The tree keeps its requests by bid; bids under the reserve count as 0 and join the zero
+    bids at the end, by arrival.
+    """
+    keys, by_bid = tree.by_bid()
+    cut = bisect_left(keys, (1 - reserve,)) if reserve > 0 else len(keys)  # ticks < reserve
+    entries = by_bid[:cut]
     for e in entries:
-        b = e.ticks
-        e.bsum = b if b >= reserve else 0
-        e.nk = -e.bsum
-    entries.sort(key=_by_key)
+        e.bsum = e.ticks
+        e.nk = -e.ticks
+    if cut < len(by_bid):
+        rest = sorted(by_bid[cut:], key=_by_tie)
+        for e in rest:
+            e.bsum = 0
+            e.nk = 0
+        entries.extend(rest)
     return entries, None
 
 

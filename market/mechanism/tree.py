@@ -14,6 +14,7 @@ nodes and requests, not to the number of prompt tokens.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
@@ -126,6 +127,10 @@ class RequestTree:
         self.entries: dict[str, Entry] = {}
         self.version = 0  # bumped by every change and every round; a Clearing needs its own
         self.stamp = 0  # counter for marking walks
+        # The requests by (-bid ticks, arrival, id), kept from its first use on (highest-bid's
+        # order without a sort per round): keys and entries side by side.
+        self._bid_keys: list[tuple] | None = None
+        self._bid_entries: list[Entry] = []
         for req in requests:
             self.insert(req)
 
@@ -175,7 +180,33 @@ class RequestTree:
         node.reqs[req.id] = entry
         self.entries[req.id] = entry
         self._raise_cached(node, req.cached_len)
+        self._bid_file(entry)
         self.version += 1
+
+    def by_bid(self) -> tuple[list[tuple], list[Entry]]:
+        """The waiting requests by highest bid, then earliest (arrival, id): their sort keys
+        ``(-ticks, (arrival, id))`` and entries, in that order. Kept up to date from the first
+        call on; do not modify."""
+        if self._bid_keys is None:
+            entries = sorted(self.entries.values(), key=lambda e: (-e.ticks, e.tie))
+            self._bid_keys = [(-e.ticks, e.tie) for e in entries]
+            self._bid_entries = entries
+        return self._bid_keys, self._bid_entries
+
+    def _bid_file(self, entry: Entry) -> None:
+        if self._bid_keys is not None:
+            key = (-entry.ticks, entry.tie)
+            i = bisect_right(self._bid_keys, key)
+            self._bid_keys.insert(i, key)
+            self._bid_entries.insert(i, entry)
+
+    def _bid_unfile(self, entry: Entry) -> None:
+        if self._bid_keys is not None:
+            i = bisect_left(self._bid_keys, (-entry.ticks, entry.tie))
+            if i == len(self._bid_entries) or self._bid_entries[i] is not entry:
+                raise RuntimeError(f"the bid order lost request {entry.req.id!r}")
+            del self._bid_keys[i]
+            del self._bid_entries[i]
 
     @staticmethod
     def _raise_cached(x: Node | None, cached: int) -> None:
@@ -199,6 +230,7 @@ class RequestTree:
         entry = self.entries.pop(request_id, None)
         if entry is None:
             raise ValueError(f"request {request_id!r} is not waiting")
+        self._bid_unfile(entry)
         node = entry.node
         del node.reqs[request_id]
         root = self.root
@@ -236,8 +268,10 @@ class RequestTree:
         if cached_len is not None:
             changes["cached_len"] = cached_len
         old = entry.req.cached_len
+        self._bid_unfile(entry)
         entry.req = replace(entry.req, **changes)
         entry.ticks = to_ticks(entry.req.bid)
+        self._bid_file(entry)
         new = entry.req.cached_len
         if new > old:
             self._raise_cached(entry.node, new)

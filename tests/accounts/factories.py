@@ -20,6 +20,7 @@ from scheduler_bridge.records import SCHEMA
 # A Wednesday afternoon. Its day starts 2026-11-18 00:00, its week Monday 2026-11-16, its month
 # 2026-11-01 (all UTC).
 NOW = datetime(2026, 11, 18, 15, 30, tzinfo=UTC)
+MIDNIGHT = datetime(2026, 11, 19, tzinfo=UTC)  # the end of NOW's day; the same week and month
 PASSWORD = "persona-pass-123"
 
 

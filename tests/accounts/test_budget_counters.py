@@ -29,6 +29,7 @@ from accounts.services import (
 from accounts.services import fastpath as fastpath_module
 from market.models import Market
 from tests.accounts.factories import (
+    MIDNIGHT,
     NOW,
     admitted,
     counters_mismatches,
@@ -41,17 +42,6 @@ from tests.accounts.factories import (
 pytestmark = pytest.mark.django_db
 
 D = Decimal
-MIDNIGHT = datetime(2026, 11, 19, tzinfo=UTC)  # the day after NOW's; the same week and month
-
-
-@pytest.fixture
-def market():
-    return market_create()
-
-
-@pytest.fixture
-def tenant():
-    return tenant_create("acme")
 
 
 def counters(tenant) -> dict:
@@ -304,6 +294,21 @@ def test_the_single_statements_do_what_the_reference_code_does(monkeypatch) -> N
     monkeypatch.setattr(fastpath_module, "ENABLED", False)
     reference = life("ref")
     assert fast == reference
+    # And by hand, so that the two agreeing is not the two making one mistake (or doing nothing):
+    # one entry per call, in life's order; b (index 1) is over the key's 1 (0.6 + 0.6) and d
+    # (index 4) over the tenant's 2 (0.6 + 1.2 + 0.3).
+    refused = [i for i, r in enumerate(fast) if isinstance(r, tuple) and r[0] == "BudgetExhausted"]
+    assert refused == [1, 4]
+    # Spent: a 0.25 + a's tokens 0.0084 (as in test_counters_follow_a_requests_life) + c 1.5
+    # (in full, above its hold) + f 0.005 + g 0.005 = 1.7684; e failed before its round. Only a
+    # went through the key: 0.2584. Held: what f and g keep after their 0.005 charges, 0.005
+    # each; everything else settled or released.
+    counter_rows = fast[-1]["counters"]
+    assert (counter_rows[False]["spent_total"], counter_rows[False]["held"]) == (
+        D("1.7684"),
+        D("0.01"),
+    )
+    assert (counter_rows[True]["spent_total"], counter_rows[True]["held"]) == (D("0.2584"), D(0))
 
 
 @pytest.mark.postgres

@@ -22,9 +22,9 @@ from accounts.services import (
     round_record_settle,
 )
 from tests.accounts.factories import (
+    MIDNIGHT,
     NOW,
     admitted,
-    market_create,
     round_record,
     spend,
     tenant_create,
@@ -33,16 +33,6 @@ from tests.accounts.factories import (
 pytestmark = pytest.mark.django_db
 
 D = Decimal
-
-
-@pytest.fixture
-def market():
-    return market_create()
-
-
-@pytest.fixture
-def tenant():
-    return tenant_create("acme")
 
 
 def hold(tenant, amount, rid, *, key=None, now=NOW) -> Hold:
@@ -190,29 +180,28 @@ def test_period_none_never_resets(tenant, market) -> None:
 
 def test_litellm_resetting_on_top_of_fresh_spend(tenant, market) -> None:
     budget_set(tenant=tenant, limit="1", period=Period.DAY)
-    midnight = datetime(2026, 11, 19, tzinfo=UTC)
     spend(
         tenant=tenant,
         market=market,
         request_id="late",
         charge=0.7,
-        at=midnight - timedelta(seconds=1),
+        at=MIDNIGHT - timedelta(seconds=1),
     )
     spend(
         tenant=tenant,
         market=market,
         request_id="early",
         charge=0.2,
-        at=midnight + timedelta(milliseconds=500),
+        at=MIDNIGHT + timedelta(milliseconds=500),
     )
     # Just after midnight the new day's fresh 0.2 is kept; only yesterday's 0.7 is out.
-    status = budget_status(tenant=tenant, now=midnight + timedelta(seconds=1))
+    status = budget_status(tenant=tenant, now=MIDNIGHT + timedelta(seconds=1))
     assert (status.spent, status.remaining) == (D("0.2"), D("0.8"))
     with pytest.raises(BudgetExhausted):
-        hold(tenant, D("0.81"), "too-much", now=midnight + timedelta(seconds=2))
-    hold(tenant, D("0.8"), "fits", now=midnight + timedelta(seconds=2))
+        hold(tenant, D("0.81"), "too-much", now=MIDNIGHT + timedelta(seconds=2))
+    hold(tenant, D("0.8"), "fits", now=MIDNIGHT + timedelta(seconds=2))
     # And reading the old day again still shows the old day's spend.
-    assert budget_status(tenant=tenant, now=midnight - timedelta(seconds=1)).spent == D("0.7")
+    assert budget_status(tenant=tenant, now=MIDNIGHT - timedelta(seconds=1)).spent == D("0.7")
 
 
 # --- LiteLLM regression: a window applied on update causing an immediate refusal -----------------
@@ -313,10 +302,9 @@ def test_a_charge_above_its_hold_is_charged_in_full(tenant, market) -> None:
 
 def test_open_holds_count_across_a_window_boundary(tenant) -> None:
     budget_set(tenant=tenant, limit="1", period=Period.DAY)
-    midnight = datetime(2026, 11, 19, tzinfo=UTC)
-    hold(tenant, D("0.7"), "in-flight", now=midnight - timedelta(seconds=1))
+    hold(tenant, D("0.7"), "in-flight", now=MIDNIGHT - timedelta(seconds=1))
     # The request is still in flight after midnight: its money stays reserved.
-    status = budget_status(tenant=tenant, now=midnight + timedelta(seconds=1))
+    status = budget_status(tenant=tenant, now=MIDNIGHT + timedelta(seconds=1))
     assert (status.spent, status.held, status.remaining) == (D(0), D("0.7"), D("0.3"))
 
 

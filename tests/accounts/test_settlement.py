@@ -21,31 +21,22 @@ from accounts.services import (
     round_record_settle,
     token_charge,
 )
-from tests.accounts.factories import NOW, admitted, market_create, round_record, tenant_create
+from tests.accounts.factories import NOW, admitted, market_create, round_record
 
 pytestmark = pytest.mark.django_db
 
 D = Decimal
 
 
-@pytest.fixture
-def market():
-    return market_create()
-
-
-@pytest.fixture
-def tenant():
-    return tenant_create("acme")
-
-
-def open_(tenant, market, rid, *, hold="1", now=NOW) -> Request:
+def open_(tenant, market, rid, *, hold="1", bid="0.5", priority_cap=None, now=NOW) -> Request:
     return request_open(
         request_id=rid,
         tenant=tenant,
         api_key=None,
         market=market,
-        bid="0.5",
+        bid=bid,
         hold_amount=hold,
+        priority_cap=priority_cap,
         now=now,
     )
 
@@ -247,16 +238,7 @@ def test_a_priority_charge_never_goes_past_the_requests_cap(tenant, market) -> N
 
     budget = budget_set(tenant=tenant, limit="1.5", period=Period.DAY)
     # Hold 1.0 = tokens 0.4 + priority cap 0.6 (e.g. bid 0.01 $/s x 60 s).
-    request_open(
-        request_id="r1",
-        tenant=tenant,
-        api_key=None,
-        market=market,
-        bid="0.01",
-        hold_amount="1.0",
-        priority_cap=D("0.6"),
-        now=NOW,
-    )
+    open_(tenant, market, "r1", hold="1.0", bid="0.01", priority_cap=D("0.6"))
     open_(tenant, market, "r2", hold="0.5")  # no cap: charged as the engine says
     record = round_record("sim:1:7", [admitted("r1", 0.9), admitted("r2", 0.45, position=1)])
     assert round_record_settle(record=record, now=NOW).charged == 2
@@ -273,14 +255,5 @@ def test_a_priority_charge_never_goes_past_the_requests_cap(tenant, market) -> N
 @pytest.mark.parametrize("cap", ["-0.01", "1.01"])
 def test_a_priority_cap_outside_the_hold_is_refused(tenant, market, cap) -> None:
     with pytest.raises(ValueError, match="priority_cap"):
-        request_open(
-            request_id="r1",
-            tenant=tenant,
-            api_key=None,
-            market=market,
-            bid="0.01",
-            hold_amount="1.0",
-            priority_cap=D(cap),
-            now=NOW,
-        )
+        open_(tenant, market, "r1", hold="1.0", bid="0.01", priority_cap=D(cap))
     assert not Request.objects.exists() and not Hold.objects.exists()

@@ -53,5 +53,8 @@ def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    time.sleep(1.0)
+    # The children close their ports as they exit: wait for that, not for a fixed second.
+    stopped = time.monotonic() + 15
+    while (_listening(web) or _listening(engine)) and time.monotonic() < stopped:
+        time.sleep(0.1)
     assert not _listening(web) and not _listening(engine), "children left behind"

@@ -119,7 +119,11 @@ def test_the_redis_sink_reconnects_after_a_failure() -> None:
         await asyncio.sleep(0.1)
         sink.offer(record)  # type: ignore[arg-type]  # sent: after the back-off
         await sink.flush()
-        await asyncio.sleep(0.05)
+        # flush() returns once the queue is empty, while the XADD may still be on its way (a
+        # first connection): wait for its outcome rather than for a fixed 50 ms.
+        deadline = time.monotonic() + 5
+        while sink.sent + sink.dropped < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         await sink.aclose()
         return sink.dropped, sink.sent, redis.Redis.from_url(settings.REDIS_URL).xlen(stream)
 

@@ -189,5 +189,6 @@ def test_holds_charges_and_failures_of_one_tenant_at_once_agree_with_the_ledger(
     assert status.spent == sum(LedgerEntry.objects.values_list("amount", flat=True), Decimal(0))
     assert status.spent <= Decimal("1")
     tenant_budget, key_budget = budget_statuses_for_tenant(tenant=tenant, now=NOW)
+    assert (tenant_budget.scope, tenant_budget.spent) == ("tenant", status.spent)
     assert key_budget.scope == "key"
     assert key_budget.spent <= Decimal("0.5")

@@ -14,18 +14,9 @@ from typing import Any
 
 from django.db.models import Sum
 from django.db.models.functions import TruncHour, TruncMinute
-from django.utils import timezone
 
-from accounts.models import (
-    AutobidderStep,
-    Budget,
-    ChargeKind,
-    LedgerEntry,
-    Request,
-    Tenant,
-)
+from accounts.models import AutobidderStep, ChargeKind, LedgerEntry, Request, Tenant
 from accounts.money import ZERO
-from accounts.selectors.budgets import BudgetStatus, budget_usage
 
 
 @dataclass(frozen=True)
@@ -61,25 +52,10 @@ class SpendPoint:
     cumulative: Decimal  # dollars spent from the window's start to ``at``
 
 
-def tenant_budget_status(*, tenant: Tenant, now: datetime | None = None) -> BudgetStatus | None:
-    """The tenant's own budget (not its keys') in its current window, or None without one."""
-    budget = Budget.objects.filter(tenant=tenant, api_key__isnull=True).first()
-    if budget is None:
-        return None
-    return budget_usage(budget=budget, now=now or timezone.now())
-
-
-def spent_since(*, tenant: Tenant, since: datetime, until: datetime | None = None) -> Decimal:
-    """Dollars charged to ``tenant`` in ``[since, until)`` (until: open)."""
+def spent_since(*, tenant: Tenant, since: datetime) -> Decimal:
+    """Dollars charged to ``tenant`` from ``since`` on."""
     entries = LedgerEntry.objects.filter(tenant=tenant, created_at__gte=since)
-    if until is not None:
-        entries = entries.filter(created_at__lt=until)
     return entries.aggregate(total=Sum("amount"))["total"] or ZERO
-
-
-def day_start(now: datetime) -> datetime:
-    """00:00 UTC of ``now``'s day."""
-    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def requests_why(
@@ -178,11 +154,10 @@ def autobidder_latest(*, tenant: Tenant) -> tuple[datetime, float] | None:
 
 
 def tenants_active_since(*, since: datetime) -> dict[int, list[str]]:
-    """Tenants with ledger entries created since ``since``: tenant id -> those requests."""
+    """Tenants with ledger entries created since ``since``: tenant id -> those requests (a
+    request charged twice is named twice; the spend tick takes each once)."""
     active: dict[int, list[str]] = {}
     rows = LedgerEntry.objects.filter(created_at__gte=since).values_list("tenant_id", "request_id")
     for tenant_id, request_id in rows[:5000]:
-        ids = active.setdefault(tenant_id, [])
-        if request_id not in ids:
-            ids.append(request_id)
+        active.setdefault(tenant_id, []).append(request_id)
     return active

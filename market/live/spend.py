@@ -15,15 +15,8 @@ from django.utils import timezone
 
 from accounts.models import Tenant
 from accounts.money import money_str
-from accounts.selectors.budgets import BudgetStatus
-from accounts.selectors.live import (
-    RequestWhy,
-    autobidder_latest,
-    day_start,
-    requests_why,
-    spent_since,
-    tenant_budget_status,
-)
+from accounts.selectors.budgets import BudgetStatus, budget_status
+from accounts.selectors.live import RequestWhy, autobidder_latest, requests_why, spent_since
 from accounts.windows import window_for
 from market.live.send import group_send_many
 from market.payloads import (
@@ -108,18 +101,19 @@ def spend_tick(
         if ids
         else []
     )
-    status = tenant_budget_status(tenant=tenant, now=now)
+    status = budget_status(tenant=tenant, now=now)  # without a key: the tenant's own budget
     if status is not None:
         spent_window = status.spent
     else:
         spent_window = spent_since(tenant=tenant, since=window_for(period="month", now=now).start)
+    today = window_for(period="day", now=now)
     return {
         "kind": "spend.tick",
         "tenant": tenant.slug,
         "at": now.timestamp(),
         "budget": budget_line(status),
         "spent_window": money_str(spent_window),
-        "spent_today": money_str(spent_since(tenant=tenant, since=day_start(now))),
+        "spent_today": money_str(spent_since(tenant=tenant, since=today.start)),
         "autobidder": autobidder_point(tenant),
         "requests": rows,
     }

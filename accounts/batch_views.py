@@ -53,10 +53,7 @@ def batch_upload(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         return redirect("accounts:tenant_dashboard", slug=tenant.slug)
     upload = form.cleaned_data["input"]
     try:
-        if upload.size > max_bytes():
-            raw = upload.read(max_bytes() + 1)  # input_decoded refuses it
-        else:
-            raw = upload.read()
+        raw = upload.read(max_bytes() + 1)  # one byte over the limit: input_decoded refuses it
         batch = batch_create(
             tenant=tenant,
             api_key=form.cleaned_data["api_key"],

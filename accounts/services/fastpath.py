@@ -29,6 +29,7 @@ from django.db import DEFAULT_DB_ALIAS, connection
 from django.db.backends.utils import CursorWrapper
 from django.db.models import Model
 
+from accounts.models.budgets import WINDOWED_PERIODS
 from accounts.windows import window_for
 
 M = TypeVar("M", bound=Model)
@@ -117,7 +118,8 @@ def _cursor() -> CursorWrapper:
 
 
 def _windows(now: datetime) -> dict[str, datetime]:
-    return {p: window_for(period=p, now=now).start for p in ("day", "week", "month")}
+    """The start of each windowed period's window at ``now``: the counters' ``*_start``."""
+    return {p: window_for(period=p, now=now).start for p in WINDOWED_PERIODS}
 
 
 # How many counter rows a request of (tenant, key) needs: the tenant's, and the key's if any.

@@ -33,19 +33,6 @@ MIN_INTERVAL_S = 0.5  # at most two book messages per second per market
 STATE_TTL_S = 24 * 3600  # a market silent this long starts again from version 0
 LOCK_TTL_S = 5  # a lock left by a dead publisher expires after this, seconds
 LOCK_WAIT_S = 1.0  # how long a publisher waits for the lock before giving up this time
-ROW_FIELDS = (
-    "key",
-    "label",
-    "depth",
-    "prefix_tokens",
-    "cached_tokens",
-    "requests",
-    "bid_sum",
-    "bid_mean",
-    "density",
-    "rank",
-    "position",
-)
 
 
 class BookState(TypedDict):

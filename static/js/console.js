@@ -208,7 +208,7 @@
         const share = Math.min(1, Number(b.spent) / Number(b.limit));
         const wrap = el("div", {class: "used"});
         const meter = el("div", {class: "meter"});
-        const fill = el("span", {class: share > 0.9 ? "bad" : share > 0.75 ? "warn" : ""});
+        const fill = el("span", {class: meterClass(share)});
         fill.style.width = `${(share * 100).toFixed(1)}%`;
         meter.append(fill);
         wrap.append(meter, el("span", {class: "small muted"}, `${(share * 100).toFixed(0)}%`));

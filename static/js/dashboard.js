@@ -16,7 +16,7 @@
     latencySeen: new Set(initial.latency.map((p) => p.id)),
     requests: new Map(initial.requests.map((r) => [r.request_id, r])),
     mu: initial.autobidder.steps,
-    dirty: {pacing: true, latency: true, mu: true, requests: true},
+    dirty: {pacing: true, latency: true, mu: true},
   };
 
   // --- spend ---------------------------------------------------------------------------------
@@ -34,7 +34,7 @@
       const share = Number(b.limit) > 0 ? Math.min(1, Number(b.spent) / Number(b.limit)) : 0;
       const meter = $("kpi-meter");
       meter.style.width = `${(share * 100).toFixed(1)}%`;
-      meter.className = share > 0.9 ? "bad" : share > 0.75 ? "warn" : "";
+      meter.className = meterClass(share);
     } else {
       $("kpi-window-label").textContent = "Spent this month";
       $("kpi-spent").textContent = fmt.dollars(t.spent_window);

@@ -7,10 +7,9 @@
 "use strict";
 
 class LiveSocket {
-  constructor(path, onMessage, stateElement, onOpen) {
+  constructor(path, onMessage, stateElement) {
     this.path = path;
     this.onMessage = onMessage;
-    this.onOpen = onOpen || (() => {});
     this.stateElement = stateElement;
     this.delay = 0;
     this.ws = null;
@@ -30,7 +29,6 @@ class LiveSocket {
     ws.onopen = () => {
       this.delay = 0;
       this.setState("live", "live");
-      this.onOpen(this);
     };
     ws.onmessage = (event) => {
       try {
@@ -55,11 +53,10 @@ class LiveSocket {
 
 const fmt = {
   /** Dollars: exact strings or numbers; small amounts keep their significant digits. */
-  dollars(value, digits) {
+  dollars(value) {
     if (value === null || value === undefined || value === "") return "—";
     const x = Number(value);
     if (!Number.isFinite(x)) return "—";
-    if (digits !== undefined) return x.toFixed(digits);
     const a = Math.abs(x);
     if (a === 0) return "0.00";
     if (a >= 100) return x.toLocaleString("en-US", {maximumFractionDigits: 2, minimumFractionDigits: 2});
@@ -120,7 +117,7 @@ const fmt = {
   },
 };
 
-/** Replace a table body's rows; rows are [html, attributes] built by the caller. */
+/** A new element with attributes ("class" sets its className) and, if given, its text. */
 function el(tag, attrs, text) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -133,6 +130,11 @@ function el(tag, attrs, text) {
 
 function cell(text, cls) {
   return el("td", cls ? {class: cls} : {}, text);
+}
+
+/** The class of a budget meter filled to ``share`` (0..1): warn past 75%, bad past 90%. */
+function meterClass(share) {
+  return share > 0.9 ? "bad" : share > 0.75 ? "warn" : "";
 }
 
 /** A quantile of a list of numbers (q in 0..1), nearest rank; null when empty. */

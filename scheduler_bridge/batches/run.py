@@ -48,7 +48,7 @@ from scheduler_bridge.batches.services import batch_finished, batch_started, ite
 from scheduler_bridge.engine_client import engine_client
 from scheduler_bridge.gateway import services
 from scheduler_bridge.gateway.db import db_call
-from scheduler_bridge.gateway.errors import EngineBusy, GatewayError, InvalidApiKey
+from scheduler_bridge.gateway.errors import EngineBusy, GatewayError, InvalidApiKey, ServerError
 from scheduler_bridge.gateway.validation import CompletionParams
 from scheduler_bridge.models import BatchItem, BatchJob, ItemStatus
 
@@ -183,24 +183,20 @@ async def _item_run(batch: BatchJob, item_id: int) -> None:
                 ),
             )
             return
-        except EngineBusy as exc:
-            if retries > 0:
+        except GatewayError as exc:
+            if isinstance(exc, EngineBusy) and retries > 0:
                 retries -= 1
                 wait = min(float(exc.headers.get("Retry-After", 1)), MAX_BUSY_WAIT_S)
                 await asyncio.sleep(wait)
                 claim = await db_call(item_next_attempt, batch=batch, claim=claim)
                 continue
-            await db_call(_failed, claim=claim, exc=exc)
-            return
-        except GatewayError as exc:
-            await db_call(_failed, claim=claim, exc=exc)
+            await db_call(_failed, item_id=claim.item_id, request_id=claim.request_id, exc=exc)
             return
         except Exception as exc:  # noqa: BLE001 (one item's surprise must not stop the batch)
             logger.exception("batch %s: item %s failed", batch.public_id, item_id)
-            error = GatewayError(f"internal error while running the item: {exc!r}")
-            error.status, error.type, error.code = 500, "server_error", "internal_error"
+            error = ServerError(f"internal error while running the item: {exc!r}")
             await db_call(request_fail, request_id=claim.request_id)  # release any hold
-            await db_call(_failed, claim=claim, exc=error)
+            await db_call(_failed, item_id=claim.item_id, request_id=claim.request_id, exc=error)
             return
 
 
@@ -235,10 +231,11 @@ def _served(body: dict[str, Any], *, item_id: int, request_id: str) -> None:
         raise RuntimeError(f"item {item_id} is no longer running attempt {request_id}")
 
 
-def _failed(*, claim: Claim, exc: GatewayError) -> None:
+def _failed(*, item_id: int, request_id: str, exc: GatewayError) -> None:
+    """Finish the item's attempt ``request_id`` as failed, answered with ``exc``'s body."""
     item_finished(
-        item_id=claim.item_id,
-        request_id=claim.request_id,
+        item_id=item_id,
+        request_id=request_id,
         status=ItemStatus.FAILED,
         status_code=exc.status,
         response=exc.body(),
@@ -266,7 +263,7 @@ def item_claimed(*, batch: BatchJob, item_id: int) -> Claim | None:
                 .first()
             )
             if earlier == RequestStatus.SERVED:  # cannot happen: answers commit with charges
-                _finish_now(item, _lost(item.request_id))
+                _failed(item_id=item.pk, request_id=item.request_id, exc=_lost(item.request_id))
                 return None
             if earlier is not None:  # opened by a run that died, or failed: never charged
                 request_fail(request_id=item.request_id)
@@ -286,7 +283,7 @@ def item_claimed(*, batch: BatchJob, item_id: int) -> Claim | None:
         )
         item.save(update_fields=["status", "attempts", "request_id"])
         if refusal is not None:
-            _finish_now(item, refusal)
+            _failed(item_id=item.pk, request_id=item.request_id, exc=refusal)
             return None
     assert params is not None
     return Claim(item_id=item.pk, request_id=item.request_id, params=params)
@@ -315,30 +312,17 @@ def _key_active(api_key_id: int) -> bool:
 
 
 def _lost(request_id: str) -> GatewayError:
-    error = GatewayError(
+    return ServerError(
         f"request {request_id} was served and charged but its answer was not kept; "
-        "it is not run again"
-    )
-    error.status, error.type, error.code = 500, "server_error", "answer_lost"
-    return error
-
-
-def _finish_now(item: BatchItem, exc: GatewayError) -> None:
-    item_finished(
-        item_id=item.pk,
-        request_id=item.request_id,
-        status=ItemStatus.FAILED,
-        status_code=exc.status,
-        response=exc.body(),
-        error={"code": exc.code, "message": exc.message},
+        "it is not run again",
+        code="answer_lost",
     )
 
 
 def _items_failed(batch: BatchJob, message: str) -> None:
     """After the run itself failed (nothing of it in flight any more): fail every item it left,
     releasing the holds of attempts it had opened."""
-    error = GatewayError(message)
-    error.status, error.type, error.code = 500, "server_error", "batch_failed"
+    error = ServerError(message, code="batch_failed")
     left = BatchItem.objects.filter(
         batch=batch, status__in=(ItemStatus.PENDING, ItemStatus.RUNNING)
     )

@@ -98,6 +98,14 @@ class EngineBusy(GatewayError):
     code = "queue_full"
 
 
+class ServerError(GatewayError):
+    """500: the gateway itself failed (a bug, a batch run that broke); ``code`` says where."""
+
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+
 class EngineDown(GatewayError):
     """503: the engine is down or failed; the request was not served and is not charged."""
 

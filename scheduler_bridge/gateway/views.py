@@ -15,7 +15,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from scheduler_bridge.gateway import metrics, services
-from scheduler_bridge.gateway.errors import GatewayError, MalformedRequest, MethodNotAllowed
+from scheduler_bridge.gateway.errors import (
+    GatewayError,
+    MalformedRequest,
+    MethodNotAllowed,
+    ServerError,
+)
 from scheduler_bridge.gateway.validation import CHAT, COMPLETIONS, body_parsed, completion_params
 
 logger = logging.getLogger(__name__)
@@ -37,6 +42,12 @@ def _error(exc: GatewayError) -> JsonResponse:
     return response
 
 
+def _methods(request: HttpRequest, *allowed: str) -> None:
+    """MethodNotAllowed unless the request's method is one of ``allowed``."""
+    if request.method not in allowed:
+        raise MethodNotAllowed(f"{request.method} is not allowed here; use {' or '.join(allowed)}")
+
+
 def _bearer(request: HttpRequest) -> str | None:
     """The API key of ``Authorization: Bearer <key>``, or None."""
     scheme, _, key = request.headers.get("Authorization", "").strip().partition(" ")
@@ -56,8 +67,7 @@ async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:
     trace = services.Trace(endpoint=endpoint)
     started = time.perf_counter()
     try:
-        if request.method != "POST":
-            raise MethodNotAllowed(f"{request.method} is not allowed here; use POST")
+        _methods(request, "POST")
         try:
             raw = request.body
         except RequestDataTooBig:
@@ -82,8 +92,7 @@ async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:
         return _error(exc)
     except Exception:
         logger.exception("gateway: unexpected error on %s", endpoint)
-        error = GatewayError("internal error in the gateway", code="internal_error")
-        error.status, error.type = 500, "server_error"
+        error = ServerError("internal error in the gateway")
         metrics.answered(market=trace.market, endpoint=endpoint, status=500, error=error.code)
         return _error(error)
     metrics.answered(market=trace.market, endpoint=endpoint, status=200)
@@ -107,8 +116,7 @@ async def completions(request: HttpRequest) -> HttpResponse:
 async def models(request: HttpRequest) -> HttpResponse:
     """``GET /v1/models``: the active markets' served models."""
     try:
-        if request.method != "GET":
-            raise MethodNotAllowed(f"{request.method} is not allowed here; use GET")
+        _methods(request, "GET")
         body = await services.models_list(key=_bearer(request))
     except GatewayError as exc:
         metrics.answered(market=metrics.NO_MARKET, endpoint="models", status=exc.status,

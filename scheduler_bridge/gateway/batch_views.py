@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -21,19 +22,14 @@ from scheduler_bridge.batches import selectors
 from scheduler_bridge.batches.input import BatchTooLarge, input_decoded, max_bytes
 from scheduler_bridge.batches.services import BatchNotFound, batch_cancel, batch_create
 from scheduler_bridge.gateway.db import db_call
-from scheduler_bridge.gateway.errors import GatewayError, MalformedRequest, MethodNotAllowed
+from scheduler_bridge.gateway.errors import GatewayError, MalformedRequest
 from scheduler_bridge.gateway.keys import api_key_authenticated
-from scheduler_bridge.gateway.views import _bearer, _error
+from scheduler_bridge.gateway.views import _bearer, _error, _methods
 from scheduler_bridge.models import BatchJob
 
 DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 100
 JSONL = "application/jsonl"
-
-
-def _methods(request: HttpRequest, *allowed: str) -> None:
-    if request.method not in allowed:
-        raise MethodNotAllowed(f"{request.method} is not allowed here; use {' or '.join(allowed)}")
 
 
 def _raw_body(request: HttpRequest) -> bytes:
@@ -138,26 +134,28 @@ async def batches(request: HttpRequest) -> HttpResponse:
     return JsonResponse(body)
 
 
-@csrf_exempt
-async def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
-    """``GET /v1/batches/{id}``."""
+async def _batch_response(
+    request: HttpRequest, method: str, call: Callable[..., dict[str, Any]], batch_id: str
+) -> HttpResponse:
+    """``call(key=, batch_id=)``'s batch object (on a database thread) as JSON, or the refusal."""
     try:
-        _methods(request, "GET")
-        body = await db_call(_retrieve, key=_bearer(request), batch_id=batch_id)
+        _methods(request, method)
+        body = await db_call(call, key=_bearer(request), batch_id=batch_id)
     except GatewayError as exc:
         return _error(exc)
     return JsonResponse(body)
+
+
+@csrf_exempt
+async def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
+    """``GET /v1/batches/{id}``."""
+    return await _batch_response(request, "GET", _retrieve, batch_id)
 
 
 @csrf_exempt
 async def batch_cancel_view(request: HttpRequest, batch_id: str) -> HttpResponse:
     """``POST /v1/batches/{id}/cancel``."""
-    try:
-        _methods(request, "POST")
-        body = await db_call(_cancel, key=_bearer(request), batch_id=batch_id)
-    except GatewayError as exc:
-        return _error(exc)
-    return JsonResponse(body)
+    return await _batch_response(request, "POST", _cancel, batch_id)
 
 
 async def _results_response(request: HttpRequest, batch_id: str, kind: str) -> HttpResponse:

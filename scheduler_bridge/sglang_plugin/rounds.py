@@ -3,7 +3,8 @@
 A round is one prefill attempt of SGLang's scheduler: the waiting queue was ordered (one
 Clearing), and the scheduler admitted some requests from its front. Each admitted request pays
 the priority charge of that round's plan (DESIGN.md 4.5). Every ``book_interval_s`` seconds at
-most, the record also carries the order book's subtrees (``market.mechanism.book``).
+most, the record also carries the order book's subtrees (``market.mechanism.book``), as
+``subtree_summaries`` writes them for both engines. SGLang-free: the simulated engine imports it.
 
 Units: bids in $/s of waiting, charges in dollars, times in seconds (``time`` is Unix time).
 """
@@ -122,21 +123,29 @@ class RoundRecorder:
         if tick < self._next_book:
             return []
         self._next_book = tick + self.book_interval_s
-        rows = subtree_book(tree, clearing, max_depth=BOOK_DEPTH, limit=BOOK_LIMIT)
-        return [
-            {
-                # The simulated engine's key for the same prefix: the same subtree, one key.
-                "key": f"{hash(tuple(row.prefix)) & 0xFFFFFFFFFFFF:012x}",
-                "label": self.label(tuple(row.prefix[:LABEL_TOKENS])),
-                "depth": row.depth,
-                "prefix_tokens": len(row.prefix),
-                "cached_tokens": row.cached_tokens,
-                "requests": row.requests,
-                "bid_sum": row.bid_sum,
-                "bid_mean": row.bid_mean,
-                "density": row.density,
-                "rank": row.rank,
-                "first_position": row.first_position,
-            }
-            for row in rows
-        ]
+        return subtree_summaries(tree, clearing, self.label)
+
+
+def subtree_summaries(
+    tree: RequestTree, clearing: Clearing, label: Callable[[Sequence[int]], str]
+) -> list[SubtreeSummary]:
+    """The round's order book as a record carries it, for either engine: ``BOOK_DEPTH`` levels,
+    at most ``BOOK_LIMIT`` subtrees; call it while the tree is as the round cleared it."""
+    rows = subtree_book(tree, clearing, max_depth=BOOK_DEPTH, limit=BOOK_LIMIT)
+    return [
+        {
+            # A hash of the prefix: the same subtree has the same key in every engine's records.
+            "key": f"{hash(tuple(row.prefix)) & 0xFFFFFFFFFFFF:012x}",
+            "label": label(tuple(row.prefix[:LABEL_TOKENS])),
+            "depth": row.depth,
+            "prefix_tokens": len(row.prefix),
+            "cached_tokens": row.cached_tokens,
+            "requests": row.requests,
+            "bid_sum": row.bid_sum,
+            "bid_mean": row.bid_mean,
+            "density": row.density,
+            "rank": row.rank,
+            "first_position": row.first_position,
+        }
+        for row in rows
+    ]

@@ -19,7 +19,6 @@ has to retract a running request (SGLang reserves less and retracts when it gues
 
 from __future__ import annotations
 
-import itertools
 import time
 import zlib
 from collections.abc import Callable
@@ -32,9 +31,10 @@ from market.mechanism import (
     WaitingRequest,
     clear_tree,
 )
-from market.mechanism.book import block_of, subtree_book
+from market.mechanism.book import block_of
 
 from ..records import SCHEMA, AdmittedRequest, RoundRecord, SubtreeSummary
+from ..sglang_plugin.rounds import subtree_summaries, token_label
 from .config import EngineConfig
 from .kvcache import KVCache, KVNode
 
@@ -122,7 +122,7 @@ class Engine:
         self.market = market
         self.engine_id = engine_id
         self.book_interval_s = book_interval_s
-        self.label = label or (lambda toks: " ".join(map(str, toks[:8])))
+        self.label = label or token_label
         self.tree = RequestTree()
         self.kv = KVCache(self.config.kv_capacity_tokens)
         self.waiting: dict[str, SimRequest] = {}
@@ -131,7 +131,6 @@ class Engine:
         self.outside = 0  # KV tokens running requests hold outside the tree (reservations)
         self._by_memo: dict[KVNode, set[str]] = {}  # waiting request ids by match end
         self._epoch = f"{int(time.time() * 1000):x}"
-        self._rounds = itertools.count(1)
         self._next_book = 0.0
         # Counters for /metrics and the benchmark.
         self.prompt_tokens = 0
@@ -277,7 +276,8 @@ class Engine:
         defer = policy in DFS_AUCTIONS and cfg.in_batch_defer_tokens > 0
         batch = self.tree.begin_batch() if defer else None
         kv = self.kv
-        round_id = f"{self.engine_id}:{self._epoch}:{next(self._rounds)}"
+        self.rounds += 1
+        round_id = f"{self.engine_id}:{self._epoch}:{self.rounds}"
         admitted: list[SimRequest] = []
         for position, rid in enumerate(clearing.order):
             if len(admitted) >= room or budget <= 0:
@@ -317,7 +317,6 @@ class Engine:
             if n < extend:
                 self.chunked = req
                 break
-        self.rounds += 1
         if not admitted:
             return None
         book = self._book(now, clearing)
@@ -335,23 +334,7 @@ class Engine:
         if self.book_interval_s is None or now < self._next_book:
             return []
         self._next_book = now + self.book_interval_s
-        rows = subtree_book(self.tree, clearing, max_depth=2, limit=32)
-        return [
-            {
-                "key": f"{hash(tuple(row.prefix)) & 0xFFFFFFFFFFFF:012x}",
-                "label": self.label(tuple(row.prefix[:16])),
-                "depth": row.depth,
-                "prefix_tokens": len(row.prefix),
-                "cached_tokens": row.cached_tokens,
-                "requests": row.requests,
-                "bid_sum": row.bid_sum,
-                "bid_mean": row.bid_mean,
-                "density": row.density,
-                "rank": row.rank,
-                "first_position": row.first_position,
-            }
-            for row in rows
-        ]
+        return subtree_summaries(self.tree, clearing, self.label)
 
     def _record(self, now, round_id, clearing, admitted, book, blocks) -> RoundRecord:
         reserve = self.reserve
@@ -380,7 +363,7 @@ class Engine:
             "engine": self.engine_id,
             "market": self.market,
             "round_id": round_id,
-            "seq": int(round_id.rsplit(":", 1)[1]),
+            "seq": self.rounds,
             "time": now,
             "policy": clearing.policy,
             "reserve": reserve,

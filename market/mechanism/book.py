@@ -38,31 +38,28 @@ def subtree_book(
     """Subtrees down to ``max_depth``, at most ``limit`` of them, biggest first at each level.
 
     Works for every policy: aggregates are recomputed from the tree and the round's order
-    (time proportional to the number of nodes). Call it before the tree changes.
+    (time proportional to the number of nodes); cached depths are the tree's own. Call it
+    before the tree changes.
     """
     if tree.version != clearing._version:
         raise RuntimeError("the request tree changed since this round was cleared")
     position = {rid: i for i, rid in enumerate(clearing.order)}
     reserve = round(clearing.reserve * BID_SCALE)
     overhead = clearing.overhead_tokens
-    stats: dict[Node, tuple[int, int, int, int, int]] = {}  # n, bid ticks, work, first, cached
+    stats: dict[Node, tuple[int, int, int, int]] = {}  # n, bid ticks, work, first
     for x in reversed(tree.nodes()):
         n = len(x.reqs)
         bsum = 0
         first = len(position)
-        cached = 0
         for e in x.reqs.values():
             if e.ticks >= reserve:
                 bsum += e.ticks
             first = min(first, position[e.req.id])
-            cached = max(cached, e.req.cached_len)
-        work = n * overhead
+        work = n * overhead + x.ew
         for c in x.children.values():
-            cn, cb, cw, cf, cc = stats[c]
-            n, bsum, work = n + cn, bsum + cb, work + cw
-            first, cached = min(first, cf), max(cached, cc)
-        edge = 0 if cached >= x.end else x.end - max(cached, x.start)
-        stats[x] = (n, bsum, work + edge, first, cached)
+            cn, cb, cw, cf = stats[c]
+            n, bsum, work, first = n + cn, bsum + cb, work + cw, min(first, cf)
+        stats[x] = (n, bsum, work, first)
     rows: list[SubtreeRow] = []
     level = [(tree.root, 0)]
     while level and len(rows) < limit:
@@ -72,13 +69,13 @@ def subtree_book(
                 continue
             children = sorted(node.children.values(), key=lambda c: stats[c][3])
             for rank, c in enumerate(children):
-                n, bsum, work, first, cached = stats[c]
+                n, bsum, work, first = stats[c]
                 dollars = bsum / BID_SCALE
                 rows.append(
                     SubtreeRow(
                         prefix=c.seq[: c.end],
                         depth=depth + 1,
-                        cached_tokens=min(cached, c.end),
+                        cached_tokens=min(c.cached, c.end),
                         requests=n,
                         bid_sum=dollars,
                         bid_mean=dollars / n,

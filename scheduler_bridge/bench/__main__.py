@@ -41,28 +41,23 @@ from .trace import load_trace
 from .workloads import Workload, agents, gsp, nosharing
 
 
-def _floats(text: str) -> tuple[float, ...]:
+def _positives(text: str, kind: type, noun: str) -> tuple:
+    """The comma-separated positive ``kind`` values of ``text``, for argparse."""
     try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
+        values = tuple(kind(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected numbers separated by commas: {text!r}"
-        ) from None
-    if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers: {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {noun} separated by commas: {text!r}") from None
+    if not values or not all(0 < v < math.inf for v in values):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected positive {noun}: {text!r}")
     return values
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return _positives(text, float, "numbers")
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected integers separated by commas: {text!r}"
-        ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
-    return values
+    return _positives(text, int, "integers")
 
 
 def build_parser() -> argparse.ArgumentParser:

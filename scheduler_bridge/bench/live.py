@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import time
 from collections.abc import Sequence
@@ -162,7 +161,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.html:
             _bars(out, args.html)
     else:
-        random.seed(args.seed)
         out = asyncio.run(drive(args))
         print(json.dumps(out["metrics"], indent=2))
     if args.json:

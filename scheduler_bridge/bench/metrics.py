@@ -9,19 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-
-# The keys of one policy's entry in ``--json``, in order.
-METRIC_KEYS = (
-    "mean_ttft_s",
-    "p50_ttft_s",
-    "p99_ttft_s",
-    "mean_e2e_s",
-    "cache_hit_rate",
-    "throughput_tokens_per_s",
-    "welfare",
-    "revenue",
-)
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -52,6 +40,10 @@ class PolicyMetrics:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+# The keys of one policy's entry in ``--json``, in order.
+METRIC_KEYS = tuple(f.name for f in fields(PolicyMetrics))
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -30,7 +30,7 @@ import json
 import random
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from market.mechanism.pacing import PacingAgent
 from scheduler_bridge.sim import Engine, EngineConfig, SimRequest
@@ -239,9 +239,7 @@ def evaluate_seed(
                 curves[tenant] = focal.curve
         zero_cost = results[tenant]["zero"].cost
         for name, r in list(results[tenant].items()):
-            results[tenant][name] = TenantResult(
-                r.strategy, r.spent, r.budget, r.peak_share, r.cost, zero_cost - r.cost - r.spent
-            )
+            results[tenant][name] = replace(r, utility=zero_cost - r.cost - r.spent)
     return budgets, results, curves
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .metrics import METRIC_KEYS
+from .metrics import METRIC_KEYS, ratio
 from .runner import Point
 from .sweep import SweepPoint
 
@@ -28,9 +28,8 @@ def _num(fmt: str, value: float) -> str:
 
 
 def _ratio(value: float, base: float) -> str:
-    if base == 0 or math.isnan(base) or math.isnan(value):
-        return "  -  "
-    return f"x{value / base:.2f}"
+    r = ratio(value, base)
+    return "  -  " if math.isnan(r) else f"x{r:.2f}"
 
 
 def point_header(point: Point) -> str:

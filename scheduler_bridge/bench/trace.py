@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 from market.mechanism import MAX_BID
@@ -120,8 +121,7 @@ def parse_trace(lines: list[str], *, time_scale: float = 1.0, seed: int = 0) -> 
         raise TraceError("the trace holds no requests")
     default = classes_by_quantile([r.bid for r, _ in rows])
     requests = tuple(
-        BenchRequest(r.id, r.tokens, r.max_new_tokens, r.bid, cls or d, r.arrival, r.tenant)
-        for (r, cls), d in zip(rows, default, strict=True)
+        replace(r, bid_class=cls or d) for (r, cls), d in zip(rows, default, strict=True)
     )
     requests = tuple(sorted(requests, key=lambda r: r.arrival))
     title = f"trace: {len(requests)} requests, time scale {time_scale:g}"

@@ -96,15 +96,18 @@ def bench_size(n: int, *, reps: int, admitted: int, seed: int) -> dict[str, floa
     assert market is not None
     q_sglang, q_ours = list(reqs), list(reqs)
 
+    def price_admitted(clearing) -> None:
+        """What a round that admits the front of the order works out for each admitted."""
+        for rid in clearing.order[:admitted]:
+            clearing.charge(rid)
+            clearing.time_saved(rid)
+
     def run_sglang() -> None:
         sglang.calc_priority(q_sglang)
 
     def run_ours() -> None:
         ours.calc_priority(q_ours)
-        clearing = market.clearing
-        for rid in clearing.order[:admitted]:
-            clearing.charge(rid)
-            clearing.time_saved(rid)
+        price_admitted(market.clearing)
 
     def run_auction() -> None:
         clearing = clear_tree(
@@ -114,9 +117,7 @@ def bench_size(n: int, *, reps: int, admitted: int, seed: int) -> dict[str, floa
             tokens_per_second=config.tokens_per_second,
             overhead_tokens=config.overhead_tokens,
         )
-        for rid in clearing.order[:admitted]:
-            clearing.charge(rid)
-            clearing.time_saved(rid)
+        price_admitted(clearing)
 
     run_sglang()  # warm-up: the plugin builds its request tree here
     run_ours()

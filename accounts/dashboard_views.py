@@ -34,6 +34,7 @@ from accounts.selectors.live import (
 from accounts.views import tenant_page
 from accounts.windows import window_for
 from market.live.spend import request_row, spend_tick
+from market.payloads import SpendTick
 from scheduler_bridge.batches.selectors import batches_for_tenant
 
 LATENCY_LOOKBACK = timedelta(hours=1)
@@ -43,7 +44,7 @@ INVOICES_SHOWN = 6
 BATCHES_SHOWN = 10
 
 
-def _pacing(tenant: Tenant, tick: Any, now: datetime) -> dict[str, Any]:
+def _pacing(tenant: Tenant, tick: SpendTick, now: datetime) -> dict[str, Any]:
     """The budget window (or, with no budget that resets, this month) and the cumulative spend
     in it, for the pacing chart: the ideal line goes from 0 at the start to the limit at the
     reset."""

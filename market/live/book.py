@@ -184,9 +184,8 @@ def book_publish(
         meta = book_meta(record)
         if state is not None and not changed and not removed:
             return "unchanged"
-        version = (state["version"] if state is not None else 0) + 1
         new_state: BookState = {
-            "version": version,
+            "version": (state["version"] if state is not None else 0) + 1,
             "published_at": now,
             "engine": engine,
             "epoch": epoch,
@@ -194,16 +193,7 @@ def book_publish(
             "meta": meta,
             "rows": rows,
         }
-        cache.set(state_key(market), new_state, timeout=STATE_TTL_S)
-        diff: BookDiff = {
-            "kind": "book.diff",
-            **meta,
-            "version": version,
-            "base": version - 1,
-            "changed": changed,
-            "removed": removed,
-        }
-        group_send(market_group(market), diff)
+        _state_publish(market, new_state, changed=changed, removed=removed)
     return "sent"
 
 
@@ -217,20 +207,30 @@ def book_clear(*, market: str, now: float | None = None) -> bool:
         state = book_state(market)
         if state is None or not state["rows"] or now - state["published_at"] < MIN_INTERVAL_S:
             return False
-        version = state["version"] + 1
         meta = {**state["meta"], "waiting": 0}
-        cache.set(
-            state_key(market),
-            {**state, "version": version, "published_at": now, "meta": meta, "rows": {}},
-            timeout=STATE_TTL_S,
-        )
-        diff: BookDiff = {
-            "kind": "book.diff",
-            **meta,
-            "version": version,
-            "base": version - 1,
-            "changed": [],
-            "removed": list(state["rows"]),
+        cleared: BookState = {
+            **state,
+            "version": state["version"] + 1,
+            "published_at": now,
+            "meta": meta,
+            "rows": {},
         }
-        group_send(market_group(market), diff)
+        _state_publish(market, cleared, changed=[], removed=list(state["rows"]))
     return True
+
+
+def _state_publish(
+    market: str, state: BookState, *, changed: list[BookRow], removed: list[str]
+) -> None:
+    """Keep ``state`` as the market's last book and send its diff from the version before.
+    Call holding the market's lock."""
+    cache.set(state_key(market), state, timeout=STATE_TTL_S)
+    diff: BookDiff = {
+        "kind": "book.diff",
+        **state["meta"],
+        "version": state["version"],
+        "base": state["version"] - 1,
+        "changed": changed,
+        "removed": removed,
+    }
+    group_send(market_group(market), diff)

@@ -283,17 +283,19 @@ class RequestTree:
     # --- in-batch sharing (for the engines' admission loop) -----------------------------------
 
     def begin_batch(self) -> int:
-        """Start a prefill batch: returns a stamp for ``batch_shared`` and ``batch_add``."""
+        """Start a prefill batch: returns a stamp for ``batch_recomputed`` and ``batch_add``."""
         self.stamp += 1
         self.root.mark = self.stamp
         return self.stamp
 
-    def batch_shared(self, request_id: str, stamp: int) -> int:
-        """Tokens the request shares with the requests added to the batch ``stamp``."""
-        x = self.entries[request_id].node
+    def batch_recomputed(self, request_id: str, stamp: int) -> int:
+        """Uncached tokens the request shares with the requests added to the batch ``stamp``:
+        what admitting it to that batch would compute a second time (<= 0: nothing)."""
+        entry = self.entries[request_id]
+        x = entry.node
         while x.mark != stamp:
             x = x.parent
-        return x.end
+        return x.end - entry.req.cached_len
 
     def batch_add(self, request_id: str, stamp: int) -> None:
         """Add a request to the batch ``stamp``: its prefix counts as being computed."""

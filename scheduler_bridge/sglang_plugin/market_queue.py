@@ -235,8 +235,7 @@ class MarketQueue:
         rid = req.rid
         if self._cleared_version != self.tree.version or rid not in self.tree:
             return False
-        shared = self.tree.batch_shared(rid, batch)
-        return shared - self.tree.get(rid).cached_len >= self.config.in_batch_defer_tokens
+        return self.tree.batch_recomputed(rid, batch) >= self.config.in_batch_defer_tokens
 
     def admitted_to_batch(self, req: Req, batch: int) -> None:
         """Mark the request's prefix as being computed in the batch."""

@@ -283,10 +283,11 @@ class Engine:
             if len(admitted) >= room or budget <= 0:
                 break
             req = self.waiting[rid]
-            if batch is not None:
-                shared = self.tree.batch_shared(rid, batch)
-                if shared - self.tree.get(rid).cached_len >= cfg.in_batch_defer_tokens:
-                    continue  # the shared prefix is being computed now: next step
+            if (
+                batch is not None
+                and self.tree.batch_recomputed(rid, batch) >= cfg.in_batch_defer_tokens
+            ):
+                continue  # the shared prefix is being computed now: next step
             match, node = kv.match(req.tokens, len(req.tokens) - 1)
             extend = len(req.tokens) - match
             kv.lock(node)

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from accounts.money import MONEY_PLACES
+from accounts.money import MONEY_PLACES, QUANTUM
+from market import mechanism
 from scheduler_bridge.gateway.errors import InvalidValue, MalformedRequest
 
 CHAT = "chat"
 COMPLETIONS = "completions"
-MAX_BID = Decimal(1_000_000)  # dollars per second; the mechanism's MAX_BID
+MAX_BID = Decimal(mechanism.MAX_BID)  # dollars per second: the mechanism's limit
 MAX_TOKENS_LIMIT = 32_768  # largest max_tokens a request may ask for
 DEFAULT_MAX_TOKENS = {CHAT: 256, COMPLETIONS: 16}  # OpenAI's completions default is 16
 DEFAULT_REQUEST_CLASS = "interactive"
@@ -95,7 +96,7 @@ def bid_parsed(value: Any, *, param: str) -> Decimal:
             f"{param} must be at most {MAX_BID} dollars per second, got {_short(value)}",
             param=param,
         )
-    if bid != bid.quantize(Decimal(1).scaleb(-MONEY_PLACES)):
+    if bid != bid.quantize(QUANTUM):
         raise InvalidValue(
             f"{param} has more than {MONEY_PLACES} decimal places: {_short(value)}", param=param
         )

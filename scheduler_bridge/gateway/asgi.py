@@ -37,6 +37,14 @@ def _has_async_receivers(signal: Signal) -> bool:
     return any(entry[-1] is True for entry in signal.receivers)  # (key, receiver, is_async)
 
 
+async def _sent(signal: Signal, **kwargs: Any) -> None:
+    """Send ``signal`` on this thread, or Django's way when an async receiver is connected."""
+    if _has_async_receivers(signal):
+        await signal.asend(**kwargs)
+    else:
+        signal.send(**kwargs)
+
+
 class GatewayASGIHandler(ASGIHandler):
     """Django's ASGI handler with no middleware, and no thread of its own per request."""
 
@@ -63,10 +71,7 @@ class GatewayASGIHandler(ASGIHandler):
         except RequestAborted:
             return
         set_script_prefix(get_script_prefix(scope))
-        if _has_async_receivers(signals.request_started):
-            await signals.request_started.asend(sender=self.__class__, scope=scope)
-        else:
-            signals.request_started.send(sender=self.__class__, scope=scope)
+        await _sent(signals.request_started, sender=self.__class__, scope=scope)
         request, error_response = self.create_request(scope, body_file)
         if request is None:
             body_file.close()
@@ -106,10 +111,7 @@ class GatewayASGIHandler(ASGIHandler):
         try:
             response = tasks[1].result()
         except asyncio.CancelledError:
-            if _has_async_receivers(signals.request_finished):
-                await signals.request_finished.asend(sender=self.__class__)
-            else:
-                signals.request_finished.send(sender=self.__class__)
+            await _sent(signals.request_finished, sender=self.__class__)
         else:
             await self._closed(response)
         body_file.close()

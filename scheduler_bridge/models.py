@@ -65,6 +65,7 @@ class BatchJob(models.Model):
 
     @property
     def is_open(self) -> bool:
+        """Not finished yet: validating, in progress or cancelling."""
         return self.status in BATCH_OPEN
 
 
@@ -74,9 +75,6 @@ class ItemStatus(models.TextChoices):
     COMPLETED = "completed", "Completed"  # served: ``response`` holds the 200 body
     FAILED = "failed", "Failed"  # refused or not served: ``response`` holds the error body
     CANCELLED = "cancelled", "Cancelled"  # never sent: the batch was cancelled
-
-
-ITEM_FINISHED = (ItemStatus.COMPLETED, ItemStatus.FAILED, ItemStatus.CANCELLED)
 
 
 class BatchItem(models.Model):

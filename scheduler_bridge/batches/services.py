@@ -16,13 +16,7 @@ from django.utils import timezone
 from accounts.models import ApiKey, Tenant
 from scheduler_bridge.batches.input import lines_checked
 from scheduler_bridge.gateway.errors import GatewayError, InvalidValue, MalformedRequest
-from scheduler_bridge.models import (
-    BATCH_OPEN,
-    BatchItem,
-    BatchJob,
-    BatchStatus,
-    ItemStatus,
-)
+from scheduler_bridge.models import BatchItem, BatchJob, BatchStatus, ItemStatus
 
 MAX_METADATA_KEYS = 16  # OpenAI's limits on a batch's metadata
 MAX_METADATA_KEY_CHARS = 64
@@ -138,7 +132,7 @@ def batch_cancel(*, batch: BatchJob) -> BatchJob:
     now = timezone.now()
     with transaction.atomic():
         locked = BatchJob.objects.select_for_update().get(pk=batch.pk)
-        if locked.status not in BATCH_OPEN:
+        if not locked.is_open:
             raise BatchNotCancellable(f"the batch is already {locked.status}")
         cancelled = BatchItem.objects.filter(batch=locked, status=ItemStatus.PENDING).update(
             status=ItemStatus.CANCELLED, finished_at=now
@@ -163,7 +157,7 @@ def batch_started(*, batch_id: int) -> BatchJob | None:
         status=BatchStatus.IN_PROGRESS, started_at=now
     )
     batch = BatchJob.objects.select_related("tenant", "api_key").filter(pk=batch_id).first()
-    if batch is None or batch.status not in BATCH_OPEN:
+    if batch is None or not batch.is_open:
         return None
     return batch
 
@@ -210,14 +204,14 @@ def batch_finished(*, batch_id: int, error: str = "") -> BatchJob:
         batch.failed = counts[ItemStatus.FAILED]
         batch.cancelled = counts[ItemStatus.CANCELLED]
         left = counts[ItemStatus.PENDING] + counts[ItemStatus.RUNNING]
-        if batch.status in BATCH_OPEN:
+        if batch.is_open:
             if error:
                 batch.status, batch.error = BatchStatus.FAILED, error
             elif batch.status == BatchStatus.CANCELLING and counts[ItemStatus.RUNNING] == 0:
                 batch.status = BatchStatus.CANCELLED
             elif left == 0:
                 batch.status = BatchStatus.COMPLETED
-            if batch.status not in BATCH_OPEN:
+            if not batch.is_open:
                 batch.finished_at = now
         batch.save()
     return batch

@@ -35,7 +35,6 @@ from pathlib import Path
 import aiohttp
 
 REPO = Path(__file__).resolve().parents[2]
-PERCENTILES = (50, 95, 99)
 WARMUP_REQUESTS = 300
 
 

@@ -48,13 +48,13 @@ def engine_config_push(*, market_id: int, timeout_s: float = TIMEOUT_S) -> PushO
     if market is None:
         logger.warning("engine config: market %s no longer exists; nothing pushed", market_id)
         return "no-market"
-    base_url = (getattr(market, "engine_url", None) or "").strip()
+    base_url = market.engine_url.strip()
     if not base_url:
         logger.info("engine config: market %s has no engine URL; not pushed", market.slug)
         return "no-engine"
     url = base_url.rstrip("/") + ADMIN_PATH
     body = {"policy": market.policy, "reserve": float(market.reserve)}
-    token = getattr(settings, "ENGINE_ADMIN_TOKEN", None)
+    token = settings.ENGINE_ADMIN_TOKEN
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = httpx.post(url, json=body, headers=headers, timeout=timeout_s)

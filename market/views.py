@@ -23,7 +23,7 @@ from accounts.models import Tenant
 from accounts.money import money_str
 from market.live.book import book_snapshot
 from market.live.engine_status import engine_chart, engine_status_last
-from market.live.spend import spend_tick, tenant_spend
+from market.live.spend import tenant_spend_now
 from market.mechanism import POLICIES
 from market.models import Market
 from market.selectors import (
@@ -83,10 +83,7 @@ def _initial(market: Market) -> dict[str, Any]:
         }
         for m in revenue_per_minute(market=market, minutes=REVENUE_MINUTES)
     ]
-    tenants = [
-        tenant_spend(tenant=t, tick=spend_tick(tenant=t))
-        for t in Tenant.objects.order_by("name")[:TENANTS_SHOWN]
-    ]
+    tenants = [tenant_spend_now(tenant=t) for t in Tenant.objects.order_by("name")[:TENANTS_SHOWN]]
     return {
         "market": market.slug,
         "socket": f"/ws/markets/{market.slug}/",

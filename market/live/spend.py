@@ -131,6 +131,21 @@ def tenant_spend(*, tenant: Tenant, tick: SpendTick) -> TenantSpend:
     }
 
 
+def tenant_spend_now(*, tenant: Tenant, now: datetime | None = None) -> TenantSpend:
+    """The operators' line of a tenant, read now: the part of a tick it needs, nothing more
+    (the console's first paint reads it for every tenant)."""
+    now = now or timezone.now()
+    today = window_for(period="day", now=now)
+    return {
+        "kind": "tenant.spend",
+        "tenant": tenant.slug,
+        "name": tenant.name,
+        "at": now.timestamp(),
+        "budget": budget_line(budget_status(tenant=tenant, now=now)),
+        "spent_today": money_str(spent_since(tenant=tenant, since=today.start)),
+    }
+
+
 def spend_ticks_publish(
     *, requests_by_tenant: Mapping[int, Iterable[str]], now: datetime | None = None
 ) -> int:

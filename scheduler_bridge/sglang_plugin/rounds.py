@@ -3,8 +3,9 @@
 A round is one prefill attempt of SGLang's scheduler: the waiting queue was ordered (one
 Clearing), and the scheduler admitted some requests from its front. Each admitted request pays
 the priority charge of that round's plan (DESIGN.md 4.5). Every ``book_interval_s`` seconds at
-most, the record also carries the order book's subtrees (``market.mechanism.book``), as
-``subtree_summaries`` writes them for both engines. SGLang-free: the simulated engine imports it.
+most, the record also carries the order book's subtrees (``market.mechanism.book``).
+``round_record`` and ``subtree_summaries`` write records for both engines: this module is
+SGLang-free, and the simulated engine builds its records with them.
 
 Units: bids in $/s of waiting, charges in dollars, times in seconds (``time`` is Unix time).
 """
@@ -101,20 +102,16 @@ class RoundRecorder:
                 }
             )
         seq = next(self._seq)
-        return {
-            "schema": SCHEMA,
-            "engine": self.engine_id,
-            "market": self.market,
-            "round_id": f"{self.engine_id}:{self._epoch}:{seq}",
-            "seq": seq,
-            "time": now,
-            "policy": clearing.policy,
-            "reserve": reserve,
-            "tokens_per_second": clearing.tokens_per_second,
-            "waiting": len(clearing),
-            "subtrees": self._book(tree, clearing),
-            "admitted": entries,
-        }
+        return round_record(
+            clearing,
+            engine=self.engine_id,
+            market=self.market,
+            round_id=f"{self.engine_id}:{self._epoch}:{seq}",
+            seq=seq,
+            now=now,
+            subtrees=self._book(tree, clearing),
+            admitted=entries,
+        )
 
     def _book(self, tree: RequestTree, clearing: Clearing) -> list[SubtreeSummary]:
         if self.book_interval_s is None:
@@ -124,6 +121,34 @@ class RoundRecorder:
             return []
         self._next_book = tick + self.book_interval_s
         return subtree_summaries(tree, clearing, self.label)
+
+
+def round_record(
+    clearing: Clearing,
+    *,
+    engine: str,
+    market: str,
+    round_id: str,
+    seq: int,
+    now: float,
+    subtrees: list[SubtreeSummary],
+    admitted: list[AdmittedRequest],
+) -> RoundRecord:
+    """The record of one round of either engine, around its admitted requests and its book."""
+    return {
+        "schema": SCHEMA,
+        "engine": engine,
+        "market": market,
+        "round_id": round_id,
+        "seq": seq,
+        "time": now,
+        "policy": clearing.policy,
+        "reserve": clearing.reserve,
+        "tokens_per_second": clearing.tokens_per_second,
+        "waiting": len(clearing),
+        "subtrees": subtrees,
+        "admitted": admitted,
+    }
 
 
 def subtree_summaries(

@@ -33,8 +33,8 @@ from market.mechanism import (
 )
 from market.mechanism.book import block_of
 
-from ..records import SCHEMA, AdmittedRequest, RoundRecord, SubtreeSummary
-from ..sglang_plugin.rounds import subtree_summaries, token_label
+from ..records import AdmittedRequest, RoundRecord, SubtreeSummary
+from ..sglang_plugin.rounds import round_record, subtree_summaries, token_label
 from .config import EngineConfig
 from .kvcache import KVCache, KVNode
 
@@ -359,20 +359,16 @@ class Engine:
             }
             for r in admitted
         ]
-        return {
-            "schema": SCHEMA,
-            "engine": self.engine_id,
-            "market": self.market,
-            "round_id": round_id,
-            "seq": self.rounds,
-            "time": now,
-            "policy": clearing.policy,
-            "reserve": reserve,
-            "tokens_per_second": clearing.tokens_per_second,
-            "waiting": len(clearing),
-            "subtrees": book,
-            "admitted": entries,
-        }
+        return round_record(
+            clearing,
+            engine=self.engine_id,
+            market=self.market,
+            round_id=round_id,
+            seq=self.rounds,
+            now=now,
+            subtrees=book,
+            admitted=entries,
+        )
 
     def _prefill(self, now: float, chunks, record) -> StepResult:
         duration = self.config.prefill_step_s([(n, req.computed) for req, n in chunks])

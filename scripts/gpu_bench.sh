@@ -10,7 +10,7 @@
 # project with its `sglang` extra into .venv-gpu unless SGLANG_PYTHON names a Python that has
 # SGLang 0.5.23 and this project installed). The model is a Llama-shaped config with dummy
 # weights (scripts/gpu/tiny-llama, or MODEL_DIR): no download, no tokenizer (token ids only).
-# Knobs (environment): REQUESTS (512), RATE (requests/s, 12), GROUPS (16), OUTPUT_LEN (128),
+# Knobs (environment): REQUESTS (512), RATE (requests/s, 12), GSP_GROUPS (16), OUTPUT_LEN (128),
 # POLICIES, PORT (30000), MODEL_DIR.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,7 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${1:-gpu-bench-results}
 REQUESTS=${REQUESTS:-512}
 RATE=${RATE:-12}
-GROUPS=${GROUPS:-16}
+GSP_GROUPS=${GSP_GROUPS:-16}  # not GROUPS: bash sets that to the user's group ids
 OUTPUT_LEN=${OUTPUT_LEN:-128}
 PORT=${PORT:-30000}
 MODEL_DIR=${MODEL_DIR:-scripts/gpu/tiny-llama}
@@ -74,7 +74,7 @@ for policy in $POLICIES; do
     done
     echo "==> $policy: $REQUESTS requests at $RATE/s"
     "$PY" -m scheduler_bridge.bench.live --engine-url "http://127.0.0.1:$PORT" \
-        --policy "$policy" --requests "$REQUESTS" --rate "$RATE" --groups "$GROUPS" \
+        --policy "$policy" --requests "$REQUESTS" --rate "$RATE" --groups "$GSP_GROUPS" \
         --output-len "$OUTPUT_LEN" --rounds-jsonl "$rounds" --json "$OUT/$policy.json" >/dev/null
     stop_server
 done

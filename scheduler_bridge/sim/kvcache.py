@@ -90,10 +90,6 @@ class KVCache:
 
     # --- changes ---------------------------------------------------------------------------
 
-    def free(self, held_outside: int) -> int:
-        """Tokens not used by the tree nor held outside it by running requests."""
-        return self.capacity - self.size - held_outside
-
     def insert(self, tokens: Sequence[int], end: int) -> tuple[int, KVNode]:
         """Cache ``tokens[:end]``; return (tokens newly added, the node at ``end``).
 
@@ -109,8 +105,7 @@ class KVCache:
         added = end - depth
         self.size += added
         self.evictable += added
-        if node.lock == 0 and node is not self.root:
-            pass  # no longer a leaf; its heap entries go stale
+        # ``node`` is no longer a leaf: its heap entries go stale (evict skips them).
         heapq.heappush(self._heap, (leaf.last_access, next(self._tiebreak), leaf))
         return added, leaf
 
@@ -157,7 +152,3 @@ class KVCache:
             if not parent.children and parent.lock == 0 and parent.parent is not None:
                 heapq.heappush(heap, (parent.last_access, next(self._tiebreak), parent))
         return freed
-
-    def reset(self) -> None:
-        """Drop everything unlocked (SGLang's flush_cache)."""
-        self.evict(self.size)

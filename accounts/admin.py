@@ -18,6 +18,7 @@ from accounts.models import (
     Request,
     Tenant,
 )
+from accounts.services.autobidder import autobidder_configure
 from accounts.services.keys import api_key_revoke
 
 
@@ -153,7 +154,22 @@ class AutobidderAdmin(admin.ModelAdmin):
     """Settings are edited here; the multiplier moves only by the pacing steps."""
 
     list_display = ["tenant", "enabled", "budget", "period", "mu", "updated_at"]
-    readonly_fields = ["mu", "updated_at"]
+    readonly_fields = ["mu", "spent_start", "spent_in_window", "updated_at"]
+
+    def save_model(self, request: HttpRequest, obj: Autobidder, form, change: bool) -> None:
+        """Save through the service, which validates and recounts the budget's window."""
+        saved = autobidder_configure(
+            tenant=obj.tenant,
+            enabled=obj.enabled,
+            budget=obj.budget,
+            period=obj.period,
+            values=obj.values,
+            max_wait_s=obj.max_wait_s,
+            eta=obj.eta,
+            mu_max=obj.mu_max,
+        )
+        obj.pk = saved.pk
+        obj.refresh_from_db()
 
 
 @admin.register(AutobidderStep)

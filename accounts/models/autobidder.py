@@ -7,11 +7,15 @@ budget. Its budget covers the priority charges of the requests it bid for; a per
 ``market.mechanism.pacing.PacingAgent``; this model only stores its state between steps.
 """
 
+from datetime import datetime
+from decimal import Decimal
+
 from django.db import models
 from django.db.models import Q
 
 from accounts.models.tenants import Tenant
-from accounts.money import MoneyField
+from accounts.money import ZERO, MoneyField
+from accounts.windows import EPOCH, window_for
 
 
 class AutobidPeriod(models.TextChoices):
@@ -42,6 +46,12 @@ class Autobidder(models.Model):
     eta = models.FloatField(default=0.5, help_text="Gradient step size (unitless).")
     mu_max = models.FloatField(default=20.0, help_text="Largest multiplier.")
     mu = models.FloatField(default=0.0, help_text="Current multiplier: bids are value / (1 + mu).")
+    # What its budget has paid in one window, kept as the ledger is written (like a
+    # BudgetCounter), so that settlement checks a priority charge against it with the row locked.
+    spent_start = models.DateTimeField(default=EPOCH, help_text="Start of the window counted.")
+    spent_in_window = MoneyField(
+        default=0, help_text="Priority dollars charged to autobid requests since spent_start."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -52,6 +62,22 @@ class Autobidder(models.Model):
 
     def __str__(self) -> str:
         return f"autobidder of {self.tenant}"
+
+    def window_spent(self, *, now: datetime) -> Decimal:
+        """Priority dollars its budget has paid in its window at ``now``: the counted window's
+        spend, 0 when that window has ended, the counted one's when ``now`` lies before it."""
+        start = window_for(period=self.period, now=now).start
+        return ZERO if self.spent_start < start else self.spent_in_window
+
+    def charge_counted(self, *, amount: Decimal, at: datetime) -> None:
+        """Count a priority charge of ``amount`` dollars made at ``at`` (BudgetCounter's rule:
+        a newer window starts its sum at this amount, an older one is left alone); the caller
+        saves."""
+        start = window_for(period=self.period, now=at).start
+        if start == self.spent_start:
+            self.spent_in_window += amount
+        elif start > self.spent_start:
+            self.spent_start, self.spent_in_window = start, amount
 
 
 class AutobidderStep(models.Model):

@@ -18,6 +18,8 @@ class RequestStatus(models.TextChoices):
     QUEUED = "queued", "Queued"  # sent to the engine, not finished
     SERVED = "served", "Served"  # completed; its token charge is in the ledger
     FAILED = "failed", "Failed"  # not served (engine down, client gone, ...); never charged
+    # A request pays its priority charge only once served: a round record that admits it while
+    # it is queued leaves the charge pending on its row (``priority_pending``) until it is.
 
 
 class BidSource(models.TextChoices):
@@ -59,6 +61,13 @@ class Request(models.Model):
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     ttft_s = models.FloatField(null=True, blank=True, help_text="Time to first token, seconds.")
     e2e_s = models.FloatField(null=True, blank=True, help_text="End-to-end latency, seconds.")
+    priority_pending = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="A priority charge settled from a round record while the request was still in "
+        'flight ({"amount", "round_id", "detail"}): written to the ledger when the request is '
+        "served, never if it fails.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-request_id"]

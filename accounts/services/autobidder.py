@@ -80,7 +80,14 @@ def autobidder_configure(
         if not isinstance(number, int | float) or not math.isfinite(number) or number <= low:
             raise ValueError(f"{label} must be a finite number > {low}, got {number!r}")
     with transaction.atomic():
-        auto, _ = Autobidder.objects.select_for_update().get_or_create(tenant=tenant)
+        auto, created = Autobidder.objects.select_for_update().get_or_create(tenant=tenant)
+        if created or auto.period != period:
+            # The counter settlement checks priority charges against, for the new window.
+            now = timezone.now()
+            auto.spent_start = window_for(period=period, now=now).start
+            auto.spent_in_window = _spent(
+                tenant_id=tenant.pk, start=auto.spent_start, end=now + timedelta(days=1)
+            )
         auto.enabled = enabled
         auto.budget = budget
         auto.period = period

@@ -297,19 +297,26 @@ def _same_owner(hold: Hold, *, tenant: Tenant, api_key: ApiKey | None) -> Hold:
     return hold
 
 
-def hold_consumed(*, request_id: str, amount: Decimal, close: bool, now: datetime) -> Decimal:
-    """Lower the open hold of ``request_id`` by a settled charge of ``amount`` dollars (not
-    below 0), closing it as settled when ``close``; returns the dollars it no longer reserves.
-    Call with the request locked, before the counters."""
-    hold = Hold.objects.select_for_update().filter(request_id=request_id).first()
-    if hold is None or hold.state != HoldState.OPEN:
-        return ZERO
-    before = hold.remaining
-    hold.remaining = max(hold.remaining - amount, ZERO)
-    if close:
-        hold.state, hold.remaining, hold.closed_at = HoldState.SETTLED, ZERO, now
-    hold.save(update_fields=["remaining", "state", "closed_at"])
-    return before - hold.remaining
+def budget_room(
+    *, tenant_id: int, api_key_id: int | None, counters: list[BudgetCounter], now: datetime
+) -> Decimal | None:
+    """The least, over the budgets that apply to a request of (tenant, key), of limit - spent
+    in the window at ``now`` - held, dollars, from their ``counters`` (locked by the caller);
+    None when no budget applies. A window newer than ``now``'s (the caller's clock is behind
+    the row's) reads the row's window: the most it can have spent."""
+    by_scope = {c.api_key_id: c for c in counters}
+    rooms = []
+    budgets = Budget.objects.filter(
+        Q(api_key__isnull=True) | Q(api_key_id=api_key_id), tenant_id=tenant_id
+    )
+    for budget in budgets:
+        counter = by_scope[budget.api_key_id]
+        start = window_for(period=budget.period, now=now).start
+        spent = counter.spent_in(period=budget.period, window_start=start)
+        if spent is None:
+            spent = getattr(counter, f"{budget.period}_spent")
+        rooms.append(budget.limit - spent - counter.held)
+    return min(rooms, default=None)
 
 
 def hold_release(*, request_id: str, now: datetime | None = None) -> bool:

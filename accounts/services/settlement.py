@@ -22,15 +22,27 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.models import ApiKey, ChargeKind, LedgerEntry, Request, RequestStatus, Tenant
+from accounts.charge_rule import Allowed, capped_detail, charge_allowed, hold_after
+from accounts.models import (
+    ApiKey,
+    Autobidder,
+    BidSource,
+    ChargeKind,
+    Hold,
+    HoldState,
+    LedgerEntry,
+    Request,
+    RequestStatus,
+    Tenant,
+)
 from accounts.money import ZERO, money, per_million
 from accounts.services import fastpath
 from accounts.services.budgets import (
     budget_counters_ensure,
     budget_counters_locked,
     budget_counters_saved,
+    budget_room,
     hold_amount_checked,
-    hold_consumed,
     hold_fast,
     hold_reference,
     hold_release,
@@ -54,6 +66,7 @@ class SettleResult:
     duplicates: int = 0  # already settled (a replayed record): nothing written
     unknown: int = 0  # no such request (or not in this record's market): skipped
     not_served: int = 0  # the request had already failed: never charged
+    pending: int = 0  # still in flight: charged once it is served, never if it fails
 
 
 def request_open(
@@ -164,6 +177,7 @@ UNKNOWN = "unknown"
 NOT_SERVED = "not_served"
 DUPLICATE = "duplicate"
 REPRICED = "repriced"
+PENDING = "pending"
 
 
 def _charge(
@@ -181,13 +195,16 @@ def _charge(
     """Write one ledger entry, consume the request's hold and count the charge in the budget
     counters, atomically, with the request locked. Returns the entry, or UNKNOWN (no such
     request, or not of ``market_slug``), DUPLICATE (it exists: a replay), NOT_SERVED (the
-    request failed) or REPRICED (``amount`` was computed from ``priced_by``, a market whose
-    prices are not, or no longer, those of the request's market) when nothing was written.
+    request failed), PENDING (a priority charge of a request still in flight: kept on its row
+    until it is served) or REPRICED (``amount`` was computed from ``priced_by``, a market whose
+    prices are not, or no longer, those of the request's market) when no entry was written.
 
-    A token charge completes the request: it is marked served (with ``request_fields``) and its
-    hold closed. A priority charge above the request's ``priority_cap`` (the priority part of its
-    hold: the tenant's consent) is written as the cap, with the engine's figure kept in the
-    detail and ``capped_at`` added, so the hold covers every charge.
+    The amount written is :func:`accounts.charge_rule.charge_allowed`'s: never past the
+    request's ``priority_cap`` (a priority charge), what its hold and every budget that
+    applies have left, or (autobid requests) its autobidder's budget; what a cap cut is in the
+    detail. A token charge completes the request: it is marked served (with
+    ``request_fields``), its hold keeps only the priority part still to come, and a priority
+    charge left pending is written next.
     """
     if fastpath.available():
         tokens = None
@@ -208,10 +225,11 @@ def _charge(
             return UNKNOWN
         if fast.status == RequestStatus.FAILED:
             return NOT_SERVED
+        if fast.pending_stored:
+            return PENDING
         if fast.entry_id is not None:
-            if fast.amount != amount:
-                detail = {**detail, "capped_at": str(fast.amount)}
-            return fastpath.model_loaded(
+            allowed = Allowed(amount=fast.amount, capped_by=fast.capped_by)
+            entry = fastpath.model_loaded(
                 LedgerEntry,
                 {
                     "id": fast.entry_id,
@@ -222,10 +240,13 @@ def _charge(
                     "market_id": fast.market_id,
                     "round_id": round_id,
                     "amount": fast.amount,
-                    "detail": detail,
+                    "detail": capped_detail(detail, allowed=allowed, asked=amount),
                     "created_at": now,
                 },
             )
+            if fast.pending is not None:
+                _pending_settle(request_id=request_id, pending=fast.pending, now=now)
+            return entry
         if not fast.priced:
             return REPRICED
         if fast.counted:
@@ -241,6 +262,18 @@ def _charge(
         now=now,
         market_slug=market_slug,
         request_fields=request_fields,
+    )
+
+
+def _pending_settle(*, request_id: str, pending: dict[str, Any], now: datetime) -> None:
+    """Write the priority charge a served request had pending (its hold reserves it)."""
+    _charge(
+        request_id=request_id,
+        kind=ChargeKind.PRIORITY,
+        amount=Decimal(pending["amount"]),
+        round_id=pending["round_id"],
+        detail=pending["detail"],
+        now=now,
     )
 
 
@@ -267,50 +300,94 @@ def _charge_reference(
     """:func:`_charge` with the ORM."""
     owner = (
         Request.objects.filter(request_id=request_id)
-        .values("tenant_id", "api_key_id", "market_id", "market__slug", "priority_cap")
+        .values("tenant_id", "api_key_id", "market__slug")
         .first()
     )
     if owner is None or (market_slug is not None and owner["market__slug"] != market_slug):
         return UNKNOWN
     completes = kind == ChargeKind.TOKENS
-    cap = owner["priority_cap"]
-    if not completes and cap is not None and amount > cap:
-        amount, detail = cap, {**detail, "capped_at": str(cap)}
     scope = {"tenant_id": owner["tenant_id"], "api_key_id": owner["api_key_id"]}
     with transaction.atomic():
         budget_counters_ensure(**scope, now=now)
-        # Lock order everywhere: the request, then its hold, then the counters.
-        status = (
-            Request.objects.select_for_update().filter(pk=request_id).values_list("status")
-        ).get()[0]
-        if status == RequestStatus.FAILED:
+        # Lock order everywhere: the request, its hold, the counters, the autobidder.
+        request = Request.objects.select_for_update().get(pk=request_id)
+        if request.status == RequestStatus.FAILED:
             return NOT_SERVED
         if LedgerEntry.objects.filter(request_id=request_id, kind=kind).exists():
             return DUPLICATE
+        if not completes and request.status == RequestStatus.QUEUED:
+            if request.priority_pending is not None:
+                return DUPLICATE
+            pending = {"amount": str(amount), "round_id": round_id, "detail": detail}
+            request.priority_pending = pending
+            request.admitted_at = request.admitted_at or now
+            request.save(update_fields=["priority_pending", "admitted_at"])
+            return PENDING
+        hold = Hold.objects.select_for_update().filter(request_id=request_id, state=HoldState.OPEN)
+        hold = hold.first()
+        counters = budget_counters_locked(**scope)
+        autobidder = None
+        if not completes and request.bid_source == BidSource.AUTOBID:
+            autobidder = Autobidder.objects.select_for_update().filter(tenant_id=scope["tenant_id"])
+            autobidder = autobidder.first()
+        remaining = hold.remaining if hold is not None else ZERO
+        allowed = charge_allowed(
+            asked=amount,
+            priority_cap=None if completes else request.priority_cap,
+            hold_remaining=remaining,
+            budget_room=budget_room(**scope, counters=counters, now=now),
+            autobidder_room=(
+                None if autobidder is None else autobidder.budget - autobidder.window_spent(now=now)
+            ),
+        )
         entry = LedgerEntry.objects.create(
             request_id=request_id,
             kind=kind,
             **scope,
-            market_id=owner["market_id"],
+            market_id=request.market_id,
             round_id=round_id,
-            amount=amount,
-            detail=detail,
+            amount=allowed.amount,
+            detail=capped_detail(detail, allowed=allowed, asked=amount),
             created_at=now,
         )
+        pending = request.priority_pending if completes else None
         if completes:
             Request.objects.filter(pk=request_id).update(
                 status=RequestStatus.SERVED, finished_at=now, **(request_fields or detail)
             )
+            # The hold keeps the priority part still to come: none when no cap was recorded
+            # or it is 0 (no effective bid) and nothing is pending, or when it is settled.
+            cap = request.priority_cap
+            priority_settled = LedgerEntry.objects.filter(
+                request_id=request_id, kind=ChargeKind.PRIORITY
+            ).exists()
+            close = priority_settled or (pending is None and (cap is None or cap == 0))
         else:
-            Request.objects.filter(pk=request_id, admitted_at=None).update(admitted_at=now)
-        # A charge above the hold is still charged in full (money is never lost); the budget
-        # check of the next hold sees it as spend.
-        released = hold_consumed(request_id=request_id, amount=amount, close=completes, now=now)
-        counters = budget_counters_locked(**scope)
+            Request.objects.filter(pk=request_id).update(
+                admitted_at=request.admitted_at or now, priority_pending=None
+            )
+            close = True
+        released = ZERO
+        if hold is not None:
+            hold.remaining = hold_after(
+                remaining=remaining,
+                consumed=min(allowed.amount, remaining),
+                close=close,
+                priority_cap=request.priority_cap,
+            )
+            if close:
+                hold.state, hold.closed_at = HoldState.SETTLED, now
+            hold.save(update_fields=["remaining", "state", "closed_at"])
+            released = remaining - hold.remaining
         for counter in counters:
-            counter.charge_counted(amount=amount, at=now)
+            counter.charge_counted(amount=allowed.amount, at=now)
             counter.held -= released
         budget_counters_saved(counters)
+        if autobidder is not None:
+            autobidder.charge_counted(amount=allowed.amount, at=now)
+            autobidder.save(update_fields=["spent_start", "spent_in_window"])
+        if pending is not None:
+            _pending_settle(request_id=request_id, pending=pending, now=now)
         return entry
 
 
@@ -324,7 +401,7 @@ def round_record_settle(
     """
     record = round_record_checked(record)
     now = now or timezone.now()
-    counts = {"charged": 0, "duplicates": 0, "unknown": 0, "not_served": 0}
+    counts = {"charged": 0, "duplicates": 0, "unknown": 0, "not_served": 0, "pending": 0}
     for adm in record["admitted"]:
         detail = {
             "bid": adm["bid"],
@@ -354,6 +431,8 @@ def round_record_settle(
             counts["not_served"] += 1
         elif entry == DUPLICATE:
             counts["duplicates"] += 1
+        elif entry == PENDING:
+            counts["pending"] += 1
         else:
             counts["charged"] += 1
     return SettleResult(**counts)

@@ -6,12 +6,16 @@ code under test.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
+from django.db import connection
 
 from accounts.models import Membership, Role, Tenant
 from market.models import Market
@@ -153,3 +157,29 @@ def counters_mismatches(tenant: Tenant) -> list[str]:
             if getattr(counter, name) != value:
                 mismatches.append(f"key {key}: {name} {getattr(counter, name)} != {value}")
     return mismatches
+
+
+THREADS = 40  # each with its own connection; PostgreSQL's default max_connections is 100
+
+
+def run_concurrently(jobs: list[Callable[[], object]]) -> list[object]:
+    """Run ``jobs`` on THREADS threads that start together; each thread closes its connection.
+    Returns each job's result, or the exception it raised."""
+    barrier = threading.Barrier(THREADS)
+    chunks = [jobs[i::THREADS] for i in range(THREADS)]
+
+    def worker(chunk: list[Callable[[], object]]) -> list[object]:
+        results: list[object] = []
+        try:
+            barrier.wait(timeout=60)
+            for job in chunk:
+                try:
+                    results.append(job())
+                except Exception as exc:  # collected and checked by the test
+                    results.append(exc)
+        finally:
+            connection.close()
+        return results
+
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        return [r for chunk_results in pool.map(worker, chunks) for r in chunk_results]

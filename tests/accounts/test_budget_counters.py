@@ -228,22 +228,25 @@ def life(slug: str) -> list:
     opened("a", "0.6", key)  # a replay returns the first
     opened("c", "1.2")
     opened("d", "0.3")  # the tenant's refuses: 0.6 + 1.2 + 0.3 > 2
-    settled("a", 0.25)
+    settled("a", 0.25)  # in flight: pending until served
     settled("a", 0.25)  # replayed
-    settled("c", 1.5)  # above its hold: charged in full
-    completed("a")
+    settled("c", 1.5)
+    completed("a")  # the tokens, then the pending priority charge
     completed("a")  # replayed
-    call(request_fail, request_id=f"{slug}-c", now=NOW)  # admitted, then failed: charge kept
+    completed("c")  # its priority charge, above its hold, fits the budget: charged in full
     opened("e", "0.1", key)
-    call(request_fail, request_id=f"{slug}-e", now=NOW)
-    settled("e", 0.05)  # failed: never charged
+    settled("e", 0.05)  # pending
+    call(request_fail, request_id=f"{slug}-e", now=NOW)  # admitted, then failed: never charged
+    settled("e", 0.05)
     completed("e")
     call(budget_hold, tenant=tenant, api_key=None, request_id=f"{slug}-h", amount="0.01", now=NOW)
     call(hold_release, request_id=f"{slug}-h", now=NOW)
     call(hold_release, request_id=f"{slug}-h", now=NOW)
     opened("f", "0.01", at=MIDNIGHT)  # a new day
     settled("f", 0.005, at=MIDNIGHT)
+    completed("f", at=MIDNIGHT)
     opened("g", "0.01", at=MIDNIGHT - timedelta(seconds=1))  # a lagging clock
+    completed("g", at=MIDNIGHT - timedelta(seconds=1))  # served before its round record
     settled("g", 0.005, at=MIDNIGHT - timedelta(seconds=1))
     completed("ghost")
     state = {
@@ -299,14 +302,14 @@ def test_the_single_statements_do_what_the_reference_code_does(monkeypatch) -> N
     # (index 4) over the tenant's 2 (0.6 + 1.2 + 0.3).
     refused = [i for i, r in enumerate(fast) if isinstance(r, tuple) and r[0] == "BudgetExhausted"]
     assert refused == [1, 4]
-    # Spent: a 0.25 + a's tokens 0.0084 (as in test_counters_follow_a_requests_life) + c 1.5
-    # (in full, above its hold) + f 0.005 + g 0.005 = 1.7684; e failed before its round. Only a
-    # went through the key: 0.2584. Held: what f and g keep after their 0.005 charges, 0.005
-    # each; everything else settled or released.
+    # Spent: a 0.25 + c 1.5 (in full, above its hold: the budget had room) + f 0.005 + g 0.005,
+    # and each of them its tokens, 0.0084 (as in test_counters_follow_a_requests_life):
+    # 1.76 + 4 x 0.0084 = 1.7936; e was admitted but failed: nothing. Only a went through the
+    # key: 0.2584. Held: nothing, every request settled or released.
     counter_rows = fast[-1]["counters"]
     assert (counter_rows[False]["spent_total"], counter_rows[False]["held"]) == (
-        D("1.7684"),
-        D("0.01"),
+        D("1.7936"),
+        D(0),
     )
     assert (counter_rows[True]["spent_total"], counter_rows[True]["held"]) == (D("0.2584"), D(0))
 
@@ -322,7 +325,8 @@ def test_the_hot_path_takes_one_statement_per_step(
         open_(tenant, market, "r1", "0.1", key=key)
     with django_assert_num_queries(1):
         settle("r1", 0.01)
-    with django_assert_num_queries(2):  # the market's prices, then the charge
+    # The market's prices, the charge, then the priority charge it had pending.
+    with django_assert_num_queries(3):
         request_complete(request_id="r1", prompt_tokens=10, cached_tokens=0, completion_tokens=1)
     open_(tenant, market, "r3", "0.1", key=key)
     with django_assert_num_queries(1):  # the caller knows the prices: checked as it charges

@@ -269,10 +269,11 @@ def test_settlement_turns_the_hold_into_spend(tenant, market) -> None:
         now=NOW,
     )
     round_record_settle(record=round_record("rd1", [admitted("r1", 0.1)]), now=NOW)
+    # In flight: the priority charge is pending, the whole hold still reserved.
     status = budget_status(tenant=tenant, now=NOW)
-    assert (status.spent, status.held) == (D("0.1"), D("0.4"))
+    assert (status.spent, status.held) == (D(0), D("0.5"))
     # Tokens: 200 uncached x $3/M + 1000 cached x $0.30/M + 500 output x $15/M
-    #       = 0.0006 + 0.0003 + 0.0075 = 0.0084.
+    #       = 0.0006 + 0.0003 + 0.0075 = 0.0084; then the pending 0.1.
     request_complete(
         request_id="r1", prompt_tokens=1200, cached_tokens=1000, completion_tokens=500, now=NOW
     )
@@ -281,7 +282,9 @@ def test_settlement_turns_the_hold_into_spend(tenant, market) -> None:
     assert Hold.objects.get(request_id="r1").state == HoldState.SETTLED
 
 
-def test_a_charge_above_its_hold_is_charged_in_full(tenant, market) -> None:
+def test_a_charge_above_its_hold_is_charged_in_full_while_the_budget_has_room(
+    tenant, market
+) -> None:
     budget_set(tenant=tenant, limit="1", period=Period.DAY)
     request_open(
         request_id="r1",
@@ -292,6 +295,7 @@ def test_a_charge_above_its_hold_is_charged_in_full(tenant, market) -> None:
         hold_amount="0.01",
         now=NOW,
     )
+    request_complete(request_id="r1", prompt_tokens=0, cached_tokens=0, completion_tokens=0)
     round_record_settle(record=round_record("rd1", [admitted("r1", 0.25)]), now=NOW)
     status = budget_status(tenant=tenant, now=NOW)
     assert (status.spent, status.held) == (D("0.25"), D(0))

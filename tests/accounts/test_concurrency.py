@@ -6,15 +6,12 @@ it (and the tables are flushed afterwards).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
-from django.db import connection
 
-from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Period
+from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Period, Request
 from accounts.selectors import budget_status, budget_statuses_for_tenant
 from accounts.services import (
     BudgetExhausted,
@@ -33,36 +30,12 @@ from tests.accounts.factories import (
     counters_mismatches,
     market_create,
     round_record,
+    run_concurrently,
     spend,
     tenant_create,
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-THREADS = 40  # each with its own connection; PostgreSQL's default max_connections is 100
-
-
-def run_concurrently(jobs: list[Callable[[], object]]) -> list[object]:
-    """Run ``jobs`` on THREADS threads that start together; each thread closes its connection.
-    Returns each job's result, or the exception it raised."""
-    barrier = threading.Barrier(THREADS)
-    chunks = [jobs[i::THREADS] for i in range(THREADS)]
-
-    def worker(chunk: list[Callable[[], object]]) -> list[object]:
-        results: list[object] = []
-        try:
-            barrier.wait(timeout=60)
-            for job in chunk:
-                try:
-                    results.append(job())
-                except Exception as exc:  # collected and checked by the test
-                    results.append(exc)
-        finally:
-            connection.close()
-        return results
-
-    with ThreadPoolExecutor(max_workers=THREADS) as pool:
-        return [r for chunk_results in pool.map(worker, chunks) for r in chunk_results]
 
 
 def test_200_concurrent_holds_at_a_budgets_edge_never_overspend_it() -> None:
@@ -135,18 +108,24 @@ def test_the_same_round_settled_by_many_workers_charges_each_request_once() -> N
             market=market,
             bid="1",
             hold_amount="1",
+            priority_cap=Decimal("1"),
             now=NOW,
         )
+    for rid in rids[:10]:  # served (no tokens); the other ten are still in flight
+        request_complete(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
     record = round_record(
         "sim:1:1", [admitted(rid, 0.25, position=i) for i, rid in enumerate(rids)]
     )
     results = run_concurrently([lambda: round_record_settle(record=record, now=NOW)] * 80)
     assert not [r for r in results if isinstance(r, Exception)]
-    assert sum(r.charged for r in results) == 20
+    assert sum(r.charged for r in results) == 10
+    assert sum(r.pending for r in results) == 10
     assert sum(r.duplicates for r in results) == 80 * 20 - 20
-    assert LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY).count() == 20
-    # Each hold consumed once: 1 - 0.25 = 0.75 left on each of the 20.
-    assert budget_status(tenant=tenant, now=NOW).held == Decimal("15")
+    assert LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY).count() == 10
+    assert Request.objects.exclude(priority_pending=None).count() == 10
+    # The served ten: charged 0.25 once each, holds closed; the ten in flight still hold 1 each.
+    status = budget_status(tenant=tenant, now=NOW)
+    assert (status.spent, status.held) == (Decimal("2.5"), Decimal("10"))
     assert counters_mismatches(tenant) == []
 
 

@@ -28,22 +28,22 @@ AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)
 
 def served(tenant, market, rid, *, priority, tokens, at) -> None:
     """A request admitted with ``priority`` dollars and completed with ``tokens``
-    (prompt, cached, completion)."""
+    (prompt, cached, completion; None: none, a token charge of 0). It pays its priority charge
+    once served."""
     request_open(
         request_id=rid, tenant=tenant, api_key=None, market=market, bid="1", hold_amount="5", now=at
     )
     if priority is not None:
         record = round_record(f"rd-{rid}", [admitted(rid, priority)], market=market.slug)
         round_record_settle(record=record, now=at)
-    if tokens is not None:
-        prompt, cached, completion = tokens
-        request_complete(
-            request_id=rid,
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            completion_tokens=completion,
-            now=at,
-        )
+    prompt, cached, completion = tokens or (0, 0, 0)
+    request_complete(
+        request_id=rid,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        now=at,
+    )
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def november():
 
     test-llm ($3 in, $0.30 cached, $15 out per million):
       a1: priority 0.25; tokens 1200/1000/500 -> 0.0006 + 0.0003 + 0.0075 = 0.0084; line 0.2584
-      a2: priority 0.5; no tokens (still running at the end of the month);   line 0.5
+      a2: priority 0.5; no tokens;                                           line 0.5
     big-llm ($10 in, $1 cached, $30 out per million):
       a3: no priority entry; tokens 2000/0/1000 -> 0.02 + 0 + 0.03 = 0.05;   line 0.05
     test-llm sum: priority 0.75, tokens 0.0084, total 0.7584

@@ -45,15 +45,24 @@ def amounts(kind: str) -> dict[str, Decimal]:
     return dict(LedgerEntry.objects.filter(kind=kind).values_list("request_id", "amount"))
 
 
+def served(rid, *, now=NOW) -> LedgerEntry:
+    """Complete ``rid`` with no tokens (a token entry of 0): it is served."""
+    return request_complete(
+        request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0, now=now
+    )
+
+
 def test_a_round_record_charges_each_admitted_request_its_priority_charge(tenant, market) -> None:
     open_(tenant, market, "r1")
     open_(tenant, market, "r2")
+    served("r1")
+    served("r2")
     record = round_record("sim:1:7", [admitted("r1", 0.25), admitted("r2", 0.1 + 0.2, position=1)])
     result = round_record_settle(record=record, now=NOW)
     assert result == SettleResult(charged=2, duplicates=0, unknown=0, not_served=0)
     # 0.1 + 0.2 is 0.30000000000000004 as a float: the rule rounds it to 0.300000000.
     assert amounts(ChargeKind.PRIORITY) == {"r1": D("0.25"), "r2": D("0.3")}
-    entry = LedgerEntry.objects.get(request_id="r1")
+    entry = LedgerEntry.objects.get(request_id="r1", kind=ChargeKind.PRIORITY)
     assert (entry.round_id, entry.tenant, entry.market, entry.created_at) == (
         "sim:1:7",
         tenant,
@@ -67,17 +76,23 @@ def test_a_round_record_charges_each_admitted_request_its_priority_charge(tenant
 def test_replaying_a_round_record_changes_nothing(tenant, market) -> None:
     open_(tenant, market, "r1", hold="0.5")
     record = round_record("sim:1:7", [admitted("r1", 0.25)])
-    assert round_record_settle(record=record, now=NOW).charged == 1
+    assert round_record_settle(record=record, now=NOW).pending == 1
+    # Replayed while the request is in flight: the pending charge is kept, once.
+    replay = round_record_settle(record=record, now=NOW + timedelta(minutes=1))
+    assert replay == SettleResult(charged=0, duplicates=1, unknown=0, not_served=0, pending=0)
+    served("r1")
     before = list(
         LedgerEntry.objects.values_list("id", "request_id", "kind", "amount", "created_at")
     )
+    assert amounts(ChargeKind.PRIORITY) == {"r1": D("0.25")}
     replay = round_record_settle(record=record, now=NOW + timedelta(minutes=5))
     assert replay == SettleResult(charged=0, duplicates=1, unknown=0, not_served=0)
     assert (
         list(LedgerEntry.objects.values_list("id", "request_id", "kind", "amount", "created_at"))
         == before
     )
-    assert Hold.objects.get(request_id="r1").remaining == D("0.25")  # 0.5 - 0.25, consumed once
+    hold = Hold.objects.get(request_id="r1")
+    assert (hold.state, hold.remaining) == (HoldState.SETTLED, D(0))
 
 
 def test_a_request_pays_once_even_if_a_later_round_lists_it_again(tenant, market) -> None:
@@ -87,6 +102,11 @@ def test_a_request_pays_once_even_if_a_later_round_lists_it_again(tenant, market
         record=round_record("sim:1:8", [admitted("r1", 0.5)], seq=2), now=NOW
     )
     assert result.duplicates == 1
+    served("r1")
+    result = round_record_settle(
+        record=round_record("sim:1:9", [admitted("r1", 0.75)], seq=3), now=NOW
+    )
+    assert result.duplicates == 1
     assert amounts(ChargeKind.PRIORITY) == {"r1": D("0.25")}
 
 
@@ -94,6 +114,8 @@ def test_unknown_requests_are_counted_and_skipped(tenant, market) -> None:
     other_market = market_create("other-llm")
     open_(tenant, market, "r1")
     open_(tenant, other_market, "elsewhere")
+    served("r1")
+    served("elsewhere")
     record = round_record(
         "sim:1:7", [admitted("ghost", 1.0), admitted("r1", 0.25), admitted("elsewhere", 2.0)]
     )
@@ -118,12 +140,37 @@ def test_a_malformed_record_is_refused_and_writes_nothing(tenant, market) -> Non
 def test_requests_never_admitted_or_never_completed_are_never_charged(tenant, market) -> None:
     open_(tenant, market, "waiting")  # never admitted, never completed
     open_(tenant, market, "admitted-only")
-    round_record_settle(record=round_record("sim:1:7", [admitted("admitted-only", 0.25)]), now=NOW)
-    assert not LedgerEntry.objects.filter(request_id="waiting").exists()
-    # Admitted (being served) pays its priority charge; no tokens until it completes.
-    assert list(
-        LedgerEntry.objects.filter(request_id="admitted-only").values_list("kind", flat=True)
-    ) == [ChargeKind.PRIORITY]
+    result = round_record_settle(
+        record=round_record("sim:1:7", [admitted("admitted-only", 0.25)]), now=NOW
+    )
+    assert result == SettleResult(pending=1)
+    assert not LedgerEntry.objects.exists()
+    # Admitted but still in flight: its priority charge waits on its row, its hold stays whole.
+    request = Request.objects.get(pk="admitted-only")
+    assert (request.admitted_at, request.priority_pending["amount"]) == (NOW, "0.250000000")
+    assert Hold.objects.get(request_id="admitted-only").remaining == D(1)
+    # Served: both parts, the priority charge from the round that admitted it.
+    served("admitted-only", now=NOW + timedelta(seconds=3))
+    entries = LedgerEntry.objects.filter(request_id="admitted-only")
+    assert sorted(entries.values_list("kind", "amount", "round_id")) == [
+        (ChargeKind.PRIORITY, D("0.25"), "sim:1:7"),
+        (ChargeKind.TOKENS, D(0), ""),
+    ]
+    assert Request.objects.get(pk="admitted-only").priority_pending is None
+
+
+def test_a_request_admitted_then_failed_is_never_charged(tenant, market) -> None:
+    """The engine admitted it, then died; the gateway answered 503 "not charged": so it is."""
+    open_(tenant, market, "r1", hold="0.5")
+    round_record_settle(record=round_record("sim:1:7", [admitted("r1", 0.25)]), now=NOW)
+    assert request_fail(request_id="r1", now=NOW) is True
+    assert not LedgerEntry.objects.exists()
+    hold = Hold.objects.get(request_id="r1")
+    assert (hold.state, hold.remaining) == (HoldState.RELEASED, D(0))
+    # The same record redelivered, or a later one, still charges nothing.
+    result = round_record_settle(record=round_record("sim:1:7", [admitted("r1", 0.25)]), now=NOW)
+    assert result == SettleResult(not_served=1)
+    assert not LedgerEntry.objects.exists()
 
 
 def test_a_failed_request_is_never_charged(tenant, market) -> None:
@@ -215,10 +262,15 @@ def test_the_ledger_sums_exactly_to_the_invoice_total(tenant, market) -> None:
         rid = f"r{i}"
         at = datetime(2026, 11, 3, tzinfo=UTC) + timedelta(hours=i)
         open_(tenant, market, rid, now=at)
-        round_record_settle(record=round_record(f"sim:1:{i}", [admitted(rid, 0.1)], seq=i), now=at)
+        # Half of them complete before their round record is settled, half after.
+        record = round_record(f"sim:1:{i}", [admitted(rid, 0.1)], seq=i)
+        if i % 2:
+            round_record_settle(record=record, now=at)
         request_complete(
             request_id=rid, prompt_tokens=1200, cached_tokens=1000, completion_tokens=500, now=at
         )
+        if not i % 2:
+            round_record_settle(record=record, now=at)
     invoice = invoice_generate(
         tenant=tenant, period_start=start, period_end=end, now=NOW + timedelta(days=30)
     )
@@ -240,16 +292,21 @@ def test_a_priority_charge_never_goes_past_the_requests_cap(tenant, market) -> N
     # Hold 1.0 = tokens 0.4 + priority cap 0.6 (e.g. bid 0.01 $/s x 60 s).
     open_(tenant, market, "r1", hold="1.0", bid="0.01", priority_cap=D("0.6"))
     open_(tenant, market, "r2", hold="0.5")  # no cap: charged as the engine says
+    served("r1")
+    served("r2")
     record = round_record("sim:1:7", [admitted("r1", 0.9), admitted("r2", 0.45, position=1)])
     assert round_record_settle(record=record, now=NOW).charged == 2
     assert amounts(ChargeKind.PRIORITY) == {"r1": D("0.6"), "r2": D("0.45")}
-    entry = LedgerEntry.objects.get(request_id="r1")
-    assert entry.detail["engine_charge"] == 0.9 and entry.detail["capped_at"] == "0.600000000"
-    assert "capped_at" not in LedgerEntry.objects.get(request_id="r2").detail
-    # r1's hold keeps 0.4 for its tokens; spent 1.05 + held 0.45 (0.4 + r2's 0.05) = 1.5.
+    detail = LedgerEntry.objects.get(request_id="r1", kind=ChargeKind.PRIORITY).detail
+    assert detail["engine_charge"] == 0.9 and detail["capped_at"] == "0.600000000"
+    assert (detail["capped_by"], detail["uncapped"]) == ("priority_cap", "0.900000000")
+    r2 = LedgerEntry.objects.get(request_id="r2", kind=ChargeKind.PRIORITY)
+    assert "capped_at" not in r2.detail
+    # r1's token charge (0) kept only its cap, 0.6, reserved, and its priority charge took it;
+    # r2 had no cap recorded, so its hold closed with its tokens and its 0.45 came out of the
+    # budget's room (1.5 - 0.6 spent - 0 held = 0.9). Spent 1.05, nothing held.
     usage = budget_usage(budget=budget, now=NOW)
-    assert (usage.spent, usage.held) == (D("1.05"), D("0.45"))
-    assert usage.spent + usage.held <= D("1.5")
+    assert (usage.spent, usage.held) == (D("1.05"), D(0))
 
 
 @pytest.mark.parametrize("cap", ["-0.01", "1.01"])

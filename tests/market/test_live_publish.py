@@ -52,12 +52,16 @@ def market(unique_slug) -> Market:
     return market_create(unique_slug)
 
 
-def open_requests(market: Market, tenant_slug: str, ids: list[str]) -> None:
+def open_requests(market: Market, tenant_slug: str, ids: list[str], *, serve: bool = True) -> None:
+    """Open requests; ``serve``: served (no tokens) before their rounds are settled, so that
+    each record charges them at once."""
     tenant = tenant_create(tenant_slug)
     for rid in ids:
         request_open(
             request_id=rid, tenant=tenant, api_key=None, market=market, bid="0.5", hold_amount="1"
         )
+        if serve:
+            request_complete(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
 
 
 def three_rounds(market: str) -> list[dict]:
@@ -93,7 +97,7 @@ def check_published(messages, market: str) -> None:
         if r["request_id"] == "a2"
     )
     assert a2["priority_charge"] == "0.004000000" and a2["block_bid_mean"] == 0.25
-    assert a2["position"] == 1 and a2["time_saved_s"] == 0.125 and a2["status"] == "queued"
+    assert a2["position"] == 1 and a2["time_saved_s"] == 0.125 and a2["status"] == "served"
 
 
 def test_the_jsonl_follower_publishes_what_it_settles(sent, market, tmp_path) -> None:
@@ -164,7 +168,7 @@ def test_the_periodic_tick_sends_engine_status_idle_books_and_token_spend(sent, 
         rec = record(market.slug, 1, subtrees=[subtree("p")])
         book.book_publish(record=rec, rows=book.book_rows(rec), now=time.time() - 5)
         # A request completes (token charge, in the gateway): its tenant gets a tick.
-        open_requests(market, "acme", ["a1"])
+        open_requests(market, "acme", ["a1"], serve=False)
         request_complete(
             request_id="a1", prompt_tokens=1000, cached_tokens=0, completion_tokens=100,
             ttft_s=0.5, e2e_s=1.5, now=timezone.now(),

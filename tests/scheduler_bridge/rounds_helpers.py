@@ -15,7 +15,7 @@ import redis
 from django.conf import settings
 
 from accounts.models import ChargeKind, LedgerEntry
-from accounts.services import request_open
+from accounts.services import request_complete, request_open
 from scheduler_bridge.rounds import DEAD_SUFFIX
 from tests.accounts.factories import admitted, round_record
 
@@ -51,12 +51,15 @@ def records(market_slug: str = "test-llm", rounds: int = 4) -> list[dict]:
 
 
 def requests_open(tenant, market, count: int = 8) -> None:
-    """Open r0 .. r(count-1) as the gateway would, each holding ``HOLD`` dollars."""
+    """Open r0 .. r(count-1) as the gateway would, each holding ``HOLD`` dollars, and serve
+    them (no tokens): a record's charges are then written as it is settled, not left pending
+    until the requests complete."""
     for i in range(count):
         request_open(
             request_id=f"r{i}", tenant=tenant, api_key=None, market=market, bid="0.5",
-            hold_amount=HOLD,
+            hold_amount=HOLD, priority_cap=Decimal(HOLD),
         )  # fmt: skip
+        request_complete(request_id=f"r{i}", prompt_tokens=0, cached_tokens=0, completion_tokens=0)
 
 
 def priority_charges() -> dict[str, Decimal]:

@@ -19,13 +19,13 @@ import httpx
 import pytest
 from django.conf import settings
 
-from accounts.models import Hold, LedgerEntry
-from accounts.services import request_open
+from accounts.models import BudgetCounter, Hold, HoldState
+from accounts.services import request_complete, request_open
 from scheduler_bridge.rounds import PAUSE_FILE_ENV
 from scheduler_bridge.sim.background import ServerThread
 from scheduler_bridge.sim.server import ServerOptions
 from scheduler_bridge.tasks import rounds_consume
-from tests.accounts.factories import market_create, tenant_create
+from tests.accounts.factories import admitted, market_create, round_record, tenant_create
 from tests.scheduler_bridge.rounds_helpers import (
     CHARGES,
     CHARGES_TOTAL,
@@ -92,7 +92,7 @@ def test_killing_the_worker_mid_batch_loses_nothing_and_charges_nothing_twice(
         consume(first, streams)
         # It read all four entries in one batch, settled the first round (r0, r1: committed),
         # and now waits before acknowledging it.
-        wait_until(lambda: LedgerEntry.objects.count() == 2, what="the first round's charges")
+        wait_until(lambda: len(priority_charges()) == 2, what="the first round's charges")
         assert priority_charges() == expected("r0", "r1")
         assert streams.pending() == 4
         first.kill()
@@ -116,9 +116,9 @@ def test_killing_the_worker_mid_batch_loses_nothing_and_charges_nothing_twice(
     assert priority_charges() == expected(*CHARGES)
     assert sum(priority_charges().values()) == CHARGES_TOTAL
     assert streams.pending() == 0
-    # Every $1 hold was consumed exactly once: 1 - 0.25 for r0, 1 - 0.125 for r1.
-    assert Hold.objects.get(request_id="r0").remaining == Decimal("0.75")
-    assert Hold.objects.get(request_id="r1").remaining == Decimal("0.875")
+    # Each charge was counted exactly once, and every hold closed with it.
+    assert BudgetCounter.objects.get(api_key=None).spent_total == CHARGES_TOTAL
+    assert set(Hold.objects.values_list("state", "remaining")) == {(HoldState.SETTLED, 0)}
 
 
 def test_a_pool_process_killed_mid_task_is_replaced_and_the_task_redelivered(
@@ -132,7 +132,7 @@ def test_a_pool_process_killed_mid_task_is_replaced_and_the_task_redelivered(
     pause.touch()
     with celery_worker(tmp_path, pool="prefork", env={PAUSE_FILE_ENV: str(pause)}) as worker:
         result = consume(worker, streams, claim_min_idle_ms=0)
-        wait_until(lambda: LedgerEntry.objects.count() == 2, what="the first round's charges")
+        wait_until(lambda: len(priority_charges()) == 2, what="the first round's charges")
         (child,) = worker.children()
         os.kill(child, signal.SIGKILL)
         wait_until(lambda: child not in worker.children(), what="the pool process to go")
@@ -173,6 +173,8 @@ def test_records_an_engine_writes_to_redis_are_settled_by_a_worker(
     with ServerThread(options) as sim, ThreadPoolExecutor(len(bids)) as pool:
         assert list(pool.map(lambda rid: generate(sim.url, rid), bids)) == [200] * len(bids)
         wait_until(lambda: sim.server.redis_sink.pending == 0, what="the sink to drain")
+    for rid in bids:  # served, as the gateway records it (here without a token charge)
+        request_complete(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
     written = {
         adm["request_id"]: adm["charge"]
         for _, entry in streams.client.xrange(streams.name)
@@ -190,3 +192,54 @@ def min_idle_ms(streams: Streams) -> int:
     """The smallest idle time among the group's pending entries, milliseconds."""
     pending = streams.client.xpending_range(streams.name, "settlement", "-", "+", 100)
     return min(p["time_since_delivered"] for p in pending)
+
+
+def test_a_lagging_worker_never_lets_a_budget_be_overspent(
+    streams: Streams, tmp_path: Path
+) -> None:
+    """Issue 12's overspend: the gateway keeps admitting and completing requests while their
+    round records wait in the stream (no worker running), then a worker settles them late, in
+    reverse order and twice. The key's budget ($0.003 a day) holds throughout.
+
+    Each request holds 0.0006 as the gateway would (tokens 0.0001 + priority cap 0.0005) and is
+    served with 20 prompt tokens ($3/M: 0.00006); the engine then reports 0.0009 for each, over
+    its cap. A served request keeps its cap reserved until its priority charge settles, so
+    after n requests 0.00056 n is spent or held, and the next fits while 0.00056 n + 0.0006 <=
+    0.003: n = 0..4, five requests. (When the token charge closed the hold, all 30 went through
+    and their late priority charges made 30 x 0.0005 + 30 x 0.00006 = 0.0168, 5.6x the budget.)
+    """
+    from accounts.selectors import budget_status
+    from accounts.services import BudgetExhausted, api_key_create, budget_set
+
+    market, tenant = market_create(), tenant_create("acme")
+    budget_set(tenant=tenant, limit="1", period="day")
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None, budget_limit="0.003")
+    admitted_ids, refused = [], 0
+    for i in range(30):
+        rid = f"lag{i}"
+        try:
+            request_open(
+                request_id=rid, tenant=tenant, api_key=key, market=market, bid="0.00001",
+                hold_amount="0.0006", priority_cap=Decimal("0.0005"),
+            )  # fmt: skip
+        except BudgetExhausted:
+            refused += 1
+            continue
+        admitted_ids.append(rid)
+        request_complete(request_id=rid, prompt_tokens=20, cached_tokens=0, completion_tokens=0)
+    assert (len(admitted_ids), refused) == (5, 25)
+    lagging = [
+        round_record(f"sim:9:{i}", [admitted(rid, 0.0009)], market=market.slug, seq=i + 1)
+        for i, rid in enumerate(admitted_ids)
+    ]
+    for record in [*reversed(lagging), *lagging]:  # late, reordered, replayed
+        streams.add(record)
+    with celery_worker(tmp_path) as worker:
+        stats = consume(worker, streams).get(timeout=RESULT_TIMEOUT_S)
+    assert (stats["charged"], stats["duplicates"]) == (5, 5)
+    # Each priority charge is its cap, with the engine's figure kept; 5 x 0.00056 = 0.0028.
+    assert priority_charges() == dict.fromkeys(admitted_ids, Decimal("0.0005"))
+    status = budget_status(tenant=tenant, api_key=key)
+    assert (status.spent, status.held) == (Decimal("0.0028"), Decimal(0))
+    assert status.spent <= Decimal("0.003")
+    assert set(Hold.objects.values_list("state", flat=True)) == {HoldState.SETTLED}

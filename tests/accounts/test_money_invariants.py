@@ -1,0 +1,241 @@
+"""The money invariants of DESIGN.md 6, each against the writes that could break it.
+
+- **Never overspent**: for every budget and its window, spent + held <= limit, after every
+  step, whatever the order and the delay of settlement (a priority charge settled before or
+  after its request's token charge, replayed, for a request whose hold was released, across a
+  window's end); an autobidder's budget likewise, under concurrent requests.
+- **Never charged twice**: one entry per (request, kind), the counters the ledger's sums.
+- **503 not charged**: a request that failed has no entry, whatever was settled for it.
+
+The property tests replay random lives of requests against both implementations of the
+ledger's writes (PostgreSQL's single statements and the ORM reference code) and check the
+invariants from the ledger and the holds themselves (``counters_mismatches`` re-sums them).
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from accounts.models import (
+    BidSource,
+    ChargeKind,
+    Hold,
+    HoldState,
+    LedgerEntry,
+    Period,
+    RequestStatus,
+)
+from accounts.selectors import budget_statuses_for_tenant
+from accounts.services import (
+    BudgetExhausted,
+    api_key_create,
+    budget_set,
+    fastpath,
+    hold_release,
+    request_complete,
+    request_fail,
+    request_open,
+    round_record_settle,
+)
+from accounts.services.autobidder import autobid, autobidder_configure
+from tests.accounts.factories import (
+    MIDNIGHT,
+    admitted,
+    counters_mismatches,
+    market_create,
+    round_record,
+    run_concurrently,
+    tenant_create,
+)
+
+pytestmark = pytest.mark.django_db
+
+D = Decimal
+TENANT_LIMIT = D("0.01")
+KEY_LIMIT = D("0.006")
+START = MIDNIGHT - timedelta(seconds=40)  # each life crosses a day's end
+STEP = timedelta(seconds=3)
+RIDS = ["r0", "r1", "r2", "r3"]
+_lives = itertools.count()
+
+# One step of a request's life: (what, request, a number used as that step's amount).
+step = st.tuples(
+    st.sampled_from(["open", "open_key", "complete", "settle", "fail", "release"]),
+    st.sampled_from(RIDS),
+    st.sampled_from(["0", "0.0001", "0.0015", "0.003", "0.02"]),
+)
+
+
+@pytest.fixture(params=["single", "reference"])
+def statements(request, monkeypatch) -> str:
+    """Both implementations of the ledger's writes (the single statements need PostgreSQL)."""
+    monkeypatch.setattr(fastpath, "ENABLED", request.param == "single")
+    return request.param
+
+
+def over_budget(tenant, now) -> list[str]:
+    """The budgets whose spent + held exceeds the limit at ``now``."""
+    return [
+        f"{s.scope} {s.period}: spent {s.spent} + held {s.held} > {s.limit}"
+        for s in budget_statuses_for_tenant(tenant=tenant, now=now)
+        if s.spent + s.held > s.limit
+    ]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(life=st.lists(step, min_size=1, max_size=24))
+def test_no_order_or_delay_of_settlement_overspends_a_budget(statements, life) -> None:
+    n = next(_lives)
+    tenant = tenant_create(f"life{n}")
+    market = market_create(f"life-{n}")
+    budget_set(tenant=tenant, limit=TENANT_LIMIT, period=Period.DAY)
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None, budget_limit=KEY_LIMIT)
+    caps: dict[str, Decimal] = {}
+    failed: set[str] = set()
+    for i, (what, rid, number) in enumerate(life):
+        now = START + i * STEP
+        rid = f"{n}-{rid}"
+        amount = D(number)
+        if what in ("open", "open_key"):
+            # The gateway's hold: a token part of 0.0005 plus the priority cap.
+            try:
+                request_open(
+                    request_id=rid, tenant=tenant, api_key=key if what == "open_key" else None,
+                    market=market, bid="0.0001", hold_amount=D("0.0005") + amount,
+                    priority_cap=amount, now=now,
+                )  # fmt: skip
+                caps.setdefault(rid, amount)
+            except (BudgetExhausted, ValueError):
+                pass  # refused, or the id is held for the other scope: nothing written
+        elif what == "complete":
+            # 100 prompt tokens at $3/M and 10 output at $15/M: 0.00045.
+            try:
+                request_complete(
+                    request_id=rid, prompt_tokens=100, cached_tokens=0, completion_tokens=10,
+                    now=now,
+                )  # fmt: skip
+            except (LookupError, ValueError):
+                pass  # never opened, or failed
+        elif what == "settle":  # the engine's figure may be anything, the cap is the rule
+            record = round_record(f"rd-{rid}-{i}", [admitted(rid, float(amount) * 1.5)],
+                                  market=market.slug, seq=i + 1)  # fmt: skip
+            round_record_settle(record=record, now=now)
+        elif what == "fail":
+            if request_fail(request_id=rid, now=now):
+                failed.add(rid)
+        else:  # a hold released early (a client gone, a stale hold swept)
+            hold_release(request_id=rid, now=now)
+        assert over_budget(tenant, now) == [], f"step {i}: {what} {rid} {number}"
+    assert counters_mismatches(tenant) == []
+    entries = LedgerEntry.objects.filter(tenant=tenant)
+    for entry in entries.filter(kind=ChargeKind.PRIORITY):
+        assert entry.amount <= caps[entry.request_id]
+    assert not entries.filter(request_id__in=failed).exists()
+    assert not entries.filter(request__status=RequestStatus.FAILED).exists()
+    # A priority entry only for a served request, at most one of each kind.
+    assert not entries.exclude(request__status=RequestStatus.SERVED).exists()
+    kinds = list(entries.values_list("request_id", "kind"))
+    assert len(kinds) == len(set(kinds))
+
+
+def test_a_charge_after_its_hold_was_released_is_cut_to_what_the_budget_has_left(
+    statements, tenant, market
+) -> None:
+    """A charge can exceed what was reserved for it only when its hold closed before its round
+    record came (released early, or never sized for a priority part). It is then cut to what
+    the budget has left, and the entry says so. Tokens: 100 prompt at $3/M + 10 output at
+    $15/M = 0.00045."""
+    budget_set(tenant=tenant, limit="0.01", period=Period.DAY)
+    now = MIDNIGHT - timedelta(hours=1)
+
+    def opened(rid, hold, cap):
+        request_open(request_id=rid, tenant=tenant, api_key=None, market=market, bid="0.001",
+                     hold_amount=hold, priority_cap=cap, now=now)  # fmt: skip
+
+    def completed(rid, prompt=100, completion=10):
+        request_complete(request_id=rid, prompt_tokens=prompt, cached_tokens=0,
+                         completion_tokens=completion, now=now)  # fmt: skip
+
+    def settled(rid, charge) -> LedgerEntry:
+        round_record_settle(record=round_record(f"rd-{rid}", [admitted(rid, charge)]), now=now)
+        return LedgerEntry.objects.get(request_id=rid, kind=ChargeKind.PRIORITY)
+
+    opened("a", "0.005", D("0.004"))
+    opened("b", "0.005", D("0.004"))  # 0.005 + 0.005 = the whole 0.01
+    completed("a")  # a's hold keeps its 0.004 cap for the priority part
+    hold_release(request_id="a", now=now)  # then is released before the record comes
+    # Spent 0.00045, held 0.005 (b): 0.00455 left, a's 0.004 fits and is charged in full.
+    entry = settled("a", 0.004)
+    assert entry.amount == D("0.004") and "capped_at" not in entry.detail
+    completed("b")
+    hold_release(request_id="b", now=now)
+    # Spent 0.0049, nothing held: 0.0051 left; b asks 0.006 and its cap, 0.004, binds first.
+    entry = settled("b", 0.006)
+    assert (entry.amount, entry.detail["capped_by"]) == (D("0.004"), "priority_cap")
+    # c holds the 0.0011 left with no priority cap recorded (opened outside the gateway): its
+    # token charge (none) closes its hold. Spent 0.0089, nothing held: c's 0.003 is cut to 0.0011.
+    opened("c", "0.0011", None)
+    completed("c", prompt=0, completion=0)
+    entry = settled("c", 0.003)
+    assert entry.amount == D("0.0011")
+    assert entry.detail["capped_at"] == "0.001100000"
+    assert (entry.detail["capped_by"], entry.detail["uncapped"]) == ("budget", "0.003000000")
+    (status,) = budget_statuses_for_tenant(tenant=tenant, now=now)
+    assert (status.spent, status.held, status.remaining) == (D("0.01"), D(0), D(0))
+    assert counters_mismatches(tenant) == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_concurrent_autobid_requests_never_overspend_the_autobidders_budget(statements) -> None:
+    """Issue 12: each autobid request's bid is capped by what is left of the autobidder's
+    budget, but many in flight at once could each be charged up to that whole remainder.
+
+    Budget $0.01 a day, max_wait 60 s, value $0.001/s: the first bid is min(0.001, 0.01 / 60)
+    = 0.000166666 $/s, its worst case 0.00999996. Twenty such requests in flight, each charged
+    0.008 by the engine (within its cap), settled from 20 connections at once: the autobidder
+    pays at most its 0.01, whatever the order, and the cut is recorded."""
+    tenant, market = tenant_create("auto"), market_create("auto-llm")
+    budget_set(tenant=tenant, limit="100", period=Period.DAY)
+    autobidder_configure(tenant=tenant, enabled=True, budget="0.01", period="day",
+                         values={"interactive": "0.001"}, max_wait_s=60.0)  # fmt: skip
+    rids = [f"a{i}" for i in range(20)]
+    for rid in rids:
+        bid = autobid(tenant=tenant, request_class="interactive")
+        assert bid.bid == D("0.000166666") and bid.worst_case == D("0.00999996")
+        request_open(request_id=rid, tenant=tenant, api_key=None, market=market, bid=bid.bid,
+                     hold_amount=bid.worst_case, priority_cap=bid.worst_case,
+                     bid_source=BidSource.AUTOBID)  # fmt: skip
+        request_complete(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
+    records = [round_record(f"rd-{rid}", [admitted(rid, 0.008)], market=market.slug)
+               for rid in rids]  # fmt: skip
+    results = run_concurrently(
+        [lambda r=r: round_record_settle(record=r) for r in records for _ in range(2)]
+    )
+    assert not [r for r in results if isinstance(r, Exception)]
+    charges = list(
+        LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY).values_list("amount", "detail")
+    )
+    assert len(charges) == 20
+    # One charged 0.008 in full, the next the 0.002 left, the other 18 nothing.
+    assert sorted(amount for amount, _ in charges) == [D(0)] * 18 + [D("0.002"), D("0.008")]
+    assert sum(amount for amount, _ in charges) == D("0.01")
+    cut = [d for a, d in charges if a < D("0.008")]
+    assert {d["capped_by"] for d in cut} == {"autobidder_budget"}
+    tenant.autobidder.refresh_from_db()
+    assert tenant.autobidder.spent_in_window == D("0.01")
+    # And the autobidder now bids nothing: its budget is spent.
+    assert autobid(tenant=tenant, request_class="interactive").bid == 0
+    assert set(Hold.objects.values_list("state", flat=True)) == {HoldState.SETTLED}
+    assert counters_mismatches(tenant) == []

@@ -2,18 +2,21 @@
 
 Scheduled by celery beat (``celery -A config beat``; ``CELERY_BEAT_SCHEDULE`` in
 ``config.settings``): ``rounds_consume`` every second, ``autobidders_step`` every
-``AUTOBID_INTERVAL_S`` seconds, ``invoices_generate`` daily. ``engine_config_push`` is queued by
-``market.services`` when a reserve or policy changes, ``batch_run`` when a batch job is submitted.
+``AUTOBID_INTERVAL_S`` seconds, ``holds_sweep`` every minute, ``invoices_generate`` daily.
+``engine_config_push`` is queued by ``market.services`` when a reserve or policy changes,
+``batch_run`` when a batch job is submitted.
 """
 
 import logging
 import os
 import socket
+from dataclasses import asdict
 from typing import Any, TypedDict
 
 from celery import Task, shared_task
 from django.conf import settings
 
+from accounts.services import settlement
 from market.live.periodic import live_tick
 from scheduler_bridge import engine_config, periodic, rounds
 from scheduler_bridge.batches import run as batches_run
@@ -102,6 +105,18 @@ def autobidders_step(self: Task, *, interval_s: float | None = None) -> dict[str
     """One pacing step for each enabled autobidder that is due (beat: every AUTOBID_INTERVAL_S)."""
     interval = interval_s if interval_s is not None else settings.AUTOBID_INTERVAL_S
     return periodic.autobidders_step_due(interval_s=interval).as_dict()
+
+
+@shared_task(name="scheduler_bridge.holds_sweep", ignore_result=True)
+def holds_sweep() -> dict[str, Any]:
+    """Close what a lost step left open: pending priority charges of served requests, holds
+    whose round record never came, requests whose gateway is gone (beat: every minute)."""
+    return asdict(
+        settlement.holds_sweep(
+            settle_grace_s=settings.PRIORITY_SETTLE_GRACE_S,
+            stale_after_s=settings.STALE_REQUEST_S,
+        )
+    )
 
 
 @shared_task(bind=True, name="scheduler_bridge.invoices_generate", acks_late=True)

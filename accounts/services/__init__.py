@@ -6,6 +6,7 @@ from accounts.services.keys import api_key_authenticate, api_key_create, api_key
 from accounts.services.settlement import (
     SettleResult,
     UnknownRequest,
+    holds_sweep,
     request_complete,
     request_fail,
     request_open,
@@ -35,6 +36,7 @@ __all__ = [
     "budget_set",
     "demo_accounts_seed",
     "hold_release",
+    "holds_sweep",
     "invoice_generate",
     "membership_ensure",
     "month_bounds",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -534,3 +534,56 @@ def _market_of(request_id: str) -> Market:
         if request is not None:
             return request.market
     raise UnknownRequest(f"no request {request_id!r}")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What :func:`holds_sweep` did, counted in requests."""
+
+    pending_written: int = 0  # served, their pending priority charge written now
+    holds_released: int = 0  # served long ago, their round record never came
+    failed: int = 0  # queued far longer than any request is served in
+
+
+def holds_sweep(
+    *, settle_grace_s: float, stale_after_s: float, now: datetime | None = None
+) -> SweepResult:
+    """Close what a lost step left open, so that no hold reserves a budget for ever.
+
+    - A served request with a priority charge still pending (the process stopped between its
+      token charge and that write): the charge is written now.
+    - A served request whose hold is still open ``settle_grace_s`` seconds after it finished:
+      its round record was lost (an engine drops records while Redis is down); the rest of
+      its hold is released. A record that comes later is charged what the budgets have left.
+    - A request still queued ``stale_after_s`` seconds after it was opened: its gateway is
+      gone (a client waits minutes at most); it fails, uncharged.
+    Each is idempotent and safe beside live settlement (the same locked writes).
+    """
+    now = now or timezone.now()
+    written = released = failed = 0
+    pending = Request.objects.filter(status=RequestStatus.SERVED).exclude(priority_pending=None)
+    for request_id, charge in pending.values_list("request_id", "priority_pending"):
+        _pending_settle(request_id=request_id, pending=charge, now=now)
+        written += 1
+    open_holds = Hold.objects.filter(state=HoldState.OPEN).values("request_id")
+    late = Request.objects.filter(
+        status=RequestStatus.SERVED,
+        finished_at__lt=now - timedelta(seconds=settle_grace_s),
+        request_id__in=open_holds,
+    )
+    for request_id in late.values_list("request_id", flat=True):
+        released += hold_release(request_id=request_id, now=now)
+    stale = Request.objects.filter(
+        status=RequestStatus.QUEUED, created_at__lt=now - timedelta(seconds=stale_after_s)
+    )
+    for request_id in stale.values_list("request_id", flat=True):
+        failed += request_fail(request_id=request_id, now=now)
+    if written or released or failed:
+        logger.info(
+            "holds sweep: %d pending priority charges written, %d holds released, %d stale "
+            "requests failed",
+            written,
+            released,
+            failed,
+        )
+    return SweepResult(pending_written=written, holds_released=released, failed=failed)

@@ -314,3 +314,44 @@ def test_a_priority_cap_outside_the_hold_is_refused(tenant, market, cap) -> None
     with pytest.raises(ValueError, match="priority_cap"):
         open_(tenant, market, "r1", hold="1.0", bid="0.01", priority_cap=D(cap))
     assert not Request.objects.exists() and not Hold.objects.exists()
+
+
+def test_the_sweep_closes_what_a_lost_step_left_open(tenant, market) -> None:
+    from accounts.models import Period
+    from accounts.selectors import budget_status
+    from accounts.services import budget_set, holds_sweep
+
+    budget_set(tenant=tenant, limit="10", period=Period.DAY)
+    # lost: served, its round record never came; its hold keeps the 0.6 cap.
+    open_(tenant, market, "lost", hold="1", priority_cap=D("0.6"))
+    served("lost")
+    # crashed: served, with a priority charge still pending (as after a process stopped
+    # between its token charge and that write).
+    open_(tenant, market, "crashed", hold="1", priority_cap=D("0.6"))
+    served("crashed")
+    Request.objects.filter(pk="crashed").update(
+        priority_pending={"amount": "0.25", "round_id": "sim:1:3", "detail": {"bid": 0.5}}
+    )
+    # stale: queued for over an hour (its gateway is gone); young: queued just now.
+    open_(tenant, market, "stale", hold="1", now=NOW - timedelta(hours=2))
+    open_(tenant, market, "young", hold="1", now=NOW)
+    assert budget_status(tenant=tenant, now=NOW).held == D("3.2")  # 0.6 + 0.6 + 1 + 1
+
+    early = holds_sweep(settle_grace_s=600, stale_after_s=3600, now=NOW + timedelta(seconds=60))
+    # The pending charge is written at once; nothing is old enough to release or fail yet
+    # but stale (2 h).
+    assert (early.pending_written, early.holds_released, early.failed) == (1, 0, 1)
+    assert amounts(ChargeKind.PRIORITY) == {"crashed": D("0.25")}
+    assert Request.objects.get(pk="stale").status == RequestStatus.FAILED
+    assert Hold.objects.get(request_id="lost").state == HoldState.OPEN
+
+    later = holds_sweep(settle_grace_s=600, stale_after_s=3600, now=NOW + timedelta(minutes=11))
+    assert (later.pending_written, later.holds_released, later.failed) == (0, 1, 0)
+    assert Hold.objects.get(request_id="lost").state == HoldState.RELEASED
+    assert Request.objects.get(pk="young").status == RequestStatus.QUEUED
+    assert budget_status(tenant=tenant, now=NOW).held == D("1")  # young's
+    # The lost record turns up after all: charged (the budget has room), once.
+    round_record_settle(record=round_record("sim:1:9", [admitted("lost", 0.5)]), now=NOW)
+    assert amounts(ChargeKind.PRIORITY) == {"crashed": D("0.25"), "lost": D("0.5")}
+    again = holds_sweep(settle_grace_s=600, stale_after_s=3600, now=NOW + timedelta(minutes=12))
+    assert again == type(again)()

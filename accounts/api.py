@@ -1,8 +1,9 @@
 """The tenant JSON API for browsers (logged-in session; CSRF applies to POSTs).
 
 The same rules as the pages: 401 when not logged in, 404 for a tenant or object the user may
-not see, 403 when a viewer tries to change something. Amounts are exact decimal strings
-(dollars).
+not see, 403 when a viewer tries to change something, 400 for a body or parameter that is not
+acceptable (text with a NUL or a lone surrogate, ``accounts.text``, names its field). Amounts
+are exact decimal strings (dollars).
 """
 
 import json
@@ -31,12 +32,29 @@ from accounts.selectors import (
     top_requests_by_priority,
 )
 from accounts.services import api_key_create, api_key_revoke
+from accounts.text import json_problem
 
 MAX_USAGE_HOURS = 24 * 31
 
 
-def _error(status: int, message: str) -> JsonResponse:
-    return JsonResponse({"error": message}, status=status)
+def _error(status: int, message: str, **extra: object) -> JsonResponse:
+    return JsonResponse({"error": message, **extra}, status=status)
+
+
+def _json_form(raw: bytes) -> dict | JsonResponse:
+    """A JSON body's fields (nulls dropped), or the 400 that says what is wrong with it."""
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past Python's limit
+        return _error(400, "the body is not JSON")
+    if not isinstance(body, dict):
+        return _error(400, "the body must be a JSON object")
+    problem = json_problem(body)
+    if problem is not None:
+        where, why = problem
+        field = where or "body"
+        return _error(400, f"{field} {why}", fields={field: [why]})
+    return {k: v for k, v in body.items() if v is not None}
 
 
 def tenant_api(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
@@ -96,13 +114,10 @@ def api_keys(request: HttpRequest, tenant: Tenant) -> JsonResponse:
     if not can_manage_keys(user=request.user, tenant=tenant):
         return _error(403, "only the tenant's admins manage its API keys")
     if request.content_type == "application/json":
-        try:
-            body = json.loads(request.body or b"{}")
-        except json.JSONDecodeError:
-            return _error(400, "the body is not JSON")
-        if not isinstance(body, dict):
-            return _error(400, "the body must be a JSON object")
-        data: QueryDict | dict = {k: v for k, v in body.items() if v is not None}
+        form_data = _json_form(request.body)
+        if isinstance(form_data, JsonResponse):
+            return form_data
+        data: QueryDict | dict = form_data
     else:
         data = request.POST
     form = ApiKeyCreateForm(data)
@@ -146,10 +161,10 @@ def budget(request: HttpRequest, tenant: Tenant) -> JsonResponse:
 def usage(request: HttpRequest, tenant: Tenant) -> JsonResponse:
     """Dashboard data: spend per hour, charges by market and the top priority charges over the
     last ``hours`` hours (default 24)."""
-    try:
-        hours = int(request.GET.get("hours", "24"))
-    except ValueError:
+    text = request.GET.get("hours", "24")
+    if not (text.isascii() and text.isdigit()):  # int() also reads "1_0" and other digits
         return _error(400, "hours must be an integer")
+    hours = int(text)
     if not 1 <= hours <= MAX_USAGE_HOURS:
         return _error(400, f"hours must be between 1 and {MAX_USAGE_HOURS}")
     now = timezone.now()
@@ -158,7 +173,7 @@ def usage(request: HttpRequest, tenant: Tenant) -> JsonResponse:
         {
             "tenant": tenant.slug,
             "spend_per_hour": [
-                {"hour": h.hour.isoformat(), "amount": str(h.amount)}
+                {"hour": h.hour.isoformat(), "amount": money_str(h.amount)}
                 for h in spend_per_hour(tenant=tenant, hours=hours, now=now)
             ],
             "by_market": [

@@ -8,7 +8,7 @@ nothing is written for it.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.forms import BatchUploadForm
 from accounts.models import Tenant
 from accounts.selectors import can_manage_keys
+from accounts.text import text_problem
 from accounts.views import tenant_page
 from scheduler_bridge.batches import selectors
 from scheduler_bridge.batches.input import BatchInputInvalid, input_decoded, max_bytes
@@ -68,6 +69,9 @@ def batch_upload(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 
 
 def _results(tenant: Tenant, public_id: str, kind: str) -> HttpResponse:
+    problem = text_problem(public_id)
+    if problem is not None:  # a NUL would reach PostgreSQL, which refuses it
+        raise BadRequest(f"the batch id {problem}")
     try:
         batch = selectors.batch_for_tenant(tenant=tenant, public_id=public_id)
     except BatchJob.DoesNotExist:

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET
 from accounts.batch_views import can_submit_batches
 from accounts.forms import BatchUploadForm
 from accounts.models import Autobidder, Tenant
+from accounts.money import money_str
 from accounts.selectors import (
     api_keys_for_tenant,
     can_manage_keys,
@@ -64,7 +65,7 @@ def _pacing(tenant: Tenant, tick: SpendTick, now: datetime) -> dict[str, Any]:
         "start": start.timestamp(),
         "end": end.timestamp(),
         "limit": limit,
-        "points": [[p.at.timestamp(), str(p.cumulative)] for p in points],
+        "points": [[p.at.timestamp(), money_str(p.cumulative)] for p in points],
     }
 
 

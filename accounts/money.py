@@ -12,6 +12,7 @@ so the only rounding is the quantization: ``money(0.1) == Decimal("0.100000000")
 from __future__ import annotations
 
 import math
+import re
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation, localcontext
 
 from django.db import models
@@ -21,6 +22,20 @@ MONEY_DIGITS = 20  # so amounts stay below 10**11 dollars
 QUANTUM = Decimal(1).scaleb(-MONEY_PLACES)  # Decimal("1E-9"), one nano-dollar
 MONEY_MAX = Decimal(10) ** (MONEY_DIGITS - MONEY_PLACES)  # exclusive
 ZERO = Decimal("0").quantize(QUANTUM)
+# An amount written as text: ASCII digits, optionally a sign, a fraction and an exponent.
+# Decimal() alone also reads "1_0" (as 10), Arabic-Indic, fullwidth and other scripts' digits.
+DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def decimal_text(value: str) -> Decimal:
+    """The number ``value`` writes in :data:`DECIMAL_TEXT` (ASCII spaces around it dropped);
+    ValueError for anything else ("1_0", "١", "NaN", "Infinity", "0x10", "")."""
+    stripped = value.strip(" \t\r\n")
+    if stripped.lstrip("+-").lower() in ("nan", "snan", "inf", "infinity"):
+        raise ValueError(f"amount is not finite: {value!r}")
+    if not DECIMAL_TEXT.fullmatch(stripped):
+        raise ValueError(f"not an amount of money: {value!r}")
+    return Decimal(stripped)
 
 
 def _as_decimal(value: Decimal | float | int | str) -> Decimal:
@@ -29,16 +44,21 @@ def _as_decimal(value: Decimal | float | int | str) -> Decimal:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"amount is not finite: {value!r}")
-        return Decimal(value)
-    if isinstance(value, Decimal | int | str):
+        result = Decimal(value)
+    elif isinstance(value, str):
+        result = decimal_text(value)
+    elif isinstance(value, Decimal | int):
         try:
             result = Decimal(value)
         except InvalidOperation as exc:
             raise ValueError(f"not an amount of money: {value!r}") from exc
         if not result.is_finite():
             raise ValueError(f"amount is not finite: {value!r}")
-        return result
-    raise ValueError(f"not an amount of money: {value!r}")
+    else:
+        raise ValueError(f"not an amount of money: {value!r}")
+    if result.copy_abs() >= MONEY_MAX:  # before quantizing: "1e30" would not fit its precision
+        raise ValueError(f"amount is too large: {value!r}")
+    return result
 
 
 def _checked_range(amount: Decimal, original: object) -> Decimal:

@@ -4,8 +4,16 @@ Run with ``daphne config.asgi:application`` (what ``make run`` does) or ``manage
 """
 
 import os
+from http import HTTPStatus
 
 from django.core.asgi import get_asgi_application
+from twisted.web import http as twisted_http
+
+# ASGI sends a status code only; Daphne (Twisted) takes the status line's reason phrase from
+# twisted.web.http.RESPONSES, which lacks 422, 429 and others ("422 Unknown Status"): add the
+# standard phrases of every code it lacks.
+for _status in HTTPStatus:
+    twisted_http.RESPONSES.setdefault(_status.value, _status.phrase.encode("ascii"))
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Set up Django (the app registry) before importing anything that touches models.

@@ -15,10 +15,17 @@ Variables:
 - ``DEBUG``: ``1/0``, ``true/false``, ``yes/no``, ``on/off``. Unset: on (the local demo).
 - ``ALLOWED_HOSTS``: comma-separated host names.
 - ``SERVE_STATIC``: whether the ASGI app serves ``/static/`` itself. Unset: on.
+- ``ENGINE_CONNECT_TIMEOUT_S``, ``ENGINE_READ_TIMEOUT_S``, ``ENGINE_ANSWER_TIMEOUT_S``: the
+  engine client's waits (``scheduler_bridge.engine_client``); ``LIVE_ACCESS_RECHECK_S``: how
+  often an open websocket re-checks its user's access (``market.consumers``). Seconds > 0
+  (:func:`env_seconds`); defaults in ``config.settings``.
+- ``METRICS_TOKEN``: the bearer token the gateway's ``/metrics`` asks for. Unset: ``/metrics``
+  is off (403), so no deployment publishes its metrics by accident.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +97,7 @@ class EnvConfig:
     database: dict[str, Any]
     redis: RedisURL | None
     serve_static: bool
+    metrics_token: str | None
 
 
 def load(environ: Mapping[str, str], *, base_dir: Path) -> EnvConfig:
@@ -110,6 +118,7 @@ def load(environ: Mapping[str, str], *, base_dir: Path) -> EnvConfig:
         ),
         redis=parse_redis_url(redis_url) if redis_url else None,
         serve_static=env_bool(environ, "SERVE_STATIC", default=True),
+        metrics_token=_get(environ, "METRICS_TOKEN"),
     )
 
 
@@ -132,6 +141,20 @@ def env_bool(environ: Mapping[str, str], name: str, *, default: bool) -> bool:
     raise EnvironmentVariableError(
         name, f"must be one of 1/0, true/false, yes/no, on/off; got {value!r}"
     )
+
+
+def env_seconds(environ: Mapping[str, str], name: str, *, default: float) -> float:
+    """Parse a duration in seconds such as ``ENGINE_READ_TIMEOUT_S``: a finite number > 0."""
+    value = _get(environ, name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise EnvironmentVariableError(name, f"must be a number of seconds > 0; got {value!r}")
+    return seconds
 
 
 def env_list(environ: Mapping[str, str], name: str, *, default: list[str]) -> list[str]:
@@ -157,6 +180,29 @@ def secret_key(environ: Mapping[str, str], *, debug: bool) -> str:
 def sqlite_database(path: Path | str) -> dict[str, Any]:
     """Django ``DATABASES`` entry for a SQLite file (or ``":memory:"``)."""
     return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(path)}
+
+
+# SQLite under concurrent writers (the embedded mode: the gateway's database thread, the
+# round-record follower, the periodic tick and the pacing steps all write to one file). WAL lets
+# reads go on beside the one writer; IMMEDIATE transactions take the write lock at BEGIN, since
+# a deferred one that has read and then writes cannot wait for the lock (SQLite answers
+# "database is locked" at once, to avoid a deadlock); and a connection waits up to
+# SQLITE_TIMEOUT_S seconds for the lock before it gives up. synchronous=NORMAL is durable in
+# WAL mode except for the last transactions before a power loss.
+SQLITE_TIMEOUT_S = 10.0
+SQLITE_CONCURRENT_OPTIONS: dict[str, Any] = {
+    "transaction_mode": "IMMEDIATE",
+    "timeout": SQLITE_TIMEOUT_S,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+}
+
+
+def database_concurrent(database: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``DATABASES`` entry set up for several writers at once: a SQLite one gets
+    :data:`SQLITE_CONCURRENT_OPTIONS` (its own options win), a PostgreSQL one is unchanged."""
+    if not database["ENGINE"].endswith("sqlite3"):
+        return dict(database)
+    return {**database, "OPTIONS": {**SQLITE_CONCURRENT_OPTIONS, **database.get("OPTIONS", {})}}
 
 
 def parse_database_url(value: str, *, base_dir: Path) -> dict[str, Any]:

@@ -66,7 +66,9 @@ TEMPLATES = [
 ]
 
 # Databases: DATABASE_URL (PostgreSQL via psycopg 3), else a SQLite file in the repository.
-DATABASES = {"default": ENV.database}
+# SQLite in WAL mode with IMMEDIATE transactions and a busy timeout (env.database_concurrent):
+# the embedded mode's writers share one file.
+DATABASES = {"default": env.database_concurrent(ENV.database)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: one URL for the Celery broker and results, the Channels layer and the cache.
@@ -88,8 +90,24 @@ except ValueError:
     AUTOBID_INTERVAL_S = float("nan")
 if not 0 < AUTOBID_INTERVAL_S < float("inf"):
     raise env.EnvironmentVariableError("AUTOBID_INTERVAL_S", "must be a number of seconds > 0")
+# The sweep of what a lost step left open (accounts.services.settlement.holds_sweep), seconds: a
+# served request's hold still open this long after it finished (its round record was lost) is
+# released; a request still queued this long after it was opened (its gateway is gone) fails.
+PRIORITY_SETTLE_GRACE_S = env.env_seconds(os.environ, "PRIORITY_SETTLE_GRACE_S", default=600.0)
+STALE_REQUEST_S = env.env_seconds(os.environ, "STALE_REQUEST_S", default=3600.0)
 # Sent as `Authorization: Bearer ...` to engines' /admin/market (scheduler_bridge.engine_config).
 ENGINE_ADMIN_TOKEN = os.environ.get("ENGINE_ADMIN_TOKEN", "").strip() or None
+# The engine client's waits, seconds (scheduler_bridge.engine_client explains them): connecting;
+# silence (mid-answer: a failure; before the answer begins: then the engine's health is checked);
+# and the longest an answer may take to begin (a non-streamed one: the whole answer).
+ENGINE_CONNECT_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_CONNECT_TIMEOUT_S", default=3.0)
+ENGINE_READ_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_READ_TIMEOUT_S", default=30.0)
+ENGINE_ANSWER_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_ANSWER_TIMEOUT_S", default=600.0)
+# Seconds between two re-checks of an open websocket's access (market.consumers); changes to a
+# membership or a user, and logouts, close the sockets concerned at once anyway.
+LIVE_ACCESS_RECHECK_S = env.env_seconds(os.environ, "LIVE_ACCESS_RECHECK_S", default=5.0)
+# The gateway's /metrics needs `Authorization: Bearer <METRICS_TOKEN>`; off (403) while unset.
+METRICS_TOKEN = ENV.metrics_token
 CELERY_BEAT_SCHEDULE = {
     # Ticks expire rather than pile up while no worker runs; their results are not kept.
     "rounds-consume": {
@@ -107,6 +125,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "scheduler_bridge.autobidders_step",
         "schedule": AUTOBID_INTERVAL_S,
         "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
+    },
+    "holds-sweep": {
+        "task": "scheduler_bridge.holds_sweep",
+        "schedule": 60.0,
+        "options": {"expires": 60.0, "ignore_result": True},
     },
     "invoices-generate": {
         "task": "scheduler_bridge.invoices_generate",

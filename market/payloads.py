@@ -11,7 +11,9 @@ Groups:
 - ``market.<slug>``: a market's operators (staff): order-book snapshots and diffs, round
   results, engine status;
 - ``operators``: every operator console: tenants' spend lines;
-- ``tenant.<slug>``: a tenant's members (and staff): that tenant's spend ticks only.
+- ``tenant.<slug>``: a tenant's members (and staff): that tenant's spend ticks only;
+- ``user.<id>``: every open socket of one user: ``access.changed``, which the consumers act on
+  (they re-check the user's access and close when it is gone) and never forward to the browser.
 
 Units: bids and reserve in dollars per second of waiting ($/s), density in $/s per token,
 ledger amounts in dollars as exact decimal strings (``"0.000120000"``), engine charges and
@@ -38,6 +40,11 @@ def market_group(market_slug: str) -> str:
 def tenant_group(tenant_slug: str) -> str:
     """The Channels group of one tenant's dashboard watchers (its members, and staff)."""
     return f"tenant.{tenant_slug}"
+
+
+def user_group(user_id: int) -> str:
+    """The Channels group of every open socket of one user (``access.changed``)."""
+    return f"user.{user_id}"
 
 
 # --- the order book ---------------------------------------------------------------------------
@@ -194,7 +201,24 @@ class TenantSpend(TypedDict):
     spent_today: str
 
 
-Payload = BookSnapshot | BookDiff | RoundResult | EngineStatus | SpendTick | TenantSpend
+# --- access: for the consumers only ------------------------------------------------------------
+
+
+AccessReason = Literal["membership", "user", "logout"]
+
+
+class AccessChanged(TypedDict):
+    """A user's access may have changed (a membership, the user itself, a logout): each of its
+    sockets re-checks it and closes when it is gone. Never sent to the browser."""
+
+    kind: Literal["access.changed"]
+    user: int  # the user's id
+    reason: AccessReason
+
+
+Payload = (
+    BookSnapshot | BookDiff | RoundResult | EngineStatus | SpendTick | TenantSpend | AccessChanged
+)
 
 # --- channel-layer messages: the ``type`` names the consumer's handler ------------------------
 
@@ -205,6 +229,7 @@ HANDLERS: dict[str, str] = {
     "engine.status": "engine_status",
     "spend.tick": "spend_tick",
     "tenant.spend": "tenant_spend",
+    "access.changed": "access_changed",
 }
 
 

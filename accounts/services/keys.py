@@ -1,13 +1,15 @@
 """API keys: created with their secret shown once, stored hashed, revocable.
 
 A key reads ``im_<prefix>_<secret>``: 12 hex characters of visible prefix (finds the row) and
-256 random bits of secret. Only sha256(key) is stored; comparisons are constant-time.
+256 random bits of secret. Only sha256(key) is stored; comparisons are constant-time. Anything
+not of that form (:data:`KEY_FORMAT`: a key too long, a NUL in it) is refused before any lookup.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from datetime import datetime
 from decimal import Decimal
@@ -20,6 +22,14 @@ from accounts.models import ApiKey, Period, Tenant
 from accounts.services.budgets import budget_set
 
 KEY_SCHEME = "im"
+PREFIX_HEX = 12  # secrets.token_hex(6)
+SECRET_BYTES = 32  # secrets.token_urlsafe(32): 43 characters of URL-safe base64
+KEY_FORMAT = re.compile(rf"{KEY_SCHEME}_([0-9a-f]{{{PREFIX_HEX}}})_[A-Za-z0-9_-]{{43}}")
+
+
+def api_key_well_formed(key: str) -> bool:
+    """Whether ``key`` has the form of a key this module creates (nothing else is looked up)."""
+    return KEY_FORMAT.fullmatch(key) is not None
 
 
 def _key_hash(key: str) -> str:
@@ -43,8 +53,8 @@ def api_key_create(
     name = name.strip()
     if not name or len(name) > 100:
         raise ValueError("a key needs a name of 1 to 100 characters")
-    prefix = secrets.token_hex(6)
-    key = f"{KEY_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
+    prefix = secrets.token_hex(PREFIX_HEX // 2)
+    key = f"{KEY_SCHEME}_{prefix}_{secrets.token_urlsafe(SECRET_BYTES)}"
     with transaction.atomic():
         api_key = ApiKey.objects.create(
             tenant=tenant,
@@ -71,10 +81,10 @@ def api_key_revoke(*, api_key: ApiKey, now: datetime | None = None) -> bool:
 
 def api_key_authenticate(*, key: str, now: datetime | None = None) -> ApiKey | None:
     """The active key whose secret is ``key``, or None; records when it was last used."""
-    scheme, _, rest = key.partition("_")
-    prefix, _, secret = rest.partition("_")
-    if scheme != KEY_SCHEME or not prefix or not secret:
+    well_formed = KEY_FORMAT.fullmatch(key)
+    if well_formed is None:
         return None
+    prefix = well_formed.group(1)
     api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
     if api_key is None or not hmac.compare_digest(api_key.secret_hash, _key_hash(key)):
         return None

@@ -4,7 +4,8 @@ A line is ``{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions"
 "/v1/completions", "body": {...}}``; the body is what the endpoint takes, ``bid`` included
 (dollars per second of waiting). The whole file is checked before anything is written: one bad
 line refuses the file, and the error lists every bad line with its number (the first
-``MAX_ERRORS_LISTED``). Streaming makes no sense in a batch and is refused.
+``MAX_ERRORS_LISTED``). Streaming makes no sense in a batch and is refused. Every string of a
+line (``custom_id``, the body's) must be text that can be kept (``validation.json_checked``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from scheduler_bridge.gateway.validation import (
     CompletionParams,
     body_parsed,
     completion_params,
+    json_checked,
+    text_checked,
 )
 
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
@@ -94,6 +97,7 @@ def input_decoded(raw: bytes) -> str:
 
 def lines_checked(text: str) -> list[BatchLine]:
     """Every non-blank line of ``text`` checked; BatchInputInvalid listing the bad ones."""
+    text_checked(text, param="input")  # a NUL outside any line's JSON is refused here too
     if len(text.encode()) > max_bytes():
         raise BatchTooLarge(f"the batch input is larger than {max_bytes()} bytes")
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
@@ -134,6 +138,7 @@ def _line_checked(number: int, line: str) -> BatchLine:
         raise MalformedRequest(f"not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise MalformedRequest("a line must be a JSON object")
+    json_checked(raw)
     unknown = sorted(set(raw) - _LINE_KEYS)
     if unknown:
         raise MalformedRequest(f"unknown field {unknown[0]!r}", param=unknown[0])

@@ -77,7 +77,9 @@ async def drive(args: argparse.Namespace) -> dict[str, object]:
         bids=BidSpec(args.bids),
         seed=args.seed,
     ).at_rate(args.rate, args.seed)
-    client = EngineClient(read_timeout_s=args.timeout, max_connections=2048)
+    client = EngineClient(
+        read_timeout_s=args.timeout, answer_timeout_s=args.timeout, max_connections=2048
+    )
     served: list[Served] = []
     tokens: list[int] = []
     cached: list[tuple[int, int]] = []

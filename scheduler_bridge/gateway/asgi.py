@@ -10,27 +10,88 @@ resolution, views and error handling are Django's as usual.
 Django would also run each request's signals (request_started, request_finished) on a worker
 thread started for that request: the gateway runs them on the event loop instead (see
 :meth:`GatewayASGIHandler.handle`), which saves a thread and two hops to it per request.
+
+Every answer here is OpenAI-style JSON, errors included: an unknown path (404), a Host that
+``ALLOWED_HOSTS`` does not allow (400: the check the site's CommonMiddleware makes, done here
+since no middleware runs), a request Django cannot read, and any exception a view lets out
+(500, logged), instead of Django's HTML pages (or its debug page with ``DEBUG`` on).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core import signals
-from django.core.exceptions import RequestAborted
+from django.core.exceptions import (
+    BadRequest,
+    DisallowedHost,
+    PermissionDenied,
+    RequestAborted,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
-from django.core.handlers.exception import convert_exception_to_response
 from django.dispatch import Signal
-from django.http import HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import set_script_prefix
 
+from scheduler_bridge.gateway.errors import (
+    BodyTooLarge,
+    Forbidden,
+    GatewayError,
+    MalformedRequest,
+    NotFound,
+    ServerError,
+    error_response,
+)
+
+logger = logging.getLogger(__name__)
 ASGIApp = Callable[
     [dict, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]
 ]
 GATEWAY_PREFIXES = ("/v1/", "/metrics")
+_GetResponse = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+def refusal_for(exc: Exception, request: HttpRequest | None = None) -> GatewayError:
+    """The gateway's error for an exception Django or a view raised (a 500, logged, for any
+    exception that is not one of Django's own refusals)."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, Http404):  # Resolver404 included: no such endpoint
+        where = f" ({request.method} {request.path!r})" if request is not None else ""
+        return NotFound(f"no such endpoint{where}", code="unknown_url")
+    if isinstance(exc, DisallowedHost):
+        return MalformedRequest(
+            "the Host header names a host this server does not serve (ALLOWED_HOSTS)",
+            param="Host",
+            code="invalid_host",
+        )
+    if isinstance(exc, RequestDataTooBig):
+        return BodyTooLarge("the request body is too large")
+    if isinstance(exc, SuspiciousOperation | BadRequest):
+        return MalformedRequest(f"bad request: {exc}")
+    if isinstance(exc, PermissionDenied):
+        return Forbidden("permission denied")
+    logger.error("gateway: unexpected error on %s", request.path if request else "?", exc_info=exc)
+    return ServerError("internal error in the gateway")
+
+
+def json_errors(get_response: _GetResponse) -> _GetResponse:
+    """``get_response`` behind the Host check, every exception answered as JSON."""
+
+    async def inner(request: HttpRequest) -> HttpResponse:
+        try:
+            request.get_host()  # DisallowedHost unless ALLOWED_HOSTS allows it
+            return await get_response(request)
+        except Exception as exc:  # noqa: BLE001 (every exception becomes an answer)
+            return error_response(refusal_for(exc, request))
+
+    return inner
 
 
 def _has_async_receivers(signal: Signal) -> bool:
@@ -72,11 +133,13 @@ class GatewayASGIHandler(ASGIHandler):
             return
         set_script_prefix(get_script_prefix(scope))
         await _sent(signals.request_started, sender=self.__class__, scope=scope)
-        request, error_response = self.create_request(scope, body_file)
-        if request is None:
+        request, refused = self.create_request(scope, body_file)
+        if request is None:  # Django could not read it: 400 or 413, as JSON
             body_file.close()
-            await self.send_response(error_response, send)
-            await self._closed(error_response)
+            error = BodyTooLarge if refused.status_code == 413 else MalformedRequest
+            refused = error_response(error("the request cannot be read"))
+            await self.send_response(refused, send)
+            await self._closed(refused)
             return
 
         async def process_request(request, send):  # type: ignore[no-untyped-def]
@@ -129,8 +192,8 @@ class GatewayASGIHandler(ASGIHandler):
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = []
-        get_response = self._get_response_async if is_async else self._get_response
-        self._middleware_chain = convert_exception_to_response(get_response)
+        # ASGI handlers load their middleware async (the gateway's views are async anyway).
+        self._middleware_chain = json_errors(self._get_response_async)
 
 
 def with_gateway(site: ASGIApp) -> ASGIApp:

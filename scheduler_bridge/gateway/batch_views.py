@@ -7,6 +7,8 @@
 - ``GET /v1/batches`` (newest first; ``limit`` 1..100, ``after`` a batch id),
   ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``.
 - ``GET /v1/batches/{id}/output`` and ``/errors``: JSONL (``batches.selectors``).
+
+A batch id, ``after`` or ``limit`` that is not plain text (a NUL) is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from scheduler_bridge.batches.services import BatchNotFound, batch_cancel, batch
 from scheduler_bridge.gateway.db import db_call
 from scheduler_bridge.gateway.errors import GatewayError, MalformedRequest
 from scheduler_bridge.gateway.keys import api_key_authenticated
+from scheduler_bridge.gateway.validation import json_checked, text_checked
 from scheduler_bridge.gateway.views import _bearer, _error, _methods
 from scheduler_bridge.models import BatchJob
 
@@ -54,6 +57,7 @@ def _submitted(request: HttpRequest) -> tuple[str, Any]:
         form = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise MalformedRequest(f"the body is not valid JSON: {exc}") from None
+    json_checked(form)
     if not isinstance(form, dict) or not isinstance(form.get("input"), str):
         raise MalformedRequest(
             'a JSON body must be {"input": "<JSONL text>", "metadata": {...}}; or send the '
@@ -71,15 +75,14 @@ def _create(*, key: str | None, text: str, metadata: Any) -> dict[str, Any]:
 
 def _list(*, key: str | None, limit: str | None, after: str | None) -> dict[str, Any]:
     api_key = api_key_authenticated(key=key)
-    try:
-        count = int(limit) if limit is not None else DEFAULT_LIST_LIMIT
-    except ValueError:
-        raise MalformedRequest("limit must be an integer", param="limit") from None
+    if limit is not None and not (limit.isascii() and limit.isdigit()):
+        raise MalformedRequest("limit must be an integer (ASCII digits)", param="limit")
+    count = int(limit) if limit is not None else DEFAULT_LIST_LIMIT
     if not 1 <= count <= MAX_LIST_LIMIT:
         raise MalformedRequest(f"limit must be in 1..{MAX_LIST_LIMIT}", param="limit")
     batches = selectors.batches_for_tenant(tenant=api_key.tenant)
     if after:
-        cursor = _batch(api_key.tenant, after)
+        cursor = _batch(api_key.tenant, after, param="after")
         batches = batches.filter(created_at__lte=cursor.created_at).exclude(
             created_at=cursor.created_at, id__gte=cursor.pk
         )
@@ -94,11 +97,13 @@ def _list(*, key: str | None, limit: str | None, after: str | None) -> dict[str,
     }
 
 
-def _batch(tenant: Any, public_id: str) -> BatchJob:
+def _batch(tenant: Any, public_id: str, *, param: str = "batch_id") -> BatchJob:
+    """The tenant's batch ``public_id`` (named ``param`` in a refusal), else BatchNotFound."""
+    text_checked(public_id, param=param)
     try:
         return selectors.batch_for_tenant(tenant=tenant, public_id=public_id)
     except BatchJob.DoesNotExist:
-        raise BatchNotFound(f"no batch {public_id!r}", param="batch_id") from None
+        raise BatchNotFound(f"no batch {public_id!r}", param=param) from None
 
 
 def _retrieve(*, key: str | None, batch_id: str) -> dict[str, Any]:

@@ -9,6 +9,9 @@ connection failed closes it, and the next step there reconnects.
 
 Work handed to a thread always finishes, even when the request that waited for it is cancelled
 (the client went away): callers that must clean up after it use :func:`detached`.
+
+A step that waited out a lock (:func:`database_busy`) raises ``errors.DatabaseBusy``, a 503
+with ``Retry-After``, rather than a 500: the database is busy, not broken.
 """
 
 from __future__ import annotations
@@ -23,10 +26,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+from scheduler_bridge.gateway.errors import DatabaseBusy
 
 T = TypeVar("T")
 DEFAULT_THREADS = 2  # the work is Python under the GIL: more threads mostly contend
+BUSY_RETRY_AFTER_S = 1  # the Retry-After of a DatabaseBusy answer, seconds
+# SQLite's messages once its busy timeout is over; PostgreSQL's SQLSTATEs for a lock that was
+# not granted in time, a deadlock, and a serialization failure (each rolls the transaction back).
+SQLITE_BUSY_MESSAGES = ("database is locked", "database table is locked")
+POSTGRES_BUSY_SQLSTATES = frozenset({"55P03", "40P01", "40001"})
 
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
@@ -56,14 +66,29 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
+def database_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database was too busy (a lock not had in time), not broken."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    if getattr(exc.__cause__, "sqlstate", None) in POSTGRES_BUSY_SQLSTATES:
+        return True
+    return isinstance(exc, OperationalError) and str(exc).startswith(SQLITE_BUSY_MESSAGES)
+
+
 def _run(fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
     try:
         return fn(**kwargs)
-    except (OperationalError, InterfaceError):
+    except (OperationalError, InterfaceError) as exc:
         # The connection may be broken (server restart, network): drop it, reconnect next time.
         for conn in connections.all(initialized_only=True):
             if conn.connection is not None and not conn.in_atomic_block:
                 conn.close()
+        if database_busy(exc):
+            seconds = BUSY_RETRY_AFTER_S
+            raise DatabaseBusy(
+                f"the database is busy; retry after {seconds} s",
+                headers={"Retry-After": str(seconds)},
+            ) from exc
         raise
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import JsonResponse
+
 
 class GatewayError(Exception):
     """An answer other than 200: ``status``, the error body's fields, extra response headers."""
@@ -52,6 +54,13 @@ class MalformedRequest(GatewayError):
     code = "malformed_request"
 
 
+class BodyTooLarge(MalformedRequest):
+    """413: the body is larger than the server takes (DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+
+    status = 413
+    code = "request_too_large"
+
+
 class InvalidValue(GatewayError):
     """422: well-formed but unacceptable (a bad bid, max_tokens out of range, no messages)."""
 
@@ -74,6 +83,21 @@ class BudgetExhaustedError(GatewayError):
     status = 402
     type = "insufficient_quota"
     code = "budget_exhausted"
+
+
+class Forbidden(GatewayError):
+    """403: the credentials are right but do not allow this."""
+
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+class NotFound(GatewayError):
+    """404: no such endpoint (or object)."""
+
+    status = 404
+    code = "not_found"
 
 
 class ModelNotFound(GatewayError):
@@ -112,3 +136,31 @@ class EngineDown(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "engine_unavailable"
+
+
+class EngineTimeout(EngineDown):
+    """504: the engine took the request but went silent past its timeouts (ENGINE_*_TIMEOUT_S);
+    the request was not served and is not charged."""
+
+    status = 504
+    code = "engine_timeout"
+
+
+def error_response(exc: GatewayError) -> JsonResponse:
+    """``exc`` as its JSON answer, with its headers."""
+    response = JsonResponse(exc.body(), status=exc.status)
+    for name, value in exc.headers.items():
+        response[name] = value
+    # Counted in the metrics; Django's "Bad Request: ..." warning per refusal would be noise.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+class DatabaseBusy(GatewayError):
+    """503: the database stayed locked past its timeout (SQLite's busy timeout, a PostgreSQL
+    lock timeout, deadlock or serialization failure); ``Retry-After`` says when to try again.
+    Raised by the gateway's database steps (``db.db_call``), whose transactions roll back."""
+
+    status = 503
+    type = "server_busy"
+    code = "database_busy"

@@ -2,7 +2,8 @@
 
 A key is looked up (and its ``last_used_at`` written) at most once per
 ``GATEWAY_API_KEY_CACHE_S`` seconds (default 5) per process; a revoked key keeps working at most
-that long. Only the sha256 of a key is kept in memory.
+that long. Only the sha256 of a key is kept in memory, and only for keys that authenticated; a
+string that is not of a key's form (``KEY_FORMAT``: too long, a NUL) is refused unhashed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from django.conf import settings
 
 from accounts.models import ApiKey
 from accounts.services import api_key_authenticate
+from accounts.services.keys import api_key_well_formed
 from scheduler_bridge.gateway.errors import InvalidApiKey
 from scheduler_bridge.gateway.selectors import TtlCache
 
@@ -31,6 +33,8 @@ def api_key_authenticated(*, key: str | None) -> ApiKey:
     key stops working within ``GATEWAY_API_KEY_CACHE_S``. InvalidApiKey otherwise."""
     if not key:
         raise InvalidApiKey("missing API key: send Authorization: Bearer <key>")
+    if not api_key_well_formed(key):
+        raise InvalidApiKey("invalid API key: keys read im_<12 hex>_<43 characters>")
     digest = hashlib.sha256(key.encode()).hexdigest()
     found, api_key = _api_keys.get(digest)
     if not found:

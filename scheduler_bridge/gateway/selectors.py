@@ -3,12 +3,17 @@
 Lookups on the hot path are cached in the process for a few seconds (``GATEWAY_MARKET_CACHE_S``,
 default 2): a reserve or price change reaches the gateway within that time. Every ledger amount
 is computed from the database's row at settlement, never from this cache.
+
+A cache keyed by what a client sends must not grow with what clients send: only markets found
+are cached (an unknown model name is looked up again, and kept nowhere), names are at most
+``validation.MAX_MODEL_CHARS`` long, and every :class:`TtlCache` holds at most ``max_entries``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -23,29 +28,39 @@ DEFAULT_MARKET_CACHE_S = 2.0
 
 
 class TtlCache(Generic[K, V]):
-    """A small thread-safe map whose entries expire ``ttl_s`` seconds after they were stored."""
+    """A small thread-safe map whose entries expire ``ttl_s`` seconds after they were stored,
+    holding at most ``max_entries``: storing one more drops the least recently used."""
 
-    def __init__(self, *, ttl_s: Callable[[], float], max_entries: int = 10_000) -> None:
+    def __init__(self, *, ttl_s: Callable[[], float], max_entries: int = 1_000) -> None:
         self._ttl_s = ttl_s
         self._max = max_entries
-        self._entries: dict[K, tuple[float, V]] = {}
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def get(self, key: K) -> tuple[bool, V | None]:
-        """(found, value); an expired entry is not found."""
-        entry = self._entries.get(key)
-        if entry is None or entry[0] < time.monotonic():
-            return False, None
-        return True, entry[1]
+        """(found, value); an expired entry is not found (and is dropped)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return False, None
+            if entry[0] < time.monotonic():
+                del self._entries[key]
+                return False, None
+            self._entries.move_to_end(key)
+            return True, entry[1]
 
     def put(self, key: K, value: V) -> None:
         ttl = self._ttl_s()
         if ttl <= 0:
             return
         with self._lock:
-            if len(self._entries) >= self._max:
-                self._entries.clear()  # crude, and rare: keys and markets are few
             self._entries[key] = (time.monotonic() + ttl, value)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:
@@ -56,11 +71,12 @@ def _market_ttl() -> float:
     return float(getattr(settings, "GATEWAY_MARKET_CACHE_S", DEFAULT_MARKET_CACHE_S))
 
 
-_markets: TtlCache[str, Market | None] = TtlCache(ttl_s=_market_ttl)
+_markets: TtlCache[str, Market] = TtlCache(ttl_s=_market_ttl)
 
 
 def market_for_model(*, model: str) -> Market | None:
-    """The active market whose ``served_model`` (or else slug) is ``model``; None if none."""
+    """The active market whose ``served_model`` (or else slug) is ``model``; None if none
+    (not cached: a miss is looked up again, so unknown names take no memory)."""
     found, market = _markets.get(model)
     if found:
         return market
@@ -72,7 +88,8 @@ def market_for_model(*, model: str) -> Market | None:
     market = next((m for m in candidates if m.served_model == model), None)
     if market is None and candidates:
         market = candidates[0]
-    _markets.put(model, market)
+    if market is not None:
+        _markets.put(model, market)
     return market
 
 

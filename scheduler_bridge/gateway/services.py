@@ -9,9 +9,10 @@
    (the engine gets the raw bid and applies the same reserve itself). The priority part of the
    hold is also the request's ``priority_cap``: settlement never charges more than the hold.
 2. **Forward** through the engine client, with the Request's id as the engine's rid.
-3. **Settle**: served, ``request_complete`` writes the token charge; not served (engine down,
-   queue full, refused, the client gone before any token), ``request_fail`` releases the hold and
-   nothing is charged. A stream the client leaves half-way is charged the tokens it was sent.
+3. **Settle**: served, ``request_complete`` writes the token charge; not served (engine down or
+   silent past its timeouts, queue full, refused, the client gone before any token: a client
+   that disconnects while it waits cancels the engine call), ``request_fail`` releases the hold
+   and nothing is charged. A stream the client leaves half-way is charged the tokens it was sent.
    The priority charge is settled from the round records by the settlement consumer, not here.
 
 Settling runs to the end even when the client goes away (``db.shielded``), and at most once per
@@ -29,6 +30,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 
 from accounts.models import ApiKey, BidSource, Tenant
@@ -48,6 +50,8 @@ from scheduler_bridge.engine_client import (
     EngineOutput,
     EngineOverloaded,
     EngineRejected,
+    EngineTimedOut,
+    EngineTimeouts,
     engine_client,
     generate_body,
 )
@@ -58,6 +62,7 @@ from scheduler_bridge.gateway.errors import (
     BudgetExhaustedError,
     EngineBusy,
     EngineDown,
+    EngineTimeout,
     GatewayError,
     InvalidValue,
     MalformedRequest,
@@ -194,7 +199,25 @@ async def _failed_after(task: asyncio.Task[Admitted], request_id: str) -> None:
     await db_call(request_fail, request_id=request_id)
 
 
-def _engine_failure(exc: EngineError) -> GatewayError:
+def engine_timeouts() -> EngineTimeouts:
+    """The engine client's waits, seconds, from the settings ``ENGINE_CONNECT_TIMEOUT_S``,
+    ``ENGINE_READ_TIMEOUT_S`` and ``ENGINE_ANSWER_TIMEOUT_S`` (read per request)."""
+    return EngineTimeouts(
+        connect_s=settings.ENGINE_CONNECT_TIMEOUT_S,
+        read_s=settings.ENGINE_READ_TIMEOUT_S,
+        answer_s=settings.ENGINE_ANSWER_TIMEOUT_S,
+    )
+
+
+def _engine_failure(exc: EngineError, *, charged: Decimal | None = None) -> GatewayError:
+    """The answer for an engine failure; ``charged``: the dollars of the tokens a stream had
+    already sent when it failed (they are charged, so the answer says so, not "not charged")."""
+    if charged is not None:
+        error = EngineTimeout if isinstance(exc, EngineTimedOut) else EngineDown
+        return error(
+            f"the engine failed mid-answer; the tokens sent were charged (${charged:f}), the "
+            f"rest of the answer is not: {exc.message}"
+        )
     if isinstance(exc, EngineOverloaded):
         seconds = max(1, round(exc.retry_after_s))
         return EngineBusy(
@@ -207,6 +230,8 @@ def _engine_failure(exc: EngineError) -> GatewayError:
             param=exc.param,
             code="engine_rejected",
         )
+    if isinstance(exc, EngineTimedOut):
+        return EngineTimeout(f"the engine timed out; the request was not charged: {exc.message}")
     return EngineDown(f"the engine is unavailable; the request was not charged: {exc.message}")
 
 
@@ -261,7 +286,9 @@ async def completion_forward(
     started = time.perf_counter()
     try:
         output = await engine_client().generate(
-            base_url=admitted.market.engine_url, body=_body(admitted, params, stream=False)
+            base_url=admitted.market.engine_url,
+            body=_body(admitted, params, stream=False),
+            timeouts=engine_timeouts(),
         )
     except EngineError as exc:
         await shielded(db_call(request_fail, request_id=admitted.request_id))
@@ -321,7 +348,9 @@ async def completion_stream(
     metrics.WAITING.labels(market).inc()
     started = time.perf_counter()
     events = engine_client().generate_stream(
-        base_url=admitted.market.engine_url, body=_body(admitted, params, stream=True)
+        base_url=admitted.market.engine_url,
+        body=_body(admitted, params, stream=True),
+        timeouts=engine_timeouts(),
     )
     try:
         first: EngineChunk | None = await anext(events, None)
@@ -404,8 +433,7 @@ async def _sse(
                 if chunk.delta:
                     yield responses.sse(responses.chunk_body(**shape, text=chunk.delta))
         except EngineError as exc:
-            await settle()
-            error = _engine_failure(exc)
+            error = _engine_failure(exc, charged=await settle())
             metrics.ERRORS.labels(market, params.endpoint, str(error.status), error.code).inc()
             yield responses.sse(error.body())
             return

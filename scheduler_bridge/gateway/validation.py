@@ -3,7 +3,11 @@
 Wrong shapes (not JSON, not an object, a field of the wrong type, a missing field) are
 :class:`MalformedRequest` (400); well-formed but unacceptable values (a negative or NaN bid,
 ``max_tokens`` out of range, no messages, ``n`` other than 1) are :class:`InvalidValue` (422).
-Numbers are parsed as ``Decimal`` so a bid keeps exactly the digits it was sent with.
+Numbers are parsed as ``Decimal`` so a bid keeps exactly the digits it was sent with; a bid
+written as text is ASCII decimal (``accounts.money.DECIMAL_TEXT``), and a negative zero is zero.
+Every string a client sends (in the body, a path, a query string) must be text PostgreSQL can
+keep (``accounts.text``: no NUL, no lone surrogate; JSON at most 32 levels deep), else a 400
+that names the field.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from accounts.money import MONEY_PLACES, QUANTUM
+from accounts.money import MONEY_PLACES, QUANTUM, decimal_text
+from accounts.text import json_problem, text_problem
 from market import mechanism
 from scheduler_bridge.gateway.errors import InvalidValue, MalformedRequest
 
@@ -24,6 +29,7 @@ MAX_BID = Decimal(mechanism.MAX_BID)  # dollars per second: the mechanism's limi
 MAX_TOKENS_LIMIT = 32_768  # largest max_tokens a request may ask for
 DEFAULT_MAX_TOKENS = {CHAT: 256, COMPLETIONS: 16}  # OpenAI's completions default is 16
 DEFAULT_REQUEST_CLASS = "interactive"
+MAX_MODEL_CHARS = 256  # a market's served model or slug is far shorter: refused before lookup
 MAX_TOKEN_ID = 2**31 - 1
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _REQUEST_CLASS = re.compile(r"[A-Za-z0-9_.-]{1,50}")
@@ -71,22 +77,51 @@ def body_parsed(raw: bytes) -> dict[str, Any]:
         raise MalformedRequest(f"the body is not valid JSON: {_short(exc)}") from None
     if not isinstance(body, dict):
         raise MalformedRequest("the body must be a JSON object")
+    json_checked(body)
     return body
 
 
+def json_checked(value: Any, *, path: str = "") -> None:
+    """MalformedRequest naming the first field of the parsed JSON ``value`` (under ``path``)
+    whose text cannot be kept (a NUL, a lone surrogate) or that is nested too deep."""
+    problem = json_problem(value, path=path)
+    if problem is not None:
+        where, why = problem
+        raise MalformedRequest(f"{where or 'the body'} {why}", param=where or None)
+
+
+def text_checked(value: str, *, param: str) -> str:
+    """``value`` (a path segment, a query parameter) if it is text that can be kept, else
+    MalformedRequest naming ``param``."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise MalformedRequest(f"{param} {problem}", param=param)
+    return value
+
+
 def bid_parsed(value: Any, *, param: str) -> Decimal:
-    """A bid in dollars per second: a JSON number or a decimal string, finite, in 0..1e6, with
-    at most 9 decimal places. MalformedRequest for a wrong type, InvalidValue for a bad value."""
+    """A bid in dollars per second: a JSON number or an ASCII decimal string, finite, in
+    0..1e6, with at most 9 decimal places; -0 is 0. MalformedRequest for a wrong type,
+    InvalidValue for a bad value."""
     if isinstance(value, bool) or not isinstance(value, int | Decimal | str | float):
         raise MalformedRequest(
             f"{param} must be a number or a decimal string (dollars per second)", param=param
         )
-    if isinstance(value, float):  # only from callers that parsed JSON themselves
-        value = repr(value)
     try:
-        bid = Decimal(value.strip()) if isinstance(value, str) else Decimal(value)
-    except InvalidOperation:
-        raise InvalidValue(f"{param} is not a number: {_short(value)}", param=param) from None
+        if isinstance(value, str):
+            bid = decimal_text(value)
+        elif isinstance(value, float):  # only from callers that parsed JSON themselves
+            bid = Decimal(repr(value))
+        else:
+            bid = Decimal(value)
+    except (ValueError, InvalidOperation):
+        raise InvalidValue(
+            f"{param} is not a decimal number (ASCII digits, optionally '.' and more digits): "
+            f"{_short(value)}",
+            param=param,
+        ) from None
+    if bid.is_zero():
+        bid = bid.copy_abs()  # "-0" and -0.0 bid nothing, as 0 does: no "-0.000000000" echoed
     if not bid.is_finite():
         raise InvalidValue(f"{param} must be finite, got {_short(value)}", param=param)
     if bid < 0:
@@ -113,6 +148,8 @@ def completion_params(
     model = _required(body, "model", str)
     if not model.strip():
         raise InvalidValue("model must not be empty", param="model")
+    if len(model) > MAX_MODEL_CHARS:
+        raise InvalidValue(f"model is longer than {MAX_MODEL_CHARS} characters", param="model")
     for name in _UNSUPPORTED:
         if body.get(name) not in (None, False, [], 0):
             raise InvalidValue(f"{name} is not supported by this gateway", param=name)

@@ -1,45 +1,37 @@
 """The OpenAI-compatible HTTP endpoints (thin: the flow is in ``services``).
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed or not), ``GET /v1/models``,
-authenticated by ``Authorization: Bearer <API key>``; ``GET /metrics`` for Prometheus. Every
-error is an OpenAI-style JSON body (``errors``).
+authenticated by ``Authorization: Bearer <API key>``; ``GET /metrics`` for Prometheus, with
+``Authorization: Bearer <METRICS_TOKEN>`` (off while that setting is unset). Every error is an
+OpenAI-style JSON body (``errors``).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from scheduler_bridge.gateway import metrics, services
 from scheduler_bridge.gateway.errors import (
+    BodyTooLarge,
+    Forbidden,
     GatewayError,
-    MalformedRequest,
+    InvalidApiKey,
     MethodNotAllowed,
     ServerError,
+    error_response,
 )
 from scheduler_bridge.gateway.validation import CHAT, COMPLETIONS, body_parsed, completion_params
 
 logger = logging.getLogger(__name__)
 
-
-class BodyTooLarge(MalformedRequest):
-    """413: the body is larger than the server takes (DATA_UPLOAD_MAX_MEMORY_SIZE)."""
-
-    status = 413
-    code = "request_too_large"
-
-
-def _error(exc: GatewayError) -> JsonResponse:
-    response = JsonResponse(exc.body(), status=exc.status)
-    for name, value in exc.headers.items():
-        response[name] = value
-    # Counted in the metrics; Django's "Bad Request: ..." warning per refusal would be noise.
-    response._has_been_logged = True  # type: ignore[attr-defined]
-    return response
+_error = error_response
 
 
 def _methods(request: HttpRequest, *allowed: str) -> None:
@@ -126,6 +118,27 @@ async def models(request: HttpRequest) -> HttpResponse:
     return JsonResponse(body)
 
 
+def _metrics_allowed(request: HttpRequest) -> None:
+    """Forbidden while ``METRICS_TOKEN`` is unset; InvalidApiKey unless the request carries
+    ``Authorization: Bearer <METRICS_TOKEN>`` (compared in constant time)."""
+    token = settings.METRICS_TOKEN
+    if token is None:
+        raise Forbidden("/metrics is off: set METRICS_TOKEN to scrape it", code="metrics_disabled")
+    given = _bearer(request) or ""
+    # Header values are latin-1 text of the bytes sent: back to those bytes, as the token's.
+    if not hmac.compare_digest(given.encode("latin-1", "replace"), token.encode()):
+        raise InvalidApiKey(
+            "/metrics needs Authorization: Bearer <METRICS_TOKEN>",
+            code="invalid_metrics_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
 async def prometheus(request: HttpRequest) -> HttpResponse:
-    """``GET /metrics``: the gateway's Prometheus exposition."""
+    """``GET /metrics``: the gateway's Prometheus exposition, for ``METRICS_TOKEN``'s bearer."""
+    try:
+        _methods(request, "GET")
+        _metrics_allowed(request)
+    except GatewayError as exc:
+        return _error(exc)
     return HttpResponse(metrics.exposition(), content_type=metrics.CONTENT_TYPE)

@@ -1,15 +1,44 @@
-"""The README's main command's last step: ``manage.py live_market`` runs the whole market."""
+"""The README's main command's last step: ``manage.py live_market`` runs the whole market.
 
+Each test runs it in a subprocess on the embedded defaults (no Redis) with a SQLite file of its
+own, copied from one migrated and seeded once per module (with a tenant ``load`` of our own:
+its API key, a large budget and an autobidder).
+"""
+
+from __future__ import annotations
+
+import collections
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO_ROOT, dead_port
+
+MANAGE = [sys.executable, str(REPO_ROOT / "manage.py")]
+MODEL = "demo/tiny-llm"  # the demo market's (market.services.DEMO_MARKET)
+LOAD_TENANT = """
+from accounts.models import Tenant
+from accounts.services import api_key_create, budget_set
+from accounts.services.autobidder import autobidder_configure
+tenant = Tenant.objects.create(name="Load", slug="load")
+budget_set(tenant=tenant, limit="1000000", period="month")
+autobidder_configure(tenant=tenant, enabled=True, budget="100000", period="day",
+                     values={"interactive": "0.05", "background": "0.005"}, max_wait_s=30.0)
+print("KEY", api_key_create(tenant=tenant, name="load test", created_by=None)[1])
+"""
 
 
 def _get(url: str, timeout: float = 2.0) -> bytes:
@@ -23,38 +52,188 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path):
+def _embedded_env(db: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'live.sqlite3'}"  # embedded defaults
-    manage = [sys.executable, str(REPO_ROOT / "manage.py")]
-    for step in (["migrate", "--noinput"], ["seed_demo"]):
-        subprocess.run([*manage, *step], env=env, check=True, capture_output=True, timeout=120)
-    web, engine = dead_port(), dead_port()
-    proc = subprocess.Popen(
-        [*manage, "live_market", "--port", str(web), "--engine-port", str(engine),
-         "--sessions-per-minute", "240", "--var", str(tmp_path / "var")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    return {**env, "DATABASE_URL": f"sqlite:///{db}", **extra}  # the embedded defaults
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory) -> tuple[Path, str]:
+    """A migrated, seeded SQLite file (not to be written: copy it) and the ``load`` key."""
+    db = tmp_path_factory.mktemp("live") / "seeded.sqlite3"
+    env = _embedded_env(db)
+    for step in (["migrate", "--noinput"], ["seed_demo"], ["shell", "-c", LOAD_TENANT]):
+        done = subprocess.run(
+            [*MANAGE, *step], env=env, check=True, capture_output=True, text=True, timeout=120
+        )
+    (key,) = re.findall(r"^KEY (\S+)$", done.stdout, flags=re.MULTILINE)
+    return db, key
+
+
+class LiveMarket:
+    """``manage.py live_market`` in a subprocess; its output read by a thread, line by line."""
+
+    def __init__(self, tmp_path: Path, seeded_db: Path, *args: str, **env: str) -> None:
+        db = tmp_path / "live.sqlite3"
+        shutil.copy(seeded_db, db)
+        self.web, self.engine = dead_port(), dead_port()
+        self.base = f"http://127.0.0.1:{self.web}"
+        self.var = tmp_path / "var"
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self.proc = subprocess.Popen(
+            [*MANAGE, "live_market", "--port", str(self.web), "--engine-port", str(self.engine),
+             "--var", str(self.var), *args],
+            env=_embedded_env(db, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("<exited>")
+            self._changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines)
+
+    def wait_line(self, pattern: str, *, after: int = 0, timeout_s: float = 90.0) -> re.Match:
+        """The first line from index ``after`` on that matches ``pattern``."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                for line in self.lines[after:]:
+                    if found := re.search(pattern, line):
+                        return found
+                assert "<exited>" not in self.lines, f"live_market exited:\n{self.output}"
+                left = deadline - time.monotonic()
+                assert left > 0, f"no line matching {pattern!r} in:\n{self.output}"
+                self._changed.wait(left)
+
+    def pid_of(self, name: str, *, after: int = 0) -> int:
+        return int(self.wait_line(rf"\] {name}: started.* \(pid (\d+)\)", after=after)[1])
+
+    def up(self) -> LiveMarket:
+        self.wait_line("Ctrl-C stops everything")
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM, as Ctrl-C; then every child must have closed its port."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        stopped = time.monotonic() + 15
+        while (_listening(self.web) or _listening(self.engine)) and time.monotonic() < stopped:
+            time.sleep(0.1)
+        assert not _listening(self.web) and not _listening(self.engine), "children left behind"
+
+
+def _chat(base: str, key: str, i: int, *, bid: float | None) -> tuple[int, dict]:
+    """One chat completion through the gateway: (status, JSON body)."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"topic {i % 5}: " + "tell me more " * (i % 4)}],
+        "max_tokens": 4,
+        **({"bid": bid} if bid is not None else {}),
+    }
+    request = urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
     try:
-        deadline = time.monotonic() + 90
-        banner = ""
-        while "Ctrl-C stops everything" not in banner and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, f"live_market exited early:\n{banner}"
-            banner += line
-        assert f"http://127.0.0.1:{web}/console/" in banner and "operator-demo-pass" in banner
-        assert json.loads(_get(f"http://127.0.0.1:{web}/healthz"))["status"] == "ok"
-        assert _get(f"http://127.0.0.1:{engine}/health") == b""
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path, seeded):
+    market = LiveMarket(tmp_path, seeded[0], "--sessions-per-minute", "240")
+    try:
+        market.up()
+        banner = market.output
+        assert f"{market.base}/console/" in banner and "operator-demo-pass" in banner
+        assert json.loads(_get(f"{market.base}/healthz"))["status"] == "ok"
+        assert _get(f"http://127.0.0.1:{market.engine}/health") == b""
         # The agents' requests go through the gateway and are settled from the round records.
-        rounds = tmp_path / "var" / "rounds.jsonl"
+        rounds = market.var / "rounds.jsonl"
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (rounds.exists() and rounds.stat().st_size):
             time.sleep(0.5)
         assert rounds.exists() and rounds.stat().st_size > 0, "no round was recorded"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-    # The children close their ports as they exit: wait for that, not for a fixed second.
-    stopped = time.monotonic() + 15
-    while (_listening(web) or _listening(engine)) and time.monotonic() < stopped:
-        time.sleep(0.1)
-    assert not _listening(web) and not _listening(engine), "children left behind"
+        market.stop()
+
+
+def test_a_killed_engine_is_restarted_and_the_gateway_answers_503_meanwhile(tmp_path, seeded):
+    db, key = seeded
+    # A first delay of 3 s keeps the engine down long enough to be seen down.
+    market = LiveMarket(tmp_path, db, "--no-agents", "--restart-delay", "3")
+    try:
+        market.up()
+        engine_pid, web_pid = market.pid_of("engine"), market.pid_of("web")
+        assert _chat(market.base, key, 0, bid=0.01)[0] == 200
+        seen = len(market.lines)
+        os.kill(engine_pid, signal.SIGKILL)
+        while _listening(market.engine):  # the kernel closes its port as it dies
+            time.sleep(0.05)
+        status, body = _chat(market.base, key, 1, bid=0.01)
+        assert status == 503, body  # not a refused connection: the gateway is still there
+        assert body["error"]["code"] == "engine_unavailable"
+        market.wait_line(
+            r"engine: exited \(signal 9 \(SIGKILL\)\) .*starting it again in 3 s", after=seen
+        )
+        new_pid = market.pid_of("engine", after=seen)
+        assert new_pid != engine_pid
+        deadline = time.monotonic() + 30
+        while (status := _chat(market.base, key, 2, bid=0.01)[0]) != 200:
+            assert status == 503 and time.monotonic() < deadline, status
+            time.sleep(0.2)
+        assert json.loads(_get(f"{market.base}/healthz"))["status"] == "ok"
+        # The web server served throughout: it was never restarted.
+        assert market.pid_of("web") == web_pid and "web: exited" not in market.output
+        assert "web: started again" not in market.output
+    finally:
+        market.stop()
+
+
+def test_embedded_sqlite_answers_concurrent_requests_while_settling_without_5xx(tmp_path, seeded):
+    """The gateway's database thread, the round-record follower, the periodic tick (all in the
+    web process) and the pacing steps (in live_market's, every 0.1 s here) write one SQLite
+    file at once: every request must still be served (no "database is locked" 500)."""
+    db, key = seeded
+    market = LiveMarket(tmp_path, db, "--no-agents", AUTOBID_INTERVAL_S="0.1")
+    n = 240
+    try:
+        market.up()
+        # Half with explicit bids over the reserve (priority charges settled from the round
+        # records), half through the autobidder; 16 at a time.
+        bids = [None if i % 2 else 0.002 * (1 + i % 5) for i in range(n)]
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda i: _chat(market.base, key, i, bid=bids[i]), range(n)))
+        statuses = collections.Counter(status for status, _ in answers)
+        errors = [body for status, body in answers if status != 200][:3]
+        assert statuses == {200: n}, (statuses, errors)
+        assert {body["auction"]["bid_source"] for _, body in answers} == {"explicit", "autobid"}
+        # The follower settled the engine's round records meanwhile, and never stalled on a
+        # locked database.
+        rounds = market.var / "rounds.jsonl"
+        offset = rounds.with_name(rounds.name + ".offset")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            offset.exists() and json.loads(offset.read_text())["offset"] == rounds.stat().st_size
+        ):
+            time.sleep(0.2)
+        assert json.loads(offset.read_text())["offset"] == rounds.stat().st_size > 0
+    finally:
+        market.stop()
+    logs = (market.var / "logs" / "web.log").read_text()
+    assert "database is locked" not in logs
+    assert "unexpected error" not in logs

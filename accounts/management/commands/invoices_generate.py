@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.models import Tenant
+from accounts.money import money_str
 from accounts.services import invoice_generate, month_bounds
 
 
@@ -32,4 +33,4 @@ class Command(BaseCommand):
                 invoice = invoice_generate(tenant=tenant, period_start=start, period_end=end)
             except ValueError as exc:
                 raise CommandError(f"{tenant.slug}: {exc}") from exc
-            self.stdout.write(f"{invoice.number}: ${invoice.total}")
+            self.stdout.write(f"{invoice.number}: ${money_str(invoice.total)}")

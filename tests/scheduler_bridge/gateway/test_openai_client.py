@@ -68,9 +68,10 @@ def test_chat_with_a_bid_in_extra_body(gateway, acme, market):
     placed = hold(rid)
     # worst case: 16 x $3 + 5 x $15 per million + $0.01/s x 60 s = $0.600123
     assert placed.amount == Decimal("0.600123")
-    assert (placed.state, placed.remaining) == (HoldState.SETTLED, 0)
-    # The priority part of the hold caps the priority charge settled later: $0.01/s x 60 s.
+    # The priority part of the hold caps the priority charge settled later: $0.01/s x 60 s,
+    # and stays reserved until the round record settles it.
     assert row.priority_cap == Decimal("0.6")
+    assert (placed.state, placed.remaining) == (HoldState.OPEN, Decimal("0.6"))
 
 
 def test_completion_with_an_x_bid_header_and_request_class(gateway, acme, market):
@@ -127,7 +128,8 @@ def test_chat_stream_with_usage(gateway, acme, market):
     assert auction["bid"] == "0.500000000"
     rid = request_id_of(last.id)
     assert [e.amount for e in entries(rid)] == [Decimal("0.000108")]
-    assert hold(rid).state == HoldState.SETTLED
+    # Its priority part ($0.5/s x 60 s) waits for the round record.
+    assert (hold(rid).state, hold(rid).remaining) == (HoldState.OPEN, Decimal("30"))
 
 
 def test_completion_stream_without_usage_still_ends_with_the_auction(gateway, acme, market):
@@ -260,13 +262,14 @@ def test_models_lists_the_active_markets(gateway, acme, market, transactional_db
     assert listed[market.served_model].model_extra["market"] == market.slug
 
 
-def test_metrics_count_requests_ttft_and_charges(gateway, acme, market):
+def test_metrics_count_requests_ttft_and_charges(gateway, acme, market, settings):
+    settings.METRICS_TOKEN = "scrape-token"
     acme.client(gateway).chat.completions.create(
         model=market.served_model, messages=HELLO, max_tokens=1, extra_body={"bid": "0.01"}
     )
     with acme.http(gateway) as http:
         http.post("/v1/chat/completions", json={"model": "nope", "messages": HELLO})
-        text = http.get("/metrics").text
+        text = http.get("/metrics", headers={"Authorization": "Bearer scrape-token"}).text
     slug = market.slug
     assert f'gateway_requests_total{{endpoint="chat",market="{slug}",status="200"}} 1.0' in text
     assert 'error="model_not_found"' in text

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from accounts.money import money_str
 from scheduler_bridge.gateway.chat_templates import (
     HuggingFaceTemplate,
     TemplateUnavailable,
@@ -141,3 +142,39 @@ def test_hugging_face_template_without_transformers_is_503(monkeypatch):
     with pytest.raises(TemplateUnavailable) as caught:
         chat_template("org/real-model")
     assert caught.value.status == 503
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1_0", "1_000", "٣", "١٠", "１", "１０", "𝟏", "۵", "٠.٥", "+1", ".5", "1.", "1 0", "\u20031",
+     "1\x00", "0.1\ud800", "1e", "1e+", "--1"],
+)  # fmt: skip
+@pytest.mark.parametrize("param", ["bid", "X-Bid"])
+def test_bids_written_as_text_are_ascii_decimals_only(value, param):
+    # Decimal() reads most of these (underscores, other scripts' digits, a lone '+' or '.').
+    with pytest.raises(InvalidValue) as caught:
+        bid_parsed(value, param=param)
+    assert caught.value.param == param
+
+
+def test_the_bid_header_and_field_refuse_non_ascii_digits():
+    body = {"model": "m", "prompt": "x"}
+    with pytest.raises(InvalidValue) as caught:
+        completion_params(body, endpoint=COMPLETIONS, headers={"x-bid": "1_0"})
+    assert caught.value.param == "X-Bid"
+    with pytest.raises(InvalidValue) as caught:
+        completion_params(body | {"bid": "٣"}, endpoint=COMPLETIONS, headers={})
+    assert caught.value.param == "bid"
+
+
+@pytest.mark.parametrize("value", ["-0", "-0.0", "-0E-9", "-0e5", Decimal("-0"), Decimal("-0.00")])
+def test_negative_zero_is_a_zero_bid(value):
+    bid = bid_parsed(value, param="bid")
+    assert bid == 0 and not bid.is_signed()
+    assert money_str(bid) == "0.000000000"
+
+
+def test_a_json_negative_zero_bid_is_zero():
+    body = body_parsed(b'{"model": "m", "prompt": "x", "bid": -0.0}')
+    params = completion_params(body, endpoint=COMPLETIONS, headers={"x-bid": "-0"})
+    assert params.bid == 0 and not params.bid.is_signed()

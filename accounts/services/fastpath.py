@@ -293,14 +293,7 @@ counter AS (
     ORDER BY c.api_key_id NULLS FIRST
     FOR UPDATE OF c
 ),
-autobidder AS (  -- a priority charge of an autobid request: its budget, locked last
-    SELECT a.id, a.budget - CASE WHEN a.spent_start < {_AUTOBID_WINDOW} THEN 0
-                                 ELSE a.spent_in_window END AS room
-    FROM accounts_autobidder a, live q
-    WHERE a.tenant_id = q.tenant_id AND q.bid_source = 'autobid' AND %(kind)s = 'priority'
-      AND (SELECT count(*) FROM counter) >= 0
-    FOR UPDATE OF a
-),
+autobidder AS ({{autobidder}}),
 room AS (
     SELECT min(b."limit" - {_ROOM_SPENT} - c.held) AS budget
     FROM accounts_budget b JOIN counter c ON c.api_key_id IS NOT DISTINCT FROM b.api_key_id
@@ -385,6 +378,15 @@ FROM request q
 _PRIORITY = {
     # Only a served request pays its priority charge; a queued one keeps it pending.
     "writes_when": "status = 'served'",
+    # An autobid request's charge: its autobidder's budget, locked last.
+    "autobidder": f"""
+    SELECT a.id, a.budget - CASE WHEN a.spent_start < {_AUTOBID_WINDOW} THEN 0
+                                 ELSE a.spent_in_window END AS room
+    FROM accounts_autobidder a, live q
+    WHERE a.tenant_id = q.tenant_id AND q.bid_source = 'autobid'
+      AND (SELECT count(*) FROM counter) >= 0
+    FOR UPDATE OF a
+""",
     "request_set": "admitted_at = COALESCE(admitted_at, %(now)s), priority_pending = NULL",
     "cap": "live.priority_cap",
     "closes": "TRUE",  # the token charge is already settled
@@ -401,6 +403,7 @@ pending_stored AS (
 }
 _TOKENS = {
     "writes_when": "TRUE",
+    "autobidder": "SELECT NULL::bigint AS id, NULL::numeric AS room WHERE FALSE",
     "request_set": """status = 'served', finished_at = %(now)s,
         prompt_tokens = %(prompt_tokens)s, cached_tokens = %(cached_tokens)s,
         completion_tokens = %(completion_tokens)s,

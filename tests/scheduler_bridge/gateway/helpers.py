@@ -10,6 +10,7 @@ from typing import TypeVar
 from accounts.models import ChargeKind, Hold, LedgerEntry, Request
 
 T = TypeVar("T")
+HELLO = [{"role": "user", "content": "Hello there"}]  # 16 tokens with the simple template
 MILLION = Decimal(1_000_000)
 # The test markets' posted prices, dollars per million tokens (conftest.market_create).
 INPUT, CACHED, OUTPUT = Decimal("3"), Decimal("0.3"), Decimal("15")

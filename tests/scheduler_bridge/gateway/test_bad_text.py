@@ -27,7 +27,6 @@ NUL = "\\u0000"  # JSON escapes, written into raw bodies as they are
 SURROGATE = "\\ud800"
 LOW_SURROGATE = "\\udfff"
 BAD = [NUL, SURROGATE, LOW_SURROGATE]
-HELLO = [{"role": "user", "content": "Hello there"}]
 
 
 def error_of(response: httpx.Response, status: int) -> dict:

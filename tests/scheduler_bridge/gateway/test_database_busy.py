@@ -14,8 +14,7 @@ from django.db import IntegrityError, OperationalError
 from accounts.models import Hold, HoldState, LedgerEntry
 from scheduler_bridge.gateway import services
 from scheduler_bridge.gateway.db import database_busy
-
-HELLO = [{"role": "user", "content": "Hello there"}]
+from tests.scheduler_bridge.gateway.helpers import HELLO
 
 
 def _wrapped(cause: Exception, message: str) -> OperationalError:

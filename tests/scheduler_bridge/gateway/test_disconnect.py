@@ -17,6 +17,7 @@ from scheduler_bridge.gateway import services
 from scheduler_bridge.gateway.validation import CHAT, completion_params
 from tests.scheduler_bridge.gateway.conftest import market_create
 from tests.scheduler_bridge.gateway.helpers import (
+    HELLO,
     entries,
     hold,
     request_id_of,
@@ -24,8 +25,6 @@ from tests.scheduler_bridge.gateway.helpers import (
     token_charge_by_hand,
     wait_until,
 )
-
-HELLO = [{"role": "user", "content": "Hello there"}]  # 16 tokens with the simple template
 
 
 def test_leaving_mid_stream_charges_the_tokens_sent_once(

@@ -22,10 +22,9 @@ from accounts.models import Hold, HoldState, LedgerEntry, Request, RequestStatus
 from accounts.services import SettleResult, round_record_settle
 from tests.accounts.factories import admitted, round_record
 from tests.scheduler_bridge.gateway.conftest import market_create
+from tests.scheduler_bridge.gateway.helpers import HELLO
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-HELLO = [{"role": "user", "content": "Hello there"}]
 
 
 class DyingEngine:

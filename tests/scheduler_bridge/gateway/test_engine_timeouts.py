@@ -28,6 +28,7 @@ from scheduler_bridge.engine_client import (
 from tests.scheduler_bridge.gateway.conftest import market_create
 from tests.scheduler_bridge.gateway.fake_engines import stalled_engine, unaccepting_port
 from tests.scheduler_bridge.gateway.helpers import (
+    HELLO,
     entries,
     hold,
     request_id_of,
@@ -36,7 +37,6 @@ from tests.scheduler_bridge.gateway.helpers import (
     wait_until,
 )
 
-HELLO = [{"role": "user", "content": "Hello there"}]  # 16 tokens with the simple template
 SILENCE_S = 0.5  # ENGINE_READ_TIMEOUT_S in these tests
 # A frozen engine is given up on after a silence and a failed health check: 2 x SILENCE_S.
 # Today's client waited 600 s; a client of the gateway gives up after CLIENT_WAIT_S.

@@ -13,9 +13,7 @@ from accounts.models import Hold, HoldState, LedgerEntry, Request, RequestStatus
 from accounts.services import api_key_create, api_key_revoke, budget_set
 from tests.conftest import dead_port
 from tests.scheduler_bridge.gateway.conftest import market_create
-from tests.scheduler_bridge.gateway.helpers import wait_until
-
-HELLO = [{"role": "user", "content": "Hello there"}]
+from tests.scheduler_bridge.gateway.helpers import HELLO, wait_until
 
 
 def error_of(response: httpx.Response, status: int) -> dict:

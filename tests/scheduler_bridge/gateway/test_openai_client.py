@@ -15,6 +15,7 @@ from accounts.models import BidSource, ChargeKind, HoldState, RequestStatus
 from accounts.services.autobidder import autobidder_configure
 from tests.scheduler_bridge.gateway.conftest import market_create
 from tests.scheduler_bridge.gateway.helpers import (
+    HELLO,
     entries,
     hold,
     request_id_of,
@@ -24,7 +25,6 @@ from tests.scheduler_bridge.gateway.helpers import (
     wait_until,
 )
 
-HELLO = [{"role": "user", "content": "Hello there"}]
 HELLO_TOKENS = 16
 
 

@@ -19,6 +19,14 @@ Variables:
   engine client's waits (``scheduler_bridge.engine_client``); ``LIVE_ACCESS_RECHECK_S``: how
   often an open websocket re-checks its user's access (``market.consumers``). Seconds > 0
   (:func:`env_seconds`); defaults in ``config.settings``.
+- ``GATEWAY_API_KEY_CACHE_S``, ``GATEWAY_MARKET_CACHE_S`` (seconds >= 0, 0: no caching),
+  ``GATEWAY_DB_THREADS``: the gateway's caches and database threads (``scheduler_bridge.gateway``);
+  ``BATCH_QUEUE``, ``BATCH_CONCURRENCY``, ``BATCH_BUSY_RETRIES``, ``BATCH_MAX_LINES``,
+  ``BATCH_MAX_BYTES``: batch jobs (``scheduler_bridge.batches``). Whole numbers through
+  :func:`env_int`; defaults in ``config.settings``.
+- ``ROUNDS_STREAM``, ``ENGINE_ADMIN_TOKEN`` (:func:`env_text`), ``AUTOBID_INTERVAL_S``,
+  ``PRIORITY_SETTLE_GRACE_S``, ``STALE_REQUEST_S``: settlement, the console's push to engines and
+  the periodic steps; defaults in ``config.settings``.
 - ``METRICS_TOKEN``: the bearer token the gateway's ``/metrics`` asks for. Unset: ``/metrics``
   is off (403), so no deployment publishes its metrics by accident.
 """
@@ -143,8 +151,11 @@ def env_bool(environ: Mapping[str, str], name: str, *, default: bool) -> bool:
     )
 
 
-def env_seconds(environ: Mapping[str, str], name: str, *, default: float) -> float:
-    """Parse a duration in seconds such as ``ENGINE_READ_TIMEOUT_S``: a finite number > 0."""
+def env_seconds(
+    environ: Mapping[str, str], name: str, *, default: float, zero: bool = False
+) -> float:
+    """Parse a duration in seconds such as ``ENGINE_READ_TIMEOUT_S``: a finite number > 0, or
+    >= 0 with ``zero`` (where 0 means "not at all", such as a cache that keeps nothing)."""
     value = _get(environ, name)
     if value is None:
         return default
@@ -152,9 +163,29 @@ def env_seconds(environ: Mapping[str, str], name: str, *, default: float) -> flo
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise EnvironmentVariableError(name, f"must be a number of seconds > 0; got {value!r}")
+    if not (0 <= seconds if zero else 0 < seconds) or not seconds < math.inf:
+        bound = ">= 0" if zero else "> 0"
+        raise EnvironmentVariableError(name, f"must be a number of seconds {bound}; got {value!r}")
     return seconds
+
+
+def env_int(environ: Mapping[str, str], name: str, *, default: int, low: int = 1) -> int:
+    """Parse a whole number such as ``BATCH_CONCURRENCY``: an integer >= ``low``."""
+    value = _get(environ, name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < low:
+        raise EnvironmentVariableError(name, f"must be a whole number >= {low}; got {value!r}")
+    return number
+
+
+def env_text(environ: Mapping[str, str], name: str) -> str | None:
+    """A plain string such as ``BATCH_QUEUE``, stripped; None when unset or blank."""
+    return _get(environ, name)
 
 
 def env_list(environ: Mapping[str, str], name: str, *, default: list[str]) -> list[str]:

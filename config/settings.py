@@ -11,6 +11,7 @@ from pathlib import Path
 from celery.schedules import crontab
 
 from config import env
+from scheduler_bridge.records import DEFAULT_STREAM
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -82,21 +83,16 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 
 # Periodic work, run by `celery -A config beat` (and a worker: `celery -A config worker`).
 # Round records: the Redis stream the engines write (scheduler_bridge.rounds).
-ROUNDS_STREAM = os.environ.get("ROUNDS_STREAM", "").strip() or "inference-market:rounds"
+ROUNDS_STREAM = env.env_text(os.environ, "ROUNDS_STREAM") or DEFAULT_STREAM
 # Seconds between two pacing steps of each autobidder (accounts.services.autobidder).
-try:
-    AUTOBID_INTERVAL_S = float(os.environ.get("AUTOBID_INTERVAL_S", "").strip() or 10)
-except ValueError:
-    AUTOBID_INTERVAL_S = float("nan")
-if not 0 < AUTOBID_INTERVAL_S < float("inf"):
-    raise env.EnvironmentVariableError("AUTOBID_INTERVAL_S", "must be a number of seconds > 0")
+AUTOBID_INTERVAL_S = env.env_seconds(os.environ, "AUTOBID_INTERVAL_S", default=10.0)
 # The sweep of what a lost step left open (accounts.services.settlement.holds_sweep), seconds: a
 # served request's hold still open this long after it finished (its round record was lost) is
 # released; a request still queued this long after it was opened (its gateway is gone) fails.
 PRIORITY_SETTLE_GRACE_S = env.env_seconds(os.environ, "PRIORITY_SETTLE_GRACE_S", default=600.0)
 STALE_REQUEST_S = env.env_seconds(os.environ, "STALE_REQUEST_S", default=3600.0)
 # Sent as `Authorization: Bearer ...` to engines' /admin/market (scheduler_bridge.engine_config).
-ENGINE_ADMIN_TOKEN = os.environ.get("ENGINE_ADMIN_TOKEN", "").strip() or None
+ENGINE_ADMIN_TOKEN = env.env_text(os.environ, "ENGINE_ADMIN_TOKEN")
 # The engine client's waits, seconds (scheduler_bridge.engine_client explains them): connecting;
 # silence (mid-answer: a failure; before the answer begins: then the engine's health is checked);
 # and the longest an answer may take to begin (a non-streamed one: the whole answer).
@@ -108,6 +104,26 @@ ENGINE_ANSWER_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_ANSWER_TIMEOUT_S",
 LIVE_ACCESS_RECHECK_S = env.env_seconds(os.environ, "LIVE_ACCESS_RECHECK_S", default=5.0)
 # The gateway's /metrics needs `Authorization: Bearer <METRICS_TOKEN>`; off (403) while unset.
 METRICS_TOKEN = ENV.metrics_token
+# The gateway's caches in each process, seconds (0: nothing cached): an API key (a revoked key
+# works at most this long; scheduler_bridge.gateway.keys) and a market (a reserve or price change
+# reaches the gateway within this time; scheduler_bridge.gateway.selectors).
+GATEWAY_API_KEY_CACHE_S = env.env_seconds(
+    os.environ, "GATEWAY_API_KEY_CACHE_S", default=5.0, zero=True
+)
+GATEWAY_MARKET_CACHE_S = env.env_seconds(
+    os.environ, "GATEWAY_MARKET_CACHE_S", default=2.0, zero=True
+)
+# The gateway's database threads (scheduler_bridge.gateway.db; always 1 on SQLite). Its work is
+# Python under the GIL: more threads mostly contend.
+GATEWAY_DB_THREADS = env.env_int(os.environ, "GATEWAY_DB_THREADS", default=2)
+# Batch jobs (scheduler_bridge.batches): the Celery queue of their runs (unset: the default
+# queue), requests of one batch in flight at a time, how often a line waits out a full engine
+# queue (429) before it fails, and the most lines and bytes one batch's input may have.
+BATCH_QUEUE = env.env_text(os.environ, "BATCH_QUEUE")
+BATCH_CONCURRENCY = env.env_int(os.environ, "BATCH_CONCURRENCY", default=4)
+BATCH_BUSY_RETRIES = env.env_int(os.environ, "BATCH_BUSY_RETRIES", default=20, low=0)
+BATCH_MAX_LINES = env.env_int(os.environ, "BATCH_MAX_LINES", default=10_000)
+BATCH_MAX_BYTES = env.env_int(os.environ, "BATCH_MAX_BYTES", default=20 * 1024 * 1024)
 CELERY_BEAT_SCHEDULE = {
     # Ticks expire rather than pile up while no worker runs; their results are not kept.
     "rounds-consume": {

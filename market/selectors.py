@@ -38,7 +38,7 @@ class MinuteRevenue:
     minute: datetime  # start of the minute, UTC
     priority: Decimal  # dollars of priority charges settled in it
     tokens: Decimal  # dollars of token charges
-    welfare: float  # dollars, planned: -sum(effective bid $/s x planned completion s)
+    welfare: float  # planned welfare, dollars (market.mechanism.welfare.planned_welfare)
     requests: int  # requests whose priority charge settled in it
 
 
@@ -46,7 +46,8 @@ def revenue_per_minute(
     *, market: Market, minutes: int = 60, now: datetime | None = None
 ) -> list[MinuteRevenue]:
     """The last ``minutes`` minutes of ``market`` (the current one last), zero-filled, from the
-    ledger. Welfare comes from the priority entries' detail (DESIGN.md 4.3, planned times)."""
+    ledger. Welfare is the planned welfare (``market.mechanism.welfare.planned_welfare``) of the
+    priority entries, summed in the database from their detail (DESIGN.md 4.3)."""
     if minutes < 1:
         raise ValueError("minutes must be at least 1")
     now = (now or timezone.now()).astimezone(UTC)

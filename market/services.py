@@ -10,7 +10,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.money import money_exact
-from market.mechanism import MAX_BID, POLICIES
+from market.mechanism import MAX_BID
+from market.mechanism.policies import policy_checked
 from market.models import Market, ReserveChange
 from scheduler_bridge.engine_config import engine_config_push_enqueue
 
@@ -60,8 +61,7 @@ def market_policy_set(*, market: Market, policy: str, user: AbstractBaseUser | N
     one (nothing written). The change is logged with who made it, and the engine is told
     once it has committed, as for the reserve.
     """
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    policy_checked(policy)
     with transaction.atomic():
         locked = Market.objects.select_for_update().get(pk=market.pk)
         old = locked.policy

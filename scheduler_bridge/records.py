@@ -16,6 +16,9 @@ import math
 from typing import Any, TypedDict
 
 SCHEMA = "inference-market/round@1"
+# The Redis stream both engines write their records to and settlement reads, unless configured
+# otherwise (the engines' --rounds-stream / ``rounds_stream``, Django's ``ROUNDS_STREAM``).
+DEFAULT_STREAM = "inference-market:rounds"
 
 
 class SubtreeSummary(TypedDict):

@@ -40,11 +40,10 @@ from django.utils import timezone
 
 from accounts.services.settlement import SettleResult, round_record_settle
 from market.live.publisher import RoundsPublisher, default_publisher
-from scheduler_bridge.records import round_record_loads
+from scheduler_bridge.records import DEFAULT_STREAM, round_record_loads
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_STREAM = "inference-market:rounds"  # the engines' default (scheduler_bridge.sim.sinks)
 GROUP = "settlement"
 DEAD_SUFFIX = ":dead"
 DEAD_MAXLEN = 100_000  # entries kept in the dead-letter stream (approximate trimming)

@@ -23,6 +23,7 @@ from accounts.models import Request
 from market.live.book import MIN_INTERVAL_S, book_publish, book_rows
 from market.live.send import group_send_many
 from market.live.spend import spend_ticks_publish
+from market.mechanism.welfare import planned_welfare
 from market.payloads import BookRow, Payload, RoundResult, market_group
 from scheduler_bridge.records import RoundRecord
 
@@ -38,7 +39,7 @@ class _Results:
     rounds: int = 0
     admitted: int = 0
     revenue: float = 0.0
-    welfare: float = 0.0
+    welfare: float = 0.0  # planned welfare of the admitted requests (market.mechanism.welfare)
     last: RoundRecord | None = None
 
     def add(self, record: RoundRecord) -> None:
@@ -46,7 +47,8 @@ class _Results:
         self.admitted += len(record["admitted"])
         for a in record["admitted"]:
             self.revenue += a["charge"]
-            self.welfare -= a["effective_bid"] * a["planned_completion_s"]
+            # Added request by request, as the round records come.
+            self.welfare += planned_welfare([(a["effective_bid"], a["planned_completion_s"])])
         self.last = record
 
     def payload(self) -> RoundResult:

@@ -4,16 +4,30 @@ It imports nothing from Django, Celery or SGLang: the engines and the SGLang plu
 
     from market.mechanism import WaitingRequest, clear, POLICIES
     c = clear(requests, "dfs-auction-density", reserve=0.01)
-    c.order, c.completion, c.payments, c.welfare
+    c.order, c.completion, c.payments, c.planned_welfare
 
 For a queue that changes request by request, keep a ``RequestTree`` and call ``clear_tree``.
+
+Read it in this order: ``requests`` (the waiting request), ``tree`` (the request tree),
+``policies`` (the registry of ordering policies, ``POLICY``), ``payments`` (priority charges),
+``welfare`` (planned and realized welfare), ``clearing`` (one round). ``reference`` is the same
+mechanism written plainly, by brute force, that the tests check this one against.
 """
 
 from .clearing import DEFAULT_TOKENS_PER_SECOND, Clearing, clear, clear_tree
 from .pacing import NaiveAgent, PacingAgent
-from .policies import BID_POLICIES, DFS_AUCTIONS, POLICIES, block_key
+from .policies import (
+    BID_POLICIES,
+    DFS_AUCTIONS,
+    POLICIES,
+    POLICY,
+    Policy,
+    block_key,
+    policy_checked,
+)
 from .requests import BID_SCALE, MAX_BID, WaitingRequest, bid_checked, to_ticks
 from .tree import RequestTree
+from .welfare import planned_welfare, realized_welfare
 
 __all__ = [
     "BID_SCALE",
@@ -22,6 +36,8 @@ __all__ = [
     "DEFAULT_TOKENS_PER_SECOND",
     "DFS_AUCTIONS",
     "POLICIES",
+    "POLICY",
+    "Policy",
     "Clearing",
     "NaiveAgent",
     "PacingAgent",
@@ -31,5 +47,8 @@ __all__ = [
     "block_key",
     "clear",
     "clear_tree",
+    "planned_welfare",
+    "policy_checked",
+    "realized_welfare",
     "to_ticks",
 ]

@@ -5,19 +5,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .payments import FlatCharges, dfs_charge, dfs_payments
-from .policies import BID_POLICIES, DFS_AUCTIONS, PLANNERS, policy_checked
+from .payments import Charges
+from .policies import POLICY, policy_checked
 from .requests import BID_SCALE, WaitingRequest, to_ticks
 from .tree import Entry, RequestTree
+from .welfare import planned_welfare
 
 DEFAULT_TOKENS_PER_SECOND = 10_000.0
 
 
 class Clearing:
-    """The plan of one round: service order, planned completions (seconds), welfare, charges.
+    """The plan of one round: service order, planned completions (seconds), planned welfare,
+    priority charges.
 
     Engines read the front of the order and price what they admit (``completion_at``,
-    ``charge``); the rest is worked out only when asked for (``completion``, ``welfare``,
+    ``charge``); the rest is worked out only when asked for (``completion``, ``planned_welfare``,
     ``payments``). A clearing is valid until its tree changes or clears another round; asking it
     for anything lazy afterwards raises RuntimeError.
     """
@@ -33,6 +35,7 @@ class Clearing:
         plan: tuple[list[Entry], list[int] | None],
     ) -> None:
         self.policy = policy
+        self._rules = POLICY[policy]
         self.reserve = reserve
         self.tokens_per_second = tokens_per_second
         self.overhead_tokens = overhead_tokens
@@ -52,9 +55,8 @@ class Clearing:
             self._stamp = tree.stamp
             tree.root.done = self._stamp
         self._order: list[str] | None = None
-        self._flat: FlatCharges | None = None
+        self._charges: Charges | None = None
         self._payments: dict[str, float] | None = None
-        self._positions: dict[str, int] | None = None
 
     def _check(self) -> None:
         if self._tree.version != self._version:
@@ -100,38 +102,49 @@ class Clearing:
         return {rid: cum * seconds for rid, cum in zip(self.order, cums, strict=True)}
 
     @property
-    def welfare(self) -> float:
-        """-sum(effective bid x planned completion), dollars; bids under the reserve count 0."""
+    def planned_welfare(self) -> float:
+        """Planned welfare of the order (welfare.py), dollars; bids under the reserve count 0.
+
+        Summed exactly, in bid ticks x tokens, then converted to dollars.
+        """
         cums = self._cums_upto(len(self._entries))
-        reserve_ticks = self._reserve_ticks
-        welfare = 0
-        for e, cum in zip(self._entries, cums, strict=True):
-            if e.ticks >= reserve_ticks:
-                welfare -= e.ticks * cum
-        return welfare * self._dollars
+        r = self._reserve_ticks
+        ticks_tokens = planned_welfare(
+            (e.ticks if e.ticks >= r else 0, cum)
+            for e, cum in zip(self._entries, cums, strict=True)
+        )
+        return ticks_tokens * self._dollars
+
+    @property
+    def welfare(self) -> float:
+        """The planned welfare (``planned_welfare``), under its older name."""
+        return self.planned_welfare
+
+    def _charge_rule(self) -> Charges | None:
+        """The round's priority charges, by the policy's charge rule; None: nobody pays."""
+        rule = self._rules.charges
+        if rule is None:
+            return None
+        if self._charges is None:
+            key = self._rules.block_key
+            self._charges = rule(
+                self._tree.root,
+                self._entries,
+                self._cums_upto,
+                self._reserve_ticks,
+                key is not None and key.per_work,
+            )
+        return self._charges
 
     def _charge_and_saving(self, request_id: str) -> tuple[float, int]:
         self._check()
         entry = self._tree.entries.get(request_id)
         if entry is None:
             raise ValueError(f"request {request_id!r} was not in this round")
-        if self.policy not in BID_POLICIES:
+        charges = self._charge_rule()
+        if charges is None:
             return 0.0, 0
-        if self.policy in DFS_AUCTIONS:
-            return dfs_charge(
-                entry, density=self.policy == "dfs-auction-density", reserve=self._reserve_ticks
-            )
-        return self._flat_charges().charge_at(self._position(request_id))
-
-    def _flat_charges(self) -> FlatCharges:
-        if self._flat is None:
-            self._flat = FlatCharges(self._entries, self._cums_upto, self._reserve_ticks)
-        return self._flat
-
-    def _position(self, request_id: str) -> int:
-        if self._positions is None:
-            self._positions = {rid: i for i, rid in enumerate(self.order)}
-        return self._positions[request_id]
+        return charges.charge(entry)
 
     def charge(self, request_id: str) -> float:
         """The request's priority charge in dollars if it is admitted in this round."""
@@ -148,19 +161,11 @@ class Clearing:
         """Priority charge of every waiting request, dollars."""
         if self._payments is None:
             self._check()
-            if self.policy not in BID_POLICIES:
+            charges = self._charge_rule()
+            if charges is None:
                 self._payments = dict.fromkeys(self.order, 0.0)
             else:
-                if self.policy in DFS_AUCTIONS:
-                    amounts, _ = dfs_payments(
-                        self._tree.root,
-                        self._entries,
-                        density=self.policy == "dfs-auction-density",
-                        reserve=self._reserve_ticks,
-                    )
-                else:
-                    flat = self._flat_charges()
-                    amounts = [flat.charge_at(p)[0] for p in range(len(self.order))]
+                amounts = charges.every()
                 scale = self._dollars
                 self._payments = {
                     rid: amount * scale for rid, amount in zip(self.order, amounts, strict=True)
@@ -195,10 +200,10 @@ def clear_tree(
     overhead_tokens: int = 0,
 ) -> Clearing:
     """Run one round on a maintained request tree."""
-    policy = policy_checked(policy)
+    rules = POLICY[policy_checked(policy)]
     reserve, tps, overhead = _params_checked(reserve, tokens_per_second, overhead_tokens)
     tree.version += 1  # the planners rewrite the nodes' per-round fields: older clearings expire
-    plan = PLANNERS[policy](tree, policy, to_ticks(reserve), overhead)
+    plan = rules.planner(tree, rules, to_ticks(reserve), overhead)
     return Clearing(
         tree, policy, reserve=reserve, tokens_per_second=tps, overhead_tokens=overhead, plan=plan
     )

@@ -22,14 +22,40 @@ the plan's own completion times, with critical bids the passed requests' bids.
 
 Bids and reserve here are in bid ticks, amounts in ticks x tokens and savings in tokens: divide
 by BID_SCALE x tokens_per_second for dollars, by tokens_per_second for seconds.
+
+A policy names its charge rule in the registry (policies.py): ``DfsCharges`` for the DFS
+auctions, ``FlatCharges`` for highest-bid, none for the bid-blind policies. A rule is built once
+per round, from the round's plan, and answers for one request (``charge``) or for all (``every``).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from itertools import accumulate
+from typing import Protocol
 
 from .tree import Entry, Node
+
+# The cumulative work (tokens) of the first k requests of a round's order, given k.
+CumsUpto = Callable[[int], list[int]]
+
+
+class Charges(Protocol):
+    """A round's priority charges, in bid ticks x tokens, with the planned savings in tokens."""
+
+    def charge(self, entry: Entry) -> tuple[float, int]:
+        """Charge and planned saving of one request of the round."""
+        ...
+
+    def every(self) -> list[float]:
+        """Charge of every request, by position in the round's order."""
+        ...
+
+
+# Builds a round's Charges from (root, order, cums_upto, reserve ticks, per_work): ``per_work``
+# is the DFS auctions' block size, work (bid density) rather than requests (average bid).
+ChargeRule = Callable[[Node, list[Entry], CumsUpto, int, bool], Charges]
 
 
 def _sibling_sums(x: Node) -> tuple[list, list[float], list[int], list[float]]:
@@ -167,6 +193,26 @@ def dfs_payments(
     return pay, saved
 
 
+class DfsCharges:
+    """Charges for the DFS auctions: one request from its node up, or all node by node."""
+
+    def __init__(
+        self, root: Node, order: list[Entry], cums_upto: CumsUpto, reserve: int, per_work: bool
+    ) -> None:
+        self.root = root
+        self.order = order
+        self.reserve = reserve
+        self.density = per_work
+
+    def charge(self, entry: Entry) -> tuple[float, int]:
+        """Priority charge and planned saving of one request (``dfs_charge``)."""
+        return dfs_charge(entry, density=self.density, reserve=self.reserve)
+
+    def every(self) -> list[float]:
+        """Priority charge of every request, by position in the order (``dfs_payments``)."""
+        return dfs_payments(self.root, self.order, density=self.density, reserve=self.reserve)[0]
+
+
 class FlatCharges:
     """Charges for highest-bid, from the plan's order and its cumulative work.
 
@@ -174,12 +220,30 @@ class FlatCharges:
     demand); a request's charge needs it up to where the request would stand at bid 0.
     """
 
-    def __init__(self, order: list[Entry], cums_upto, reserve: int) -> None:
+    def __init__(
+        self,
+        root: Node,
+        order: list[Entry],
+        cums_upto: CumsUpto,
+        reserve: int,
+        per_work: bool = False,
+    ) -> None:
         self.keys = [(e.nk, e.tie) for e in order]
         self.cums_upto = cums_upto
         self.order = order
         self.reserve = reserve
         self.values = [0]  # values[m] = sum over k < m of (cum_k - cum_{k-1}) x max(bid_k, r)
+        self._positions: dict[str, int] | None = None
+
+    def charge(self, entry: Entry) -> tuple[float, int]:
+        """Priority charge and planned saving of one request (``charge_at`` its position)."""
+        if self._positions is None:
+            self._positions = {e.req.id: i for i, e in enumerate(self.order)}
+        return self.charge_at(self._positions[entry.req.id])
+
+    def every(self) -> list[float]:
+        """Priority charge of every request, by position in the order."""
+        return [self.charge_at(p)[0] for p in range(len(self.order))]
 
     def _values_upto(self, k: int) -> list:
         values = self.values

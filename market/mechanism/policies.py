@@ -1,4 +1,10 @@
-"""The six ordering policies of DESIGN.md 4.2, as a registry from name to planner.
+"""The six ordering policies of DESIGN.md 4.2, as a registry from name to ``Policy``.
+
+A ``Policy`` says in one place what the rest of the mechanism and the engines ask about a policy:
+whether its order uses bids (and so charges for priority), whether it is a DFS order of the
+request tree, the key its sibling blocks go by, the planner that orders a round, and how the
+round's priority charges are worked out. ``POLICY[name]`` looks one up; ``policy_checked`` checks
+a name from outside.
 
 A planner walks the request tree and returns the service order, with the cumulative work
 (tokens) at which each request completes when it has it at hand. DFS policies serve every subtree
@@ -15,38 +21,62 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from dataclasses import dataclass
 from operator import attrgetter
 
+from .payments import ChargeRule, DfsCharges, FlatCharges
 from .tree import INF, Entry, Node, RequestTree
-
-POLICIES = ("fcfs", "lpm", "dfs-weight", "highest-bid", "dfs-auction", "dfs-auction-density")
-
-# Policies whose order depends on bids, and so charge for priority.
-BID_POLICIES = frozenset({"highest-bid", "dfs-auction", "dfs-auction-density"})
-# Policies that order blocks of the full request tree by a bid key.
-DFS_AUCTIONS = frozenset({"dfs-auction", "dfs-auction-density"})
 
 # The service order, and the cumulative work (tokens) at each completion, or None when the
 # Clearing is to work it out itself, on demand, by marking the nodes each request needs.
 Plan = tuple[list[Entry], list[int] | None]
 
-# Planners take the reserve in bid ticks and leave each request's effective bid, in ticks, in
-# its entry's ``bsum``.
+# Planners take the policy, the reserve in bid ticks and the overhead tokens per request; the
+# bid-using ones leave each request's effective bid, in ticks, in its entry's ``bsum``.
+Planner = Callable[[RequestTree, "Policy", int, int], Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKey:
+    """What a DFS auction orders sibling blocks by, higher first: the block's sum of effective
+    bids over its size, the number of its requests or its work (uncached tokens and overheads,
+    the edge into it included)."""
+
+    name: str
+    per_work: bool  # size = work (bid density, Smith's rule) rather than number of requests
+
+    def __call__(self, bsum: float, n: int, work: int) -> float:
+        """The key of a block with ``n`` requests, bid sum ``bsum`` (any unit) and ``work``.
+
+        A block that needs no work costs the others nothing, so by bid density it goes first
+        whatever its bid.
+        """
+        if not self.per_work:
+            return bsum / n
+        return bsum / work if work > 0 else INF
+
+
+AVERAGE_BID = BlockKey("average bid", per_work=False)
+BID_DENSITY = BlockKey("bid density", per_work=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One ordering policy: its name and the rules the mechanism and the engines ask about."""
+
+    name: str
+    uses_bids: bool  # the order depends on bids, so admitted requests pay for priority
+    dfs: bool  # every subtree of the request tree served as one block (DESIGN.md 4.2)
+    block_key: BlockKey | None  # what sibling blocks go by, for the DFS auctions
+    planner: Planner  # orders one round
+    charges: ChargeRule | None  # works out the round's priority charges (payments.py); None: free
+
+    def __str__(self) -> str:
+        return self.name
+
 
 _by_key = attrgetter("nk", "tie")
 _by_tie = attrgetter("tie")
-
-
-def block_key(policy: str, bsum: float, n: int, work: int) -> float:
-    """The key a DFS auction orders sibling blocks by, higher first.
-
-    ``dfs-auction``: average bid per request. ``dfs-auction-density``: bid per uncached token of
-    the block (Smith's rule); a block that needs no work costs the others nothing, so it goes
-    first whatever its bid. ``bsum`` is the block's sum of effective bids, in any unit.
-    """
-    if policy == "dfs-auction":
-        return bsum / n
-    return bsum / work if work > 0 else INF
 
 
 def _internal_nodes(root: Node) -> list[Node]:
@@ -99,9 +129,12 @@ def _close_block(x: Node, blocks: list, n: int, bsum: int, work: int, tie, densi
     x.sums = None
 
 
-def _plan_dfs_auction(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
-    """DFS order with sibling blocks by average bid or by bid density (see ``block_key``)."""
-    density = policy == "dfs-auction-density"
+def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
+    """DFS order with sibling blocks by the policy's ``BlockKey`` (average bid or bid density).
+
+    The key is written out inline, as ``-key`` in ``nk``, so that ascending sorts go first.
+    """
+    density = policy.block_key.per_work
     for x in reversed(_internal_nodes(tree.root)):
         blocks, n, bsum, work, tie = _auction_blocks(x, density, reserve, overhead)
         for c in x.children.values():
@@ -167,12 +200,12 @@ def _emit_dfs(root: Node, overhead: int) -> Plan:
     return order, cums
 
 
-def _plan_fcfs(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+def _plan_fcfs(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
     """First come, first served."""
     return sorted(tree.entries.values(), key=_by_tie), None
 
 
-def _plan_highest_bid(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+def _plan_highest_bid(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
     """Highest effective bid first, then arrival (SGLang's priority scheduling, priority = bid).
 
     The tree keeps its requests by bid; bids under the reserve count as 0 and join the zero
@@ -201,7 +234,7 @@ IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
 IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
 
 
-def _plan_lpm(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+def _plan_lpm(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
     """Longest cached prefix first, SGLang's lpm (without its fallback to fcfs on long queues).
 
     The queue is visited in arrival order for the in-batch check; the shared prefix with the
@@ -231,7 +264,7 @@ def _plan_lpm(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Pl
     return [e for _, e in keyed], None
 
 
-def _plan_dfs_weight(tree: RequestTree, policy: str, reserve: int, overhead: int) -> Plan:
+def _plan_dfs_weight(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
     """SGLang's dfs-weight: DFS over the tree of *cached* prefixes, heavier subtrees first.
 
     A request hangs at the end of its cached prefix (its anchor). At each point of that tree the
@@ -275,18 +308,39 @@ def _plan_dfs_weight(tree: RequestTree, policy: str, reserve: int, overhead: int
     return order, None
 
 
-PLANNERS: dict[str, Callable[[RequestTree, str, int, int], Plan]] = {
-    "fcfs": _plan_fcfs,
-    "lpm": _plan_lpm,
-    "dfs-weight": _plan_dfs_weight,
-    "highest-bid": _plan_highest_bid,
-    "dfs-auction": _plan_dfs_auction,
-    "dfs-auction-density": _plan_dfs_auction,
-}
+# The registry, in the order of DESIGN.md 4.2. dfs-weight walks the tree of cached prefixes, not
+# the request tree, so it is not ``dfs`` here.
+# fmt: off
+REGISTRY: tuple[Policy, ...] = (
+    #      name                   uses_bids  dfs    block_key    planner             charges
+    Policy("fcfs",                False,     False, None,        _plan_fcfs,         None),
+    Policy("lpm",                 False,     False, None,        _plan_lpm,          None),
+    Policy("dfs-weight",          False,     False, None,        _plan_dfs_weight,   None),
+    Policy("highest-bid",         True,      False, None,        _plan_highest_bid,  FlatCharges),
+    Policy("dfs-auction",         True,      True,  AVERAGE_BID, _plan_dfs_auction,  DfsCharges),
+    Policy("dfs-auction-density", True,      True,  BID_DENSITY, _plan_dfs_auction,  DfsCharges),
+)
+# fmt: on
+
+POLICY: dict[str, Policy] = {p.name: p for p in REGISTRY}
+POLICIES: tuple[str, ...] = tuple(POLICY)
+
+# Policies whose order depends on bids, and so charge for priority.
+BID_POLICIES = frozenset(p.name for p in REGISTRY if p.uses_bids)
+# Policies that order blocks of the full request tree by a bid key.
+DFS_AUCTIONS = frozenset(p.name for p in REGISTRY if p.dfs and p.block_key is not None)
 
 
 def policy_checked(policy: object) -> str:
     """Return the policy name, or raise ValueError naming it if it is unknown."""
-    if policy not in PLANNERS:
+    if not isinstance(policy, str) or policy not in POLICY:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-    return policy  # type: ignore[return-value]
+    return policy
+
+
+def block_key(policy: str, bsum: float, n: int, work: int) -> float:
+    """The key the DFS auction ``policy`` orders sibling blocks by, higher first (``BlockKey``)."""
+    key = POLICY[policy_checked(policy)].block_key
+    if key is None:
+        raise ValueError(f"policy {policy!r} does not order blocks by a key")
+    return key(bsum, n, work)

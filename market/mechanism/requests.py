@@ -10,11 +10,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
+from typing import TypeVar
 
 # Bids are compared in whole ticks of 1e-9 dollars per second, so that sums of bids, and the
 # differences the payments take of them, are exact: a tie is a tie however the sum was formed.
 BID_SCALE = 10**9
 MAX_BID = 1e6  # dollars per second; anything above is a mistake, not a bid
+
+# A bid in any of its representations: float dollars per second (the engines), whole ticks
+# (the planners), exact Decimal dollars per second (the ledger's side).
+Bid = TypeVar("Bid", int, float, Decimal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +79,10 @@ def bid_checked(bid: object, *, request_id: str) -> float:
 def to_ticks(amount: float) -> int:
     """Dollars per second as a whole number of bid ticks (rounded to the nearest)."""
     return round(amount * BID_SCALE)
+
+
+def effective_bid(bid: Bid, reserve: Bid, *, zero: Bid = 0.0) -> Bid:
+    """The bid that buys priority (DESIGN.md 4.4): ``bid`` itself when it is at least the reserve,
+    else nothing, returned as ``zero`` (0.0 for float bids; pass 0 for ticks, the ledger's zero
+    for Decimal amounts) so that each caller keeps its own representation exactly."""
+    return bid if bid >= reserve else zero

@@ -28,8 +28,6 @@ from scheduler_bridge.gateway.validation import (
 )
 
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
-DEFAULT_MAX_LINES = 10_000
-DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 MAX_CUSTOM_ID_CHARS = 512
 MAX_ERRORS_LISTED = 100
 _LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
@@ -37,12 +35,12 @@ _LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 
 def max_lines() -> int:
     """``BATCH_MAX_LINES``: the most lines a batch may have (default 10,000)."""
-    return int(getattr(settings, "BATCH_MAX_LINES", DEFAULT_MAX_LINES))
+    return settings.BATCH_MAX_LINES
 
 
 def max_bytes() -> int:
     """``BATCH_MAX_BYTES``: the largest input a batch may have, bytes (default 20 MiB)."""
-    return int(getattr(settings, "BATCH_MAX_BYTES", DEFAULT_MAX_BYTES))
+    return settings.BATCH_MAX_BYTES
 
 
 @dataclass(frozen=True)

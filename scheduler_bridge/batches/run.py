@@ -58,8 +58,6 @@ logger = logging.getLogger(__name__)
 REQUEST_NAMESPACE = uuid.UUID("5b0e7d1c-3f4a-4c2e-9a61-0d2f6b8e9c17")
 LOCK_CLASS = 0x62617463  # "batc": the advisory lock's first key; the batch's id is the second
 LOCK_WAIT_S = 10.0  # how long a run waits for the lock before leaving the batch to its holder
-DEFAULT_CONCURRENCY = 4  # requests of one batch in flight at a time
-DEFAULT_BUSY_RETRIES = 20
 MAX_BUSY_WAIT_S = 30.0
 # Test hook: while this file exists, items admitted after the first N (N read from the file)
 # wait before they are sent to the engine, so a test can kill the worker with requests open.
@@ -72,10 +70,6 @@ def item_request_id(*, batch_public_id: str, custom_id: str, attempt: int) -> st
     """The gateway request id of an item's ``attempt`` (1, 2, ...): the same on every run."""
     name = f"{batch_public_id}\n{attempt}\n{custom_id}"
     return "batch-" + uuid.uuid5(REQUEST_NAMESPACE, name).hex
-
-
-def _setting(name: str, default: int) -> int:
-    return int(getattr(settings, name, None) or default)
 
 
 @dataclass(frozen=True)
@@ -139,7 +133,7 @@ def _run_lock(batch_id: int) -> Iterator[bool]:
 
 async def _drive(batch: BatchJob) -> None:
     ids = await db_call(_open_item_ids, batch_id=batch.pk)
-    slots = asyncio.Semaphore(_setting("BATCH_CONCURRENCY", DEFAULT_CONCURRENCY))
+    slots = asyncio.Semaphore(settings.BATCH_CONCURRENCY)
 
     async def one(item_id: int) -> None:
         async with slots:
@@ -163,7 +157,7 @@ def _open_item_ids(*, batch_id: int) -> list[int]:
 
 async def _item_run(batch: BatchJob, item_id: int) -> None:
     claim = await db_call(item_claimed, batch=batch, item_id=item_id)
-    retries = _setting("BATCH_BUSY_RETRIES", DEFAULT_BUSY_RETRIES)
+    retries = settings.BATCH_BUSY_RETRIES
     while claim is not None:
         try:
             admitted = await db_call(

@@ -112,7 +112,7 @@ def batch_enqueue(*, batch_id: int) -> threading.Thread | None:
         )
         thread.start()
         return thread
-    queue = getattr(settings, "BATCH_QUEUE", None)
+    queue = settings.BATCH_QUEUE
     batch_run.apply_async(args=[batch_id], **({"queue": queue} if queue else {}))
     return None
 

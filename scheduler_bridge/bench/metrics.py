@@ -1,7 +1,8 @@
 """What a run measured, per policy: latency, cache, throughput, welfare and revenue.
 
-Units: seconds, dollars, tokens. Realized welfare (DESIGN.md 4.3) is  -sum(bid x TTFT): the
-dollars of waiting the requests' owners lost, so it is negative and closer to 0 is better.
+Units: seconds, dollars, tokens. ``welfare`` is the realized welfare
+(``market.mechanism.welfare.realized_welfare``, DESIGN.md 4.3), -sum(bid x TTFT): the dollars of
+waiting the requests' owners lost, so it is negative and closer to 0 is better.
 Percentiles interpolate linearly between the closest ranks (numpy's default).
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+
+from market.mechanism.welfare import realized_welfare
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class PolicyMetrics:
     mean_e2e_s: float
     cache_hit_rate: float
     throughput_tokens_per_s: float
-    welfare: float
+    welfare: float  # realized welfare, dollars (market.mechanism.welfare.realized_welfare)
     revenue: float
 
     def as_dict(self) -> dict[str, float]:
@@ -79,7 +82,7 @@ def summarize(
         mean_e2e_s=mean([s.e2e_s for s in served]),
         cache_hit_rate=cache_hit_rate,
         throughput_tokens_per_s=tokens / makespan_s if makespan_s > 0 else math.nan,
-        welfare=-sum(s.bid * s.ttft_s for s in served),
+        welfare=realized_welfare((s.bid, s.ttft_s) for s in served),
         revenue=sum(s.charge for s in served),
     )
 

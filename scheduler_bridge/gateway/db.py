@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import os
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,6 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from scheduler_bridge.gateway.errors import DatabaseBusy
 
 T = TypeVar("T")
-DEFAULT_THREADS = 2  # the work is Python under the GIL: more threads mostly contend
 BUSY_RETRY_AFTER_S = 1  # the Retry-After of a DatabaseBusy answer, seconds
 # SQLite's messages once its busy timeout is over; PostgreSQL's SQLSTATEs for a lock that was
 # not granted in time, a deadlock, and a serialization failure (each rolls the transaction back).
@@ -45,13 +43,11 @@ _background: set[asyncio.Task[Any]] = set()
 
 
 def threads_configured() -> int:
-    """``GATEWAY_DB_THREADS`` from the settings, else the environment, else the default; always
-    1 on SQLite, which takes one writer at a time (its in-memory test database refuses a second
-    with "table is locked" rather than waiting)."""
+    """The ``GATEWAY_DB_THREADS`` setting; always 1 on SQLite, which takes one writer at a time
+    (its in-memory test database refuses a second with "table is locked" rather than waiting)."""
     if connections["default"].vendor == "sqlite":
         return 1
-    value = getattr(settings, "GATEWAY_DB_THREADS", None) or os.environ.get("GATEWAY_DB_THREADS")
-    threads = int(value) if value else DEFAULT_THREADS
+    threads = settings.GATEWAY_DB_THREADS
     if threads < 1:
         raise ValueError(f"GATEWAY_DB_THREADS must be >= 1, got {threads}")
     return threads

@@ -18,11 +18,9 @@ from accounts.services.keys import api_key_well_formed
 from scheduler_bridge.gateway.errors import InvalidApiKey
 from scheduler_bridge.gateway.selectors import TtlCache
 
-DEFAULT_API_KEY_CACHE_S = 5.0
-
 
 def _api_key_ttl() -> float:
-    return float(getattr(settings, "GATEWAY_API_KEY_CACHE_S", DEFAULT_API_KEY_CACHE_S))
+    return settings.GATEWAY_API_KEY_CACHE_S
 
 
 _api_keys: TtlCache[str, ApiKey] = TtlCache(ttl_s=_api_key_ttl)

@@ -24,7 +24,6 @@ from market.models import Market
 
 K = TypeVar("K")
 V = TypeVar("V")
-DEFAULT_MARKET_CACHE_S = 2.0
 
 
 class TtlCache(Generic[K, V]):
@@ -68,7 +67,7 @@ class TtlCache(Generic[K, V]):
 
 
 def _market_ttl() -> float:
-    return float(getattr(settings, "GATEWAY_MARKET_CACHE_S", DEFAULT_MARKET_CACHE_S))
+    return settings.GATEWAY_MARKET_CACHE_S
 
 
 _markets: TtlCache[str, Market] = TtlCache(ttl_s=_market_ttl)

@@ -42,6 +42,7 @@ from accounts.services import (
     request_open,
 )
 from accounts.services.autobidder import autobid
+from market.mechanism.requests import effective_bid
 from market.models import Market
 from scheduler_bridge.engine_client import (
     EngineChunk,
@@ -127,13 +128,13 @@ def request_admit_for(
     reserve = market.reserve
     if params.bid is not None:
         bid, source = params.bid, BidSource.EXPLICIT
-        effective = bid if bid >= reserve else ZERO
+        effective = effective_bid(bid, reserve, zero=ZERO)
         priority_hold = effective * Decimal(repr(market.max_wait_s))
     else:
         auto = autobid(tenant=tenant, request_class=params.request_class)
         if auto is not None:
             bid, source = auto.bid, BidSource.AUTOBID
-            effective = bid if bid >= reserve else ZERO
+            effective = effective_bid(bid, reserve, zero=ZERO)
             priority_hold = auto.worst_case if effective > 0 else ZERO
         else:
             bid, source, effective, priority_hold = ZERO, BidSource.NONE, ZERO, ZERO

@@ -25,9 +25,10 @@ from typing import Any
 
 from market.mechanism import BID_POLICIES, DEFAULT_TOKENS_PER_SECOND
 
+from ..records import DEFAULT_STREAM
+
 # The policies the plugin adds to SGLang; the others are SGLang's and run as SGLang runs them.
 MARKET_POLICIES = tuple(sorted(BID_POLICIES))
-DEFAULT_STREAM = "inference-market:rounds"  # the simulated engine's stream, too
 
 ENV_POLICY = "MARKET_POLICY"
 ENV_CONFIG = "MARKET_PLUGIN_CONFIG"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from market.mechanism import Clearing, RequestTree
 from market.mechanism.book import subtree_book
+from market.mechanism.requests import effective_bid
 
 from ..records import SCHEMA, AdmittedRequest, RoundRecord, SubtreeSummary
 
@@ -92,7 +93,7 @@ class RoundRecorder:
                 {
                     "request_id": rid,
                     "bid": bid,
-                    "effective_bid": bid if bid >= reserve else 0.0,
+                    "effective_bid": effective_bid(bid, reserve),
                     "position": position[rid],
                     "planned_completion_s": clearing.completion_at(position[rid]),
                     "time_saved_s": clearing.time_saved(rid),

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 from market.mechanism import (
     DFS_AUCTIONS,
-    POLICIES,
     RequestTree,
     WaitingRequest,
     clear_tree,
 )
 from market.mechanism.book import block_of
+from market.mechanism.policies import policy_checked
+from market.mechanism.requests import effective_bid
 
 from ..records import AdmittedRequest, RoundRecord, SubtreeSummary
 from ..sglang_plugin.rounds import round_record, subtree_summaries, token_label
@@ -143,9 +144,7 @@ class Engine:
 
     def set_policy(self, policy: str) -> None:
         """Switch the ordering policy; it applies from the next round."""
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        self.policy = policy
+        self.policy = policy_checked(policy)
 
     def set_reserve(self, reserve: float) -> None:
         """Set the reserve price ($/s of waiting); it applies from the next round."""
@@ -343,7 +342,7 @@ class Engine:
             {
                 "request_id": r.id,
                 "bid": r.bid,
-                "effective_bid": r.bid if r.bid >= reserve else 0.0,
+                "effective_bid": effective_bid(r.bid, reserve),
                 "position": r.position,
                 "planned_completion_s": r.planned_completion_s,
                 "time_saved_s": r.time_saved_s,

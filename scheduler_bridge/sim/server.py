@@ -8,7 +8,8 @@
 Endpoints: ``POST /generate`` (protocol.py), ``GET /health``, ``GET /health_generate``,
 ``GET /get_model_info``, ``GET /get_server_info``, ``GET /metrics`` (metrics.py) and
 ``POST /admin/market`` (``{"policy": ..., "reserve": ...}``, from the next round; when an admin
-token is set, send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round records
+token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the market's
+push sends, send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round records
 go to an in-process callback list, a JSONL file and/or a Redis stream (sinks.py).
 """
 
@@ -22,12 +23,15 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from aiohttp import web
 
 from market.mechanism import MAX_BID, POLICIES, bid_checked
+from market.mechanism.policies import policy_checked
 
+from ..records import DEFAULT_STREAM
 from .config import EngineConfig
 from .engine import Engine
 from .metrics import CONTENT_TYPE, ServerMetrics
@@ -52,7 +56,7 @@ from .realtime import (
     QueueFull,
     Ticket,
 )
-from .sinks import DEFAULT_STREAM, CallbackSink, FanoutSink, JsonlSink, RedisStreamSink, Sink
+from .sinks import CallbackSink, FanoutSink, JsonlSink, RedisStreamSink, Sink
 from .tokenizer import NAME as TOKENIZER_NAME
 from .tokenizer import default_tokenizer
 
@@ -62,6 +66,10 @@ VERSION = "sim-0.1"
 MAX_BODY_BYTES = 64 * 2**20
 HEALTH_TIMEOUT_S = 20.0  # wall seconds /health_generate waits for a step
 RETRY_AFTER_S = 1  # the Retry-After of a 429, seconds
+# The admin token's variable: the same the market's push sends (config.settings). The old
+# SIM_ADMIN_TOKEN is still read, with a warning, when ENGINE_ADMIN_TOKEN is unset.
+ENV_ADMIN_TOKEN = "ENGINE_ADMIN_TOKEN"
+ENV_ADMIN_TOKEN_DEPRECATED = "SIM_ADMIN_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -319,8 +327,10 @@ class SimServer:
                 f"unknown field {unknown[0]!r}; give policy and/or reserve", unknown[0]
             )
         policy = body.get("policy", self.engine.policy)
-        if not isinstance(policy, str) or policy not in POLICIES:
-            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}", "policy")
+        try:
+            policy = policy_checked(policy)
+        except (TypeError, ValueError):  # TypeError: a JSON list or object (not hashable)
+            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}", "policy") from None
         reserve = body.get("reserve", self.engine.reserve)
         try:
             reserve = bid_checked(reserve, request_id="reserve")
@@ -353,7 +363,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     p.add_argument("--rounds-jsonl", default=None, metavar="PATH", help="also append records")
     p.add_argument("--speed", type=float, default=1.0, help="engine seconds per wall second")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE)
-    p.add_argument("--admin-token", default=os.environ.get("SIM_ADMIN_TOKEN") or None)
+    p.add_argument("--admin-token", default=None, help=f"default: ${ENV_ADMIN_TOKEN}")
     p.add_argument("--engine-id", default=None)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
@@ -366,8 +376,28 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     if a.max_queue < 1:
         p.error("--max-queue must be >= 1")
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    if a.admin_token is None:
+        a.admin_token = admin_token_from_env(os.environ)
     fields = {k: v for k, v in vars(a).items() if k != "log_level"}
     return ServerOptions(**{**fields, "settings": tuple(a.settings)})
+
+
+def admin_token_from_env(environ: Mapping[str, str]) -> str | None:
+    """``ENGINE_ADMIN_TOKEN``, else the deprecated ``SIM_ADMIN_TOKEN`` (with a warning), else
+    None (no token: ``/admin/market`` is open). Blank counts as unset; values are stripped, as
+    ``config.settings`` strips the token it sends."""
+    token = environ.get(ENV_ADMIN_TOKEN, "").strip()
+    if token:
+        return token
+    token = environ.get(ENV_ADMIN_TOKEN_DEPRECATED, "").strip()
+    if token:
+        log.warning(
+            "%s is deprecated: set %s (the token the market sends) instead",
+            ENV_ADMIN_TOKEN_DEPRECATED,
+            ENV_ADMIN_TOKEN,
+        )
+        return token
+    return None
 
 
 async def serve(options: ServerOptions) -> None:

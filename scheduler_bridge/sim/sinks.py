@@ -22,11 +22,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from ..records import RoundRecord, round_record_dumps
+from ..records import DEFAULT_STREAM, RoundRecord, round_record_dumps
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STREAM = "inference-market:rounds"
 STREAM_MAXLEN = 100_000  # approximate (MAXLEN ~): Redis trims whole macro-nodes
 QUEUE_SIZE = 10_000  # records waiting for Redis before new ones are dropped
 TIMEOUT_S = 0.5  # connect and command timeout, wall seconds

@@ -5,8 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from market.mechanism import WaitingRequest
-
-from .reference import Req
+from market.mechanism.reference import Req
 
 # Bids on a grid of quarters: sums and quotients are exact in floating point, so the mechanism
 # and the reference agree on ties exactly.

@@ -1,12 +1,12 @@
-"""The mechanism against the brute-force references of reference.py."""
+"""The mechanism against its brute-force reference, ``market.mechanism.reference``."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from market.mechanism import POLICIES, clear
+from market.mechanism import reference as ref
 
-from . import reference as ref
 from .strategies import queues, to_mechanism
 
 DFS_POLICIES = ("dfs-weight", "dfs-auction", "dfs-auction-density")

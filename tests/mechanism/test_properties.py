@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from market.mechanism import BID_POLICIES, POLICIES, WaitingRequest, clear
+from market.mechanism import reference as ref
 
-from . import reference as ref
 from .strategies import BIDS, queues, to_mechanism
 
 AUCTIONS = sorted(BID_POLICIES)

@@ -1,8 +1,15 @@
-"""Brute-force references for the mechanism tests, written independently of market.mechanism.
+"""The mechanism of DESIGN.md section 4, written plainly: a reference to read and to test against.
 
-Nothing here shares code with the mechanism: the trie is uncompressed (one level per token), work
-is counted by hashing every prefix, DFS orders are enumerated outright, and payments come from
-re-clearing the reference auction on a grid of bids.
+This is the auction as a specification: the work model (4.1), the orders of fcfs, highest-bid
+and the two DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4),
+each in a few lines, by brute force. It is slow on purpose (exponential in places) and meant for
+queues of a handful of requests; the rest of ``market.mechanism`` computes the same things fast,
+and ``tests/mechanism`` checks that the two agree.
+
+Nothing here shares code with the rest of the package, so that a mistake there is not repeated
+here: the trie is uncompressed (one level per token), work is counted by hashing every prefix,
+DFS orders are enumerated outright, and payments come from re-clearing the reference auction on a
+grid of bids. Bids are floats in dollars per second, times are seconds, work is tokens.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Req:
+    """A waiting request (``market.mechanism.WaitingRequest`` without its checks)."""
+
     id: str
     tokens: tuple[int, ...]
     bid: float
@@ -50,10 +59,12 @@ def completions(reqs: list[Req], order: list[str], overhead: int, tps: float) ->
 
 
 def eff(bid: float, reserve: float) -> float:
+    """The effective bid: a bid under the reserve counts as 0 (DESIGN.md 4.4)."""
     return bid if bid >= reserve else 0.0
 
 
 def welfare(reqs, comp, reserve) -> float:
+    """Planned welfare (DESIGN.md 4.3): -sum(effective bid x planned completion), dollars."""
     return -sum(eff(r.bid, reserve) * comp[r.id] for r in reqs)
 
 
@@ -147,14 +158,17 @@ def dfs_auction_order(reqs: list[Req], density: bool, reserve: float, overhead: 
 
 
 def highest_bid_order(reqs: list[Req], reserve: float) -> list[str]:
+    """highest-bid: effective bid descending, then arrival, then id."""
     return [r.id for r in sorted(reqs, key=lambda r: (-eff(r.bid, reserve), r.arrival, r.id))]
 
 
 def fcfs_order(reqs: list[Req]) -> list[str]:
+    """fcfs: arrival, then id."""
     return [r.id for r in sorted(reqs, key=lambda r: (r.arrival, r.id))]
 
 
 def reference_order(reqs, policy: str, reserve: float, overhead: int) -> list[str]:
+    """The order of ``policy``, for the policies written out here (not lpm nor dfs-weight)."""
     if policy == "dfs-auction":
         return dfs_auction_order(reqs, False, reserve, overhead)
     if policy == "dfs-auction-density":
@@ -167,6 +181,7 @@ def reference_order(reqs, policy: str, reserve: float, overhead: int) -> list[st
 
 
 def with_bid(reqs: list[Req], rid: str, bid: float) -> list[Req]:
+    """The same queue with request ``rid`` bidding ``bid``, the others unchanged."""
     return [Req(r.id, r.tokens, bid, r.arrival, r.cached_len) if r.id == rid else r for r in reqs]
 
 

@@ -1,0 +1,93 @@
+"""The policy registry and the welfare definitions: one place says what each policy is."""
+
+import pytest
+
+from market.mechanism import (
+    BID_POLICIES,
+    DFS_AUCTIONS,
+    POLICIES,
+    POLICY,
+    WaitingRequest,
+    block_key,
+    clear,
+    planned_welfare,
+    policy_checked,
+    realized_welfare,
+)
+from market.mechanism.policies import AVERAGE_BID, BID_DENSITY, REGISTRY
+
+
+def test_the_registry_names_the_six_policies_of_the_design_in_order() -> None:
+    assert POLICIES == (
+        "fcfs",
+        "lpm",
+        "dfs-weight",
+        "highest-bid",
+        "dfs-auction",
+        "dfs-auction-density",
+    )
+    assert [p.name for p in REGISTRY] == list(POLICIES)
+    assert all(POLICY[p.name] is p and str(p) == p.name for p in REGISTRY)
+
+
+def test_the_sets_the_engines_use_are_read_off_the_registry() -> None:
+    assert BID_POLICIES == {"highest-bid", "dfs-auction", "dfs-auction-density"}
+    assert DFS_AUCTIONS == {"dfs-auction", "dfs-auction-density"}
+    for p in REGISTRY:
+        # A policy charges for priority exactly when its order uses bids.
+        assert (p.charges is not None) == p.uses_bids, p.name
+        assert (p.block_key is not None) == (p.name in DFS_AUCTIONS), p.name
+    assert POLICY["dfs-auction"].block_key is AVERAGE_BID
+    assert POLICY["dfs-auction-density"].block_key is BID_DENSITY
+
+
+def test_block_keys() -> None:
+    assert block_key("dfs-auction", 6.0, 3, 100) == 2.0
+    assert block_key("dfs-auction-density", 6.0, 3, 100) == 0.06
+    assert block_key("dfs-auction-density", 6.0, 3, 0) == float("inf")
+    with pytest.raises(ValueError, match="does not order blocks"):
+        block_key("fcfs", 6.0, 3, 100)
+
+
+@pytest.mark.parametrize("bad", ["FCFS", "", "dfs_auction", None, 3, ["fcfs"]])
+def test_policy_checked_refuses_what_is_not_a_policy_name(bad) -> None:
+    with pytest.raises(ValueError, match="unknown policy"):
+        policy_checked(bad)
+    with pytest.raises(ValueError, match="unknown policy"):
+        clear([], bad)
+
+
+def test_the_two_welfares() -> None:
+    assert planned_welfare([(2.0, 3.0), (0.0, 9.0), (1.0, 0.5)]) == -6.5
+    assert realized_welfare([(2.0, 0.25), (4.0, 1.0)]) == -4.5
+    assert planned_welfare([]) == 0 and realized_welfare([]) == 0
+
+
+def test_a_clearings_welfare_is_its_planned_welfare() -> None:
+    reqs = [
+        WaitingRequest("a", [1, 2, 3], 2.0, 0.0),
+        WaitingRequest("b", [1, 2, 4], 0.5, 1.0),
+        WaitingRequest("c", [5, 6], 4.0, 2.0),
+    ]
+    for policy in POLICIES:
+        c = clear(reqs, policy, reserve=1.0, tokens_per_second=1.0)
+        effective = {r.id: (r.bid if r.bid >= 1.0 else 0.0) for r in reqs}
+        expected = planned_welfare((effective[rid], t) for rid, t in c.completion.items())
+        assert c.planned_welfare == pytest.approx(expected)
+        assert c.welfare == c.planned_welfare
+
+
+@pytest.mark.parametrize("policy", sorted(DFS_AUCTIONS))
+@pytest.mark.parametrize("overhead", [0, 2])
+def test_the_planners_order_blocks_by_the_registrys_block_key(policy, overhead) -> None:
+    from market.mechanism import RequestTree, clear_tree
+    from market.mechanism.bench import make_queue
+
+    tree = RequestTree(make_queue(200, 8, seed=3))
+    clear_tree(tree, policy, reserve=0.05, overhead_tokens=overhead)
+    key = POLICY[policy].block_key
+    for x in tree.nodes()[1:]:
+        assert -x.nk == key(x.bsum, x.n, x.work)
+        if x.only is None:  # a leaf holding one request is its request's block
+            for e in x.reqs.values():
+                assert -e.nk == key(e.bsum, 1, e.work)

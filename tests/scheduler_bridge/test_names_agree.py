@@ -1,0 +1,98 @@
+"""Names the engines, the market and settlement must agree on, each defined once.
+
+One list of policy names (``market.mechanism.POLICIES``) and one check of a name
+(``market.mechanism.policies.policy_checked``): the market's model and service, the simulated
+engine (its class, its command line and its control path) and the SGLang plugin's config accept
+exactly the same names. (That SGLang itself runs the names the plugin leaves to it is checked in
+``tests/sglang_plugin/test_policy_names.py``.) One default rounds stream
+(``scheduler_bridge.records.DEFAULT_STREAM``) that both engines write and settlement reads."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+
+import pytest
+
+from market.mechanism import BID_POLICIES, POLICIES
+from market.models import Market
+from market.services import market_policy_set
+from scheduler_bridge.records import DEFAULT_STREAM
+from scheduler_bridge.rounds import StreamConsumer
+from scheduler_bridge.sglang_plugin.config import MARKET_POLICIES, PluginConfig
+from scheduler_bridge.sim.engine import Engine
+from scheduler_bridge.sim.protocol import BadRequest
+from scheduler_bridge.sim.server import ServerOptions, SimServer, parse_args
+from scheduler_bridge.sim.sinks import RedisStreamSink
+from tests.accounts.factories import market_create
+
+UNKNOWN = ("cheapest-first", "FCFS", "", "dfs_auction")
+
+
+def test_the_market_model_offers_the_mechanisms_policies() -> None:
+    field = Market._meta.get_field("policy")
+    assert [value for value, _ in field.choices] == list(POLICIES)
+    assert field.default in POLICIES
+
+
+@pytest.mark.django_db
+def test_the_market_service_accepts_exactly_the_mechanisms_policies() -> None:
+    market = market_create()
+    for policy in POLICIES:
+        market_policy_set(market=market, policy=policy, user=None)
+        market.refresh_from_db()
+        assert market.policy == policy
+    for policy in UNKNOWN:
+        with pytest.raises(ValueError, match="unknown policy"):
+            market_policy_set(market=market, policy=policy, user=None)
+
+
+def test_the_simulated_engine_accepts_exactly_the_mechanisms_policies() -> None:
+    engine = Engine()
+    for policy in POLICIES:
+        engine.set_policy(policy)
+        assert engine.policy == policy
+        assert Engine(policy=policy).policy == policy
+        assert parse_args(["--policy", policy]).policy == policy
+    for policy in UNKNOWN:
+        with pytest.raises(ValueError, match="unknown policy"):
+            engine.set_policy(policy)
+        with pytest.raises(SystemExit):
+            parse_args(["--policy", policy])
+
+
+@pytest.mark.parametrize("policy", [*UNKNOWN, 3, None, ["fcfs"], {"fcfs": 1}])
+def test_the_simulated_engines_control_path_refuses_other_names(policy: object) -> None:
+    server = SimServer(ServerOptions(port=0))
+
+    class Posted:
+        headers: dict[str, str] = {}
+
+        async def read(self) -> bytes:
+            return json.dumps({"policy": policy}).encode()
+
+    with pytest.raises(BadRequest, match="policy must be one of"):
+        asyncio.run(server.admin_market(Posted()))
+    assert server.engine.policy == "dfs-auction-density"
+
+
+def test_the_plugin_runs_the_bid_policies_and_leaves_the_others_to_sglang() -> None:
+    assert set(MARKET_POLICIES) == BID_POLICIES <= set(POLICIES)
+    for policy in POLICIES:
+        config = PluginConfig(policy=policy)
+        assert config.market_policy == (policy in BID_POLICIES)
+
+
+def test_one_default_rounds_stream(run_manage) -> None:
+    assert DEFAULT_STREAM == "inference-market:rounds"
+    assert PluginConfig().rounds_stream == DEFAULT_STREAM
+    assert ServerOptions().rounds_stream == DEFAULT_STREAM
+    assert parse_args([]).rounds_stream == DEFAULT_STREAM
+    stream = inspect.signature(RedisStreamSink).parameters["stream"]
+    assert stream.default == DEFAULT_STREAM
+    assert StreamConsumer.__dataclass_fields__["stream"].default == DEFAULT_STREAM
+    show = "from django.conf import settings; print(settings.ROUNDS_STREAM)"
+    unset = run_manage("shell", "--no-imports", "-c", show, env={"ROUNDS_STREAM": ""})
+    assert unset.returncode == 0, unset.stderr
+    assert unset.stdout.split() == [DEFAULT_STREAM]

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from accounts.money import ZERO
+from accounts.money import ZERO, money_str
 
 PRIORITY_CAP = "priority_cap"  # the priority part of the request's hold
 BUDGET = "budget"  # a tenant's or key's budget
@@ -82,9 +82,9 @@ def capped_detail(detail: dict, *, allowed: Allowed, asked: Decimal) -> dict:
         return detail
     return {
         **detail,
-        "capped_at": str(allowed.amount),
+        "capped_at": money_str(allowed.amount),
         "capped_by": allowed.capped_by,
-        "uncapped": str(asked),
+        "uncapped": money_str(asked),
     }
 
 

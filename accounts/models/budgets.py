@@ -15,7 +15,7 @@ from django.db.models import Q
 
 from accounts.models.keys import ApiKey
 from accounts.models.tenants import Tenant
-from accounts.money import ZERO, MoneyField
+from accounts.money import ZERO, MoneyField, money_str
 from accounts.windows import EPOCH, window_for
 
 
@@ -66,7 +66,7 @@ class Budget(models.Model):
 
     def __str__(self) -> str:
         owner = f"key {self.api_key.name}" if self.api_key_id else "tenant"
-        return f"{self.tenant} {owner}: ${self.limit} per {self.period}"
+        return f"{self.tenant} {owner}: ${money_str(self.limit)} per {self.period}"
 
 
 class HoldState(models.TextChoices):
@@ -107,7 +107,10 @@ class Hold(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"hold {self.request_id}: ${self.remaining} of ${self.amount} ({self.state})"
+        return (
+            f"hold {self.request_id}: ${money_str(self.remaining)} of ${money_str(self.amount)} "
+            f"({self.state})"
+        )
 
 
 WINDOWED_PERIODS = ("day", "week", "month")  # the periods whose windows end ("none" never does)
@@ -165,7 +168,10 @@ class BudgetCounter(models.Model):
 
     def __str__(self) -> str:
         owner = f"key {self.api_key_id}" if self.api_key_id else "tenant"
-        return f"{self.tenant_id} {owner}: ${self.spent_total} spent, ${self.held} held"
+        return (
+            f"{self.tenant_id} {owner}: ${money_str(self.spent_total)} spent, "
+            f"${money_str(self.held)} held"
+        )
 
     def spent_in(self, *, period: str, window_start: datetime) -> Decimal | None:
         """Dollars charged in the ``period`` window that starts at ``window_start``; None when

@@ -5,7 +5,7 @@ from django.db.models import Q
 
 from accounts.models.ledger import Request
 from accounts.models.tenants import Tenant
-from accounts.money import MoneyField
+from accounts.money import MoneyField, money_str
 
 
 class Invoice(models.Model):
@@ -60,4 +60,4 @@ class InvoiceLine(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.request.request_id}: ${self.total}"
+        return f"{self.request.request_id}: ${money_str(self.total)}"

@@ -11,7 +11,7 @@ from django.db.models import Q
 
 from accounts.models.keys import ApiKey
 from accounts.models.tenants import Tenant
-from accounts.money import MoneyField
+from accounts.money import MoneyField, money_str
 
 
 class RequestStatus(models.TextChoices):
@@ -110,4 +110,4 @@ class LedgerEntry(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.kind} ${self.amount} for {self.request_id}"
+        return f"{self.kind} ${money_str(self.amount)} for {self.request_id}"

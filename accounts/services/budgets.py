@@ -32,7 +32,7 @@ from accounts.models import (
     Tenant,
 )
 from accounts.models.budgets import WINDOWED_PERIODS
-from accounts.money import ZERO, money, money_exact
+from accounts.money import ZERO, money, money_exact, money_str
 from accounts.selectors.budgets import BudgetStatus, budget_status_of, budget_usage_counted
 from accounts.services import fastpath
 from accounts.windows import window_for
@@ -54,8 +54,9 @@ class BudgetExhausted(Exception):
             else f"resets in {status.seconds_until_reset:.0f} s ({status.resets_at.isoformat()})"
         )
         super().__init__(
-            f"{status.scope} budget exhausted: ${amount} needed, ${status.remaining} left of "
-            f"${status.limit} per {status.period}; {when}"
+            f"{status.scope} budget exhausted: ${money_str(amount)} needed, "
+            f"${money_str(status.remaining)} left of ${money_str(status.limit)} per "
+            f"{status.period}; {when}"
         )
 
 

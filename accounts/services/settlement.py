@@ -35,7 +35,7 @@ from accounts.models import (
     RequestStatus,
     Tenant,
 )
-from accounts.money import ZERO, money, per_million
+from accounts.money import ZERO, money, money_str, per_million
 from accounts.services import fastpath
 from accounts.services.budgets import (
     budget_counters_ensure,
@@ -318,7 +318,7 @@ def _charge_reference(
         if not completes and request.status == RequestStatus.QUEUED:
             if request.priority_pending is not None:
                 return DUPLICATE
-            pending = {"amount": str(amount), "round_id": round_id, "detail": detail}
+            pending = {"amount": money_str(amount), "round_id": round_id, "detail": detail}
             request.priority_pending = pending
             request.admitted_at = request.admitted_at or now
             request.save(update_fields=["priority_pending", "admitted_at"])

@@ -341,3 +341,12 @@ def test_budget_set_validates(tenant) -> None:
         budget_set(tenant=tenant, limit="1", api_key=other_key)
     with pytest.raises(ValueError):
         budget_set(tenant=tenant, limit="0.0000000001")
+
+
+def test_the_402_message_prints_amounts_in_fixed_notation(tenant) -> None:
+    budget_set(tenant=tenant, limit="0", period=Period.DAY)
+    with pytest.raises(BudgetExhausted) as refused:
+        hold(tenant, D("0.000000001"), "r1")
+    message = str(refused.value)
+    assert "$0.000000001 needed, $0.000000000 left of $0.000000000 per day" in message
+    assert "E-" not in message

@@ -233,6 +233,8 @@ def test_concurrent_autobid_requests_never_overspend_the_autobidders_budget(stat
     assert sum(amount for amount, _ in charges) == D("0.01")
     cut = [d for a, d in charges if a < D("0.008")]
     assert {d["capped_by"] for d in cut} == {"autobidder_budget"}
+    # Exact amounts in fixed notation, whichever implementation wrote them (never "0E-9").
+    assert {d["capped_at"] for d in cut} == {"0.002000000", "0.000000000"}
     tenant.autobidder.refresh_from_db()
     assert tenant.autobidder.spent_in_window == D("0.01")
     # And the autobidder now bids nothing: its budget is spent.

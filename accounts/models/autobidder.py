@@ -69,6 +69,11 @@ class Autobidder(models.Model):
         start = window_for(period=self.period, now=now).start
         return ZERO if self.spent_start < start else self.spent_in_window
 
+    def budget_left(self, *, now: datetime) -> Decimal:
+        """Dollars its budget has left in its window at ``now`` (negative if a limit was
+        lowered below what was spent)."""
+        return self.budget - self.window_spent(now=now)
+
     def charge_counted(self, *, amount: Decimal, at: datetime) -> None:
         """Count a priority charge of ``amount`` dollars made at ``at`` (BudgetCounter's rule:
         a newer window starts its sum at this amount, an older one is left alone); the caller

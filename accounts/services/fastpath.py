@@ -359,16 +359,7 @@ counted AS (
                            WHEN c.month_start < %(month)s THEN e.amount ELSE c.month_spent END,
         month_start = GREATEST(c.month_start, %(month)s)
     FROM counter, entry e WHERE c.id = counter.id
-),
-autobid_counted AS (
-    UPDATE accounts_autobidder a SET
-        spent_in_window = CASE WHEN a.spent_start = {_AUTOBID_WINDOW}
-                                   THEN a.spent_in_window + e.amount
-                               WHEN a.spent_start < {_AUTOBID_WINDOW} THEN e.amount
-                               ELSE a.spent_in_window END,
-        spent_start = GREATEST(a.spent_start, {_AUTOBID_WINDOW})
-    FROM autobidder, entry e WHERE a.id = autobidder.id
-)
+){{autobid_counted}}
 SELECT q.status, q.counted, (SELECT id FROM entry), q.tenant_id, q.api_key_id, q.market_id,
        q.priced, (SELECT amount FROM entry), (SELECT capped_by FROM capped WHERE EXISTS
        (SELECT FROM entry)), {{pending_out}}
@@ -400,6 +391,17 @@ pending_stored AS (
     RETURNING 1
 )""",
     "pending_out": "(SELECT count(*) FROM pending_stored) > 0, NULL::jsonb",
+    "autobid_counted": f""",
+
+autobid_counted AS (
+    UPDATE accounts_autobidder a SET
+        spent_in_window = CASE WHEN a.spent_start = {_AUTOBID_WINDOW}
+                                   THEN a.spent_in_window + e.amount
+                               WHEN a.spent_start < {_AUTOBID_WINDOW} THEN e.amount
+                               ELSE a.spent_in_window END,
+        spent_start = GREATEST(a.spent_start, {_AUTOBID_WINDOW})
+    FROM autobidder, entry e WHERE a.id = autobidder.id
+)""",
 }
 _TOKENS = {
     "writes_when": "TRUE",
@@ -416,6 +418,7 @@ _TOKENS = {
     "pending_stored": "",
     # The priority charge left pending, for the caller to write next.
     "pending_out": "FALSE, CASE WHEN EXISTS (SELECT FROM entry) THEN q.priority_pending END",
+    "autobid_counted": "",
 }
 _MARKET_JOIN = "JOIN market_market m ON m.id = r.market_id AND m.slug = %(market_slug)s"
 # A token charge computed by the caller from prices it read earlier is written only if they are

@@ -323,22 +323,22 @@ def _charge_reference(
             request.admitted_at = request.admitted_at or now
             request.save(update_fields=["priority_pending", "admitted_at"])
             return PENDING
-        hold = Hold.objects.select_for_update().filter(request_id=request_id, state=HoldState.OPEN)
-        hold = hold.first()
+        open_hold = Hold.objects.select_for_update().filter(
+            request_id=request_id, state=HoldState.OPEN
+        )
+        hold = open_hold.first()
         counters = budget_counters_locked(**scope)
         autobidder = None
         if not completes and request.bid_source == BidSource.AUTOBID:
-            autobidder = Autobidder.objects.select_for_update().filter(tenant_id=scope["tenant_id"])
-            autobidder = autobidder.first()
+            locked = Autobidder.objects.select_for_update()
+            autobidder = locked.filter(tenant_id=scope["tenant_id"]).first()
         remaining = hold.remaining if hold is not None else ZERO
         allowed = charge_allowed(
             asked=amount,
             priority_cap=None if completes else request.priority_cap,
             hold_remaining=remaining,
             budget_room=budget_room(**scope, counters=counters, now=now),
-            autobidder_room=(
-                None if autobidder is None else autobidder.budget - autobidder.window_spent(now=now)
-            ),
+            autobidder_room=None if autobidder is None else autobidder.budget_left(now=now),
         )
         entry = LedgerEntry.objects.create(
             request_id=request_id,

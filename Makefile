@@ -15,11 +15,11 @@ PORT ?= 8000
 # GPU dependencies), torch and the project.
 SGLANG_VENV := .venv-sglang
 SGLANG_PY := $(SGLANG_VENV)/bin/python
-SGLANG_REQUIREMENTS := scheduler_bridge/sglang_plugin/requirements-cpu.txt
+SGLANG_REQUIREMENTS := engines/sglang_plugin/requirements-cpu.txt
 # Holds the sha256 of pyproject.toml and the requirements the venv was installed from.
 SGLANG_STAMP := $(SGLANG_VENV)/.installed-inputs
 
-.PHONY: run test test-main test-sglang venv venv-sglang lint format
+.PHONY: run test test-main test-sglang venv venv-sglang lint imports format
 
 ## venv: create .venv if missing; (re)install the project when pyproject.toml changed
 venv:
@@ -47,7 +47,7 @@ test: test-main test-sglang
 
 ## test-main: everything but the SGLang plugin's tests, in .venv
 test-main: venv
-	@"$(VENV)/bin/pytest" --ignore=tests/sglang_plugin $(PYTEST_ARGS)
+	@"$(VENV)/bin/pytest" --ignore=tests/engines/sglang_plugin $(PYTEST_ARGS)
 
 ## venv-sglang: create .venv-sglang if missing; (re)install when its inputs changed. The first
 ## install copies torch (several GB) from pip's sources and takes minutes.
@@ -68,11 +68,15 @@ venv-sglang:
 ## test-sglang: the SGLang plugin against SGLang's real scheduler classes, on the CPU
 test-sglang: venv-sglang
 	@echo "==> SGLang plugin stage ($(SGLANG_VENV))"
-	@"$(SGLANG_VENV)/bin/pytest" tests/sglang_plugin $(SGLANG_PYTEST_ARGS)
+	@"$(SGLANG_VENV)/bin/pytest" tests/engines/sglang_plugin $(SGLANG_PYTEST_ARGS)
 
-lint: venv
+lint: venv imports
 	@"$(VENV)/bin/ruff" check .
 	@"$(VENV)/bin/ruff" format --check .
+
+## imports: the one-way import graph (contracts in .importlinter; README, "Layout")
+imports: venv
+	@"$(VENV)/bin/lint-imports"
 
 format: venv
 	@"$(VENV)/bin/ruff" check --fix .

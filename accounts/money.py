@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation, localcontext
+from typing import Protocol
 
 from django.db import models
 
@@ -113,3 +115,23 @@ def money_str(amount: Decimal) -> str:
 def MoneyField(**kwargs: object) -> models.DecimalField:  # noqa: N802 (reads like a field class)
     """A money column: ``DecimalField(max_digits=20, decimal_places=9)``, dollars."""
     return models.DecimalField(max_digits=MONEY_DIGITS, decimal_places=MONEY_PLACES, **kwargs)
+
+
+class PostedPrices(Protocol):
+    """A market's posted token prices, dollars per million tokens, as settlement reads them
+    (``market.models.Market`` is one; accounts does not import it)."""
+
+    pk: int | None
+    price_input_per_mtok: Decimal
+    price_cached_input_per_mtok: Decimal
+    price_output_per_mtok: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """Posted prices read without the market's row (the PostgreSQL fast path's one query)."""
+
+    price_input_per_mtok: Decimal
+    price_cached_input_per_mtok: Decimal
+    price_output_per_mtok: Decimal
+    pk: int | None = None

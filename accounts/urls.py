@@ -2,28 +2,12 @@
 
 from django.urls import path
 
-from accounts import api, batch_views, dashboard_views, views
+from accounts import api, views
 
 app_name = "accounts"
 
 urlpatterns = [
     path("tenants/<slug:slug>/", views.tenant_home, name="tenant_home"),
-    path(
-        "tenants/<slug:slug>/dashboard/",
-        dashboard_views.tenant_dashboard,
-        name="tenant_dashboard",
-    ),
-    path("tenants/<slug:slug>/batches/", batch_views.batch_upload, name="batch_upload"),
-    path(
-        "tenants/<slug:slug>/batches/<str:public_id>/output/",
-        batch_views.batch_output,
-        name="batch_output",
-    ),
-    path(
-        "tenants/<slug:slug>/batches/<str:public_id>/errors/",
-        batch_views.batch_errors,
-        name="batch_errors",
-    ),
     path("tenants/<slug:slug>/keys/", views.api_key_list, name="api_keys"),
     path(
         "tenants/<slug:slug>/keys/<int:key_id>/revoke/",

@@ -26,7 +26,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from market.routing import websocket_urlpatterns as market_websockets  # noqa: E402
-from scheduler_bridge.gateway.asgi import with_gateway  # noqa: E402
+from openai_api.gateway.asgi import with_gateway  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 # The OpenAI-compatible API (/v1/..., /metrics) skips the site's middleware (sessions, CSRF, ...).

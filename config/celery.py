@@ -12,4 +12,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
+app.autodiscover_tasks()  # each app's ``tasks`` module
+# Tasks that live in an app's subpackage: the batch API's (openai_api.batches.tasks).
+app.autodiscover_tasks(["openai_api.batches"])

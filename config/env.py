@@ -16,13 +16,13 @@ Variables:
 - ``ALLOWED_HOSTS``: comma-separated host names.
 - ``SERVE_STATIC``: whether the ASGI app serves ``/static/`` itself. Unset: on.
 - ``ENGINE_CONNECT_TIMEOUT_S``, ``ENGINE_READ_TIMEOUT_S``, ``ENGINE_ANSWER_TIMEOUT_S``: the
-  engine client's waits (``scheduler_bridge.engine_client``); ``LIVE_ACCESS_RECHECK_S``: how
+  engine client's waits (``scheduler_bridge.client``); ``LIVE_ACCESS_RECHECK_S``: how
   often an open websocket re-checks its user's access (``market.consumers``). Seconds > 0
   (:func:`env_seconds`); defaults in ``config.settings``.
 - ``GATEWAY_API_KEY_CACHE_S``, ``GATEWAY_MARKET_CACHE_S`` (seconds >= 0, 0: no caching),
-  ``GATEWAY_DB_THREADS``: the gateway's caches and database threads (``scheduler_bridge.gateway``);
+  ``GATEWAY_DB_THREADS``: the gateway's caches and database threads (``openai_api.gateway``);
   ``BATCH_QUEUE``, ``BATCH_CONCURRENCY``, ``BATCH_BUSY_RETRIES``, ``BATCH_MAX_LINES``,
-  ``BATCH_MAX_BYTES``: batch jobs (``scheduler_bridge.batches``). Whole numbers through
+  ``BATCH_MAX_BYTES``: batch jobs (``openai_api.batches``). Whole numbers through
   :func:`env_int`; defaults in ``config.settings``.
 - ``ROUNDS_STREAM``, ``ENGINE_ADMIN_TOKEN`` (:func:`env_text`), ``AUTOBID_INTERVAL_S``,
   ``PRIORITY_SETTLE_GRACE_S``, ``STALE_REQUEST_S``: settlement, the console's push to engines and

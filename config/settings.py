@@ -11,7 +11,7 @@ from pathlib import Path
 from celery.schedules import crontab
 
 from config import env
-from scheduler_bridge.records import DEFAULT_STREAM
+from scheduler_bridge.contract.records import DEFAULT_STREAM
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "accounts",
     "market",
     "scheduler_bridge",
+    "openai_api",
 ]
 
 MIDDLEWARE = [
@@ -82,7 +83,7 @@ globals().update(env.celery_settings(ENV.redis))
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 
 # Periodic work, run by `celery -A config beat` (and a worker: `celery -A config worker`).
-# Round records: the Redis stream the engines write (scheduler_bridge.rounds).
+# Round records: the Redis stream the engines write (scheduler_bridge.settlement.stream).
 ROUNDS_STREAM = env.env_text(os.environ, "ROUNDS_STREAM") or DEFAULT_STREAM
 # Seconds between two pacing steps of each autobidder (accounts.services.autobidder).
 AUTOBID_INTERVAL_S = env.env_seconds(os.environ, "AUTOBID_INTERVAL_S", default=10.0)
@@ -91,9 +92,9 @@ AUTOBID_INTERVAL_S = env.env_seconds(os.environ, "AUTOBID_INTERVAL_S", default=1
 # released; a request still queued this long after it was opened (its gateway is gone) fails.
 PRIORITY_SETTLE_GRACE_S = env.env_seconds(os.environ, "PRIORITY_SETTLE_GRACE_S", default=600.0)
 STALE_REQUEST_S = env.env_seconds(os.environ, "STALE_REQUEST_S", default=3600.0)
-# Sent as `Authorization: Bearer ...` to engines' /admin/market (scheduler_bridge.engine_config).
+# Sent as `Authorization: Bearer ...` to engines' /admin/market (market.engine_control).
 ENGINE_ADMIN_TOKEN = env.env_text(os.environ, "ENGINE_ADMIN_TOKEN")
-# The engine client's waits, seconds (scheduler_bridge.engine_client explains them): connecting;
+# The engine client's waits, seconds (scheduler_bridge.client explains them): connecting;
 # silence (mid-answer: a failure; before the answer begins: then the engine's health is checked);
 # and the longest an answer may take to begin (a non-streamed one: the whole answer).
 ENGINE_CONNECT_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_CONNECT_TIMEOUT_S", default=3.0)
@@ -105,18 +106,18 @@ LIVE_ACCESS_RECHECK_S = env.env_seconds(os.environ, "LIVE_ACCESS_RECHECK_S", def
 # The gateway's /metrics needs `Authorization: Bearer <METRICS_TOKEN>`; off (403) while unset.
 METRICS_TOKEN = ENV.metrics_token
 # The gateway's caches in each process, seconds (0: nothing cached): an API key (a revoked key
-# works at most this long; scheduler_bridge.gateway.keys) and a market (a reserve or price change
-# reaches the gateway within this time; scheduler_bridge.gateway.selectors).
+# works at most this long; openai_api.gateway.keys) and a market (a reserve or price change
+# reaches the gateway within this time; openai_api.gateway.selectors).
 GATEWAY_API_KEY_CACHE_S = env.env_seconds(
     os.environ, "GATEWAY_API_KEY_CACHE_S", default=5.0, zero=True
 )
 GATEWAY_MARKET_CACHE_S = env.env_seconds(
     os.environ, "GATEWAY_MARKET_CACHE_S", default=2.0, zero=True
 )
-# The gateway's database threads (scheduler_bridge.gateway.db; always 1 on SQLite). Its work is
+# The gateway's database threads (openai_api.gateway.db; always 1 on SQLite). Its work is
 # Python under the GIL: more threads mostly contend.
 GATEWAY_DB_THREADS = env.env_int(os.environ, "GATEWAY_DB_THREADS", default=2)
-# Batch jobs (scheduler_bridge.batches): the Celery queue of their runs (unset: the default
+# Batch jobs (openai_api.batches): the Celery queue of their runs (unset: the default
 # queue), requests of one batch in flight at a time, how often a line waits out a full engine
 # queue (429) before it fails, and the most lines and bytes one batch's input may have.
 BATCH_QUEUE = env.env_text(os.environ, "BATCH_QUEUE")

@@ -7,7 +7,7 @@ from config import views
 
 urlpatterns = [
     # The OpenAI-compatible gateway (/v1/...) and its /metrics, first: the hot path.
-    path("", include("scheduler_bridge.gateway.urls")),
+    path("", include("openai_api.urls")),
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("assets/plotly.min.js", views.plotly_js, name="plotly_js"),
@@ -15,4 +15,5 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("", include("accounts.urls")),
+    path("", include("openai_api.console_urls")),
 ]

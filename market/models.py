@@ -12,7 +12,7 @@ from market.mechanism import POLICIES
 
 DEFAULT_POLICY = "dfs-auction-density"
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
-SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (scheduler_bridge.sim)
+SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim)
 
 
 class Market(models.Model):

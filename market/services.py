@@ -13,7 +13,7 @@ from accounts.money import money_exact
 from market.mechanism import MAX_BID
 from market.mechanism.policies import policy_checked
 from market.models import Market, ReserveChange
-from scheduler_bridge.engine_config import engine_config_push_enqueue
+from market.tasks import engine_config_push_enqueue
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,9 @@
-"""Engine client, gateway plumbing, Celery tasks, the SGLang plugin and the simulated engine."""
+"""The bridge between the market and its engines.
+
+- ``contract`` (Django-free): what both engines implement and the Django side reads: the round
+  records' schema and their one writer, the simulated engine's tokenizer;
+- ``client`` (Django-free): the one client of an engine's HTTP API;
+- ``settlement`` (Django): round records from the engines' Redis stream or JSONL file settled in
+  the ledger, and the periodic steps (pacing, invoices);
+- ``tasks``: their Celery tasks; ``management``: ``manage.py rounds_consume``.
+"""

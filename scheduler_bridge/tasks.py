@@ -3,8 +3,8 @@
 Scheduled by celery beat (``celery -A config beat``; ``CELERY_BEAT_SCHEDULE`` in
 ``config.settings``): ``rounds_consume`` every second, ``autobidders_step`` every
 ``AUTOBID_INTERVAL_S`` seconds, ``holds_sweep`` every minute, ``invoices_generate`` daily.
-``engine_config_push`` is queued by ``market.services`` when a reserve or policy changes,
-``batch_run`` when a batch job is submitted.
+The other apps' tasks are theirs: ``market.tasks`` (a market's policy and reserve pushed to its
+engine) and ``openai_api.batches.tasks`` (batch runs).
 """
 
 import logging
@@ -18,8 +18,8 @@ from django.conf import settings
 
 from accounts.services import settlement
 from market.live.periodic import live_tick
-from scheduler_bridge import engine_config, periodic, rounds
-from scheduler_bridge.batches import run as batches_run
+from scheduler_bridge.settlement import periodic
+from scheduler_bridge.settlement import stream as rounds
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def ping(self: Task) -> PingResult:
     }
 
 
-# --- round records, pacing, invoices, engine config (thin wrappers over services) ------------
+# --- round records, pacing, invoices (thin wrappers over services) ---------------------------
 
 
 @shared_task(
@@ -67,7 +67,7 @@ def rounds_consume(
 
     Safe to run anywhere, any number of times, concurrently: the stream's consumer group hands
     each entry to one consumer, entries are acknowledged after their charges commit, and
-    settlement is idempotent. See ``scheduler_bridge.rounds``.
+    settlement is idempotent. See ``scheduler_bridge.settlement.stream``.
     """
     if not settings.REDIS_URL:
         logger.warning("rounds_consume needs REDIS_URL (use `manage.py rounds_consume --jsonl`)")
@@ -123,36 +123,3 @@ def holds_sweep() -> dict[str, Any]:
 def invoices_generate(self: Task) -> dict[str, Any]:
     """The previous UTC month's invoices where missing (beat: daily)."""
     return periodic.invoices_generate_previous_month().as_dict()
-
-
-@shared_task(
-    bind=True,
-    name="scheduler_bridge.engine_config_push",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=engine_config.MAX_RETRIES,
-)
-def engine_config_push(self: Task, *, market_id: int) -> str:
-    """POST a market's policy and reserve to its engine; retry with backoff while unreachable."""
-    try:
-        return engine_config.engine_config_push(market_id=market_id)
-    except engine_config.EngineUnreachable as exc:
-        if self.request.is_eager:
-            # Eager mode runs in the operator's request: no sleeping retries there.
-            logger.warning("engine config: not pushed (%s); no worker to retry it", exc)
-            return "unreachable"
-        delay = engine_config.retry_delay_s(self.request.retries)
-        logger.warning("engine config: %s; retrying in %g s", exc, delay)
-        raise self.retry(exc=exc, countdown=delay) from exc
-
-
-@shared_task(
-    bind=True,
-    name="scheduler_bridge.batch_run",
-    acks_late=True,  # a worker that dies mid-batch leaves the message to be redelivered
-    reject_on_worker_lost=True,
-)
-def batch_run(self: Task, batch_id: int) -> dict[str, Any]:
-    """Drive a batch job's remaining items through the engine (``scheduler_bridge.batches``).
-    Safe to run again at any point: finished items are skipped, none is charged twice."""
-    return batches_run.batch_run(batch_id=batch_id)

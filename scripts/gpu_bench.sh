@@ -73,7 +73,7 @@ for policy in $POLICIES; do
         sleep 1
     done
     echo "==> $policy: $REQUESTS requests at $RATE/s"
-    "$PY" -m scheduler_bridge.bench.live --engine-url "http://127.0.0.1:$PORT" \
+    "$PY" -m benchmarks.live --engine-url "http://127.0.0.1:$PORT" \
         --policy "$policy" --requests "$REQUESTS" --rate "$RATE" --groups "$GSP_GROUPS" \
         --output-len "$OUTPUT_LEN" --rounds-jsonl "$rounds" --json "$OUT/$policy.json" >/dev/null
     stop_server
@@ -81,5 +81,5 @@ done
 
 runs=()
 for policy in $POLICIES; do runs+=("$OUT/$policy.json"); done
-"$PY" -m scheduler_bridge.bench.live --merge "${runs[@]}" --json "$OUT/table.json" \
+"$PY" -m benchmarks.live --merge "${runs[@]}" --json "$OUT/table.json" \
     --html "$OUT/report.html" | tee "$OUT/table.txt"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from engines.sim.background import ServerThread
+from engines.sim.server import ServerOptions
 from tests import ci_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +133,7 @@ class DaphneThread:
     def stop(self) -> None:
         import asyncio
 
-        from scheduler_bridge.engine_client import engine_client
+        from scheduler_bridge.client import engine_client
 
         # Close the engine client's pooled connections on the server's loop while it runs.
         closing = asyncio.run_coroutine_threadsafe(engine_client().aclose(), self.loop)
@@ -147,10 +149,37 @@ def asgi_server(django_db_setup, django_db_blocker) -> Iterator[DaphneThread]:
     session (the gateway's tests and the browser tests share it: Twisted's reactor runs once per
     process). It shares the test database; the gateway's database threads are closed before the
     test database is dropped."""
-    from scheduler_bridge.gateway import db as gateway_db
+    from openai_api.gateway import db as gateway_db
 
     server = DaphneThread().start()
     yield server
     server.stop()
     with django_db_blocker.unblock():
         gateway_db.connections_close()
+
+
+# --- simulated engines on real ports (the engines', the gateway's and the batches' tests) -----
+
+# Steps take 1/SPEED of their modelled time; reported times stay in engine seconds.
+SPEED = 20.0
+
+StartSim = Callable[..., ServerThread]
+
+
+@pytest.fixture
+def start_sim() -> Iterator[StartSim]:
+    """Start a simulated engine in a background thread with the given ServerOptions fields
+    (port 0: a free port; speed SPEED unless given); stopped after the test."""
+    started: list[ServerThread] = []
+
+    def start(**fields) -> ServerThread:
+        fields.setdefault("port", 0)
+        fields.setdefault("speed", SPEED)
+        fields["settings"] = tuple(fields.get("settings", ()))
+        sim = ServerThread(ServerOptions(**fields)).start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()

@@ -35,7 +35,7 @@ from accounts.models import (
     RequestStatus,
     Tenant,
 )
-from accounts.money import ZERO, money, money_str, per_million
+from accounts.money import ZERO, PostedPrices, Prices, money, money_str, per_million
 from accounts.services import fastpath
 from accounts.services.budgets import (
     budget_counters_ensure,
@@ -48,8 +48,7 @@ from accounts.services.budgets import (
     hold_release,
     hold_released,
 )
-from market.models import Market
-from scheduler_bridge.records import RoundRecord, round_record_checked
+from scheduler_bridge.contract.records import RoundRecord, round_record_checked
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +73,7 @@ def request_open(
     request_id: str,
     tenant: Tenant,
     api_key: ApiKey | None,
-    market: Market,
+    market: PostedPrices,
     bid: Decimal | float | str,
     hold_amount: Decimal | float | str,
     request_class: str = "interactive",
@@ -190,7 +189,7 @@ def _charge(
     now: datetime,
     market_slug: str | None = None,
     request_fields: dict[str, Any] | None = None,
-    priced_by: Market | None = None,
+    priced_by: PostedPrices | None = None,
 ) -> LedgerEntry | str:
     """Write one ledger entry, consume the request's hold and count the charge in the budget
     counters, atomically, with the request locked. Returns the entry, or UNKNOWN (no such
@@ -277,7 +276,7 @@ def _pending_settle(*, request_id: str, pending: dict[str, Any], now: datetime) 
     )
 
 
-def _prices(market: Market) -> dict[str, Any]:
+def _prices(market: PostedPrices) -> dict[str, Any]:
     return {
         "market": market.pk,
         "price_input": market.price_input_per_mtok,
@@ -439,7 +438,7 @@ def round_record_settle(
 
 
 def token_charge(
-    *, market: Market, prompt_tokens: int, cached_tokens: int, completion_tokens: int
+    *, market: PostedPrices, prompt_tokens: int, cached_tokens: int, completion_tokens: int
 ) -> Decimal:
     """Dollars for a request's tokens at ``market``'s posted prices (per million tokens):
     uncached prompt tokens at the input price, cached ones at the cached price, completion
@@ -472,7 +471,7 @@ def request_complete(
     ttft_s: float | None = None,
     e2e_s: float | None = None,
     now: datetime | None = None,
-    market: Market | None = None,
+    market: PostedPrices | None = None,
 ) -> LedgerEntry:
     """Charge a served request its tokens and close its hold; returns its token entry.
 
@@ -519,12 +518,12 @@ def request_complete(
     return entry
 
 
-def _market_of(request_id: str) -> Market:
+def _market_of(request_id: str) -> PostedPrices:
     """The market of ``request_id`` with its posted prices now (UnknownRequest if none)."""
     if fastpath.available():
         prices = fastpath.request_prices(request_id=request_id)
         if prices is not None:
-            return Market(
+            return Prices(
                 price_input_per_mtok=prices[0],
                 price_cached_input_per_mtok=prices[1],
                 price_output_per_mtok=prices[2],

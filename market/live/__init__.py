@@ -6,5 +6,5 @@
   spend ticks, throttled per market and per tenant;
 - :mod:`market.live.engine_status`: scraping an engine's Prometheus ``/metrics``;
 - :mod:`market.live.periodic`: the once-a-second work (engine status, spend of token charges);
-- :mod:`market.live.embedded`: all of it inside the web server's process, for the embedded mode.
+- :mod:`config.embedded`: all of it inside the web server's process, for the embedded mode.
 """

@@ -1,8 +1,8 @@
 """The live order book: rows from round records, keyed diffs, and the last published state.
 
-A round record's ``subtrees`` (``scheduler_bridge.records.SubtreeSummary``) is the waiting queue
-aggregated by prefix subtree, at most every ``book_interval_s`` of the engine; a record without
-them says nothing about the book (the previous one stands), unless its round admitted every
+A round record's ``subtrees`` (``scheduler_bridge.contract.records.SubtreeSummary``) is the waiting
+queue aggregated by prefix subtree, at most every ``book_interval_s`` of the engine; a record
+without them says nothing about the book (the previous one stands), unless its round admitted every
 waiting request: then the queue is empty.
 
 Each market's last published book lives in Django's cache (Redis when ``REDIS_URL`` is set, so
@@ -25,7 +25,7 @@ from django.core.cache import cache
 
 from market.live.send import group_send
 from market.payloads import BookDiff, BookRow, BookSnapshot, market_group
-from scheduler_bridge.records import RoundRecord
+from scheduler_bridge.contract.records import RoundRecord
 
 logger = logging.getLogger(__name__)
 

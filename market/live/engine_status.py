@@ -1,6 +1,6 @@
 """Engine status from its Prometheus ``/metrics`` (SGLang's ``sglang:`` names).
 
-Both engines export them: SGLang itself and the simulated engine (``scheduler_bridge.sim``).
+Both engines export them: SGLang itself and the simulated engine (``engines.sim``).
 Gauges are read as they are (queue length, running requests, cache hit rate); rates and TTFT
 quantiles need two scrapes: each scrape is kept in the cache for ``HISTORY_S`` seconds, and the
 status compares the newest with the oldest kept within ``WINDOW_S`` (so any process polling,

@@ -1,7 +1,7 @@
 """Round records, once settled, to the consoles: books, round results and spend ticks.
 
-``scheduler_bridge.rounds`` (the Redis stream) and ``scheduler_bridge.rounds_jsonl`` (the
-embedded JSONL file) hand each record to :meth:`RoundsPublisher.settled` after its charges have
+``scheduler_bridge.settlement.stream`` (the Redis stream) and ``scheduler_bridge.settlement.jsonl``
+(the embedded JSONL file) hand each record to :meth:`RoundsPublisher.settled` after its charges have
 committed, call :meth:`~RoundsPublisher.tick` between reads and :meth:`~RoundsPublisher.flush`
 before they return. Per market, at most one book message and one round result every
 ``min_interval_s`` (0.5 s): the latest book waits for its turn (an older one waiting is replaced),
@@ -25,7 +25,7 @@ from market.live.send import group_send_many
 from market.live.spend import spend_ticks_publish
 from market.mechanism.welfare import planned_welfare
 from market.payloads import BookRow, Payload, RoundResult, market_group
-from scheduler_bridge.records import RoundRecord
+from scheduler_bridge.contract.records import RoundRecord
 
 logger = logging.getLogger(__name__)
 

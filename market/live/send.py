@@ -3,7 +3,7 @@
 With Redis (``REDIS_URL``) the channel layer is shared by every process: a Celery worker sends,
 Daphne's consumers receive. Without it the layer lives in memory, inside one process and one event
 loop: the producer must run in the web server's process, and its messages must be sent from the
-loop that serves the websockets. :func:`home_loop_set` names that loop (``market.live.embedded``
+loop that serves the websockets. :func:`home_loop_set` names that loop (``config.embedded``
 does it when it starts the publishers); sends from other threads are then handed to it.
 
 A send never raises into the caller: live views are best effort, settlement must go on.

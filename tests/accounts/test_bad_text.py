@@ -17,7 +17,7 @@ from django.utils import timezone
 from accounts.models import ApiKey, Invoice, Role
 from accounts.money import money, money_exact
 from accounts.text import MAX_JSON_DEPTH, json_problem, text_problem
-from scheduler_bridge.models import BatchJob
+from openai_api.models import BatchJob
 from tests.accounts.factories import PASSWORD, market_create, tenant_create, user_create
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ this process (``asgi_server``) and a live market:
 - a simulated engine in real time, slowed so a queue forms, writing its round records to a
   JSONL file;
 - the live publishers as the embedded mode runs them in the web process
-  (``market.live.embedded``: the JSONL follower settles and publishes, the periodic publisher
+  (``config.embedded``: the JSONL follower settles and publishes, the periodic publisher
   polls the engine's ``/metrics``), sending through the loop that serves the websockets;
 - a load generator: threads of two tenants' programs sending chat completions with bids
   through the gateway.
@@ -30,12 +30,12 @@ import pytest
 from accounts.models import Role
 from accounts.services import api_key_create, budget_set, invoice_generate, month_bounds
 from config.celery import app as celery_app
-from market.live.embedded import LiveServices, live_services_start
+from config.embedded import LiveServices, live_services_start
+from engines.sim.background import ServerThread
+from engines.sim.server import ServerOptions
 from market.models import Market
-from scheduler_bridge.gateway.keys import api_key_cache_clear
-from scheduler_bridge.gateway.selectors import caches_clear
-from scheduler_bridge.sim.background import ServerThread
-from scheduler_bridge.sim.server import ServerOptions
+from openai_api.gateway.keys import api_key_cache_clear
+from openai_api.gateway.selectors import caches_clear
 from tests.accounts.factories import PASSWORD, tenant_create, user_create
 from tests.conftest import REPO_ROOT, DaphneThread
 

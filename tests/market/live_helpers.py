@@ -13,7 +13,7 @@ from django.test import Client
 
 from accounts.models import Role, Tenant
 from market.models import Market
-from scheduler_bridge.records import SCHEMA
+from scheduler_bridge.contract.records import SCHEMA
 from tests.accounts.factories import market_create, tenant_create, user_create
 
 PERSONAS = ["operator", "a_admin", "a_viewer", "b_admin", "anonymous"]
@@ -71,7 +71,7 @@ def record(
     reserve: float = 0.0,
     engine: str = "sim@test",
 ) -> dict[str, Any]:
-    """A valid round record of ``market`` (scheduler_bridge.records)."""
+    """A valid round record of ``market`` (scheduler_bridge.contract.records)."""
     return {
         "schema": SCHEMA,
         "engine": engine,

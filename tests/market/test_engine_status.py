@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engines.sim.background import ServerThread
+from engines.sim.server import ServerOptions
 from market.live.engine_status import (
     engine_chart,
     engine_status,
@@ -12,8 +14,6 @@ from market.live.engine_status import (
     histogram_quantile,
     metrics_parse,
 )
-from scheduler_bridge.sim.background import ServerThread
-from scheduler_bridge.sim.server import ServerOptions
 from tests.conftest import dead_port
 
 

@@ -4,8 +4,9 @@ One list of policy names (``market.mechanism.POLICIES``) and one check of a name
 (``market.mechanism.policies.policy_checked``): the market's model and service, the simulated
 engine (its class, its command line and its control path) and the SGLang plugin's config accept
 exactly the same names. (That SGLang itself runs the names the plugin leaves to it is checked in
-``tests/sglang_plugin/test_policy_names.py``.) One default rounds stream
-(``scheduler_bridge.records.DEFAULT_STREAM``) that both engines write and settlement reads."""
+``tests/engines/sglang_plugin/test_policy_names.py``.) One default rounds stream
+(``scheduler_bridge.contract.records.DEFAULT_STREAM``) that both engines write and settlement
+reads."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ import json
 
 import pytest
 
+from engines.sglang_plugin.config import MARKET_POLICIES, PluginConfig
+from engines.sim.engine import Engine
+from engines.sim.protocol import BadRequest
+from engines.sim.server import ServerOptions, SimServer, parse_args
+from engines.sim.sinks import RedisStreamSink
 from market.mechanism import BID_POLICIES, POLICIES
 from market.models import Market
 from market.services import market_policy_set
-from scheduler_bridge.records import DEFAULT_STREAM
-from scheduler_bridge.rounds import StreamConsumer
-from scheduler_bridge.sglang_plugin.config import MARKET_POLICIES, PluginConfig
-from scheduler_bridge.sim.engine import Engine
-from scheduler_bridge.sim.protocol import BadRequest
-from scheduler_bridge.sim.server import ServerOptions, SimServer, parse_args
-from scheduler_bridge.sim.sinks import RedisStreamSink
+from scheduler_bridge.contract.records import DEFAULT_STREAM
+from scheduler_bridge.settlement.stream import StreamConsumer
 from tests.accounts.factories import market_create
 
 UNKNOWN = ("cheapest-first", "FCFS", "", "dfs_auction")

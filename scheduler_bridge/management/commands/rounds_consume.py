@@ -4,9 +4,10 @@
     manage.py rounds_consume --jsonl PATH [--follow] [--state PATH]   # embedded mode, no Redis
 
 The first runs the same loop as the Celery task ``scheduler_bridge.rounds_consume``
-(``scheduler_bridge.rounds``), as one more consumer of the group; the second tails the JSONL
-file the simulated engine writes with ``--rounds-jsonl`` (``scheduler_bridge.rounds_jsonl``),
-keeping its byte offset in ``PATH.offset``. Both are safe to stop and restart at any moment.
+(``scheduler_bridge.settlement.stream``), as one more consumer of the group; the second tails the
+JSONL file the simulated engine writes with ``--rounds-jsonl``
+(``scheduler_bridge.settlement.jsonl``), keeping its byte offset in ``PATH.offset``. Both are safe
+to stop and restart at any moment.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduler_bridge import rounds
-from scheduler_bridge.rounds_jsonl import rounds_jsonl_follow
+from scheduler_bridge.settlement import stream as rounds
+from scheduler_bridge.settlement.jsonl import rounds_jsonl_follow
 
 STATS_EVERY_S = 10.0  # how often the Redis loop prints what it did, wall seconds
 IDLE_RETRY_S = 1.0  # pause after a call stopped by an outage, seconds

@@ -1,0 +1,320 @@
+"""``python -m benchmarks``: the policies side by side on the simulated engine.
+
+    python -m benchmarks                         # gsp, load 0.9, all six policies
+    python -m benchmarks --load 0.5,0.9,1.5 --html report.html
+    python -m benchmarks --workload agents --policies lpm,dfs-auction
+    python -m benchmarks --trace requests.jsonl --time-scale 0.5
+    python -m benchmarks --sweep --json sweep.json
+
+Every policy runs on a fresh engine over the same arrivals, in virtual time. Load is a fraction
+of the engine's measured capacity on the workload (runner.py says how it is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from engines.sim import EngineConfig
+from market.mechanism import POLICIES
+
+from . import html as html_report
+from .bids import BID_DISTRIBUTIONS, BidSpec
+from .progress import Progress
+from .report import findings_table, policy_table
+from .runner import Capacities, Point, run_point
+from .sweep import (
+    DEFAULT_GROUPS,
+    DEFAULT_LOADS,
+    DEFAULT_REQUESTS,
+    FINDING_POLICIES,
+    SweepPoint,
+    run_sweep,
+    sweep_requests,
+)
+from .trace import load_trace
+from .workloads import Workload, agents, gsp, nosharing
+
+
+def _positives(text: str, kind: type, noun: str) -> tuple:
+    """The comma-separated positive ``kind`` values of ``text``, for argparse."""
+    try:
+        values = tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {noun} separated by commas: {text!r}") from None
+    if not values or not all(0 < v < math.inf for v in values):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected positive {noun}: {text!r}")
+    return values
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return _positives(text, float, "numbers")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return _positives(text, int, "integers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run the market's ordering policies side by side on the simulated engine.",
+    )
+    src = p.add_argument_group("workload")
+    src.add_argument("--workload", choices=("gsp", "agents", "nosharing"), default="gsp")
+    src.add_argument("--trace", metavar="FILE.jsonl", help="replay a trace instead")
+    src.add_argument("--time-scale", type=float, default=1.0, help="multiplies trace arrivals")
+    src.add_argument("--seed", type=int, default=0)
+    src.add_argument(
+        "--load",
+        type=_floats,
+        default=None,
+        help="arrival rate as a fraction of measured capacity; a list runs each (default 0.9)",
+    )
+    g = p.add_argument_group("gsp (SGLang bench_serving generated-shared-prefix)")
+    g.add_argument("--gsp-num-groups", type=int, default=64)
+    g.add_argument("--gsp-prompts-per-group", type=int, default=16)
+    g.add_argument("--gsp-system-prompt-len", type=int, default=2048)
+    g.add_argument("--gsp-question-len", type=int, default=128)
+    g.add_argument("--gsp-output-len", type=int, default=256)
+    g.add_argument("--gsp-popularity", choices=("uniform", "zipf"), default="uniform")
+    g.add_argument("--gsp-zipf-s", type=float, default=1.0)
+    a = p.add_argument_group("agents (closed-loop multi-turn sessions)")
+    a.add_argument("--agents-sessions", type=int, default=64)
+    a.add_argument("--agents-turns", type=int, default=8)
+    a.add_argument("--agents-prefix-len", type=int, default=2048)
+    a.add_argument("--agents-message-len", type=int, default=128)
+    a.add_argument("--agents-output-len", type=int, default=256)
+    a.add_argument("--agents-think-s", type=float, default=2.0, help="mean think time")
+    n = p.add_argument_group("nosharing")
+    n.add_argument("--nosharing-requests", type=int, default=1024)
+    n.add_argument("--nosharing-prompt-len", type=int, default=2176)
+    n.add_argument("--nosharing-output-len", type=int, default=256)
+    b = p.add_argument_group("bids ($ per second of waiting)")
+    b.add_argument("--bids", choices=BID_DISTRIBUTIONS, default="two-class")
+    b.add_argument("--bid-value", type=float, default=0.1, help="constant")
+    b.add_argument("--bid-low", type=float, default=0.0, help="uniform")
+    b.add_argument("--bid-high", type=float, default=1.0, help="uniform")
+    b.add_argument("--bid-mu", type=float, default=-1.0, help="lognormal")
+    b.add_argument("--bid-sigma", type=float, default=1.0, help="lognormal")
+    m = p.add_argument_group("market and engine")
+    m.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
+    m.add_argument("--reserve", type=float, default=0.0, help="reserve price, $/s")
+    m.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="EngineConfig override"
+    )
+    s = p.add_argument_group("sweep (gsp: load x sharing, total requests fixed)")
+    s.add_argument("--sweep", action="store_true")
+    s.add_argument("--sweep-loads", type=_floats, default=DEFAULT_LOADS)
+    s.add_argument("--sweep-groups", type=_ints, default=DEFAULT_GROUPS)
+    s.add_argument("--sweep-requests", type=int, default=DEFAULT_REQUESTS)
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="OUT", help="write the metrics as JSON")
+    o.add_argument("--html", metavar="OUT", help="write a self-contained Plotly report")
+    o.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    return p
+
+
+def _workload(args: argparse.Namespace, bids: BidSpec) -> Workload:
+    if args.trace:
+        return load_trace(args.trace, time_scale=args.time_scale, seed=args.seed)
+    if args.workload == "agents":
+        return agents(
+            sessions=args.agents_sessions,
+            turns=args.agents_turns,
+            prefix_len=args.agents_prefix_len,
+            message_len=args.agents_message_len,
+            output_len=args.agents_output_len,
+            think_s=args.agents_think_s,
+            bids=bids,
+            seed=args.seed,
+        )
+    if args.workload == "nosharing":
+        return nosharing(
+            num_requests=args.nosharing_requests,
+            prompt_len=args.nosharing_prompt_len,
+            output_len=args.nosharing_output_len,
+            bids=bids,
+            seed=args.seed,
+        )
+    return _gsp(args, bids, args.gsp_num_groups, args.gsp_prompts_per_group)
+
+
+def _gsp(args: argparse.Namespace, bids: BidSpec, groups: int, per_group: int) -> Workload:
+    return gsp(
+        num_groups=groups,
+        prompts_per_group=per_group,
+        system_prompt_len=args.gsp_system_prompt_len,
+        question_len=args.gsp_question_len,
+        output_len=args.gsp_output_len,
+        popularity=args.gsp_popularity,
+        zipf_s=args.gsp_zipf_s,
+        bids=bids,
+        seed=args.seed,
+    )
+
+
+def _clean(value: object) -> object:
+    """NaN and infinities become null: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _point_json(point: Point) -> dict[str, object]:
+    return {
+        "load": point.load,
+        "capacity_rps": point.capacity_rps,
+        "rate_rps": point.rate_rps,
+        "requests": point.workload.requests_total,
+        "policies": {name: run.metrics.as_dict() for name, run in point.runs.items()},
+    }
+
+
+def to_json(
+    main: list[Point], sweep: list[SweepPoint] | None, meta: dict[str, object]
+) -> dict[str, object]:
+    """The ``--json`` document: ``policies`` of the (first) main run, plus ``meta``, ``sweep``."""
+    first = main[0]
+    meta = {
+        **meta,
+        "workload": first.workload.title,
+        "requests": first.workload.requests_total,
+        "load": first.load,
+        "capacity_rps": first.capacity_rps,
+        "rate_rps": first.rate_rps,
+        "runs": {
+            name: {"wall_s": r.wall_s, "makespan_s": r.makespan_s, "steps": r.steps}
+            for name, r in first.runs.items()
+        },
+    }
+    doc: dict[str, object] = {
+        "meta": meta,
+        "policies": {name: run.metrics.as_dict() for name, run in first.runs.items()},
+    }
+    extra: dict[str, object] = {}
+    if len(main) > 1:
+        extra["loads"] = [_point_json(p) for p in main]
+    if sweep:
+        extra["grid"] = [
+            {
+                **_point_json(sp.point),
+                "groups": sp.groups,
+                "prompts_per_group": sp.prompts_per_group,
+                "findings": sp.findings.as_dict(),
+            }
+            for sp in sweep
+        ]
+    if extra:
+        doc["sweep"] = extra
+    return _clean(doc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    unknown = [x for x in policies if x not in POLICIES]
+    if unknown or not policies:
+        parser.error(f"unknown policy {unknown}; choose from {', '.join(POLICIES)}")
+    if args.trace and args.load is not None:
+        parser.error("--load does not apply to a trace (its arrivals are given); use --time-scale")
+    if args.sweep and (args.trace or args.workload != "gsp"):
+        parser.error("--sweep runs on the gsp workload only")
+    if args.sweep and any(p not in policies for p in FINDING_POLICIES):
+        parser.error(f"--sweep needs the policies {', '.join(FINDING_POLICIES)}")
+    try:
+        config = EngineConfig().with_overrides(args.set)
+        bids = BidSpec(
+            args.bids, args.bid_value, args.bid_low, args.bid_high, args.bid_mu, args.bid_sigma
+        )
+        workload = _workload(args, bids)
+    except (ValueError, OSError) as exc:  # TraceError is a ValueError
+        parser.error(str(exc))
+    loads: tuple[float | None, ...] = (None,) if args.trace else (args.load or (0.9,))
+    total = len(loads) * len(policies) * workload.requests_total
+    if args.sweep:
+        total += (
+            len(args.sweep_loads)
+            * len(policies)
+            * sweep_requests(args.sweep_groups, args.sweep_requests)
+        )
+    enabled = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = Progress(total, enabled=enabled)
+    capacities = Capacities()
+    main_points: list[Point] = []
+    sweep_points: list[SweepPoint] | None = None
+    try:
+        for load in loads:
+
+            def label(policy: str, load: float | None = load) -> None:
+                progress.set_label(policy if load is None else f"load {load:g} {policy}")
+
+            main_points.append(
+                run_point(
+                    workload,
+                    policies,
+                    config,
+                    reserve=args.reserve,
+                    load=load,
+                    seed=args.seed,
+                    capacities=capacities,
+                    on_served=progress.advance,
+                    on_policy=label,
+                )
+            )
+        if args.sweep:
+            sweep_points = run_sweep(
+                lambda g, per_group: _gsp(args, bids, g, per_group),
+                policies,
+                config,
+                loads=args.sweep_loads,
+                groups=args.sweep_groups,
+                requests=args.sweep_requests,
+                reserve=args.reserve,
+                seed=args.seed,
+                capacities=capacities,
+                on_served=progress.advance,
+                on_policy=progress.set_label,
+            )
+    except ValueError as exc:  # a request the engine refuses (too long for the KV cache, ...)
+        progress.close()
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    progress.close()
+    tables = [policy_table(p) for p in main_points]
+    print("\n\n".join(tables))
+    findings = findings_table(sweep_points) if sweep_points else None
+    if findings:
+        print()
+        print(findings)
+    if args.json:
+        meta = {
+            "seed": args.seed,
+            "bids": dataclasses.asdict(bids) if not args.trace else "from the trace",
+            "reserve": args.reserve,
+            "engine": dataclasses.asdict(config),
+            "argv": list(argv) if argv is not None else sys.argv[1:],
+        }
+        doc = to_json(main_points, sweep_points, meta)
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    if args.html:
+        html_report.write_report(args.html, main_points, tables, sweep_points, findings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""A load of agents bidding through the gateway: what keeps the live demo market busy.
+
+    python -m benchmarks.agents --base-url http://127.0.0.1:8000/v1 \\
+        --key acme=im_... --key globex=im_... --model sim-8b --sessions-per-minute 40
+
+Each tenant runs multi-turn sessions with the official ``openai`` client: a session opens on
+the tenant's tool prompt (shared by all its sessions, so their prefixes share the KV cache),
+then asks questions turn by turn, each turn's prompt holding the conversation so far. Some
+sessions are ``interactive`` and bid explicitly (``extra_body={"bid": ...}``, dollars per
+second of waiting); the others are ``background`` and send no bid, so the tenant's autobidder
+(if it has one) bids for them. Arrivals are Poisson; the generator prints a line per minute.
+Errors (402 when a budget is spent, 429, 503) are counted, not fatal: the agent waits and goes
+on, as a program with a retry policy would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+import openai
+
+TOOLS = (
+    "search(query) finds documents; fetch(url) reads one; calc(expression) evaluates "
+    "arithmetic; sql(query) runs a read-only query on the warehouse; chart(spec) draws"
+)
+TOPICS = (
+    "quarterly revenue by region",
+    "churn of enterprise accounts",
+    "latency of the EU cluster",
+    "the onboarding funnel",
+    "GPU spend per team",
+    "support tickets about billing",
+    "inventory turnover",
+    "the A/B test on pricing",
+    "hiring pipeline",
+    "cache hit rates",
+)
+WORDS = (
+    "please",
+    "summarize",
+    "compare",
+    "explain",
+    "list",
+    "why",
+    "how",
+    "trend",
+    "last",
+    "month",
+    "week",
+    "top",
+    "five",
+    "drivers",
+    "risks",
+    "next",
+    "steps",
+    "table",
+    "chart",
+)
+
+
+def tool_prompt(tenant: str, length_words: int = 400) -> str:
+    """A tenant's system prompt: its tools and house rules, the same for all its sessions."""
+    rng = random.Random(f"tools:{tenant}")
+    rules = " ".join(rng.choice(WORDS) for _ in range(length_words))
+    return f"You are {tenant}'s analyst agent. Tools: {TOOLS}. House rules: {rules}."
+
+
+class Tenant:
+    """One tenant's agents: a client with its API key and its traffic mix."""
+
+    def __init__(self, name: str, key: str, base_url: str, model: str, rng: random.Random):
+        self.name = name
+        self.model = model
+        self.rng = rng
+        self.client = openai.AsyncOpenAI(api_key=key, base_url=base_url, max_retries=0)
+        self.system = tool_prompt(name)
+        self.counts: Counter[str] = Counter()
+
+    async def session(self, turns: int, interactive: bool) -> None:
+        """One conversation of ``turns`` turns."""
+        messages = [{"role": "system", "content": self.system}]
+        request_class = "interactive" if interactive else "background"
+        for _ in range(turns):
+            question = f"{self.rng.choice(WORDS)} {self.rng.choice(TOPICS)}: " + " ".join(
+                self.rng.choice(WORDS) for _ in range(self.rng.randint(8, 30))
+            )
+            messages.append({"role": "user", "content": question})
+            extra: dict[str, object] = {"request_class": request_class}
+            if interactive:
+                # Interactive users value their time: lognormal around 5 cents per second.
+                extra["bid"] = f"{self.rng.lognormvariate(-3.0, 0.8):.6f}"
+            try:
+                reply = await self.client.chat.completions.create(
+                    model=self.model,
+                    messages=messages,
+                    max_tokens=self.rng.choice((32, 64, 128)),
+                    extra_body=extra,
+                )
+            except openai.APIStatusError as exc:
+                self.counts[f"http {exc.status_code}"] += 1
+                await asyncio.sleep(5.0 if exc.status_code == 402 else 1.0)
+                return
+            except openai.APIConnectionError:
+                self.counts["connection error"] += 1
+                await asyncio.sleep(2.0)
+                return
+            self.counts[request_class] += 1
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+            await asyncio.sleep(self.rng.expovariate(1 / 2.0))  # think time, seconds
+
+
+async def run(args: argparse.Namespace) -> None:
+    rng = random.Random(args.seed)
+    tenants = []
+    for item in args.key:
+        name, _, key = item.partition("=")
+        if not key:
+            raise SystemExit(f"--key needs TENANT=KEY, got {item!r}")
+        tenants.append(Tenant(name, key, args.base_url, args.model, random.Random(rng.random())))
+    rate = args.sessions_per_minute / 60.0
+    live: set[asyncio.Task] = set()
+    started = time.monotonic()
+    next_report = started + 60.0
+    deadline = started + args.duration if args.duration else None
+    while deadline is None or time.monotonic() < deadline:
+        await asyncio.sleep(rng.expovariate(rate))
+        if len(live) < args.max_sessions:
+            tenant = rng.choice(tenants)
+            task = asyncio.create_task(
+                tenant.session(rng.randint(2, 6), rng.random() < args.interactive_share)
+            )
+            live.add(task)
+            task.add_done_callback(live.discard)
+        if time.monotonic() >= next_report:
+            next_report += 60.0
+            summary = "; ".join(f"{t.name}: {dict(t.counts)}" for t in tenants)
+            print(f"agents: {len(live)} sessions live; {summary}", flush=True)
+    for task in live:
+        task.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument("--key", action="append", default=[], help="TENANT=API_KEY (repeat)")
+    parser.add_argument("--model", required=True, help="the market's served model")
+    parser.add_argument("--sessions-per-minute", type=float, default=40.0)
+    parser.add_argument("--max-sessions", type=int, default=64)
+    parser.add_argument("--interactive-share", type=float, default=0.3)
+    parser.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs forever")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not args.key:
+        parser.error("give at least one --key TENANT=API_KEY")
+    try:
+        asyncio.run(run(args))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The policy benchmark against a live engine over HTTP, in real time: SGLang with our plugin on a
+GPU (``scripts/gpu_bench.sh``), or the simulated engine's server.
+
+    python -m benchmarks.live --engine-url http://127.0.0.1:30000 --policy lpm \\
+        --requests 512 --rate 8 --json out/lpm.json
+    python -m benchmarks.live --merge out/*.json --json table.json --html report.html
+
+The first form drives one engine, already running under one policy, with the generated-shared-
+prefix workload (token ids, so the engine needs no tokenizer: SGLang's --skip-tokenizer-init)
+at Poisson arrivals, each request carrying its bid in ``custom_params``, through the project's
+engine client, streaming so that TTFT is the first chunk's arrival. Priority revenue comes from
+the engine's answers (the simulated engine reports each charge) or from the round records the
+SGLang plugin wrote (``--rounds-jsonl``). The second form merges one file per policy into the
+same table, JSON and report as the simulated benchmark (``python -m benchmarks``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from scheduler_bridge.client import EngineClient, EngineError, generate_body
+
+from .bids import BidSpec
+from .metrics import METRIC_KEYS, Served, summarize
+from .workloads import gsp
+
+
+async def _one(client, url, req, start, served, tokens, cached, charges) -> None:
+    """Send one request at its arrival time and record what happened (seconds, dollars)."""
+    await asyncio.sleep(max(0.0, start + req.arrival - time.monotonic()))
+    sent = time.monotonic()
+    body = generate_body(
+        rid=req.id,
+        max_new_tokens=req.max_new_tokens,
+        bid=req.bid,
+        input_ids=list(req.tokens),
+        sampling_params={"temperature": 0.0, "ignore_eos": True},
+        stream=True,
+    )
+    first = None
+    meta = None
+    try:
+        async for chunk in client.generate_stream(base_url=url, body=body):
+            if first is None:
+                first = time.monotonic()
+            meta = chunk.meta
+    except EngineError as exc:
+        print(f"  request {req.id} failed: {exc}", file=sys.stderr)
+        return
+    done = time.monotonic()
+    if meta is None or first is None:
+        return
+    tokens.append(meta.prompt_tokens + meta.completion_tokens)
+    cached.append((meta.cached_tokens, meta.prompt_tokens))
+    if meta.charge is not None:
+        charges[req.id] = meta.charge
+    served.append(
+        Served(req.id, req.bid, req.bid_class, sent - start, first - sent, done - sent, 0.0)
+    )
+
+
+async def drive(args: argparse.Namespace) -> dict[str, object]:
+    """Run the workload against ``args.engine_url``; the policy's row and raw figures."""
+    per_group = max(1, args.requests // args.groups)
+    workload = gsp(
+        num_groups=args.groups,
+        prompts_per_group=per_group,
+        system_prompt_len=args.system_len,
+        question_len=args.question_len,
+        output_len=args.output_len,
+        bids=BidSpec(args.bids),
+        seed=args.seed,
+    ).at_rate(args.rate, args.seed)
+    client = EngineClient(
+        read_timeout_s=args.timeout, answer_timeout_s=args.timeout, max_connections=2048
+    )
+    served: list[Served] = []
+    tokens: list[int] = []
+    cached: list[tuple[int, int]] = []
+    charges: dict[str, float] = {}
+    start = time.monotonic()
+    await asyncio.gather(
+        *(
+            _one(client, args.engine_url, r, start, served, tokens, cached, charges)
+            for r in workload.requests
+        )
+    )
+    makespan = time.monotonic() - start
+    await client.aclose()
+    if args.rounds_jsonl and Path(args.rounds_jsonl).exists():
+        for line in Path(args.rounds_jsonl).read_text().splitlines():
+            for adm in json.loads(line).get("admitted", ()):
+                charges[adm["request_id"]] = adm["charge"]
+    served = [
+        Served(s.id, s.bid, s.bid_class, s.arrival, s.ttft_s, s.e2e_s, charges.get(s.id, 0.0))
+        for s in served
+    ]
+    hit = sum(c for c, _ in cached) / max(1, sum(p for _, p in cached))
+    metrics = summarize(served, makespan_s=makespan, tokens=sum(tokens), cache_hit_rate=hit)
+    return {
+        "policy": args.policy,
+        "metrics": metrics.as_dict(),
+        "served": len(served),
+        "requests": len(workload.requests),
+        "title": workload.title + f"; {args.rate:g} req/s Poisson, live engine",
+    }
+
+
+def merge(paths: Sequence[str]) -> dict[str, object]:
+    """One file per policy into ``{"policies": {name: row}}``, the simulated benchmark's schema."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    return {
+        "policies": {r["policy"]: r["metrics"] for r in runs},
+        "meta": {
+            "title": runs[0]["title"] if runs else "",
+            "served": {r["policy"]: f"{r['served']}/{r['requests']}" for r in runs},
+        },
+    }
+
+
+def table(merged: dict[str, object], base: str = "lpm") -> str:
+    """The benchmark's table, with each figure's ratio to ``base`` when it ran."""
+    policies = merged["policies"]
+    ref = policies.get(base)
+    lines = [f"{'policy':<21}" + "".join(f"{k:>26}" for k in METRIC_KEYS)]
+    for name, row in policies.items():
+        cells = []
+        for k in METRIC_KEYS:
+            ratio = f" x{row[k] / ref[k]:.2f}" if ref and ref[k] else ""
+            cells.append(f"{row[k]:>18.4g}{ratio:>8}")
+        lines.append(f"{name:<21}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine-url", default="http://127.0.0.1:30000")
+    parser.add_argument("--policy", default="unknown", help="the policy the engine runs (label)")
+    parser.add_argument("--requests", type=int, default=512)
+    parser.add_argument("--rate", type=float, default=8.0, help="arrivals per second")
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--system-len", type=int, default=2048)
+    parser.add_argument("--question-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--bids", default="two-class")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    parser.add_argument("--rounds-jsonl", help="the plugin's round records (for revenue)")
+    parser.add_argument("--merge", nargs="+", help="merge these per-policy files instead")
+    parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--html", help="with --merge: a self-contained Plotly report")
+    args = parser.parse_args(argv)
+    if args.merge:
+        out = merge(args.merge)
+        print(out["meta"]["title"])
+        print(table(out))
+        if args.html:
+            _bars(out, args.html)
+    else:
+        out = asyncio.run(drive(args))
+        print(json.dumps(out["metrics"], indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def _bars(merged: dict[str, object], path: str) -> None:
+    """Mean TTFT, cache hit rate and welfare per policy, one bar chart each."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    names = list(merged["policies"])
+    rows = merged["policies"]
+    fig = make_subplots(
+        rows=1, cols=3, subplot_titles=("mean TTFT, s", "cache hit rate", "realized welfare, $")
+    )
+    for col, key in enumerate(("mean_ttft_s", "cache_hit_rate", "welfare"), start=1):
+        fig.add_trace(go.Bar(x=names, y=[rows[n][key] for n in names], name=key), 1, col)
+    fig.update_layout(title=merged["meta"]["title"], showlegend=False, height=450)
+    Path(path).write_text(fig.to_html(include_plotlyjs=True, full_html=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Run workloads through the simulated engine in virtual time, one fresh engine per policy.
+
+Every policy of a run sees the same arrivals (closed-loop turns excepted: an agent's next turn
+arrives a think time after its previous turn finished, which depends on the policy).
+
+Load is relative to the engine's measured capacity on the workload: the requests per second it
+sustains in steady state when every request is queued at once (agents: every session starts at 0
+and thinks for 0 s), served under fcfs in virtual time. Steady state leaves out the cold start
+(the first batches compute the system prompts) and the drain at the end: capacity is the middle
+half of the requests divided by the time between the first and the third quartile of their
+finish times. ``--load 0.9`` means Poisson arrivals at 0.9 x that rate. Capacity depends on the
+workload's content and on the engine config, not on the policy under test, and is measured once
+per (workload, config) in a run (``Capacities``).
+
+The engine admits new requests ahead of decoding while it has room (SGLang's prefill priority),
+so TTFT stays near one prefill step until the running-request limit or the KV cache is full: a
+closed-loop workload with fewer live sessions than ``max_running_requests`` never queues,
+whatever the load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engines.sim import Engine, EngineConfig, SimRequest
+from engines.sim.driver import ArrivalQueue, run_virtual
+
+from .metrics import PolicyMetrics, Served, summarize
+from .workloads import BenchRequest, Session, Workload
+
+CAPACITY_POLICY = "fcfs"
+
+
+@dataclass
+class PolicyRun:
+    """One policy's pass over a workload."""
+
+    policy: str
+    metrics: PolicyMetrics
+    served: list[Served]
+    makespan_s: float  # virtual seconds from the first arrival to the last finish
+    wall_s: float  # real seconds the simulation took
+    steps: int
+    rounds: int
+
+
+@dataclass
+class Point:
+    """All policies on one workload at one load (``load`` is None for traces)."""
+
+    workload: Workload
+    load: float | None
+    capacity_rps: float | None
+    rate_rps: float | None
+    runs: dict[str, PolicyRun] = field(default_factory=dict)
+
+
+def _sim(req: BenchRequest) -> SimRequest:
+    return SimRequest(req.id, req.tokens, req.max_new_tokens, req.bid, req.arrival)
+
+
+def simulate(
+    workload: Workload,
+    policy: str,
+    config: EngineConfig,
+    *,
+    reserve: float = 0.0,
+    on_served: Callable[[], None] | None = None,
+) -> PolicyRun:
+    """Serve every request of ``workload`` under ``policy`` on a fresh engine."""
+    engine = Engine(config, policy, reserve=reserve, book_interval_s=None)
+    first = list(workload.requests)
+    turns: dict[str, tuple[Session, int]] = {}
+    classes = {r.id: r.bid_class for r in workload.requests}
+    for s in workload.sessions:
+        req = s.first_turn()
+        first.append(req)
+        turns[req.id] = (s, 0)
+        classes[req.id] = s.bid_class
+    queue = ArrivalQueue([_sim(r) for r in first])
+    served: list[Served] = []
+
+    def finished(req: SimRequest) -> None:
+        served.append(
+            Served(req.id, req.bid, classes[req.id], req.arrival, req.ttft, req.e2e, req.charge)
+        )
+        turn = turns.pop(req.id, None)
+        if turn is not None:
+            session, k = turn
+            nxt = session.next_turn(k, req.tokens, req.output, req.finished_at)
+            if nxt is not None:
+                turns[nxt.id] = (session, k + 1)
+                classes[nxt.id] = session.bid_class
+                queue.push(_sim(nxt))
+        if on_served is not None:
+            on_served()
+
+    start = min((r.arrival for r in first), default=0.0)
+    t0 = time.perf_counter()
+    end = run_virtual(engine, queue, on_finished=finished, start=start)
+    wall = time.perf_counter() - t0
+    if len(served) != workload.requests_total:
+        raise RuntimeError(
+            f"{policy}: the engine stopped with {len(served)} of {workload.requests_total} "
+            f"requests served"
+        )
+    makespan = end - start
+    metrics = summarize(
+        served,
+        makespan_s=makespan,
+        tokens=engine.prompt_tokens + engine.generated_tokens,
+        cache_hit_rate=engine.cache_hit_rate,
+    )
+    return PolicyRun(policy, metrics, served, makespan, wall, engine.steps, engine.rounds)
+
+
+def steady_throughput(finish_times: list[float], makespan_s: float) -> float:
+    """Requests per second between the first and third quartiles of the finish times (the whole
+    run when that span is empty, as for a handful of requests)."""
+    times = sorted(finish_times)
+    n = len(times)
+    lo, hi = n // 4, (3 * n) // 4
+    if hi > lo and times[hi - 1] > times[lo]:
+        return (hi - lo) / (times[hi - 1] - times[lo])
+    return n / makespan_s
+
+
+class Capacities:
+    """Measured capacity (requests per second) per (workload, engine config), cached."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, EngineConfig], float] = {}
+
+    def get(self, workload: Workload, config: EngineConfig) -> float:
+        key = (workload.key, config)
+        if key not in self._cache:
+            run = simulate(workload.all_at_once(), CAPACITY_POLICY, config)
+            self._cache[key] = steady_throughput(
+                [r.arrival + r.e2e_s for r in run.served], run.makespan_s
+            )
+        return self._cache[key]
+
+
+def run_point(
+    workload: Workload,
+    policies: list[str],
+    config: EngineConfig,
+    *,
+    reserve: float = 0.0,
+    load: float | None = None,
+    seed: int = 0,
+    capacities: Capacities | None = None,
+    on_served: Callable[[], None] | None = None,
+    on_policy: Callable[[str], None] | None = None,
+) -> Point:
+    """Run ``policies`` on ``workload``: at ``load`` x capacity, or as given (a trace)."""
+    capacity = rate = None
+    if load is not None:
+        if not load > 0:
+            raise ValueError(f"load must be > 0, got {load}")
+        capacity = (capacities or Capacities()).get(workload, config)
+        rate = load * capacity
+        workload = workload.at_rate(rate, seed)
+    point = Point(workload, load, capacity, rate)
+    for policy in policies:
+        if on_policy is not None:
+            on_policy(policy)
+        point.runs[policy] = simulate(
+            workload, policy, config, reserve=reserve, on_served=on_served
+        )
+    return point

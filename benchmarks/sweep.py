@@ -1,0 +1,146 @@
+"""The sweep that tests the paper's findings on the generated-shared-prefix workload.
+
+A grid of load (fraction of measured capacity) x sharing (number of groups, the total number of
+requests held fixed, so fewer groups means more requests per shared system prompt). For every
+point it compares, on the same arrivals:
+
+- ``hb_ttft_vs_lpm``: mean TTFT of highest-bid / lpm (the paper: up to 12x at high load, as the
+  cache hit rate collapses);
+- against the best bid-blind cache-aware policy (lpm, dfs-weight), taking the best of the two
+  for each metric separately (the strictest comparison): dfs-auction's cache hit rate gap in
+  percentage points (the paper: within 1), its mean TTFT ratio (within 5%), and its welfare gain
+  in percent of the best's welfare loss (positive: dfs-auction's owners lose less to waiting);
+- dfs-auction-density against dfs-auction: mean TTFT ratio, welfare gain (%), hit rate gap (pp).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from engines.sim import EngineConfig
+
+from .runner import Capacities, Point, run_point
+from .workloads import Workload
+
+FINDING_POLICIES = ("lpm", "dfs-weight", "highest-bid", "dfs-auction", "dfs-auction-density")
+BID_BLIND_CACHE_AWARE = ("lpm", "dfs-weight")
+DEFAULT_LOADS = (0.5, 0.8, 0.95, 1.1, 1.5)
+DEFAULT_GROUPS = (8, 64, 256)
+DEFAULT_REQUESTS = 2048
+
+
+@dataclass(frozen=True)
+class Findings:
+    """The comparisons of one sweep point (see the module docstring)."""
+
+    lpm_mean_ttft_s: float
+    lpm_cache_hit_rate: float
+    hb_ttft_vs_lpm: float
+    hit_gap_pp: float
+    ttft_vs_best: float
+    welfare_gain_vs_best_pct: float
+    density_ttft_vs_dfs: float
+    density_welfare_gain_pct: float
+    density_hit_gap_pp: float
+
+    @property
+    def holds(self) -> tuple[bool, bool, bool]:
+        """dfs-auction's three claims: hit within 1 pp, TTFT within 5%, welfare above."""
+        return (
+            self.hit_gap_pp >= -1.0,
+            self.ttft_vs_best <= 1.05,
+            self.welfare_gain_vs_best_pct > 0,
+        )
+
+    def as_dict(self) -> dict[str, float | list[bool]]:
+        return {**asdict(self), "holds": list(self.holds)}
+
+
+def _gain_pct(welfare: float, base: float) -> float:
+    """How much less welfare ``welfare`` loses than ``base``, in percent of ``base``'s loss."""
+    if base == 0:
+        return math.nan
+    return (welfare - base) / abs(base) * 100
+
+
+def findings(point: Point) -> Findings:
+    """Compare the policies of ``point``; ValueError if one of FINDING_POLICIES did not run."""
+    missing = [p for p in FINDING_POLICIES if p not in point.runs]
+    if missing:
+        raise ValueError(f"the findings need policies {', '.join(missing)} too")
+    m = {name: run.metrics for name, run in point.runs.items()}
+    blind = [m[p] for p in BID_BLIND_CACHE_AWARE]
+    best_hit = max(x.cache_hit_rate for x in blind)
+    best_ttft = min(x.mean_ttft_s for x in blind)
+    best_welfare = max(x.welfare for x in blind)
+    dfs, density = m["dfs-auction"], m["dfs-auction-density"]
+    return Findings(
+        lpm_mean_ttft_s=m["lpm"].mean_ttft_s,
+        lpm_cache_hit_rate=m["lpm"].cache_hit_rate,
+        hb_ttft_vs_lpm=m["highest-bid"].mean_ttft_s / m["lpm"].mean_ttft_s,
+        hit_gap_pp=(dfs.cache_hit_rate - best_hit) * 100,
+        ttft_vs_best=dfs.mean_ttft_s / best_ttft,
+        welfare_gain_vs_best_pct=_gain_pct(dfs.welfare, best_welfare),
+        density_ttft_vs_dfs=density.mean_ttft_s / dfs.mean_ttft_s,
+        density_welfare_gain_pct=_gain_pct(density.welfare, dfs.welfare),
+        density_hit_gap_pp=(density.cache_hit_rate - dfs.cache_hit_rate) * 100,
+    )
+
+
+@dataclass
+class SweepPoint:
+    """One point of the grid and its findings."""
+
+    groups: int
+    prompts_per_group: int
+    point: Point
+    findings: Findings
+
+
+def run_sweep(
+    make_workload: Callable[[int, int], Workload],
+    policies: list[str],
+    config: EngineConfig,
+    *,
+    loads: tuple[float, ...] = DEFAULT_LOADS,
+    groups: tuple[int, ...] = DEFAULT_GROUPS,
+    requests: int = DEFAULT_REQUESTS,
+    reserve: float = 0.0,
+    seed: int = 0,
+    capacities: Capacities | None = None,
+    on_served: Callable[[], None] | None = None,
+    on_policy: Callable[[str], None] | None = None,
+) -> list[SweepPoint]:
+    """Every (groups, load) point; ``make_workload(groups, prompts_per_group)`` builds the gsp
+    workload with ``requests`` in all (rounded to a multiple of the groups)."""
+    capacities = capacities or Capacities()
+    out = []
+    for g in groups:
+        per_group = max(1, round(requests / g))
+        workload = make_workload(g, per_group)
+        for load in loads:
+
+            def label(policy: str, g: int = g, load: float = load) -> None:
+                if on_policy is not None:
+                    on_policy(f"groups {g} load {load:g} {policy}")
+
+            point = run_point(
+                workload,
+                policies,
+                config,
+                reserve=reserve,
+                load=load,
+                seed=seed,
+                capacities=capacities,
+                on_served=on_served,
+                on_policy=label,
+            )
+            out.append(SweepPoint(g, per_group, point, findings(point)))
+    return out
+
+
+def sweep_requests(groups: tuple[int, ...], requests: int) -> int:
+    """How many requests the sweep serves per policy, over all its points of one load."""
+    return sum(max(1, round(requests / g)) * g for g in groups)

@@ -1,0 +1,270 @@
+"""``manage.py live_market``: the whole live market in one command (what ``make run`` runs).
+
+Starts, as child processes, and stops them all on Ctrl-C:
+
+- the simulated engine in real time (``engines.sim.server``), with the demo market's
+  policy and reserve;
+- the web server: with Redis, Daphne, a Celery worker and celery beat (round records through
+  the Redis stream, pacing and the live publishers on beat); without Redis (the embedded
+  defaults), ``manage.py live_serve``, which runs Daphne with the round-record follower and the
+  live publishers in the same process, since the in-memory channel layer does not cross
+  processes (the autobidders' pacing steps then run here, in a thread);
+- a load of agents bidding through the gateway (``benchmarks.agents``) with fresh API
+  keys of the demo tenants; Globex's requests without a bid go through its autobidder.
+
+Once all are up, a child that exits (the engine crashed, say) is started again with backoff
+(``config.supervisor``), and the others keep serving meanwhile: the gateway
+answers 503 ``engine_unavailable`` until the engine is back. A restarted engine gets the
+market's policy and reserve as they are then. Logs go to ``var/logs/``; the command prints the
+URLs, the demo logins, and every exit and start of a child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, close_old_connections, transaction
+
+from accounts.models import ApiKey, Autobidder, Tenant
+from accounts.services import DEMO_OPERATOR, DEMO_TENANTS, api_key_create, api_key_revoke
+from accounts.services.autobidder import autobidder_configure
+from config.supervisor import ChildSpec, Process, RestartPolicy, Supervisor
+from market.models import Market
+from market.services import market_demo_seed
+
+ROOT = Path(settings.BASE_DIR)
+AGENT_KEY_NAME = "live-market agents"
+# Embedded mode: seconds between two holds sweeps (celery beat runs it every minute with Redis).
+SWEEP_INTERVAL_S = 60.0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class Command(BaseCommand):
+    help = "Run the live market: engine, web server, settlement, publishers and bidding agents."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--engine-port", type=int, default=30000)
+        parser.add_argument("--sessions-per-minute", type=float, default=30.0)
+        parser.add_argument("--no-agents", action="store_true", help="no load generator")
+        parser.add_argument(
+            "--var", type=Path, default=ROOT / "var", help="logs and round records (var/)"
+        )
+        parser.add_argument(
+            "--restart-delay",
+            type=float,
+            default=RestartPolicy.initial_s,
+            metavar="SECONDS",
+            help="first delay before a child that exited is started again (then doubled, "
+            f"at most {RestartPolicy.max_s:g} s)",
+        )
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        var = opts["var"]
+        logs = var / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        engine_url = f"http://127.0.0.1:{opts['engine_port']}"
+        market = self._market(engine_url)
+        keys = self._agent_keys()
+        redis_url = settings.REDIS_URL
+        py = sys.executable
+        manage = str(ROOT / "manage.py")
+        rounds = var / "rounds.jsonl"
+        base = f"http://{opts['host']}:{opts['port']}"
+        children = [ChildSpec("engine", lambda: self._engine_argv(market, opts, redis_url, rounds))]
+        if redis_url:
+            children += [
+                ChildSpec("web", [str(Path(py).parent / "daphne"), "-b", opts["host"], "-p",
+                                  str(opts["port"]), "config.asgi:application"]),
+                ChildSpec("worker", [py, "-m", "celery", "-A", "config", "worker",
+                                     "--loglevel=WARNING", "--concurrency=2"]),
+                ChildSpec("beat", [py, "-m", "celery", "-A", "config", "beat",
+                                   "--loglevel=WARNING", "--schedule",
+                                   str(var / "celerybeat-schedule")]),
+            ]  # fmt: skip
+        else:
+            children.append(
+                ChildSpec("web", [py, manage, "live_serve", "--host", opts["host"], "--port",
+                                  str(opts["port"]), "--rounds-jsonl", str(rounds)])
+            )  # fmt: skip
+        if not opts["no_agents"]:
+            agents = [py, "-m", "benchmarks.agents", "--base-url", f"{base}/v1",
+                      "--model", market.served_model,
+                      "--sessions-per-minute", str(opts["sessions_per_minute"])]  # fmt: skip
+            for slug, key in keys.items():
+                agents += ["--key", f"{slug}={key}"]
+            children.append(ChildSpec("agents", agents))
+        supervisor = Supervisor(
+            launch=lambda spec: self._start(spec.name, spec.command(), logs),
+            policy=RestartPolicy(initial_s=opts["restart_delay"]),
+            report=self._report,
+        )
+        for spec in children:
+            supervisor.add(spec)
+        stop = threading.Event()
+        # SIGTERM and SIGHUP stop the market as Ctrl-C does: children are never left behind.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+        try:
+            # Started in order, each waited for: a child that fails here is a setup error (a
+            # port taken, a bad option), which no restart would mend.
+            for spec in children:
+                proc = supervisor.start(spec.name)
+                if spec.name == "engine":
+                    self._wait_http(f"{engine_url}/health", spec.name, proc)
+                elif spec.name == "web":
+                    self._wait_http(f"{base}/healthz", spec.name, proc)
+            if not redis_url:
+                threading.Thread(target=self._pace, args=(stop,), daemon=True).start()
+            self._banner(base, market, redis_url, logs)
+            supervisor.run()
+        except KeyboardInterrupt:
+            self.stdout.write("\nStopping the live market ...")
+        finally:
+            stop.set()
+            # A second Ctrl-C must not cut the stopping short and leave children behind.
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+            supervisor.stop_all()
+
+    # --- setup --------------------------------------------------------------------------------
+
+    def _market(self, engine_url: str) -> Market:
+        """The demo market, pointed at the engine this command starts."""
+        market = market_demo_seed()
+        Market.objects.filter(pk=market.pk).update(engine_url=engine_url, chat_template="simple")
+        market.refresh_from_db()
+        return market
+
+    def _agent_keys(self) -> dict[str, str]:
+        """Fresh API keys for the agents (earlier runs' keys revoked); Globex gets an
+        autobidder if it has none, so that its requests without a bid are paced."""
+        keys = {}
+        with transaction.atomic():
+            for _name, slug, _login in DEMO_TENANTS:
+                tenant = Tenant.objects.get(slug=slug)
+                for old in ApiKey.objects.filter(
+                    tenant=tenant, name=AGENT_KEY_NAME, revoked_at=None
+                ):
+                    api_key_revoke(api_key=old)
+                _, keys[slug] = api_key_create(tenant=tenant, name=AGENT_KEY_NAME, created_by=None)
+            globex = Tenant.objects.get(slug="globex")
+            if not Autobidder.objects.filter(tenant=globex).exists():
+                autobidder_configure(
+                    tenant=globex,
+                    enabled=True,
+                    budget="5",
+                    period="day",
+                    values={"interactive": "0.05", "background": "0.005"},
+                    max_wait_s=30.0,
+                )
+        return keys
+
+    # --- processes ----------------------------------------------------------------------------
+
+    def _engine_argv(
+        self, market: Market, opts: dict[str, Any], redis_url: str | None, rounds: Path
+    ) -> list[str]:
+        """The simulated engine's command line, with the market's policy and reserve as they
+        are now (a restarted engine must not come back with those of the command's start;
+        if the database cannot say, with those last read)."""
+        close_old_connections()  # this thread's connection may have idled out long ago
+        try:
+            market.refresh_from_db(fields=["policy", "reserve"])
+        except DatabaseError as exc:
+            self._report(f"engine: cannot read the market's policy and reserve now ({exc})")
+        argv = [
+            sys.executable, "-m", "engines.sim.server", "--host", "127.0.0.1",
+            "--port", str(opts["engine_port"]), "--policy", market.policy,
+            "--reserve", str(market.reserve), "--market", market.slug,
+        ]  # fmt: skip
+        if redis_url:
+            return [*argv, "--redis-url", redis_url]
+        return [*argv, "--rounds-jsonl", str(rounds)]
+
+    def _start(self, name: str, argv: list[str], logs: Path) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The child writes to its own copy of the descriptor: closing ours after the start keeps
+        # a child that is restarted again and again from leaking one per start.
+        with open(logs / f"{name}.log", "ab") as log:
+            return subprocess.Popen(
+                argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def _wait_http(self, url: str, name: str, proc: Process, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise CommandError(f"{name} exited with {proc.returncode}; see var/logs/{name}.log")
+            try:
+                with urllib.request.urlopen(url, timeout=1.0):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        raise CommandError(f"{name} did not answer at {url} within {timeout_s:.0f} s")
+
+    def _pace(self, stop: threading.Event) -> None:
+        """Embedded mode: the autobidders' pacing steps and the holds sweep (celery beat's
+        jobs with Redis)."""
+        from accounts.services import holds_sweep
+        from scheduler_bridge.settlement.periodic import autobidders_step_due
+
+        interval = settings.AUTOBID_INTERVAL_S
+        swept = time.monotonic()
+        while not stop.wait(interval):
+            try:
+                autobidders_step_due(interval_s=interval)
+            except Exception as exc:  # noqa: BLE001 (a failed step is retried next interval)
+                self.stderr.write(f"pacing step failed: {exc}")
+            if time.monotonic() - swept < SWEEP_INTERVAL_S:
+                continue
+            swept = time.monotonic()
+            try:
+                holds_sweep(
+                    settle_grace_s=settings.PRIORITY_SETTLE_GRACE_S,
+                    stale_after_s=settings.STALE_REQUEST_S,
+                )
+            except Exception as exc:  # noqa: BLE001 (swept again next time)
+                self.stderr.write(f"holds sweep failed: {exc}")
+
+    def _report(self, line: str) -> None:
+        """A child's exit or start, on the terminal (its own output is in its log)."""
+        self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {line}")
+        self.stdout.flush()
+
+    def _banner(self, base: str, market: Market, redis_url: str | None, logs: Path) -> None:
+        mode = "PostgreSQL/Redis + Celery worker" if redis_url else "embedded defaults"
+        lines = [
+            "",
+            f"The live market is running ({mode}):",
+            f"  console       {base}/console/          (operator: {DEMO_OPERATOR.username} / "
+            f"{DEMO_OPERATOR.password})",
+        ]
+        for _name, slug, login in DEMO_TENANTS:
+            lines.append(
+                f"  tenant {slug:<7}{base}/tenants/{slug}/dashboard/   ({login.username} / "
+                f"{login.password})"
+            )
+        lines += [
+            f"  API           {base}/v1  (model {market.served_model}; OpenAI-compatible)",
+            f"  engine        {market.engine_url}  (simulated, real time)",
+            f"  logs          {logs}/",
+            "Children that exit are started again; Ctrl-C stops everything.",
+        ]
+        self.stdout.write("\n".join(lines))
+        self.stdout.flush()

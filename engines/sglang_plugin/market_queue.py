@@ -1,0 +1,243 @@
+"""The market's view of one SGLang scheduler's waiting queue.
+
+``MarketQueue`` keeps a ``market.mechanism.RequestTree`` in step with the scheduler's
+``waiting_queue`` (a list of SGLang ``Req`` that SGLang appends to and admits from):
+
+- ``order(waiting_queue)`` (one call per prefill attempt, from ``calc_priority``) diffs the queue
+  against the tree by request id: new requests are inserted (their bid read and checked), gone
+  ones removed, and every waiting request is matched against SGLang's KV cache with SGLang's own
+  ``match_kv_cache``, updating its ``cached_len`` where the cache changed. Then one round of
+  ``clear_tree`` orders the queue in place;
+- ``finish_round(batch_reqs)`` (after the scheduler admitted) prices the requests of the round's
+  order that made it into the prefill batch, from that round's Clearing, and removes them.
+
+The tree changes only in these two calls, so the Clearing of ``order`` is still valid when the
+admitted requests are priced. Requests being aborted (a bad bid, or aborted by SGLang) are kept
+at the front of the queue and out of the market: SGLang runs them as a one-token prefill and
+returns their error to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_cache.common import match_kv_cache
+
+from market.mechanism import (
+    DFS_AUCTIONS,
+    Clearing,
+    RequestTree,
+    WaitingRequest,
+    bid_checked,
+    clear_tree,
+)
+from scheduler_bridge.contract.records import RoundRecord
+from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder
+
+from .config import PluginConfig
+
+log = logging.getLogger(__name__)
+
+BID_PARAM = "bid"  # the key of the bid in sampling_params.custom_params
+
+
+def bid_of(req: Req) -> float:
+    """The request's bid in $/s from ``sampling_params.custom_params["bid"]`` (missing: 0).
+
+    ValueError (naming the request) when it is not a finite number in 0..MAX_BID.
+    """
+    params = getattr(req.sampling_params, "custom_params", None)
+    if params is None:
+        return 0.0
+    if not isinstance(params, dict):
+        raise ValueError(f"request {req.rid!r}: custom_params must be an object")
+    if BID_PARAM not in params:
+        return 0.0
+    return bid_checked(params[BID_PARAM], request_id=req.rid)
+
+
+def abort_for_bad_bid(req: Req, error: ValueError) -> None:
+    """Fail the request with a 400 that says what is wrong with its bid.
+
+    SGLang's own way for a queued request (scheduler.py, "Abort method 2"): the request keeps
+    its place, its input becomes one token, and after that one-token prefill the scheduler
+    finishes it with ``FINISH_ABORT`` and streams the error to the client.
+    """
+    req.set_finish_with_abort(f"Invalid bid for the inference market: {error}")
+
+
+class MarketQueue:
+    """A RequestTree that mirrors one scheduler's waiting queue, and the rounds run on it."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        tree_cache: Any,
+        *,
+        recorder: RoundRecorder | None = None,
+        emit: Callable[[RoundRecord], None] | None = None,
+    ) -> None:
+        if not config.market_policy:
+            raise ValueError(f"policy {config.policy!r} is not one of the market's")
+        self.config = config
+        self.policy: str = config.policy  # type: ignore[assignment]
+        self.tree_cache = tree_cache
+        self.tree = RequestTree()
+        self.recorder = recorder
+        self.emit = emit
+        # rid -> (the Req, its queue entry time, its token count): a Req that left the queue
+        # and came back (retracted) has a new entry time and more tokens, and is re-inserted.
+        self._known: dict[str, tuple[Req, float, int]] = {}
+        self.clearing: Clearing | None = None
+        self._cleared_version = -1
+        self.bad_bids = 0  # requests failed for their bid
+        self.rounds = 0  # rounds that admitted someone
+        self.record_errors = 0
+        self.order_errors = 0
+        self.adder_classes: dict[type, type] = {}  # admission class -> its deferring subclass
+
+    def reset(self) -> None:
+        """Forget every request; the next ``order`` rebuilds the tree from the queue."""
+        self.tree = RequestTree()
+        self._known.clear()
+        self.clearing = None
+        self._cleared_version = -1
+        self.order_errors += 1
+
+    @property
+    def defers_in_batch(self) -> bool:
+        """Whether admission keeps shared uncached prefixes out of one batch (DFS auctions)."""
+        return self.policy in DFS_AUCTIONS and self.config.in_batch_defer_tokens > 0
+
+    # --- one round -------------------------------------------------------------------------
+
+    def order(self, waiting_queue: list[Req]) -> Clearing:
+        """Bring the tree up to date with the queue, clear one round, order the queue in place."""
+        front = self._sync(waiting_queue)
+        cfg = self.config
+        clearing = clear_tree(
+            self.tree,
+            self.policy,
+            reserve=cfg.reserve,
+            tokens_per_second=cfg.tokens_per_second,
+            overhead_tokens=cfg.overhead_tokens,
+        )
+        known = self._known
+        ordered = [known[rid][0] for rid in clearing.order]
+        waiting_queue[:] = front + ordered if front else ordered
+        self.clearing = clearing
+        self._cleared_version = self.tree.version
+        return clearing
+
+    def _sync(self, waiting_queue: Sequence[Req]) -> list[Req]:
+        """Diff the queue against the tree; returns the requests being aborted, in queue order."""
+        tree = self.tree
+        entries = tree.entries
+        known = self._known
+        cache = self.tree_cache
+        front: list[Req] = []
+        present = 0
+        for req in waiting_queue:
+            rid = req.rid
+            if req.to_finish is not None or req.finished_reason is not None:
+                front.append(req)
+                if rid in known and known[rid][0] is req:  # aborted while it waited
+                    tree.remove(rid)
+                    del known[rid]
+                continue
+            output = req.output_ids
+            tokens = req.origin_input_ids + output if output else req.origin_input_ids
+            arrival = req.time_stats.wait_queue_entry_time
+            seen = known.get(rid)
+            if seen is None or seen[0] is not req or seen[1] != arrival or seen[2] != len(tokens):
+                if seen is not None:
+                    tree.remove(rid)
+                    del known[rid]
+                try:
+                    bid = bid_of(req)
+                except ValueError as exc:
+                    self.bad_bids += 1
+                    abort_for_bad_bid(req, exc)
+                    front.append(req)
+                    continue
+                match_kv_cache(req, cache, tokens)
+                tree.insert(
+                    WaitingRequest(rid, tokens, bid, arrival, req.num_matched_prefix_tokens)
+                )
+                known[rid] = (req, arrival, len(tokens))
+            else:
+                match_kv_cache(req, cache, tokens)
+                cached = req.num_matched_prefix_tokens
+                if entries[rid].req.cached_len != cached:
+                    tree.update(rid, cached_len=cached)
+            present += 1
+        if present != len(known):
+            waiting = {req.rid for req in waiting_queue}
+            for rid in [rid for rid in known if rid not in waiting]:
+                tree.remove(rid)
+                del known[rid]
+        return front
+
+    def finish_round(self, batch_reqs: Sequence[Req], *, now: float | None = None) -> None:
+        """Price the requests of the last ``order`` that the scheduler admitted, and emit.
+
+        ``batch_reqs`` is the new prefill batch; requests in it that were not waiting in that
+        round (a continuing chunked request, decoding requests mixed in, aborted ones) are
+        not part of the round. Requests re-admitted after a retraction already paid in the
+        round that first admitted them and are not charged again.
+        """
+        clearing, self.clearing = self.clearing, None
+        if clearing is None or self._cleared_version != self.tree.version:
+            return
+        known = self._known
+        admitted = [
+            req for req in batch_reqs if (seen := known.get(req.rid)) is not None and seen[0] is req
+        ]
+        if not admitted:
+            return
+        self.rounds += 1
+        try:
+            self._record(clearing, [r for r in admitted if not r.retracted_stain], now)
+        except Exception:  # a bug here must not take the scheduler down
+            self.record_errors += 1
+            log.exception("market round record failed")
+        tree = self.tree
+        for req in admitted:
+            tree.remove(req.rid)
+            del known[req.rid]
+
+    def _record(self, clearing: Clearing, admitted: list[Req], now: float | None) -> None:
+        if self.recorder is None or self.emit is None or not admitted:
+            return
+        infos = []
+        for req in admitted:
+            prompt_tokens = self._known[req.rid][2]
+            # SGLang's match at admission (init_next_round_input), at most all but one token.
+            cached = min(req.prefix_len, prompt_tokens)
+            infos.append(AdmittedInfo(req.rid, prompt_tokens, cached))
+        record = self.recorder.record(
+            self.tree, clearing, infos, now=time.time() if now is None else now
+        )
+        self.emit(record)
+
+    # --- in-batch sharing, for the admission loop --------------------------------------------
+
+    def begin_batch(self) -> int:
+        """Start a prefill batch (see ``RequestTree.begin_batch``)."""
+        return self.tree.begin_batch()
+
+    def defer(self, req: Req, batch: int) -> bool:
+        """Whether the request would recompute enough uncached tokens shared with the batch."""
+        rid = req.rid
+        if self._cleared_version != self.tree.version or rid not in self.tree:
+            return False
+        return self.tree.batch_recomputed(rid, batch) >= self.config.in_batch_defer_tokens
+
+    def admitted_to_batch(self, req: Req, batch: int) -> None:
+        """Mark the request's prefix as being computed in the batch."""
+        if self._cleared_version == self.tree.version and req.rid in self.tree:
+            self.tree.batch_add(req.rid, batch)

@@ -1,0 +1,435 @@
+"""The simulated engine: continuous batching over a radix KV cache, with the market's auction.
+
+One code path for both clocks: ``Engine.step(now)`` forms the next batch at time ``now``, works
+out how long that forward pass takes (config.EngineConfig's cost model) and returns what happens
+at its end. A virtual-time driver jumps the clock by that duration; the real-time server sleeps
+it before delivering the results to clients.
+
+Each step is a prefill step or a decode step, as in SGLang without mixed chunks:
+- a request in the middle of a chunked prefill continues first;
+- otherwise, if there is room, one auction round: the waiting queue is ordered by the policy on
+  the maintained request tree, and requests are admitted from the front under the prefill token
+  budget, the chunk size, the running-request limit and the KV capacity, stopping at the first
+  that does not fit (head of line). Each admitted request's priority charge comes from this
+  round's plan;
+- if nothing was admitted, the running requests decode one token each.
+The KV reservation of a request is its uncached prompt plus its whole output, so the engine never
+has to retract a running request (SGLang reserves less and retracts when it guessed wrong).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from market.mechanism import (
+    DFS_AUCTIONS,
+    RequestTree,
+    WaitingRequest,
+    clear_tree,
+)
+from market.mechanism.book import block_of
+from market.mechanism.policies import policy_checked
+from market.mechanism.requests import effective_bid
+from scheduler_bridge.contract.records import AdmittedRequest, RoundRecord, SubtreeSummary
+from scheduler_bridge.contract.tokenizer import VOCAB
+from scheduler_bridge.contract.writer import round_record, subtree_summaries, token_label
+
+from .config import EngineConfig
+from .kvcache import KVCache, KVNode
+
+
+def synthetic_output(request_id: str, n: int) -> tuple[int, ...]:
+    """Deterministic output token ids for a request (the engine's "generation")."""
+    h = zlib.crc32(request_id.encode())
+    return tuple((h * 2_654_435_761 + i * 40_503) % VOCAB for i in range(1, n + 1))
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """A request in the simulated engine. Times are seconds on the engine's clock."""
+
+    id: str
+    tokens: tuple[int, ...]
+    max_new_tokens: int
+    bid: float = 0.0
+    arrival: float = 0.0
+    # What happened to it:
+    cached_tokens: int = 0  # prompt tokens found in the KV cache at admission
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    generated: int = 0
+    output: tuple[int, ...] = ()
+    round_id: str | None = None
+    position: int | None = None  # place in the admitting round's order
+    charge: float = 0.0  # priority charge, dollars
+    planned_completion_s: float | None = None
+    time_saved_s: float = 0.0
+    # Engine state:
+    computed: int = field(default=0, repr=False)  # prompt tokens in the KV cache so far
+    node: KVNode | None = field(default=None, repr=False)  # locked KV node
+    memo: KVNode | None = field(default=None, repr=False)  # where its cache match ended
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token, seconds."""
+        return None if self.first_token_at is None else self.first_token_at - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        """End-to-end latency, seconds."""
+        return None if self.finished_at is None else self.finished_at - self.arrival
+
+
+@dataclass
+class StepResult:
+    """What one forward pass did; its effects are dated ``end``."""
+
+    start: float
+    end: float
+    kind: str  # "prefill" or "decode"
+    prefill_tokens: int = 0
+    first_tokens: list[SimRequest] = field(default_factory=list)
+    decoded: list[SimRequest] = field(default_factory=list)  # got one more token
+    finished: list[SimRequest] = field(default_factory=list)
+    record: RoundRecord | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class Engine:
+    """A continuous-batching engine whose waiting queue is ordered by the market's policy."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        policy: str = "dfs-auction-density",
+        *,
+        reserve: float = 0.0,
+        market: str = "default",
+        engine_id: str = "sim",
+        book_interval_s: float | None = 0.5,
+        label: Callable[[tuple[int, ...]], str] | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.set_policy(policy)
+        self.set_reserve(reserve)
+        self.market = market
+        self.engine_id = engine_id
+        self.book_interval_s = book_interval_s
+        self.label = label or token_label
+        self.tree = RequestTree()
+        self.kv = KVCache(self.config.kv_capacity_tokens)
+        self.waiting: dict[str, SimRequest] = {}
+        self.running: list[SimRequest] = []  # admitted, not finished (prefilling or decoding)
+        self.chunked: SimRequest | None = None
+        self.outside = 0  # KV tokens running requests hold outside the tree (reservations)
+        self._by_memo: dict[KVNode, set[str]] = {}  # waiting request ids by match end
+        self._epoch = f"{int(time.time() * 1000):x}"
+        self._next_book = 0.0
+        # Counters for /metrics and the benchmark.
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self.prefilled_tokens = 0
+        self.generated_tokens = 0
+        self.finished_requests = 0
+        self.steps = 0
+        self.rounds = 0
+
+    def set_policy(self, policy: str) -> None:
+        """Switch the ordering policy; it applies from the next round."""
+        self.policy = policy_checked(policy)
+
+    def set_reserve(self, reserve: float) -> None:
+        """Set the reserve price ($/s of waiting); it applies from the next round."""
+        if isinstance(reserve, bool) or not isinstance(reserve, int | float):
+            raise ValueError(f"reserve must be a number, got {reserve!r}")
+        if not 0 <= reserve < float("inf"):
+            raise ValueError(f"reserve must be finite and >= 0, got {reserve!r}")
+        self.reserve = float(reserve)
+
+    # --- requests in --------------------------------------------------------------------------
+
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request; ValueError (naming it) if it is malformed or can never fit."""
+        if req.id in self.waiting or any(r.id == req.id for r in self.running):
+            raise ValueError(f"duplicate request id {req.id!r}")
+        if isinstance(req.max_new_tokens, bool) or not isinstance(req.max_new_tokens, int):
+            raise ValueError(f"request {req.id!r}: max_new_tokens must be an int")
+        if req.max_new_tokens < 1:
+            raise ValueError(f"request {req.id!r}: max_new_tokens must be >= 1")
+        need = len(req.tokens) + req.max_new_tokens + 1
+        if need >= self.config.kv_capacity_tokens:
+            raise ValueError(
+                f"request {req.id!r} needs {need} KV tokens, more than the cache's "
+                f"{self.config.kv_capacity_tokens}"
+            )
+        req.tokens = tuple(req.tokens)
+        cached = self._cached(req)
+        self.tree.insert(WaitingRequest(req.id, req.tokens, req.bid, req.arrival, cached))
+        self.waiting[req.id] = req
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a waiting request (its client went away); False if it is not waiting."""
+        if request_id not in self.waiting:
+            return False
+        self._unfile(self.waiting.pop(request_id))
+        self.tree.remove(request_id)
+        return True
+
+    def _cached(self, req: SimRequest) -> int:
+        """Match the prompt in the KV cache (all but the last token, which must be computed) and
+        file the request under the node where the match ended."""
+        length, node = self.kv.match(req.tokens, len(req.tokens) - 1)
+        req.memo = node
+        self._by_memo.setdefault(node, set()).add(req.id)
+        return length
+
+    def _unfile(self, req: SimRequest) -> None:
+        ids = self._by_memo.get(req.memo)
+        if ids is not None:
+            ids.discard(req.id)
+            if not ids:
+                del self._by_memo[req.memo]
+        req.memo = None
+
+    def _refresh_cached(self) -> None:
+        """Bring the waiting requests' cached lengths up to date with the KV cache.
+
+        Only the requests whose match ended at a node that changed since the last round are
+        matched again: elsewhere nothing could have moved.
+        """
+        changed = self.kv.changed
+        if not changed:
+            return
+        tree = self.tree
+        for node in changed:
+            ids = self._by_memo.pop(node, None)
+            if not ids:
+                continue
+            for rid in ids:
+                req = self.waiting[rid]
+                now = self._cached(req)
+                if now != tree.get(rid).cached_len:
+                    tree.update(rid, cached_len=now)
+        changed.clear()
+
+    # --- the step ---------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def step(self, now: float) -> StepResult | None:
+        """Run one forward pass starting at ``now``; None when there is nothing to do."""
+        if self.idle:
+            return None
+        cfg = self.config
+        chunks: list[tuple[SimRequest, int]] = []
+        budget = min(cfg.max_prefill_tokens, cfg.chunked_prefill_size)
+        if self.chunked is not None:
+            req = self.chunked
+            n = min(len(req.tokens) - req.computed, budget)
+            chunks.append((req, n))
+            budget -= n
+            if req.computed + n >= len(req.tokens):
+                self.chunked = None
+        record = None
+        if self.chunked is None and self.waiting and budget > 0:
+            record = self._round(now, chunks, budget)
+        self.steps += 1
+        if chunks:
+            return self._prefill(now, chunks, record)
+        return self._decode(now)
+
+    def _round(
+        self, now: float, chunks: list[tuple[SimRequest, int]], budget: int
+    ) -> RoundRecord | None:
+        """One auction round: order the queue, admit from the front, price the admitted."""
+        cfg = self.config
+        room = cfg.max_running_requests - len(self.running)
+        if room <= 0:
+            return None
+        self._refresh_cached()
+        policy = self.policy
+        if (
+            policy == "lpm"
+            and cfg.lpm_fcfs_fallback
+            and len(self.waiting) > (cfg.lpm_fallback_threshold)
+        ):
+            policy = "fcfs"
+        tps = cfg.prefill_tokens_per_second
+        clearing = clear_tree(
+            self.tree,
+            policy,
+            reserve=self.reserve,
+            tokens_per_second=tps,
+            overhead_tokens=cfg.overhead_tokens,
+        )
+        defer = policy in DFS_AUCTIONS and cfg.in_batch_defer_tokens > 0
+        batch = self.tree.begin_batch() if defer else None
+        kv = self.kv
+        self.rounds += 1
+        round_id = f"{self.engine_id}:{self._epoch}:{self.rounds}"
+        admitted: list[SimRequest] = []
+        for position, rid in enumerate(clearing.order):
+            if len(admitted) >= room or budget <= 0:
+                break
+            req = self.waiting[rid]
+            if (
+                batch is not None
+                and self.tree.batch_recomputed(rid, batch) >= cfg.in_batch_defer_tokens
+            ):
+                continue  # the shared prefix is being computed now: next step
+            match, node = kv.match(req.tokens, len(req.tokens) - 1)
+            extend = len(req.tokens) - match
+            kv.lock(node)
+            locked = kv.size - kv.evictable
+            need = extend + req.max_new_tokens
+            if need + 1 >= kv.capacity - locked - self.outside:
+                kv.unlock(node)
+                break  # no room in the KV cache: head-of-line blocking
+            over = kv.size + self.outside + need - kv.capacity
+            if over > 0:
+                kv.evict(over)
+            if batch is not None:
+                self.tree.batch_add(rid, batch)
+            self.outside += need
+            req.node = node
+            req.computed = match
+            req.cached_tokens = match
+            req.admitted_at = now
+            req.round_id = round_id
+            req.position = position
+            req.charge = clearing.charge(rid)
+            req.planned_completion_s = clearing.completion_at(position)
+            req.time_saved_s = clearing.time_saved(rid)
+            n = min(extend, budget)
+            chunks.append((req, n))
+            budget -= n
+            admitted.append(req)
+            if n < extend:
+                self.chunked = req
+                break
+        if not admitted:
+            return None
+        book = self._book(now, clearing)
+        seen: dict = {}
+        blocks = {r.id: block_of(self.tree, clearing, r.id, seen) for r in admitted}
+        for req in admitted:
+            self._unfile(self.waiting.pop(req.id))
+            self.tree.remove(req.id)
+            self.running.append(req)
+            self.prompt_tokens += len(req.tokens)
+            self.cached_prompt_tokens += req.cached_tokens
+        return self._record(now, round_id, clearing, admitted, book, blocks)
+
+    def _book(self, now: float, clearing) -> list[SubtreeSummary]:
+        if self.book_interval_s is None or now < self._next_book:
+            return []
+        self._next_book = now + self.book_interval_s
+        return subtree_summaries(self.tree, clearing, self.label)
+
+    def _record(self, now, round_id, clearing, admitted, book, blocks) -> RoundRecord:
+        reserve = self.reserve
+        entries: list[AdmittedRequest] = [
+            {
+                "request_id": r.id,
+                "bid": r.bid,
+                "effective_bid": effective_bid(r.bid, reserve),
+                "position": r.position,
+                "planned_completion_s": r.planned_completion_s,
+                "time_saved_s": r.time_saved_s,
+                "charge": r.charge,
+                "prompt_tokens": len(r.tokens),
+                "cached_tokens": r.cached_tokens,
+                "block": {
+                    "prefix_tokens": blocks[r.id].prefix_tokens,
+                    "requests": blocks[r.id].requests,
+                    "bid_mean": blocks[r.id].bid_mean,
+                    "density": blocks[r.id].density,
+                },
+            }
+            for r in admitted
+        ]
+        return round_record(
+            clearing,
+            engine=self.engine_id,
+            market=self.market,
+            round_id=round_id,
+            seq=self.rounds,
+            now=now,
+            subtrees=book,
+            admitted=entries,
+        )
+
+    def _prefill(self, now: float, chunks, record) -> StepResult:
+        duration = self.config.prefill_step_s([(n, req.computed) for req, n in chunks])
+        end = now + duration
+        result = StepResult(now, end, "prefill", record=record)
+        kv = self.kv
+        for req, n in chunks:
+            req.computed += n
+            self.outside -= n
+            self.prefilled_tokens += n
+            result.prefill_tokens += n
+            _, node = kv.insert(req.tokens, req.computed)
+            kv.lock(node)
+            kv.unlock(req.node)
+            req.node = node
+            if req.computed >= len(req.tokens):
+                req.output = synthetic_output(req.id, req.max_new_tokens)
+                req.generated = 1
+                req.first_token_at = end
+                self.generated_tokens += 1
+                result.first_tokens.append(req)
+                if req.generated >= req.max_new_tokens:
+                    self._finish(req, end, result)
+        return result
+
+    def _decode(self, now: float) -> StepResult | None:
+        decoding = [r for r in self.running if r.first_token_at is not None]
+        if not decoding:
+            return None
+        context = sum(len(r.tokens) + r.generated for r in decoding)
+        end = now + self.config.decode_step_s(len(decoding), context)
+        result = StepResult(now, end, "decode")
+        for req in decoding:
+            req.generated += 1
+            self.generated_tokens += 1
+            result.decoded.append(req)
+            if req.generated >= req.max_new_tokens:
+                self._finish(req, end, result)
+        return result
+
+    def _finish(self, req: SimRequest, end: float, result: StepResult) -> None:
+        req.finished_at = end
+        self.running.remove(req)
+        self.outside -= req.max_new_tokens
+        kv = self.kv
+        full = req.tokens + req.output
+        kv.insert(full, len(full))
+        kv.unlock(req.node)
+        req.node = None
+        self.finished_requests += 1
+        result.finished.append(req)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def queue_drain_s(self) -> float:
+        """Planned seconds to prefill everything waiting now (its uncached tokens, shared
+        prefixes counted once, plus the overheads): a bound on a new request's planned wait
+        at bid 0 if nothing else arrives. Time proportional to the waiting tree's size."""
+        tree = self.tree
+        work = sum(x.ew for x in tree.nodes()) + len(tree) * self.config.overhead_tokens
+        return work / self.config.prefill_tokens_per_second
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Share of admitted prompt tokens found in the KV cache."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

@@ -1,0 +1,423 @@
+"""The simulated engine's real-time HTTP server, speaking SGLang's native HTTP API.
+
+    python -m engines.sim.server --host 127.0.0.1 --port 30000 \\
+        --policy dfs-auction-density --reserve 0 --market default [--set name=value ...] \\
+        [--redis-url URL --rounds-stream NAME] [--rounds-jsonl PATH] [--speed X] \\
+        [--max-queue N] [--admin-token TOKEN]
+
+Endpoints: ``POST /generate`` (protocol.py), ``GET /health``, ``GET /health_generate``,
+``GET /get_model_info``, ``GET /get_server_info``, ``GET /metrics`` (metrics.py) and
+``POST /admin/market`` (``{"policy": ..., "reserve": ...}``, from the next round; when an admin
+token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the market's
+push sends, send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round records
+go to an in-process callback list, a JSONL file and/or a Redis stream (sinks.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from aiohttp import web
+
+from market.mechanism import MAX_BID, POLICIES, bid_checked
+from market.mechanism.policies import policy_checked
+from scheduler_bridge.contract.records import DEFAULT_STREAM
+from scheduler_bridge.contract.tokenizer import NAME as TOKENIZER_NAME
+from scheduler_bridge.contract.tokenizer import default_tokenizer
+
+from .config import EngineConfig
+from .engine import Engine
+from .metrics import CONTENT_TYPE, ServerMetrics
+from .protocol import (
+    BadRequest,
+    error_body,
+    errors_as_json,
+    json_error,
+    json_response,
+    loads_json,
+    meta_info,
+    parse_generate,
+    sse,
+)
+from .realtime import (
+    DEFAULT_MAX_QUEUE,
+    HEALTH_RID_PREFIX,
+    DuplicateRequest,
+    EngineClock,
+    EngineDown,
+    EngineLoop,
+    QueueFull,
+    Ticket,
+)
+from .sinks import CallbackSink, FanoutSink, JsonlSink, RedisStreamSink, Sink
+
+log = logging.getLogger(__name__)
+
+VERSION = "sim-0.1"
+MAX_BODY_BYTES = 64 * 2**20
+HEALTH_TIMEOUT_S = 20.0  # wall seconds /health_generate waits for a step
+RETRY_AFTER_S = 1  # the Retry-After of a 429, seconds
+# The admin token's variable: the same the market's push sends (config.settings). The old
+# SIM_ADMIN_TOKEN is still read, with a warning, when ENGINE_ADMIN_TOKEN is unset.
+ENV_ADMIN_TOKEN = "ENGINE_ADMIN_TOKEN"
+ENV_ADMIN_TOKEN_DEPRECATED = "SIM_ADMIN_TOKEN"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How to run the server; the command line's options. ``speed``: engine seconds per wall s."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    policy: str = "dfs-auction-density"
+    reserve: float = 0.0
+    market: str = "default"
+    settings: tuple[str, ...] = ()  # EngineConfig overrides, "name=value"
+    redis_url: str | None = None
+    rounds_stream: str = DEFAULT_STREAM
+    rounds_jsonl: str | None = None
+    speed: float = 1.0
+    max_queue: int = DEFAULT_MAX_QUEUE
+    admin_token: str | None = None
+    engine_id: str | None = None  # default "sim@HOST:PORT"
+
+
+class SimServer:
+    """The aiohttp application around one simulated engine."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        config = EngineConfig().with_overrides(list(options.settings))
+        self.tokenizer = default_tokenizer()
+        self.engine = Engine(
+            config,
+            options.policy,
+            reserve=options.reserve,
+            market=options.market,
+            engine_id=options.engine_id or "sim",
+            label=self.tokenizer.label,
+        )
+        self.callbacks = CallbackSink()  # in-process consumers: append to .callbacks
+        sinks: list[Sink] = [self.callbacks]
+        if options.rounds_jsonl:
+            sinks.append(JsonlSink(options.rounds_jsonl))
+        self.redis_sink: RedisStreamSink | None = None
+        if options.redis_url:
+            self.redis_sink = RedisStreamSink(options.redis_url, options.rounds_stream)
+            sinks.append(self.redis_sink)
+        self.clock = EngineClock(options.speed)
+        self.loop = EngineLoop(
+            self.engine, clock=self.clock, sink=FanoutSink(sinks), max_queue=options.max_queue
+        )
+        self.model_name = f"sim/{options.market}"
+        self.metrics = ServerMetrics(self.loop, self.model_name)
+        self.port = options.port
+        self.app = self._app()
+        self._runner: web.AppRunner | None = None
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[errors_as_json], client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health_generate)
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/metrics", self.metrics_text)
+        app.router.add_post("/admin/market", self.admin_market)
+        return app
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        """Start the engine loop, the sinks and the listener; return the bound port."""
+        await self.loop.sink.start()
+        self.loop.start()
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.host, self.options.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        if self.options.engine_id is None:
+            self.engine.engine_id = f"sim@{self.options.host}:{self.port}"
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop listening, stop the engine loop, close the sinks."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.loop.stop()
+        await self.loop.sink.aclose()
+
+    # --- /generate ----------------------------------------------------------------------------
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's ``POST /generate`` for one request, streamed or not."""
+        g = parse_generate(loads_json(await request.read()))
+        tokens = g.input_ids if g.input_ids is not None else tuple(self.tokenizer.encode(g.text))
+        try:
+            ticket = self.loop.submit(g.rid, tokens, g.max_new_tokens, g.bid, stream=g.stream)
+        except DuplicateRequest as exc:
+            return json_error(400, str(exc), "rid")
+        except QueueFull as exc:
+            return json_error(429, str(exc), None, **{"Retry-After": str(RETRY_AFTER_S)})
+        except EngineDown as exc:
+            return json_error(503, str(exc))
+        except ValueError as exc:  # the engine refuses it: it can never fit the KV cache
+            message = f"prompt ({len(tokens)} tokens) + max_new_tokens ({g.max_new_tokens}) "
+            return json_error(
+                400, message + f"can never fit: {exc}", "sampling_params.max_new_tokens"
+            )
+        try:
+            if g.stream:
+                return await self._stream(request, ticket)
+            return await self._complete(ticket)
+        except asyncio.CancelledError:
+            self.loop.abandon(ticket)  # the client went away
+            raise
+
+    async def _complete(self, ticket: Ticket) -> web.Response:
+        while (event := await ticket.events.get()) is not None:
+            if isinstance(event, EngineDown):
+                return json_error(503, str(event))
+        req = ticket.req
+        return json_response(
+            {
+                "text": self.tokenizer.decode(req.output),
+                "output_ids": list(req.output),
+                "meta_info": meta_info(req, req.generated, finished=True),
+            }
+        )
+
+    async def _stream(self, request: web.Request, ticket: Ticket) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        req, pieces, sent = ticket.req, [], 0
+        try:
+            while (event := await ticket.events.get()) is not None:
+                if isinstance(event, EngineDown):
+                    await response.write(sse(error_body(503, str(event))))
+                    break
+                while sent < event:
+                    pieces.append(self.tokenizer.piece(req.output[sent]))
+                    sent += 1
+                chunk = {
+                    "text": "".join(pieces),
+                    "output_ids": list(req.output[:sent]),
+                    "meta_info": meta_info(req, sent, finished=sent >= req.max_new_tokens),
+                }
+                await response.write(sse(chunk))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            self.loop.abandon(ticket)
+        return response
+
+    # --- probes and information ---------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 with an empty body while the engine loop runs (SGLang's ``/health``)."""
+        if not self.loop.alive:
+            return json_error(503, "the engine is not running")
+        return web.Response(status=200, text="")
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        """200 once the engine has run a step since the probe: a 1-token request, or any other."""
+        loop = self.loop
+        before = loop.steps_done
+        ticket = None
+        try:
+            ticket = loop.submit(HEALTH_RID_PREFIX + uuid.uuid4().hex, (1,), 1, 0.0, stream=False)
+        except QueueFull:
+            pass  # a full queue still answers healthy if the engine makes progress
+        except EngineDown as exc:
+            return json_error(503, str(exc))
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                if ticket is not None:
+                    try:
+                        event = await asyncio.wait_for(ticket.events.get(), 0.05)
+                    except TimeoutError:
+                        event = 0
+                    if event is None:
+                        return web.Response(status=200, text="")
+                    if isinstance(event, EngineDown):
+                        return json_error(503, str(event))
+                else:
+                    await asyncio.sleep(0.05)
+                if loop.steps_done > before + 1 and loop.alive:
+                    return web.Response(status=200, text="")
+            return json_error(503, f"the engine ran no step in {HEALTH_TIMEOUT_S:g} s")
+        finally:
+            if ticket is not None:
+                loop.abandon(ticket)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        """SGLang's ``/get_model_info``, with the market's policy and reserve ($/s)."""
+        return json_response(
+            {
+                "model_path": self.model_name,
+                "tokenizer_path": TOKENIZER_NAME,
+                "is_generation": True,
+                "market": self.options.market,
+                "policy": self.engine.policy,
+                "reserve": self.engine.reserve,
+            }
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """SGLang's ``/get_server_info``: the options and the engine's configuration."""
+        cfg = self.engine.config
+        return json_response(
+            {
+                "version": VERSION,
+                "model_path": self.model_name,
+                "host": self.options.host,
+                "port": self.port,
+                "engine_id": self.engine.engine_id,
+                "market": self.options.market,
+                "policy": self.engine.policy,
+                "reserve": self.engine.reserve,
+                "speed": self.clock.speed,
+                "clock": "engine seconds = start Unix time + elapsed wall seconds x speed",
+                "max_queue": self.loop.max_queue,
+                "rounds_stream": self.options.rounds_stream if self.redis_sink else None,
+                "max_total_num_tokens": cfg.kv_capacity_tokens,
+                "max_running_requests": cfg.max_running_requests,
+                "max_prefill_tokens": cfg.max_prefill_tokens,
+                "chunked_prefill_size": cfg.chunked_prefill_size,
+                "prefill_tokens_per_second": cfg.prefill_tokens_per_second,
+                "engine_config": asdict(cfg),
+            }
+        )
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        """Prometheus text exposition (metrics.py lists the names)."""
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+    # --- control ------------------------------------------------------------------------------
+
+    async def admin_market(self, request: web.Request) -> web.Response:
+        """Set the policy and/or the reserve ($/s); they apply from the next round."""
+        token = self.options.admin_token
+        if token:
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return json_error(
+                    401, "a valid admin token is required (Authorization: Bearer ...)"
+                )
+        body = loads_json(await request.read())
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        unknown = sorted(set(body) - {"policy", "reserve"})
+        if unknown:
+            raise BadRequest(
+                f"unknown field {unknown[0]!r}; give policy and/or reserve", unknown[0]
+            )
+        policy = body.get("policy", self.engine.policy)
+        try:
+            policy = policy_checked(policy)
+        except (TypeError, ValueError):  # TypeError: a JSON list or object (not hashable)
+            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}", "policy") from None
+        reserve = body.get("reserve", self.engine.reserve)
+        try:
+            reserve = bid_checked(reserve, request_id="reserve")
+        except ValueError:
+            raise BadRequest(f"reserve must be a number in 0..{MAX_BID:g} $/s", "reserve") from None
+        self.engine.set_policy(policy)
+        self.engine.set_reserve(reserve)
+        log.info("market %s: policy %s, reserve %g $/s", self.options.market, policy, reserve)
+        return json_response({"policy": policy, "reserve": reserve})
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> ServerOptions:
+    """Options from the command line; exits with a message on bad values."""
+    p = argparse.ArgumentParser(
+        prog="python -m engines.sim.server",
+        description="The simulated engine, serving SGLang's native HTTP API.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--policy", default="dfs-auction-density", choices=list(POLICIES))
+    p.add_argument("--reserve", type=float, default=0.0, help="reserve price, $/s of waiting")
+    p.add_argument("--market", default="default", help="market slug (model_path is sim/MARKET)")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+                   help="override an EngineConfig field (repeatable)")  # fmt: skip
+    p.add_argument("--redis-url", default=None, help="send round records to a Redis stream")
+    p.add_argument("--rounds-stream", default=DEFAULT_STREAM)
+    p.add_argument("--rounds-jsonl", default=None, metavar="PATH", help="also append records")
+    p.add_argument("--speed", type=float, default=1.0, help="engine seconds per wall second")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE)
+    p.add_argument("--admin-token", default=None, help=f"default: ${ENV_ADMIN_TOKEN}")
+    p.add_argument("--engine-id", default=None)
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    try:
+        EngineConfig().with_overrides(a.settings)
+        bid_checked(a.reserve, request_id="--reserve")
+        EngineClock(a.speed)
+    except ValueError as exc:
+        p.error(str(exc))
+    if a.max_queue < 1:
+        p.error("--max-queue must be >= 1")
+    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    if a.admin_token is None:
+        a.admin_token = admin_token_from_env(os.environ)
+    fields = {k: v for k, v in vars(a).items() if k != "log_level"}
+    return ServerOptions(**{**fields, "settings": tuple(a.settings)})
+
+
+def admin_token_from_env(environ: Mapping[str, str]) -> str | None:
+    """``ENGINE_ADMIN_TOKEN``, else the deprecated ``SIM_ADMIN_TOKEN`` (with a warning), else
+    None (no token: ``/admin/market`` is open). Blank counts as unset; values are stripped, as
+    ``config.settings`` strips the token it sends."""
+    token = environ.get(ENV_ADMIN_TOKEN, "").strip()
+    if token:
+        return token
+    token = environ.get(ENV_ADMIN_TOKEN_DEPRECATED, "").strip()
+    if token:
+        log.warning(
+            "%s is deprecated: set %s (the token the market sends) instead",
+            ENV_ADMIN_TOKEN_DEPRECATED,
+            ENV_ADMIN_TOKEN,
+        )
+        return token
+    return None
+
+
+async def serve(options: ServerOptions) -> None:
+    """Run until SIGINT or SIGTERM."""
+    server = SimServer(options)
+    port = await server.start()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    log.info(
+        "simulated engine %s on http://%s:%d/ (policy %s, reserve %g $/s, speed %gx)",
+        server.model_name, options.host, port, options.policy, options.reserve, options.speed,
+    )  # fmt: skip
+    await stop.wait()
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

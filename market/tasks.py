@@ -1,0 +1,42 @@
+"""The market's Celery task: ``engine_config_push``, queued by ``market.services`` (through
+:func:`engine_config_push_enqueue`) when an operator changes a market's reserve or policy."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Task, shared_task
+
+from market import engine_control
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(
+    bind=True,
+    name="scheduler_bridge.engine_config_push",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=engine_control.MAX_RETRIES,
+)
+def engine_config_push(self: Task, *, market_id: int) -> str:
+    """POST a market's policy and reserve to its engine; retry with backoff while unreachable."""
+    try:
+        return engine_control.engine_config_push(market_id=market_id)
+    except engine_control.EngineUnreachable as exc:
+        if self.request.is_eager:
+            # Eager mode runs in the operator's request: no sleeping retries there.
+            logger.warning("engine config: not pushed (%s); no worker to retry it", exc)
+            return "unreachable"
+        delay = engine_control.retry_delay_s(self.request.retries)
+        logger.warning("engine config: %s; retrying in %g s", exc, delay)
+        raise self.retry(exc=exc, countdown=delay) from exc
+
+
+def engine_config_push_enqueue(*, market_id: int) -> None:
+    """Queue the push (call it from ``transaction.on_commit``). Never raises: a broker outage
+    or, in eager mode, an engine failure is logged, and the operator's change stands."""
+    try:
+        engine_config_push.delay(market_id=market_id)
+    except Exception:
+        logger.exception("engine config: could not queue the push for market %s", market_id)

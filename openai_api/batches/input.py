@@ -1,0 +1,176 @@
+"""Checking a batch's input: OpenAI's batch line format, every body as its endpoint checks it.
+
+A line is ``{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" or
+"/v1/completions", "body": {...}}``; the body is what the endpoint takes, ``bid`` included
+(dollars per second of waiting). The whole file is checked before anything is written: one bad
+line refuses the file, and the error lists every bad line with its number (the first
+``MAX_ERRORS_LISTED``). Streaming makes no sense in a batch and is refused. Every string of a
+line (``custom_id``, the body's) must be text that can be kept (``validation.json_checked``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from openai_api.gateway.errors import GatewayError, InvalidValue, MalformedRequest
+from openai_api.gateway.validation import (
+    CHAT,
+    COMPLETIONS,
+    CompletionParams,
+    body_parsed,
+    completion_params,
+    json_checked,
+    text_checked,
+)
+
+ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
+MAX_CUSTOM_ID_CHARS = 512
+MAX_ERRORS_LISTED = 100
+_LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
+
+
+def max_lines() -> int:
+    """``BATCH_MAX_LINES``: the most lines a batch may have (default 10,000)."""
+    return settings.BATCH_MAX_LINES
+
+
+def max_bytes() -> int:
+    """``BATCH_MAX_BYTES``: the largest input a batch may have, bytes (default 20 MiB)."""
+    return settings.BATCH_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One checked line. ``body`` is the JSON as sent (numbers as Python floats and ints: a
+    float's shortest repr gives back the digits sent, for any bid the endpoint accepts)."""
+
+    line: int  # 1-based
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+    params: CompletionParams
+
+
+class BatchInputInvalid(GatewayError):
+    """400 (a malformed line) or 422 (a line with unacceptable values): the file is refused.
+    ``lines`` lists each bad line: ``{"line", "message", "param", "code"}``."""
+
+    code = "invalid_batch_input"
+
+    def __init__(self, lines: list[dict[str, Any]], *, total_bad: int) -> None:
+        first = lines[0]
+        more = f" (and {total_bad - 1} more bad lines)" if total_bad > 1 else ""
+        super().__init__(f"line {first['line']}: {first['message']}{more}", param=first["param"])
+        self.status = 400 if any(e["status"] == 400 for e in lines) else 422
+        self.lines = [{k: v for k, v in e.items() if k != "status"} for e in lines]
+        self.total_bad = total_bad
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        body["error"]["lines"] = self.lines
+        body["error"]["bad_lines"] = self.total_bad
+        return body
+
+
+class BatchTooLarge(MalformedRequest):
+    """413: more bytes or lines than a batch may have."""
+
+    status = 413
+    code = "batch_too_large"
+
+
+def input_decoded(raw: bytes) -> str:
+    """The input as text: UTF-8 (a BOM is dropped), at most ``max_bytes()``."""
+    if len(raw) > max_bytes():
+        raise BatchTooLarge(f"the batch input is larger than {max_bytes()} bytes")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise MalformedRequest(f"the batch input is not UTF-8: {exc}") from None
+
+
+def lines_checked(text: str) -> list[BatchLine]:
+    """Every non-blank line of ``text`` checked; BatchInputInvalid listing the bad ones."""
+    text_checked(text, param="input")  # a NUL outside any line's JSON is refused here too
+    if len(text.encode()) > max_bytes():
+        raise BatchTooLarge(f"the batch input is larger than {max_bytes()} bytes")
+    numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not numbered:
+        raise InvalidValue("the batch input has no lines", param="input")
+    if len(numbered) > max_lines():
+        raise BatchTooLarge(
+            f"a batch takes at most {max_lines()} lines, this one has {len(numbered)}"
+        )
+    checked: list[BatchLine] = []
+    errors: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for number, line in numbered:
+        try:
+            item = _line_checked(number, line)
+            if item.custom_id in seen:
+                raise InvalidValue(
+                    f"custom_id {item.custom_id!r} is also on line {seen[item.custom_id]}; "
+                    "each line needs its own",
+                    param="custom_id",
+                )
+            seen[item.custom_id] = number
+            checked.append(item)
+        except GatewayError as exc:
+            errors.append(
+                {"line": number, "message": exc.message, "param": exc.param, "code": exc.code,
+                 "status": exc.status}
+            )  # fmt: skip
+    if errors:
+        raise BatchInputInvalid(errors[:MAX_ERRORS_LISTED], total_bad=len(errors))
+    return checked
+
+
+def _line_checked(number: int, line: str) -> BatchLine:
+    try:
+        raw = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise MalformedRequest(f"not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise MalformedRequest("a line must be a JSON object")
+    json_checked(raw)
+    unknown = sorted(set(raw) - _LINE_KEYS)
+    if unknown:
+        raise MalformedRequest(f"unknown field {unknown[0]!r}", param=unknown[0])
+    custom_id = raw.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id.strip():
+        raise MalformedRequest("custom_id must be a non-empty string", param="custom_id")
+    if len(custom_id) > MAX_CUSTOM_ID_CHARS:
+        raise InvalidValue(
+            f"custom_id is longer than {MAX_CUSTOM_ID_CHARS} characters", param="custom_id"
+        )
+    method = raw.get("method", "POST")
+    if method != "POST":
+        raise InvalidValue("method must be POST", param="method")
+    url = raw.get("url")
+    if url not in ENDPOINTS:
+        raise InvalidValue(f"url must be one of {', '.join(ENDPOINTS)}, got {url!r}", param="url")
+    body = raw.get("body")
+    if not isinstance(body, dict):
+        raise MalformedRequest("body must be a JSON object", param="body")
+    params = body_params(body, url=url)
+    return BatchLine(line=number, custom_id=custom_id, url=url, body=body, params=params)
+
+
+def body_params(body: dict[str, Any], *, url: str) -> CompletionParams:
+    """A line's body checked by the endpoint's own validation, its numbers read as Decimals;
+    errors name the field as ``body.<field>``."""
+    try:
+        params = completion_params(
+            body_parsed(json.dumps(body).encode()), endpoint=ENDPOINTS[url], headers={}
+        )
+    except GatewayError as exc:
+        if exc.param:
+            exc.param = f"body.{exc.param}"
+        raise
+    if params.stream:
+        raise InvalidValue("stream is not supported in a batch", param="body.stream")
+    return params

@@ -1,0 +1,116 @@
+"""The tenant dashboard: spend against budget with its pacing curve, latency by request class,
+the autobidder's multiplier, recent requests and why they ranked where they did, invoices and
+keys. Members of the tenant (and operators) only; anyone else gets 404, anonymous a login.
+
+The live parts arrive over ``/ws/tenants/<slug>/`` (``market.consumers.TenantConsumer``) as
+spend ticks, in the same shapes as the initial data rendered here (``market.payloads``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from accounts.forms import BatchUploadForm
+from accounts.models import Autobidder, Tenant
+from accounts.money import money_str
+from accounts.selectors import (
+    api_keys_for_tenant,
+    can_manage_keys,
+    invoices_for_tenant,
+    role_for_user,
+)
+from accounts.selectors.live import (
+    autobidder_steps,
+    latency_points,
+    requests_why,
+    spend_cumulative,
+)
+from accounts.views import tenant_page
+from accounts.windows import window_for
+from market.live.spend import request_row, spend_tick
+from market.payloads import SpendTick
+from openai_api.batches.console_views import can_submit_batches
+from openai_api.batches.selectors import batches_for_tenant
+
+LATENCY_LOOKBACK = timedelta(hours=1)
+AUTOBID_LOOKBACK = timedelta(hours=24)
+RECENT_REQUESTS = 25
+INVOICES_SHOWN = 6
+BATCHES_SHOWN = 10
+
+
+def _pacing(tenant: Tenant, tick: SpendTick, now: datetime) -> dict[str, Any]:
+    """The budget window (or, with no budget that resets, this month) and the cumulative spend
+    in it, for the pacing chart: the ideal line goes from 0 at the start to the limit at the
+    reset."""
+    budget = tick["budget"]
+    if budget is not None and budget["resets_at"] is not None:
+        start = datetime.fromtimestamp(budget["window_start"], tz=UTC)
+        end = datetime.fromtimestamp(budget["resets_at"], tz=UTC)
+        limit = budget["limit"]
+        period = budget["period"]
+    else:
+        window = window_for(period="month", now=now)
+        start, end, limit, period = window.start, window.end, None, "month"
+    bucket = "minute" if (end - start) <= timedelta(days=1) else "hour"
+    points = spend_cumulative(tenant=tenant, start=start, until=now, bucket=bucket)
+    return {
+        "period": period,
+        "start": start.timestamp(),
+        "end": end.timestamp(),
+        "limit": limit,
+        "points": [[p.at.timestamp(), money_str(p.cumulative)] for p in points],
+    }
+
+
+@require_GET
+@tenant_page
+def tenant_dashboard(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    now = timezone.now()
+    tick = spend_tick(tenant=tenant, now=now)
+    autobidder = Autobidder.objects.filter(tenant=tenant).first()
+    initial = {
+        "tenant": tenant.slug,
+        "socket": f"/ws/tenants/{tenant.slug}/",
+        "now": now.timestamp(),
+        "tick": tick,
+        "pacing": _pacing(tenant, tick, now),
+        "latency": [
+            {
+                "id": p.request_id,
+                "t": p.at.timestamp(),
+                "cls": p.request_class,
+                "ttft": p.ttft_s,
+                "e2e": p.e2e_s,
+            }
+            for p in latency_points(tenant=tenant, since=now - LATENCY_LOOKBACK)
+        ],
+        "autobidder": {
+            "enabled": bool(autobidder and autobidder.enabled),
+            "mu": autobidder.mu if autobidder else None,
+            "steps": [
+                [at.timestamp(), mu]
+                for at, mu in autobidder_steps(tenant=tenant, since=now - AUTOBID_LOOKBACK)
+            ],
+        },
+        "requests": [request_row(w) for w in requests_why(tenant=tenant, limit=RECENT_REQUESTS)],
+    }
+    context = {
+        "tenant": tenant,
+        "role": role_for_user(user=request.user, tenant=tenant),
+        "may_manage": can_manage_keys(user=request.user, tenant=tenant),
+        "autobidder": autobidder,
+        "invoices": invoices_for_tenant(tenant=tenant)[:INVOICES_SHOWN],
+        "keys": api_keys_for_tenant(tenant=tenant)[:10],
+        "batches": batches_for_tenant(tenant=tenant)[:BATCHES_SHOWN],
+        "may_submit_batches": can_submit_batches(user=request.user, tenant=tenant),
+        "batch_form": BatchUploadForm(tenant=tenant),
+        "initial": initial,
+    }
+    return render(request, "accounts/tenant_dashboard.html", context)

@@ -1,0 +1,140 @@
+"""Database work of the gateway, off the event loop, on a few threads that keep their connections.
+
+Django's ORM is synchronous. Under ASGI, ``sync_to_async`` runs it in a thread of the request's
+own, so each request would open (and close) a PostgreSQL connection: a few milliseconds, more
+than the rest of the gateway's work. The gateway's few database steps per request (admit: key,
+market, bid, hold; settle: the token charge or the release) run instead on a small pool of
+threads (``GATEWAY_DB_THREADS``, default 2) whose connections stay open. A thread whose
+connection failed closes it, and the next step there reconnects.
+
+Work handed to a thread always finishes, even when the request that waited for it is cancelled
+(the client went away): callers that must clean up after it use :func:`detached`.
+
+A step that waited out a lock (:func:`database_busy`) raises ``errors.DatabaseBusy``, a 503
+with ``Retry-After``, rather than a 500: the database is busy, not broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+from openai_api.gateway.errors import DatabaseBusy
+
+T = TypeVar("T")
+BUSY_RETRY_AFTER_S = 1  # the Retry-After of a DatabaseBusy answer, seconds
+# SQLite's messages once its busy timeout is over; PostgreSQL's SQLSTATEs for a lock that was
+# not granted in time, a deadlock, and a serialization failure (each rolls the transaction back).
+SQLITE_BUSY_MESSAGES = ("database is locked", "database table is locked")
+POSTGRES_BUSY_SQLSTATES = frozenset({"55P03", "40P01", "40001"})
+
+_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_threads = 0
+_background: set[asyncio.Task[Any]] = set()
+
+
+def threads_configured() -> int:
+    """The ``GATEWAY_DB_THREADS`` setting; always 1 on SQLite, which takes one writer at a time
+    (its in-memory test database refuses a second with "table is locked" rather than waiting)."""
+    if connections["default"].vendor == "sqlite":
+        return 1
+    threads = settings.GATEWAY_DB_THREADS
+    if threads < 1:
+        raise ValueError(f"GATEWAY_DB_THREADS must be >= 1, got {threads}")
+    return threads
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor, _threads
+    with _lock:
+        if _executor is None:
+            _threads = threads_configured()
+            _executor = ThreadPoolExecutor(max_workers=_threads, thread_name_prefix="gateway-db")
+        return _executor
+
+
+def database_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database was too busy (a lock not had in time), not broken."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    if getattr(exc.__cause__, "sqlstate", None) in POSTGRES_BUSY_SQLSTATES:
+        return True
+    return isinstance(exc, OperationalError) and str(exc).startswith(SQLITE_BUSY_MESSAGES)
+
+
+def _run(fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
+    try:
+        return fn(**kwargs)
+    except (OperationalError, InterfaceError) as exc:
+        # The connection may be broken (server restart, network): drop it, reconnect next time.
+        for conn in connections.all(initialized_only=True):
+            if conn.connection is not None and not conn.in_atomic_block:
+                conn.close()
+        if database_busy(exc):
+            seconds = BUSY_RETRY_AFTER_S
+            raise DatabaseBusy(
+                f"the database is busy; retry after {seconds} s",
+                headers={"Retry-After": str(seconds)},
+            ) from exc
+        raise
+
+
+async def db_call(fn: Callable[..., T], /, **kwargs: Any) -> T:
+    """Run ``fn(**kwargs)`` on a gateway database thread and return its result."""
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    return await loop.run_in_executor(_pool(), functools.partial(context.run, _run, fn, kwargs))
+
+
+def detached(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """Run ``coro`` as a task that a cancelled caller does not cancel (a reference is kept
+    until it ends). Await it through ``asyncio.shield`` to wait for it when not cancelled."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
+async def shielded(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` to the end even if the caller is cancelled meanwhile (then it re-raises
+    the cancellation after ``coro`` finishes in the background)."""
+    return await asyncio.shield(detached(coro))
+
+
+async def background_drained(timeout_s: float = 10.0) -> None:
+    """Wait for this loop's detached tasks (tests, shutdown)."""
+    loop = asyncio.get_running_loop()
+    mine = [t for t in _background if t.get_loop() is loop]
+    if mine:
+        await asyncio.wait(mine, timeout=timeout_s)
+
+
+def connections_close() -> None:
+    """Close every gateway thread's database connections (before a test database is dropped).
+
+    Each thread runs one closing step; a barrier makes sure no thread takes two.
+    """
+    with _lock:
+        executor, threads = _executor, _threads
+    if executor is None:
+        return
+    barrier = threading.Barrier(threads)
+
+    def close() -> None:
+        try:
+            barrier.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            pass  # fewer threads were ever started: they are all closed by now anyway
+        connections.close_all()
+
+    for future in [executor.submit(close) for _ in range(threads)]:
+        future.result(timeout=10)

@@ -1,0 +1,161 @@
+"""OpenAI's response shapes, with the market's ``auction`` object added.
+
+Non-streamed: ``chat.completion`` and ``text_completion`` bodies. Streamed:
+``chat.completion.chunk`` and ``text_completion`` chunks as server-sent events, closed by
+``data: [DONE]``. ``usage`` has ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
+``prompt_tokens_details.cached_tokens``. ``auction`` (money as decimal strings, dollars or
+dollars per second of waiting):
+
+- ``bid``, ``effective_bid`` (0 when the bid is under the reserve: it buys no priority),
+  ``reserve``, ``bid_source`` (``explicit``, ``autobid``, ``none``);
+- ``rank``: the request's position in the order of the round that admitted it (0 first), when
+  the engine reports it; ``round_id`` likewise;
+- ``priority_charge``: what the engine reported (``priority_charge_status: "reported"``); the
+  ledger's priority entry is written from the round record. Without a report (SGLang does not
+  send one): ``null`` and ``"pending"``;
+- ``token_charge``: the ledger's token entry for this request.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from accounts.money import money, money_str
+from openai_api.gateway.validation import CHAT
+from scheduler_bridge.client import EngineMeta
+
+DONE = b"data: [DONE]\n\n"
+FINISH_REASONS = {"length": "length", "stop": "stop", "abort": "stop"}
+
+
+def usage_body(meta: EngineMeta) -> dict[str, Any]:
+    """OpenAI's usage object from the engine's counts (tokens)."""
+    cached = min(meta.cached_tokens, meta.prompt_tokens)
+    return {
+        "prompt_tokens": meta.prompt_tokens,
+        "completion_tokens": meta.completion_tokens,
+        "total_tokens": meta.prompt_tokens + meta.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def priority_reported(meta: EngineMeta | None) -> Decimal | None:
+    """The engine's priority charge as a ledger amount (dollars), or None when not reported."""
+    if meta is None or meta.charge is None or meta.charge < 0:
+        return None
+    return money(meta.charge)
+
+
+def auction_body(
+    *,
+    bid: Decimal,
+    effective_bid: Decimal,
+    reserve: Decimal,
+    bid_source: str,
+    meta: EngineMeta | None,
+    token_charge: Decimal | None,
+) -> dict[str, Any]:
+    """The ``auction`` object of a response (see the module's docstring)."""
+    priority = priority_reported(meta)
+    return {
+        "bid": money_str(bid),
+        "effective_bid": money_str(effective_bid),
+        "reserve": money_str(reserve),
+        "bid_source": bid_source,
+        "rank": meta.position if meta is not None else None,
+        "round_id": meta.round_id if meta is not None else None,
+        "priority_charge": None if priority is None else money_str(priority),
+        "priority_charge_status": "pending" if priority is None else "reported",
+        "token_charge": None if token_charge is None else money_str(token_charge),
+    }
+
+
+def finish_reason(meta: EngineMeta | None, *, max_tokens: int) -> str:
+    """OpenAI's finish_reason for what the engine reported."""
+    reason = FINISH_REASONS.get(meta.finish_reason or "") if meta is not None else None
+    if reason is None:
+        generated = meta.completion_tokens if meta is not None else 0
+        reason = "length" if generated >= max_tokens else "stop"
+    return reason
+
+
+def completion_body(
+    *,
+    endpoint: str,
+    response_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    usage: dict[str, Any],
+    auction: dict[str, Any],
+) -> dict[str, Any]:
+    """A ``chat.completion`` or ``text_completion`` body."""
+    choice: dict[str, Any]
+    if endpoint == CHAT:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+        kind = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        kind = "text_completion"
+    return {
+        "id": response_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [choice],
+        "usage": usage,
+        "auction": auction,
+    }
+
+
+def chunk_body(
+    *,
+    endpoint: str,
+    response_id: str,
+    created: int,
+    model: str,
+    text: str | None = None,
+    role: bool = False,
+    finish: str | None = None,
+    no_choices: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk: a text delta, the role (chat's first chunk), the finish, or (with
+    ``no_choices``) the usage chunk. ``extra`` adds top-level fields (usage, auction)."""
+    choice: dict[str, Any]
+    if endpoint == CHAT:
+        delta: dict[str, Any] = {}
+        if role:
+            delta = {"role": "assistant", "content": ""}
+        elif text is not None:
+            delta = {"content": text}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        kind = "text_completion"
+    body = {
+        "id": response_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [] if no_choices else [choice],
+    }
+    if extra:
+        body.update(extra)
+    return body
+
+
+def sse(obj: Any) -> bytes:
+    """One server-sent event carrying ``obj`` as compact JSON."""
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"

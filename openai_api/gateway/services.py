@@ -1,0 +1,470 @@
+"""The gateway's request flow (DESIGN.md 2): admit, forward, settle.
+
+1. **Admit** (one step on a database thread, ``request_admit``): authenticate the API key (cached
+   for ``GATEWAY_API_KEY_CACHE_S`` seconds, default 5), find the market, choose the bid (explicit,
+   else the tenant's autobidder, else 0), render the prompt, and hold the worst case with
+   ``request_open``: prompt tokens x input price + max_tokens x output price (per million), plus
+   effective bid x the market's ``max_wait_s`` for an explicit bid or the autobid's own worst
+   case. A bid under the reserve buys no priority: its effective bid, and its priority hold, is 0
+   (the engine gets the raw bid and applies the same reserve itself). The priority part of the
+   hold is also the request's ``priority_cap``: settlement never charges more than the hold.
+2. **Forward** through the engine client, with the Request's id as the engine's rid.
+3. **Settle**: served, ``request_complete`` writes the token charge; not served (engine down or
+   silent past its timeouts, queue full, refused, the client gone before any token: a client
+   that disconnects while it waits cancels the engine call), ``request_fail`` releases the hold
+   and nothing is charged. A stream the client leaves half-way is charged the tokens it was sent.
+   The priority charge is settled from the round records by the settlement consumer, not here.
+
+Settling runs to the end even when the client goes away (``db.shielded``), and at most once per
+request; the ledger's (request, kind) key makes a replay change nothing anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+
+from accounts.models import ApiKey, BidSource, Tenant
+from accounts.money import ZERO, money, per_million
+from accounts.services import (
+    BudgetExhausted,
+    request_complete,
+    request_fail,
+    request_open,
+)
+from accounts.services.autobidder import autobid
+from market.mechanism.requests import effective_bid
+from market.models import Market
+from openai_api.gateway import metrics, responses
+from openai_api.gateway.chat_templates import Prompt, chat_template
+from openai_api.gateway.db import db_call, detached, shielded
+from openai_api.gateway.errors import (
+    BudgetExhaustedError,
+    EngineBusy,
+    EngineDown,
+    EngineTimeout,
+    GatewayError,
+    InvalidValue,
+    MalformedRequest,
+    ModelNotFound,
+)
+from openai_api.gateway.keys import api_key_authenticated
+from openai_api.gateway.selectors import market_for_model, models_served
+from openai_api.gateway.validation import CHAT, CompletionParams
+from scheduler_bridge.client import (
+    EngineChunk,
+    EngineError,
+    EngineMeta,
+    EngineOutput,
+    EngineOverloaded,
+    EngineRejected,
+    EngineTimedOut,
+    EngineTimeouts,
+    engine_client,
+    generate_body,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Trace:
+    """What the view needs for its metrics: filled in as the request goes."""
+
+    endpoint: str
+    market: str = metrics.NO_MARKET
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request recorded and held, ready to forward. Money in dollars (bids: per second)."""
+
+    request_id: str
+    market: Market
+    bid: Decimal
+    effective_bid: Decimal
+    bid_source: str
+    prompt: Prompt
+    hold: Decimal
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _prompt(params: CompletionParams, market: Market) -> Prompt:
+    template = chat_template(market.chat_template)
+    if params.endpoint == CHAT:
+        return template.chat(params.messages)
+    if params.prompt_ids is not None:
+        return template.ids(params.prompt_ids)
+    assert params.prompt_text is not None
+    return template.text(params.prompt_text)
+
+
+def request_admit(*, params: CompletionParams, key: str | None, request_id: str) -> Admitted:
+    """Authenticate, find the market, choose the bid, hold the worst case (synchronous: run it
+    on a database thread). GatewayError subclasses say why a request is refused."""
+    api_key = api_key_authenticated(key=key)
+    return request_admit_for(
+        params=params, tenant=api_key.tenant, api_key=api_key, request_id=request_id
+    )
+
+
+def request_admit_for(
+    *, params: CompletionParams, tenant: Tenant, api_key: ApiKey | None, request_id: str
+) -> Admitted:
+    """:func:`request_admit` for a caller already known: ``tenant`` and its ``api_key`` (None:
+    the tenant's own console). Used by batch jobs, which keep no key's secret."""
+    market = market_for_model(model=params.model)
+    if market is None:
+        raise ModelNotFound(f"no market serves the model {params.model!r}", param="model")
+    reserve = market.reserve
+    if params.bid is not None:
+        bid, source = params.bid, BidSource.EXPLICIT
+        effective = effective_bid(bid, reserve, zero=ZERO)
+        priority_hold = effective * Decimal(repr(market.max_wait_s))
+    else:
+        auto = autobid(tenant=tenant, request_class=params.request_class)
+        if auto is not None:
+            bid, source = auto.bid, BidSource.AUTOBID
+            effective = effective_bid(bid, reserve, zero=ZERO)
+            priority_hold = auto.worst_case if effective > 0 else ZERO
+        else:
+            bid, source, effective, priority_hold = ZERO, BidSource.NONE, ZERO, ZERO
+    prompt = _prompt(params, market)
+    if prompt.tokens == 0:
+        raise InvalidValue("the prompt has no tokens", param="prompt")
+    tokens_hold = per_million(
+        tokens=prompt.tokens, price_per_million=market.price_input_per_mtok
+    ) + per_million(tokens=params.max_tokens, price_per_million=market.price_output_per_mtok)
+    hold = money(tokens_hold + priority_hold)
+    try:
+        request_open(
+            request_id=request_id,
+            tenant=tenant,
+            api_key=api_key,
+            market=market,
+            bid=bid,
+            hold_amount=hold,
+            request_class=params.request_class,
+            bid_source=source,
+            priority_cap=money(priority_hold),
+        )
+    except BudgetExhausted as exc:
+        raise BudgetExhaustedError(str(exc)) from None
+    return Admitted(request_id, market, bid, effective, source, prompt, hold)
+
+
+def _settle_tokens(*, request_id: str, meta: EngineMeta, market: Market) -> Decimal:
+    """Write the token charge of a served request (dollars) and its engine-side latencies;
+    synchronous. ``market`` (as admitted) only saves reading its prices again while they are
+    unchanged: the charge is at the prices of the market's row when it is written."""
+    e2e = meta.raw.get("e2e_latency")
+    entry = request_complete(
+        market=market,
+        request_id=request_id,
+        prompt_tokens=meta.prompt_tokens,
+        cached_tokens=min(meta.cached_tokens, meta.prompt_tokens),
+        completion_tokens=meta.completion_tokens,
+        ttft_s=meta.ttft_s,
+        e2e_s=float(e2e) if isinstance(e2e, int | float) else None,
+    )
+    return entry.amount
+
+
+async def _admit(params: CompletionParams, key: str | None, trace: Trace) -> Admitted:
+    request_id = "gw-" + uuid.uuid4().hex
+    task = detached(db_call(request_admit, params=params, key=key, request_id=request_id))
+    try:
+        admitted = await asyncio.shield(task)
+    except asyncio.CancelledError:  # the client went away: release the hold once it is placed
+        detached(_failed_after(task, request_id))
+        raise
+    trace.market = admitted.market.slug
+    metrics.BIDS.labels(trace.market, admitted.bid_source).observe(float(admitted.bid))
+    return admitted
+
+
+async def _failed_after(task: asyncio.Task[Admitted], request_id: str) -> None:
+    try:
+        await task
+    except Exception:  # noqa: BLE001 (refused: nothing was held)
+        return
+    await db_call(request_fail, request_id=request_id)
+
+
+def engine_timeouts() -> EngineTimeouts:
+    """The engine client's waits, seconds, from the settings ``ENGINE_CONNECT_TIMEOUT_S``,
+    ``ENGINE_READ_TIMEOUT_S`` and ``ENGINE_ANSWER_TIMEOUT_S`` (read per request)."""
+    return EngineTimeouts(
+        connect_s=settings.ENGINE_CONNECT_TIMEOUT_S,
+        read_s=settings.ENGINE_READ_TIMEOUT_S,
+        answer_s=settings.ENGINE_ANSWER_TIMEOUT_S,
+    )
+
+
+def _engine_failure(exc: EngineError, *, charged: Decimal | None = None) -> GatewayError:
+    """The answer for an engine failure; ``charged``: the dollars of the tokens a stream had
+    already sent when it failed (they are charged, so the answer says so, not "not charged")."""
+    if charged is not None:
+        error = EngineTimeout if isinstance(exc, EngineTimedOut) else EngineDown
+        return error(
+            f"the engine failed mid-answer; the tokens sent were charged (${charged:f}), the "
+            f"rest of the answer is not: {exc.message}"
+        )
+    if isinstance(exc, EngineOverloaded):
+        seconds = max(1, round(exc.retry_after_s))
+        return EngineBusy(
+            f"the engine's queue is full; retry after {seconds} s: {exc.message}",
+            headers={"Retry-After": str(seconds)},
+        )
+    if isinstance(exc, EngineRejected):
+        return MalformedRequest(
+            f"the engine refused the request: {exc.message}",
+            param=exc.param,
+            code="engine_rejected",
+        )
+    if isinstance(exc, EngineTimedOut):
+        return EngineTimeout(f"the engine timed out; the request was not charged: {exc.message}")
+    return EngineDown(f"the engine is unavailable; the request was not charged: {exc.message}")
+
+
+def _body(admitted: Admitted, params: CompletionParams, stream: bool) -> dict:
+    return generate_body(
+        rid=admitted.request_id,
+        max_new_tokens=params.max_tokens,
+        bid=float(admitted.bid),
+        text=admitted.prompt.text,
+        input_ids=admitted.prompt.input_ids,
+        sampling_params=params.sampling,
+        stream=stream,
+    )
+
+
+def _auction(admitted: Admitted, meta: EngineMeta | None, token_charge: Decimal | None) -> dict:
+    return responses.auction_body(
+        bid=admitted.bid,
+        effective_bid=admitted.effective_bid,
+        reserve=admitted.market.reserve,
+        bid_source=admitted.bid_source,
+        meta=meta,
+        token_charge=token_charge,
+    )
+
+
+def _response_id(params: CompletionParams, admitted: Admitted) -> str:
+    prefix = "chatcmpl-" if params.endpoint == CHAT else "cmpl-"
+    return prefix + admitted.request_id
+
+
+async def completion_create(*, params: CompletionParams, key: str | None, trace: Trace) -> dict:
+    """A non-streamed chat or text completion: the response body (GatewayError on failure)."""
+    admitted = await _admit(params, key, trace)
+    return await completion_forward(params=params, admitted=admitted, trace=trace)
+
+
+async def completion_forward(
+    *,
+    params: CompletionParams,
+    admitted: Admitted,
+    trace: Trace,
+    on_settled: Callable[[dict], None] | None = None,
+) -> dict:
+    """Forward an admitted, non-streamed request to the engine and settle it: the response
+    body, or GatewayError (its hold released, nothing charged) when the engine did not serve
+    it. ``on_settled(body)`` (synchronous) runs in the token charge's own transaction: what it
+    writes commits with the charge or not at all (a batch item keeps its answer so)."""
+    market = trace.market = admitted.market.slug
+    metrics.IN_FLIGHT.labels(market).inc()
+    metrics.WAITING.labels(market).inc()
+    started = time.perf_counter()
+    try:
+        output = await engine_client().generate(
+            base_url=admitted.market.engine_url,
+            body=_body(admitted, params, stream=False),
+            timeouts=engine_timeouts(),
+        )
+    except EngineError as exc:
+        await shielded(db_call(request_fail, request_id=admitted.request_id))
+        raise _engine_failure(exc) from None
+    except asyncio.CancelledError:  # the client went away before the answer
+        detached(db_call(request_fail, request_id=admitted.request_id))
+        raise
+    finally:
+        metrics.WAITING.labels(market).dec()
+        metrics.IN_FLIGHT.labels(market).dec()
+    metrics.TTFT.labels(market).observe(time.perf_counter() - started)
+    body, charge = await shielded(
+        db_call(
+            _settled_body, params=params, admitted=admitted, output=output, on_settled=on_settled
+        )
+    )
+    metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(output.meta))
+    return body
+
+
+def _settled_body(
+    *,
+    params: CompletionParams,
+    admitted: Admitted,
+    output: EngineOutput,
+    on_settled: Callable[[dict], None] | None,
+) -> tuple[dict, Decimal]:
+    """Write the token charge and build the response body (synchronous); with ``on_settled``,
+    both in one transaction with what it writes."""
+    with transaction.atomic() if on_settled is not None else contextlib.nullcontext():
+        charge = _settle_tokens(
+            request_id=admitted.request_id, meta=output.meta, market=admitted.market
+        )
+        body = responses.completion_body(
+            endpoint=params.endpoint,
+            response_id=_response_id(params, admitted),
+            created=admitted.created,
+            model=admitted.market.served_model,
+            text=output.text,
+            finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
+            usage=responses.usage_body(output.meta),
+            auction=_auction(admitted, output.meta, charge),
+        )
+        if on_settled is not None:
+            on_settled(body)
+    return body, charge
+
+
+async def completion_stream(
+    *, params: CompletionParams, key: str | None, trace: Trace
+) -> AsyncIterator[bytes]:
+    """A streamed completion: admits and waits for the engine's first event (so refusals are
+    still proper error answers), then returns the server-sent events to send."""
+    admitted = await _admit(params, key, trace)
+    market = trace.market
+    metrics.IN_FLIGHT.labels(market).inc()
+    metrics.WAITING.labels(market).inc()
+    started = time.perf_counter()
+    events = engine_client().generate_stream(
+        base_url=admitted.market.engine_url,
+        body=_body(admitted, params, stream=True),
+        timeouts=engine_timeouts(),
+    )
+    try:
+        first: EngineChunk | None = await anext(events, None)
+    except EngineError as exc:
+        metrics.IN_FLIGHT.labels(market).dec()
+        await shielded(db_call(request_fail, request_id=admitted.request_id))
+        raise _engine_failure(exc) from None
+    except asyncio.CancelledError:
+        metrics.IN_FLIGHT.labels(market).dec()
+        detached(_closed_and_failed(events, admitted.request_id))
+        raise
+    finally:
+        metrics.WAITING.labels(market).dec()
+    metrics.TTFT.labels(market).observe(time.perf_counter() - started)
+    # Start the event generator here: a started async generator that is dropped unfinished is
+    # closed by the event loop (its finally settles), an unstarted one would never run at all.
+    sse = _sse(params, admitted, events, first)
+    return _prefixed(await anext(sse), sse)
+
+
+async def _prefixed(head: bytes, rest: AsyncGenerator[bytes]) -> AsyncIterator[bytes]:
+    """``head``, then what ``rest`` yields; closing this closes ``rest``."""
+    try:
+        yield head
+        async for part in rest:
+            yield part
+    finally:
+        await rest.aclose()
+
+
+async def _closed_and_failed(events: AsyncIterator[EngineChunk], request_id: str) -> None:
+    await events.aclose()  # type: ignore[attr-defined]
+    await db_call(request_fail, request_id=request_id)
+
+
+async def _sse(
+    params: CompletionParams,
+    admitted: Admitted,
+    events: AsyncIterator[EngineChunk],
+    first: EngineChunk | None,
+) -> AsyncGenerator[bytes]:
+    """The events of a stream. Settles exactly once, whether the stream ends, the engine fails
+    mid-way, or the client leaves (then the tokens sent so far are charged)."""
+    shape = {
+        "endpoint": params.endpoint,
+        "response_id": _response_id(params, admitted),
+        "created": admitted.created,
+        "model": admitted.market.served_model,
+    }
+    market = admitted.market.slug
+    meta: EngineMeta | None = first.meta if first is not None else None
+    settled = False
+
+    async def settle() -> Decimal | None:
+        nonlocal settled
+        settled = True
+        if meta is None or (meta.completion_tokens == 0 and meta.finish_reason is None):
+            await shielded(db_call(request_fail, request_id=admitted.request_id))
+            return None
+        charge = await shielded(
+            db_call(
+                _settle_tokens, request_id=admitted.request_id, meta=meta, market=admitted.market
+            )
+        )
+        metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(meta))
+        return charge
+
+    try:
+        # The first event is yielded before anything is awaited (see completion_stream).
+        if params.endpoint == CHAT:
+            yield responses.sse(responses.chunk_body(**shape, role=True))
+            if first is not None and first.delta:
+                yield responses.sse(responses.chunk_body(**shape, text=first.delta))
+        else:
+            text = first.delta if first is not None else ""
+            yield responses.sse(responses.chunk_body(**shape, text=text))
+        try:
+            async for chunk in events:
+                meta = chunk.meta
+                if chunk.delta:
+                    yield responses.sse(responses.chunk_body(**shape, text=chunk.delta))
+        except EngineError as exc:
+            error = _engine_failure(exc, charged=await settle())
+            metrics.ERRORS.labels(market, params.endpoint, str(error.status), error.code).inc()
+            yield responses.sse(error.body())
+            return
+        charge = await settle()
+        auction = _auction(admitted, meta, charge)
+        finish = responses.finish_reason(meta, max_tokens=params.max_tokens)
+        if params.include_usage and meta is not None:
+            yield responses.sse(responses.chunk_body(**shape, finish=finish))
+            extra = {"usage": responses.usage_body(meta), "auction": auction}
+            yield responses.sse(responses.chunk_body(**shape, no_choices=True, extra=extra))
+        else:
+            yield responses.sse(
+                responses.chunk_body(**shape, finish=finish, extra={"auction": auction})
+            )
+        yield responses.DONE
+    finally:
+        metrics.IN_FLIGHT.labels(market).dec()
+        if not settled:  # the client left mid-stream
+            settled = True
+            detached(_left(events, settle))
+
+
+async def _left(events: AsyncIterator[EngineChunk], settle) -> None:
+    try:
+        await events.aclose()  # type: ignore[attr-defined]
+    finally:
+        await settle()
+
+
+async def models_list(*, key: str | None) -> dict:
+    """``GET /v1/models`` for an authenticated key."""
+    await db_call(api_key_authenticated, key=key)
+    return {"object": "list", "data": await db_call(models_served)}

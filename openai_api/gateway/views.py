@@ -1,0 +1,144 @@
+"""The OpenAI-compatible HTTP endpoints (thin: the flow is in ``services``).
+
+``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed or not), ``GET /v1/models``,
+authenticated by ``Authorization: Bearer <API key>``; ``GET /metrics`` for Prometheus, with
+``Authorization: Bearer <METRICS_TOKEN>`` (off while that setting is unset). Every error is an
+OpenAI-style JSON body (``errors``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from openai_api.gateway import metrics, services
+from openai_api.gateway.errors import (
+    BodyTooLarge,
+    Forbidden,
+    GatewayError,
+    InvalidApiKey,
+    MethodNotAllowed,
+    ServerError,
+    error_response,
+)
+from openai_api.gateway.validation import CHAT, COMPLETIONS, body_parsed, completion_params
+
+logger = logging.getLogger(__name__)
+
+_error = error_response
+
+
+def _methods(request: HttpRequest, *allowed: str) -> None:
+    """MethodNotAllowed unless the request's method is one of ``allowed``."""
+    if request.method not in allowed:
+        raise MethodNotAllowed(f"{request.method} is not allowed here; use {' or '.join(allowed)}")
+
+
+def _bearer(request: HttpRequest) -> str | None:
+    """The API key of ``Authorization: Bearer <key>``, or None."""
+    scheme, _, key = request.headers.get("Authorization", "").strip().partition(" ")
+    return key.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _gateway_headers(request: HttpRequest) -> dict[str, str]:
+    headers = request.headers
+    return {
+        name: headers[name]
+        for name in ("x-bid", "x-request-class")
+        if headers.get(name) is not None
+    }
+
+
+async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:
+    trace = services.Trace(endpoint=endpoint)
+    started = time.perf_counter()
+    try:
+        _methods(request, "POST")
+        try:
+            raw = request.body
+        except RequestDataTooBig:
+            raise BodyTooLarge("the request body is too large") from None
+        params = completion_params(
+            body_parsed(raw), endpoint=endpoint, headers=_gateway_headers(request)
+        )
+        if params.stream:
+            events = await services.completion_stream(
+                params=params, key=_bearer(request), trace=trace
+            )
+            response: HttpResponse = StreamingHttpResponse(events, content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # proxies must not buffer the stream
+        else:
+            body = await services.completion_create(
+                params=params, key=_bearer(request), trace=trace
+            )
+            response = JsonResponse(body)
+    except GatewayError as exc:
+        metrics.answered(market=trace.market, endpoint=endpoint, status=exc.status, error=exc.code)
+        return _error(exc)
+    except Exception:
+        logger.exception("gateway: unexpected error on %s", endpoint)
+        error = ServerError("internal error in the gateway")
+        metrics.answered(market=trace.market, endpoint=endpoint, status=500, error=error.code)
+        return _error(error)
+    metrics.answered(market=trace.market, endpoint=endpoint, status=200)
+    metrics.DURATION.labels(trace.market, endpoint).observe(time.perf_counter() - started)
+    return response
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/chat/completions``."""
+    return await _completion(request, CHAT)
+
+
+@csrf_exempt
+async def completions(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/completions``."""
+    return await _completion(request, COMPLETIONS)
+
+
+@csrf_exempt
+async def models(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/models``: the active markets' served models."""
+    try:
+        _methods(request, "GET")
+        body = await services.models_list(key=_bearer(request))
+    except GatewayError as exc:
+        metrics.answered(market=metrics.NO_MARKET, endpoint="models", status=exc.status,
+                         error=exc.code)  # fmt: skip
+        return _error(exc)
+    metrics.answered(market=metrics.NO_MARKET, endpoint="models", status=200)
+    return JsonResponse(body)
+
+
+def _metrics_allowed(request: HttpRequest) -> None:
+    """Forbidden while ``METRICS_TOKEN`` is unset; InvalidApiKey unless the request carries
+    ``Authorization: Bearer <METRICS_TOKEN>`` (compared in constant time)."""
+    token = settings.METRICS_TOKEN
+    if token is None:
+        raise Forbidden("/metrics is off: set METRICS_TOKEN to scrape it", code="metrics_disabled")
+    given = _bearer(request) or ""
+    # Header values are latin-1 text of the bytes sent: back to those bytes, as the token's.
+    if not hmac.compare_digest(given.encode("latin-1", "replace"), token.encode()):
+        raise InvalidApiKey(
+            "/metrics needs Authorization: Bearer <METRICS_TOKEN>",
+            code="invalid_metrics_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+async def prometheus(request: HttpRequest) -> HttpResponse:
+    """``GET /metrics``: the gateway's Prometheus exposition, for ``METRICS_TOKEN``'s bearer."""
+    try:
+        _methods(request, "GET")
+        _metrics_allowed(request)
+    except GatewayError as exc:
+        return _error(exc)
+    return HttpResponse(metrics.exposition(), content_type=metrics.CONTENT_TYPE)

@@ -1,0 +1,493 @@
+"""The one client for an engine's native HTTP API (SGLang's ``POST /generate``).
+
+The same code talks to the simulated engine (``engines.sim``) and to SGLang with our
+plugin: a request is ``rid``, ``text`` or ``input_ids``, ``sampling_params.max_new_tokens`` and
+``sampling_params.custom_params.bid`` (dollars per second of waiting). The answer's ``meta_info``
+has SGLang's fields (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
+``finish_reason``, ...) and, from the simulated engine only, the auction's (``charge`` in
+dollars, ``round_id``, ``position``): every auction field is optional here, because SGLang does
+not send them.
+
+Connections are pooled: one ``aiohttp.ClientSession`` per event loop, reused by every request of
+that loop (a session must not cross loops). aiohttp rather than httpx: on the gateway's hot path
+it costs about a quarter of httpx's CPU per request. Failures become typed errors:
+:class:`EngineUnavailable` (refused, reset, 5xx, garbage), its subclass :class:`EngineTimedOut`
+(the engine went silent), :class:`EngineOverloaded` (429, with ``retry_after_s``) and
+:class:`EngineRejected` (400, with the engine's message).
+
+Timeouts (:class:`EngineTimeouts`). Silence alone cannot tell a frozen engine from a busy one:
+an engine sends nothing about a request while it waits in the queue (SGLang and the simulated
+engine both), and a non-streamed answer is one block sent when the generation is over, so the
+wait before an answer begins is legitimately long. Cutting it at a fixed silence would fail
+every request of a long queue; waiting as long as any queue could last would leave a frozen
+engine undetected for minutes. Streaming every request from the engine would not help (nothing
+comes before the first token either) and would cost a quadratic amount of text, since SGLang
+streams the whole text so far with each token. So the client asks the engine instead:
+
+- ``connect_s``: connecting; past it the engine is unreachable (EngineUnavailable).
+- ``read_s``: silence. Once an answer has begun (a stream's first bytes), the engine sends every
+  decode step; ``read_s`` without a byte means it failed (EngineTimedOut). Before that, every
+  ``read_s`` of silence the client checks the engine's ``GET /health_generate`` (SGLang's and
+  the simulated engine's check that the scheduler still makes progress), one check at a time per
+  engine shared by every request waiting on it, and gives up (EngineTimedOut) only when that
+  check fails too (no answer within ``read_s``, or a 5xx): a frozen engine is found in about
+  two ``read_s``, a busy one is waited for.
+- ``answer_s``: the longest an answer may take to begin even while the engine looks healthy (a
+  request it lost, a queue that never moves for this bid); for a non-streamed request that is
+  the whole answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aiohttp
+
+# Defaults of EngineTimeouts, seconds (the gateway passes its settings, ENGINE_*_TIMEOUT_S).
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_S = 600.0
+HEALTH_PATH = "/health_generate"
+MAX_CONNECTIONS = 512
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+class EngineError(Exception):
+    """An engine did not serve a request. ``status`` is the engine's HTTP status, if it sent one."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class EngineUnavailable(EngineError):
+    """The engine could not be reached or failed: refused, reset, timed out, a 5xx, garbage."""
+
+
+class EngineTimedOut(EngineUnavailable):
+    """The engine took the request but went silent: mid-answer for ``read_s``, or failing its
+    health check while the answer had not begun, or not beginning within ``answer_s``."""
+
+
+class EngineOverloaded(EngineError):
+    """The engine's waiting queue is full (429); try again after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, *, retry_after_s: float, status: int | None = 429) -> None:
+        super().__init__(message, status=status)
+        self.retry_after_s = retry_after_s
+
+
+class EngineRejected(EngineError):
+    """The engine refused the request as malformed or impossible (400); ``param`` names the
+    field when the engine says which."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int | None = 400) -> None:
+        super().__init__(message, status=status)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class EngineTimeouts:
+    """How long the client waits for an engine, seconds (see the module's docstring)."""
+
+    connect_s: float = CONNECT_TIMEOUT_S  # connecting
+    read_s: float = READ_TIMEOUT_S  # silence mid-answer; silence before a health check
+    answer_s: float = ANSWER_TIMEOUT_S  # until the answer begins, even from a healthy engine
+
+    def __post_init__(self) -> None:
+        for name in ("connect_s", "read_s", "answer_s"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineMeta:
+    """What an engine reported about a request. Counts in tokens, times in engine seconds,
+    ``charge`` in dollars. The auction fields are None when the engine does not send them."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str | None  # "length", "stop", "abort", ... (None while running)
+    charge: float | None = None
+    round_id: str | None = None
+    position: int | None = None
+    ttft_s: float | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """A finished, non-streamed generation."""
+
+    text: str
+    meta: EngineMeta
+
+
+@dataclass(frozen=True)
+class EngineChunk:
+    """One streamed event: ``delta`` is the new text since the previous chunk."""
+
+    delta: str
+    meta: EngineMeta
+
+
+def generate_body(
+    *,
+    rid: str,
+    max_new_tokens: int,
+    bid: float,
+    text: str | None = None,
+    input_ids: list[int] | None = None,
+    sampling_params: Mapping[str, Any] | None = None,
+    stream: bool = False,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /generate``; ``bid`` in dollars per second of waiting."""
+    if (text is None) == (input_ids is None):
+        raise ValueError("give exactly one of text and input_ids")
+    sampling = dict(sampling_params or {})
+    sampling["max_new_tokens"] = max_new_tokens
+    sampling["custom_params"] = {"bid": bid}
+    body: dict[str, Any] = {"rid": rid, "sampling_params": sampling, "stream": stream}
+    if text is not None:
+        body["text"] = text
+    else:
+        body["input_ids"] = input_ids
+    return body
+
+
+T = TypeVar("T")
+_JSON = {"Content-Type": "application/json"}
+# Errors of the transport: refused, reset, a broken answer, a timeout.
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+class EngineClient:
+    """Talks to engines at any base URL; holds one pooled ``aiohttp.ClientSession`` per event
+    loop, and per loop and engine the latest health check (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.timeouts = EngineTimeouts(connect_timeout_s, read_timeout_s, answer_timeout_s)
+        self._max_connections = max_connections
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]
+        self._sessions = weakref.WeakKeyDictionary()
+        # loop -> engine base URL -> (loop time it started, the check: healthy or not)
+        self._checks: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[str, tuple[float, asyncio.Task[bool]]]
+        ] = weakref.WeakKeyDictionary()
+
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                timeout=_http_timeout(self.timeouts),
+            )
+            self._sessions[loop] = session
+        return session
+
+    async def aclose(self) -> None:
+        """Close the running loop's connections (the next call opens new ones)."""
+        loop = asyncio.get_running_loop()
+        for _, check in self._checks.pop(loop, {}).values():
+            check.cancel()
+        session = self._sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
+
+    async def generate(
+        self,
+        *,
+        base_url: str,
+        body: Mapping[str, Any],
+        timeouts: EngineTimeouts | None = None,
+    ) -> EngineOutput:
+        """``POST /generate`` without streaming; EngineError subclasses on failure.
+        ``timeouts`` (this client's when None): the whole answer is one wait for it to begin."""
+        t = timeouts or self.timeouts
+        url = base_url.rstrip("/") + "/generate"
+        payload = json.dumps({**body, "stream": False}).encode()
+        began = asyncio.get_running_loop().time()
+        try:
+            status, headers, content = await self._watched(
+                self._exchange(url, payload, t), base_url=base_url, t=t, began=began
+            )
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc, url) from exc
+        if status != 200:
+            raise _status_error(status, content, headers)
+        try:
+            data = json.loads(content)
+            return EngineOutput(text=str(data.get("text") or ""), meta=meta_parsed(data))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise EngineUnavailable(f"the engine answered malformed JSON: {exc}") from exc
+
+    async def _exchange(
+        self, url: str, payload: bytes, t: EngineTimeouts
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """The status, headers and body of a non-streamed ``POST``."""
+        async with self._client().post(
+            url, data=payload, headers=_JSON, timeout=_http_timeout(t)
+        ) as response:
+            return response.status, response.headers, await response.read()
+
+    async def generate_stream(
+        self,
+        *,
+        base_url: str,
+        body: Mapping[str, Any],
+        timeouts: EngineTimeouts | None = None,
+    ) -> AsyncIterator[EngineChunk]:
+        """``POST /generate`` streamed: one :class:`EngineChunk` per server-sent event.
+
+        The engine's errors before the first event raise at the first ``__anext__``. Closing the
+        iterator early (the client went away) closes the connection, which tells the engine to
+        cancel or abandon the request. ``timeouts``: this client's when None.
+        """
+        t = timeouts or self.timeouts
+        url = base_url.rstrip("/") + "/generate"
+        payload = json.dumps({**body, "stream": True}).encode()
+        began = asyncio.get_running_loop().time()
+        try:
+            response = await self._watched(
+                self._client().post(url, data=payload, headers=_JSON, timeout=_http_timeout(t)),
+                base_url=base_url,
+                t=t,
+                began=began,
+            )
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc, url) from exc
+        try:
+            if response.status != 200:
+                raise _status_error(response.status, await response.read(), response.headers)
+            text = ""
+            async for line in self._lines(response, base_url=base_url, t=t, began=began):
+                if not line.startswith("data:"):
+                    continue
+                payload_text = line[5:].strip()
+                if payload_text == "[DONE]":
+                    return
+                try:
+                    event = json.loads(payload_text)
+                except ValueError as exc:
+                    raise EngineUnavailable(f"the engine streamed malformed JSON: {exc}") from exc
+                if not isinstance(event, dict):
+                    raise EngineUnavailable("the engine streamed an event that is not an object")
+                if "error" in event:
+                    raise _stream_error(event["error"])
+                chunk_text = str(event.get("text") or "")
+                # SGLang streams the whole text so far (unless incremental output is on):
+                # a continuation of what came before is cumulative, anything else a delta.
+                if chunk_text.startswith(text):
+                    delta, text = chunk_text[len(text) :], chunk_text
+                else:
+                    delta, text = chunk_text, text + chunk_text
+                yield EngineChunk(delta=delta, meta=meta_parsed(event))
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc, url) from exc
+        finally:
+            # Read to the end, the connection goes back to the pool; else closing it tells the
+            # engine that no one is listening any more.
+            if response.content.at_eof():
+                response.release()
+            else:
+                response.close()
+
+    async def _lines(
+        self, response: aiohttp.ClientResponse, *, base_url: str, t: EngineTimeouts, began: float
+    ) -> AsyncIterator[str]:
+        """The lines of a streamed answer, without their line ends, however long they are.
+        Until its first bytes the wait is watched (:meth:`_watched`); after them, ``read_s``
+        without a byte is a timeout. No timeout spans a ``yield``: the consumer's own time
+        (a slow client) never counts as the engine's silence."""
+        pending = b""
+        begun = False
+        while True:
+            if begun:
+                try:
+                    async with asyncio.timeout(t.read_s):
+                        chunk = await response.content.readany()
+                except TimeoutError:
+                    raise EngineTimedOut(
+                        f"the engine at {base_url} sent nothing for {t.read_s:g} s mid-answer"
+                    ) from None
+            else:
+                chunk = await self._watched(
+                    response.content.readany(), base_url=base_url, t=t, began=began
+                )
+            if not chunk:
+                break
+            begun = True
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if pending:
+            yield pending.rstrip(b"\r").decode("utf-8", "replace")
+
+    async def _watched(
+        self, work: Awaitable[T], *, base_url: str, t: EngineTimeouts, began: float
+    ) -> T:
+        """``work``, a wait for an answer to begin that started at ``began`` (loop time), while
+        the engine may legitimately be silent. Every ``read_s`` of it the engine's health is
+        checked: EngineTimedOut when the check fails, or ``answer_s`` after ``began``. Cancelling
+        this (the client went away) or giving up cancels ``work``, which closes its connection:
+        the engine drops the request."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                left = began + t.answer_s - loop.time()
+                if left <= 0:
+                    raise EngineTimedOut(
+                        f"the engine at {base_url} did not begin to answer in {t.answer_s:g} s"
+                    )
+                done, _ = await asyncio.wait((task,), timeout=min(t.read_s, left))
+                if done:
+                    return task.result()
+                if left > t.read_s and not await self._healthy(base_url, t) and not task.done():
+                    raise EngineTimedOut(
+                        f"the engine at {base_url} sent nothing for {t.read_s:g} s and did not "
+                        f"pass its health check ({HEALTH_PATH}) in {t.read_s:g} s"
+                    )
+        finally:
+            task.cancel()  # nothing when it is done
+
+    async def _healthy(self, base_url: str, t: EngineTimeouts) -> bool:
+        """Whether the engine at ``base_url`` still makes progress. One check at a time per
+        engine and event loop, shared by every request waiting on it; a check that started less
+        than ``read_s / 2`` ago counts for those that ask after it."""
+        loop = asyncio.get_running_loop()
+        checks = self._checks.setdefault(loop, {})
+        latest = checks.get(base_url)
+        if latest is None or (latest[1].done() and loop.time() - latest[0] > t.read_s / 2):
+            latest = (loop.time(), loop.create_task(self._health_check(base_url, t)))
+            checks[base_url] = latest
+        # Shielded: a request that goes away does not cancel the others' check.
+        return await asyncio.shield(latest[1])
+
+    async def _health_check(self, base_url: str, t: EngineTimeouts) -> bool:
+        """``GET /health_generate`` answers within ``read_s``: 200, or a status other than a
+        5xx (an engine without that check: silence can then only end at ``answer_s``)."""
+        url = base_url.rstrip("/") + HEALTH_PATH
+        timeout = aiohttp.ClientTimeout(total=t.read_s, sock_connect=t.connect_s)
+        try:
+            async with self._client().get(url, timeout=timeout) as response:
+                return response.status < 500
+        except (*_TRANSPORT_ERRORS, OSError):
+            return False
+
+
+def _http_timeout(t: EngineTimeouts) -> aiohttp.ClientTimeout:
+    """aiohttp's part of ``t``: connecting. Silence and the answer's wait are the client's
+    own (:meth:`EngineClient._watched`), as aiohttp's read timeout cannot tell the two apart."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=None)
+
+
+def meta_parsed(data: Mapping[str, Any]) -> EngineMeta:
+    """The ``meta_info`` of an engine's answer; the auction fields may be missing."""
+    info = data.get("meta_info")
+    if not isinstance(info, dict):
+        raise TypeError("the answer has no meta_info object")
+    finish = info.get("finish_reason")
+    if isinstance(finish, dict):
+        finish = finish.get("type")
+    return EngineMeta(
+        prompt_tokens=_count(info.get("prompt_tokens")),
+        cached_tokens=_count(info.get("cached_tokens")),
+        completion_tokens=_count(info.get("completion_tokens")),
+        finish_reason=finish if isinstance(finish, str) else None,
+        charge=_finite(info.get("charge")),
+        round_id=info["round_id"] if isinstance(info.get("round_id"), str) else None,
+        position=info["position"] if _is_int(info.get("position")) else None,
+        ttft_s=_finite(info.get("ttft")),
+        raw=info,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> int:
+    return value if _is_int(value) and value >= 0 else 0
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _transport_error(exc: BaseException, url: str) -> EngineUnavailable:
+    kind = type(exc).__name__
+    return EngineUnavailable(f"the engine at {url} is unavailable ({kind}: {exc or 'no detail'})")
+
+
+def _error_fields(content: bytes) -> tuple[str, str | None]:
+    """The message and param of an engine's JSON error body, or its text."""
+    try:
+        error = json.loads(content).get("error")
+        if isinstance(error, dict):
+            param = error.get("param")
+            return str(error.get("message")), param if isinstance(param, str) else None
+        if isinstance(error, str):
+            return error, None
+    except (ValueError, AttributeError):
+        pass
+    return content.decode("utf-8", "replace")[:500] or "no detail", None
+
+
+def _status_error(status: int, content: bytes, headers: Mapping[str, str]) -> EngineError:
+    message, param = _error_fields(content)
+    if status == 429:
+        return EngineOverloaded(message, retry_after_s=_retry_after(headers.get("retry-after")))
+    if status in (400, 413, 422):
+        return EngineRejected(message, param=param, status=status)
+    return EngineUnavailable(f"the engine answered {status}: {message}", status=status)
+
+
+def _stream_error(error: Any) -> EngineError:
+    code = error.get("code") if isinstance(error, dict) else None
+    message = str(error.get("message") if isinstance(error, dict) else error)
+    if code == 429:
+        return EngineOverloaded(message, retry_after_s=DEFAULT_RETRY_AFTER_S)
+    if code == 400:
+        return EngineRejected(message)
+    return EngineUnavailable(f"the engine failed mid-stream: {message}", status=_int_or_none(code))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if _is_int(value) else None
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds from a Retry-After header (delta-seconds form); the default when absent."""
+    try:
+        seconds = float(value) if value is not None else DEFAULT_RETRY_AFTER_S
+    except ValueError:
+        return DEFAULT_RETRY_AFTER_S
+    return seconds if math.isfinite(seconds) and seconds >= 0 else DEFAULT_RETRY_AFTER_S
+
+
+_default = EngineClient()
+
+
+def engine_client() -> EngineClient:
+    """The process-wide engine client (its connection pools are per event loop)."""
+    return _default

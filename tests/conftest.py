@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -183,3 +184,9 @@ def start_sim() -> Iterator[StartSim]:
     yield start
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture
+def unique_slug() -> str:
+    """A market slug no other test (or run sharing this Redis) uses."""
+    return f"test-{uuid.uuid4().hex[:12]}"

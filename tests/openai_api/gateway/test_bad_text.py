@@ -221,7 +221,8 @@ def test_an_unexpected_exception_is_a_json_500(gateway, acme, settings, monkeypa
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    from openai_api.gateway import batch_views, services
+    from openai_api.batches import views as batch_views
+    from openai_api.gateway import services
 
     monkeypatch.setattr(services, "models_list", broken)
     monkeypatch.setattr(batch_views.selectors, "batches_for_tenant", broken)

@@ -19,7 +19,6 @@ has to retract a running request (SGLang reserves less and retracts when it gues
 
 from __future__ import annotations
 
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,12 +29,10 @@ from market.mechanism import (
     WaitingRequest,
     clear_tree,
 )
-from market.mechanism.book import block_of
 from market.mechanism.policies import policy_checked
-from market.mechanism.requests import effective_bid
-from scheduler_bridge.contract.records import AdmittedRequest, RoundRecord, SubtreeSummary
+from scheduler_bridge.contract.records import RoundRecord
 from scheduler_bridge.contract.tokenizer import VOCAB
-from scheduler_bridge.contract.writer import round_record, subtree_summaries, token_label
+from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder, token_label
 
 from .config import EngineConfig
 from .kvcache import KVCache, KVNode
@@ -120,9 +117,12 @@ class Engine:
         self.set_policy(policy)
         self.set_reserve(reserve)
         self.market = market
-        self.engine_id = engine_id
-        self.book_interval_s = book_interval_s
-        self.label = label or token_label
+        self.recorder = RoundRecorder(
+            engine_id=engine_id,
+            market=market,
+            book_interval_s=book_interval_s,
+            label=label or token_label,
+        )
         self.tree = RequestTree()
         self.kv = KVCache(self.config.kv_capacity_tokens)
         self.waiting: dict[str, SimRequest] = {}
@@ -130,8 +130,6 @@ class Engine:
         self.chunked: SimRequest | None = None
         self.outside = 0  # KV tokens running requests hold outside the tree (reservations)
         self._by_memo: dict[KVNode, set[str]] = {}  # waiting request ids by match end
-        self._epoch = f"{int(time.time() * 1000):x}"
-        self._next_book = 0.0
         # Counters for /metrics and the benchmark.
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
@@ -275,7 +273,7 @@ class Engine:
         batch = self.tree.begin_batch() if defer else None
         kv = self.kv
         self.rounds += 1
-        round_id = f"{self.engine_id}:{self._epoch}:{self.rounds}"
+        round_id = self.recorder.round_id(self.rounds)
         admitted: list[SimRequest] = []
         for position, rid in enumerate(clearing.order):
             if len(admitted) >= room or budget <= 0:
@@ -318,55 +316,29 @@ class Engine:
                 break
         if not admitted:
             return None
-        book = self._book(now, clearing)
-        seen: dict = {}
-        blocks = {r.id: block_of(self.tree, clearing, r.id, seen) for r in admitted}
+        record = self.recorder.record(
+            self.tree,
+            clearing,
+            [AdmittedInfo(r.id, len(r.tokens), r.cached_tokens) for r in admitted],
+            now=now,
+            seq=self.rounds,
+        )
         for req in admitted:
             self._unfile(self.waiting.pop(req.id))
             self.tree.remove(req.id)
             self.running.append(req)
             self.prompt_tokens += len(req.tokens)
             self.cached_prompt_tokens += req.cached_tokens
-        return self._record(now, round_id, clearing, admitted, book, blocks)
+        return record
 
-    def _book(self, now: float, clearing) -> list[SubtreeSummary]:
-        if self.book_interval_s is None or now < self._next_book:
-            return []
-        self._next_book = now + self.book_interval_s
-        return subtree_summaries(self.tree, clearing, self.label)
+    @property
+    def engine_id(self) -> str:
+        """Which engine instance the round records name (the server sets it once bound)."""
+        return self.recorder.engine_id
 
-    def _record(self, now, round_id, clearing, admitted, book, blocks) -> RoundRecord:
-        reserve = self.reserve
-        entries: list[AdmittedRequest] = [
-            {
-                "request_id": r.id,
-                "bid": r.bid,
-                "effective_bid": effective_bid(r.bid, reserve),
-                "position": r.position,
-                "planned_completion_s": r.planned_completion_s,
-                "time_saved_s": r.time_saved_s,
-                "charge": r.charge,
-                "prompt_tokens": len(r.tokens),
-                "cached_tokens": r.cached_tokens,
-                "block": {
-                    "prefix_tokens": blocks[r.id].prefix_tokens,
-                    "requests": blocks[r.id].requests,
-                    "bid_mean": blocks[r.id].bid_mean,
-                    "density": blocks[r.id].density,
-                },
-            }
-            for r in admitted
-        ]
-        return round_record(
-            clearing,
-            engine=self.engine_id,
-            market=self.market,
-            round_id=round_id,
-            seq=self.rounds,
-            now=now,
-            subtrees=book,
-            admitted=entries,
-        )
+    @engine_id.setter
+    def engine_id(self, value: str) -> None:
+        self.recorder.engine_id = value
 
     def _prefill(self, now: float, chunks, record) -> StepResult:
         duration = self.config.prefill_step_s([(n, req.computed) for req, n in chunks])

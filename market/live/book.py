@@ -84,9 +84,7 @@ def book_rows(record: RoundRecord) -> dict[str, BookRow] | None:
 
 def round_place(record: RoundRecord) -> tuple[str, str, int]:
     """(engine, epoch, seq) of a record: rounds of one engine run are ordered by ``seq``."""
-    parts = record["round_id"].rsplit(":", 2)
-    epoch = parts[-2] if len(parts) == 3 else ""
-    return record["engine"], epoch, int(record["seq"])
+    return record["engine"], record["epoch"], int(record["seq"])
 
 
 def book_meta(record: RoundRecord) -> dict[str, Any]:

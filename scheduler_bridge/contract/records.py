@@ -15,7 +15,8 @@ import json
 import math
 from typing import Any, TypedDict
 
-SCHEMA = "inference-market/round@1"
+# @2: ``epoch`` and every admitted request's ``block`` are required (both engines write them).
+SCHEMA = "inference-market/round@2"
 # The Redis stream both engines write their records to and settlement reads, unless configured
 # otherwise (the engines' --rounds-stream / ``rounds_stream``, Django's ``ROUNDS_STREAM``).
 DEFAULT_STREAM = "inference-market:rounds"
@@ -46,11 +47,8 @@ class BlockInfo(TypedDict):
     density: float  # $/s per uncached token
 
 
-class AdmittedRequest(TypedDict, total=False):
-    """A request the engine admitted in this round: it is served and pays this round's charge.
-
-    Every field is required but ``block``, which engines add when they can.
-    """
+class AdmittedRequest(TypedDict):
+    """A request the engine admitted in this round: it is served and pays this round's charge."""
 
     request_id: str
     bid: float  # as sent, $/s
@@ -70,8 +68,9 @@ class RoundRecord(TypedDict):
     schema: str
     engine: str  # which engine instance ("sim", "sglang@host:port", ...)
     market: str  # the market (served model) slug
-    round_id: str  # unique across engines and restarts: "<engine>:<epoch>:<seq>"
-    seq: int  # increasing within one engine run
+    epoch: str  # one run of the engine: a restart has a new epoch and starts again at seq 1
+    round_id: str  # unique across engines and restarts ("<engine>:<epoch>:<seq>"; never parsed)
+    seq: int  # increasing within one engine run (one epoch)
     time: float
     policy: str
     reserve: float
@@ -85,6 +84,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "schema": str,
     "engine": str,
     "market": str,
+    "epoch": str,
     "round_id": str,
     "seq": int,
     "time": (int, float),
@@ -105,6 +105,13 @@ _ADMITTED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "charge": (int, float),
     "prompt_tokens": int,
     "cached_tokens": int,
+    "block": dict,
+}
+_BLOCK_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "prefix_tokens": int,
+    "requests": int,
+    "bid_mean": (int, float),
+    "density": (int, float),
 }
 
 
@@ -130,6 +137,7 @@ def round_record_checked(obj: Any) -> RoundRecord:
     seen = set()
     for i, adm in enumerate(obj["admitted"]):
         _check_fields(adm, _ADMITTED_FIELDS, f"{where}, admitted[{i}]")
+        _check_fields(adm["block"], _BLOCK_FIELDS, f"{where}, admitted[{i}].block")
         if adm["request_id"] in seen:
             raise ValueError(f"{where}: request {adm['request_id']!r} admitted twice")
         seen.add(adm["request_id"])

@@ -1,25 +1,32 @@
 """The one writer of round records, used by both engines (the schema is ``records``).
 
-A round is one prefill attempt of SGLang's scheduler: the waiting queue was ordered (one
+A round is one prefill attempt of an engine's scheduler: the waiting queue was ordered (one
 Clearing), and the scheduler admitted some requests from its front. Each admitted request pays
-the priority charge of that round's plan (DESIGN.md 4.5). Every ``book_interval_s`` seconds at
-most, the record also carries the order book's subtrees (``market.mechanism.book``).
-Engine-free: the SGLang plugin and the simulated engine both build their records here.
+the priority charge of that round's plan (DESIGN.md 4.5) and carries its block, the top-level
+subtree it waited in ("why this rank"). Every ``book_interval_s`` seconds of the engine's clock
+at most, the record also carries the order book's subtrees (``market.mechanism.book``).
+Engine-free: the SGLang plugin and the simulated engine both build their records here, so both
+write the same fields, ``epoch`` and ``block`` included.
 
-Units: bids in $/s of waiting, charges in dollars, times in seconds (``time`` is Unix time).
+Units: bids in $/s of waiting, charges in dollars, times in seconds of the engine's clock.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from market.mechanism import Clearing, RequestTree
-from market.mechanism.book import subtree_book
+from market.mechanism.book import block_of, subtree_book
 from market.mechanism.requests import effective_bid
-from scheduler_bridge.contract.records import SCHEMA, AdmittedRequest, RoundRecord, SubtreeSummary
+from scheduler_bridge.contract.records import (
+    SCHEMA,
+    AdmittedRequest,
+    BlockInfo,
+    RoundRecord,
+    SubtreeSummary,
+)
 
 BOOK_DEPTH = 2  # subtree levels in a record
 BOOK_LIMIT = 32  # subtrees in a record
@@ -53,7 +60,9 @@ def tokenizer_label(tokenizer: object) -> Callable[[Sequence[int]], str]:
 
 
 class RoundRecorder:
-    """Builds the round records of one engine: ids, sequence numbers, charges, the book."""
+    """Builds the round records of one engine run: its epoch, sequence numbers, charges, blocks
+    and the book. ``epoch`` tells one run of an engine from the next (a restart starts again at
+    seq 1); it defaults to the start time in milliseconds, in hex."""
 
     def __init__(
         self,
@@ -62,19 +71,37 @@ class RoundRecorder:
         market: str,
         book_interval_s: float | None,
         label: Callable[[Sequence[int]], str] = token_label,
+        epoch: str | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.market = market
         self.book_interval_s = book_interval_s
         self.label = label
-        self._epoch = f"{int(time.time() * 1000):x}"
-        self._seq = itertools.count(1)
-        self._next_book = 0.0  # monotonic seconds
+        self.epoch = epoch if epoch is not None else f"{int(time.time() * 1000):x}"
+        self.seq = 0  # the last round's
+        self._next_book = 0.0  # engine seconds
+
+    def next_round(self) -> tuple[int, str]:
+        """Number the next round: its ``seq`` and ``round_id`` (unique across engines and runs)."""
+        self.seq += 1
+        return self.seq, self.round_id(self.seq)
+
+    def round_id(self, seq: int) -> str:
+        return f"{self.engine_id}:{self.epoch}:{seq}"
 
     def record(
-        self, tree: RequestTree, clearing: Clearing, admitted: Sequence[AdmittedInfo], *, now: float
+        self,
+        tree: RequestTree,
+        clearing: Clearing,
+        admitted: Sequence[AdmittedInfo],
+        *,
+        now: float,
+        seq: int | None = None,
     ) -> RoundRecord:
-        """The record of a round; call it while the tree is as the round cleared it."""
+        """The record of a round (``seq`` from :meth:`next_round`, or the next one); call it
+        while the tree is as the round cleared it."""
+        if seq is None:
+            seq, _ = self.next_round()
         want = {a.request_id for a in admitted}
         position: dict[str, int] = {}
         for i, rid in enumerate(clearing.order):
@@ -83,10 +110,18 @@ class RoundRecorder:
                 if len(position) == len(want):
                     break
         reserve = clearing.reserve
+        blocks: dict = {}  # block_of's cache: one walk per top-level subtree
         entries: list[AdmittedRequest] = []
         for a in admitted:
             rid = a.request_id
             bid = tree.get(rid).bid
+            block = block_of(tree, clearing, rid, blocks)
+            block_info: BlockInfo = {
+                "prefix_tokens": block.prefix_tokens,
+                "requests": block.requests,
+                "bid_mean": block.bid_mean,
+                "density": block.density,
+            }
             entries.append(
                 {
                     "request_id": rid,
@@ -98,63 +133,37 @@ class RoundRecorder:
                     "charge": clearing.charge(rid),
                     "prompt_tokens": a.prompt_tokens,
                     "cached_tokens": a.cached_tokens,
+                    "block": block_info,
                 }
             )
-        seq = next(self._seq)
-        return round_record(
-            clearing,
-            engine=self.engine_id,
-            market=self.market,
-            round_id=f"{self.engine_id}:{self._epoch}:{seq}",
-            seq=seq,
-            now=now,
-            subtrees=self._book(tree, clearing),
-            admitted=entries,
-        )
+        return {
+            "schema": SCHEMA,
+            "engine": self.engine_id,
+            "market": self.market,
+            "epoch": self.epoch,
+            "round_id": self.round_id(seq),
+            "seq": seq,
+            "time": now,
+            "policy": clearing.policy,
+            "reserve": clearing.reserve,
+            "tokens_per_second": clearing.tokens_per_second,
+            "waiting": len(clearing),
+            "subtrees": self._book(tree, clearing, now),
+            "admitted": entries,
+        }
 
-    def _book(self, tree: RequestTree, clearing: Clearing) -> list[SubtreeSummary]:
-        if self.book_interval_s is None:
+    def _book(self, tree: RequestTree, clearing: Clearing, now: float) -> list[SubtreeSummary]:
+        if self.book_interval_s is None or now < self._next_book:
             return []
-        tick = time.monotonic()
-        if tick < self._next_book:
-            return []
-        self._next_book = tick + self.book_interval_s
+        self._next_book = now + self.book_interval_s
         return subtree_summaries(tree, clearing, self.label)
-
-
-def round_record(
-    clearing: Clearing,
-    *,
-    engine: str,
-    market: str,
-    round_id: str,
-    seq: int,
-    now: float,
-    subtrees: list[SubtreeSummary],
-    admitted: list[AdmittedRequest],
-) -> RoundRecord:
-    """The record of one round of either engine, around its admitted requests and its book."""
-    return {
-        "schema": SCHEMA,
-        "engine": engine,
-        "market": market,
-        "round_id": round_id,
-        "seq": seq,
-        "time": now,
-        "policy": clearing.policy,
-        "reserve": clearing.reserve,
-        "tokens_per_second": clearing.tokens_per_second,
-        "waiting": len(clearing),
-        "subtrees": subtrees,
-        "admitted": admitted,
-    }
 
 
 def subtree_summaries(
     tree: RequestTree, clearing: Clearing, label: Callable[[Sequence[int]], str]
 ) -> list[SubtreeSummary]:
-    """The round's order book as a record carries it, for either engine: ``BOOK_DEPTH`` levels,
-    at most ``BOOK_LIMIT`` subtrees; call it while the tree is as the round cleared it."""
+    """The round's order book as a record carries it: ``BOOK_DEPTH`` levels, at most
+    ``BOOK_LIMIT`` subtrees; call it while the tree is as the round cleared it."""
     rows = subtree_book(tree, clearing, max_depth=BOOK_DEPTH, limit=BOOK_LIMIT)
     return [
         {

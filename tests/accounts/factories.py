@@ -68,6 +68,7 @@ def admitted(request_id: str, charge: float, *, bid: float = 0.5, position: int 
         "charge": charge,
         "prompt_tokens": 1200,
         "cached_tokens": 1000,
+        "block": {"prefix_tokens": 1000, "requests": 4, "bid_mean": bid, "density": 0.002},
     }
 
 
@@ -80,6 +81,7 @@ def round_record(
         "schema": SCHEMA,
         "engine": "sim",
         "market": market,
+        "epoch": "e1",
         "round_id": round_id,
         "seq": seq,
         "time": 1000.0 + seq,

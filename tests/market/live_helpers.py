@@ -76,6 +76,7 @@ def record(
         "schema": SCHEMA,
         "engine": engine,
         "market": market,
+        "epoch": "epoch1",
         "round_id": f"{engine}:epoch1:{seq}",
         "seq": seq,
         "time": 1_800_000_000.0 + seq,

@@ -89,7 +89,11 @@ def test_publish_versions_and_sends_only_differences(sent, unique_slug) -> None:
 def test_a_restarted_engine_is_not_stale(sent, unique_slug) -> None:
     before = record(unique_slug, 50, subtrees=[subtree("a")])
     book.book_publish(record=before, rows=book.book_rows(before), now=10.0)
-    after = {**record(unique_slug, 1, subtrees=[subtree("b")]), "round_id": "sim@test:epoch2:1"}
+    after = {
+        **record(unique_slug, 1, subtrees=[subtree("b")]),
+        "epoch": "epoch2",
+        "round_id": "sim@test:epoch2:1",
+    }
     assert book.book_publish(record=after, rows=book.book_rows(after), now=11.0) == "sent"
 
 

@@ -218,6 +218,40 @@ def test_order_book_labels_decode_with_the_schedulers_tokenizer() -> None:
     assert [(row["label"], row["requests"], row["bid_sum"]) for row in top] == [("hello", 2, 1.5)]
 
 
+def test_a_round_record_carries_its_epoch_and_each_requests_block() -> None:
+    """The one record writer, in SGLang: ``epoch`` names the run, ``block`` the top-level
+    subtree a request waited in. By hand: x ($1/s) and y ($0.5/s) share a 5-token head and
+    differ in their last token; nothing is cached, overhead 1 token per request, so the block
+    is the head's subtree: 2 requests, mean bid 0.75, work 5 + 1 + 1 + 2 x 1 = 9 tokens,
+    density 1.5 / 9 $/s per token."""
+    allocator, cache = kv_pool(1_000)
+    pol, sink = market_policy("dfs-auction", cache, engine_id="sglang-test", overhead_tokens=1)
+    queue = [
+        make_req("x", [7, 4, 11, 11, 14, 1], bid=1.0, arrival=1.0),
+        make_req("y", [7, 4, 11, 11, 14, 2], bid=0.5, arrival=2.0),
+    ]
+    pol.calc_priority(queue)
+    adder, _ = admit(PrefillAdder, allocator, cache, queue)
+    pol.finish_round(
+        NextBatchPlan(
+            batch_to_run=ScheduleBatch(reqs=adder.can_run_list),
+            running_batch=ScheduleBatch(reqs=[]),
+        )
+    )
+    (record,) = sink.records
+    assert round_record_checked(record) is record
+    epoch = record["epoch"]
+    assert epoch and record["seq"] == 1 and record["round_id"] == f"sglang-test:{epoch}:1"
+    assert [a["request_id"] for a in record["admitted"]] == ["x", "y"]
+    for entry in record["admitted"]:
+        assert entry["block"] == {
+            "prefix_tokens": 5,
+            "requests": 2,
+            "bid_mean": pytest.approx(0.75),
+            "density": pytest.approx(1.5 / 9),
+        }
+
+
 def test_a_retracted_request_is_not_charged_twice() -> None:
     """It paid in the round that first admitted it; admitted again, it is not in the record."""
     allocator, cache = kv_pool(1_000)

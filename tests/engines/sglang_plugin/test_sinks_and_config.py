@@ -18,6 +18,7 @@ def _record(seq: int) -> dict:
         "schema": SCHEMA,
         "engine": "sglang-test",
         "market": "m",
+        "epoch": "0",
         "round_id": f"sglang-test:0:{seq}",
         "seq": seq,
         "time": 1.0,

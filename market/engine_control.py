@@ -1,11 +1,12 @@
 """Tell a market's engine its ordering policy and reserve price when an operator changes them.
 
 ``market.services`` enqueues ``market.tasks.engine_config_push_enqueue`` with
-``transaction.on_commit``; the Celery task ``scheduler_bridge.engine_config_push`` then POSTs
-``{"policy", "reserve"}`` to ``<engine_url>/admin/market`` (the simulated engine's control endpoint,
-applied from its next round; ``Authorization: Bearer ENGINE_ADMIN_TOKEN`` when that setting is set).
-The task reads the market when it runs, so it always sends the latest values: pushes that overtake
-each other or run twice still leave the engine with what the database says.
+``transaction.on_commit``; the Celery task ``scheduler_bridge.engine_config_push`` then sends
+``{"policy", "reserve"}`` to the engine's control path (``scheduler_bridge.contract.wire``:
+``POST <engine_url>/admin/market``, applied from its next round; ``Authorization: Bearer
+ENGINE_ADMIN_TOKEN`` when that setting is set) through the one engine client. The task reads the
+market when it runs, so it always sends the latest values: pushes that overtake each other or
+run twice still leave the engine with what the database says.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-import httpx
 from django.conf import settings
 
 from market.models import Market
+from scheduler_bridge.client import EngineRejected, EngineUnavailable, engine_client
 
 logger = logging.getLogger(__name__)
 
-ADMIN_PATH = "/admin/market"
 TIMEOUT_S = 2.0  # connect and read, seconds
 RETRY_BASE_S = 1.0  # the first retry's delay; each next one doubles, seconds
 RETRY_MAX_S = 60.0
@@ -52,23 +52,26 @@ def engine_config_push(*, market_id: int, timeout_s: float = TIMEOUT_S) -> PushO
     if not base_url:
         logger.info("engine config: market %s has no engine URL; not pushed", market.slug)
         return "no-engine"
-    url = base_url.rstrip("/") + ADMIN_PATH
-    body = {"policy": market.policy, "reserve": float(market.reserve)}
-    token = settings.ENGINE_ADMIN_TOKEN
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    client = engine_client()
     try:
-        response = httpx.post(url, json=body, headers=headers, timeout=timeout_s)
-    except httpx.TransportError as exc:
-        raise EngineUnreachable(f"{url}: {type(exc).__name__}: {exc}") from exc
-    if response.status_code >= 500:
-        raise EngineUnreachable(f"{url}: HTTP {response.status_code}")
-    if response.status_code >= 400:
+        client.call_sync(
+            lambda: client.control(
+                base_url=base_url,
+                policy=market.policy,
+                reserve=float(market.reserve),
+                token=settings.ENGINE_ADMIN_TOKEN,
+                timeout_s=timeout_s,
+            )
+        )
+    except EngineRejected as exc:
         # 401 (wrong token), 404 (an engine without this endpoint), 400: retrying won't help.
         logger.error(
-            "engine config: %s refused %s for market %s: HTTP %d %s",
-            url, body, market.slug, response.status_code, response.text[:500],
+            "engine config: %s refused policy %s, reserve %s for market %s: %s",
+            base_url, market.policy, market.reserve, market.slug, exc.message[:500],
         )  # fmt: skip
         return "refused"
+    except EngineUnavailable as exc:
+        raise EngineUnreachable(f"{base_url}: {exc.message}") from exc
     logger.info(
         "engine config: market %s -> %s: policy %s, reserve %s $/s",
         market.slug, base_url, market.policy, market.reserve,

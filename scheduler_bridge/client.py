@@ -1,4 +1,5 @@
-"""The one client for an engine's native HTTP API (SGLang's ``POST /generate``).
+"""The one client for an engine's HTTP API: SGLang's ``POST /generate`` and health check, the
+control path (a market's policy and reserve) and ``GET /metrics``.
 
 The same code talks to the simulated engine (``engines.sim``) and to SGLang with our
 plugin: a request is ``rid``, ``text`` or ``input_ids``, ``sampling_params.max_new_tokens`` and
@@ -43,17 +44,21 @@ import asyncio
 import json
 import math
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
+
+from scheduler_bridge.contract.wire import CONTROL_PATH, control_body, sampling_with_bid
 
 # Defaults of EngineTimeouts, seconds (the gateway passes its settings, ENGINE_*_TIMEOUT_S).
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 30.0
 ANSWER_TIMEOUT_S = 600.0
 HEALTH_PATH = "/health_generate"
+METRICS_PATH = "/metrics"
 MAX_CONNECTIONS = 512
 DEFAULT_RETRY_AFTER_S = 1.0
 
@@ -153,9 +158,8 @@ def generate_body(
     """The JSON body of ``POST /generate``; ``bid`` in dollars per second of waiting."""
     if (text is None) == (input_ids is None):
         raise ValueError("give exactly one of text and input_ids")
-    sampling = dict(sampling_params or {})
+    sampling = sampling_with_bid(sampling_params, bid)
     sampling["max_new_tokens"] = max_new_tokens
-    sampling["custom_params"] = {"bid": bid}
     body: dict[str, Any] = {"rid": rid, "sampling_params": sampling, "stream": stream}
     if text is not None:
         body["text"] = text
@@ -391,6 +395,64 @@ class EngineClient:
                 return response.status < 500
         except (*_TRANSPORT_ERRORS, OSError):
             return False
+
+    # --- the control path and /metrics (DESIGN.md 5): short, one-off calls ------------------
+
+    async def control(
+        self, *, base_url: str, policy: str, reserve: float, token: str | None, timeout_s: float
+    ) -> None:
+        """``POST CONTROL_PATH`` (the market's policy and reserve, $/s, from the next round).
+        EngineUnavailable when unreachable or a 5xx (worth retrying); EngineRejected for any
+        other refusal (a wrong token's 401, an engine without the endpoint's 404, a 400)."""
+        url = base_url.rstrip("/") + CONTROL_PATH
+        headers = dict(_JSON)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        payload = json.dumps(control_body(policy=policy, reserve=reserve)).encode()
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._client().post(
+                url, data=payload, headers=headers, timeout=timeout
+            ) as response:
+                status, content = response.status, await response.read()
+        except (*_TRANSPORT_ERRORS, OSError) as exc:
+            raise _transport_error(exc, url) from exc
+        if status >= 500:
+            raise EngineUnavailable(f"{url}: HTTP {status}", status=status)
+        if status >= 400:
+            message, param = _error_fields(content)
+            raise EngineRejected(f"{url}: HTTP {status}: {message}", param=param, status=status)
+
+    async def metrics(self, *, base_url: str, timeout_s: float) -> str:
+        """The engine's ``GET /metrics`` (Prometheus text); EngineUnavailable on any failure."""
+        url = base_url.rstrip("/") + METRICS_PATH
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._client().get(url, timeout=timeout) as response:
+                status, content = response.status, await response.read()
+        except (*_TRANSPORT_ERRORS, OSError) as exc:
+            raise _transport_error(exc, url) from exc
+        if status != 200:
+            raise EngineUnavailable(f"{url}: HTTP {status}", status=status)
+        return content.decode("utf-8", "replace")
+
+    def call_sync(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run ``call()`` (one of the methods above) from synchronous code: a Celery task, the
+        periodic publisher. On an event loop of its own, whose connections are closed after; in
+        a thread of its own when this thread already runs a loop."""
+
+        async def once() -> T:
+            try:
+                return await call()
+            finally:
+                await self.aclose()
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(once())
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-call") as pool:
+            return pool.submit(asyncio.run, once()).result()
 
 
 def _http_timeout(t: EngineTimeouts) -> aiohttp.ClientTimeout:

@@ -36,13 +36,12 @@ from market.mechanism import (
     clear_tree,
 )
 from scheduler_bridge.contract.records import RoundRecord
+from scheduler_bridge.contract.wire import BID_PARAM, CUSTOM_PARAMS
 from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder
 
 from .config import PluginConfig
 
 log = logging.getLogger(__name__)
-
-BID_PARAM = "bid"  # the key of the bid in sampling_params.custom_params
 
 
 def bid_of(req: Req) -> float:
@@ -50,7 +49,7 @@ def bid_of(req: Req) -> float:
 
     ValueError (naming the request) when it is not a finite number in 0..MAX_BID.
     """
-    params = getattr(req.sampling_params, "custom_params", None)
+    params = getattr(req.sampling_params, CUSTOM_PARAMS, None)
     if params is None:
         return 0.0
     if not isinstance(params, dict):

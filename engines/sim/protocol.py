@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from market.mechanism import MAX_BID, bid_checked
+from scheduler_bridge.contract.wire import BID_PARAM, BID_PATH, CUSTOM_PARAMS
 
 from .engine import SimRequest
 
@@ -160,23 +161,23 @@ def parse_generate(body: Any) -> GenerateRequest:
             "sampling_params.stop must be a string or a list of strings", "sampling_params.stop"
         )
 
-    custom = sampling.get("custom_params")
+    custom = sampling.get(CUSTOM_PARAMS)
     if custom is None:
         custom = {}
     if not isinstance(custom, dict):
         raise BadRequest(
             "sampling_params.custom_params must be an object", "sampling_params.custom_params"
         )
-    bid = custom.get("bid")
+    bid = custom.get(BID_PARAM)
     if bid is None:
         bid = 0.0
     try:
         bid = bid_checked(bid, request_id="-")
     except ValueError:
         raise BadRequest(
-            "sampling_params.custom_params.bid must be a finite number of dollars per second "
+            f"{BID_PATH} must be a finite number of dollars per second "
             f"in 0..{MAX_BID:g}, got {_short(bid)}",
-            "sampling_params.custom_params.bid",
+            BID_PATH,
         ) from None
 
     stream = body.get("stream")

@@ -23,7 +23,6 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from aiohttp import web
@@ -33,6 +32,12 @@ from market.mechanism.policies import policy_checked
 from scheduler_bridge.contract.records import DEFAULT_STREAM
 from scheduler_bridge.contract.tokenizer import NAME as TOKENIZER_NAME
 from scheduler_bridge.contract.tokenizer import default_tokenizer
+from scheduler_bridge.contract.wire import (
+    ADMIN_TOKEN_ENV,
+    CONTROL_FIELDS,
+    CONTROL_PATH,
+    admin_token_from_env,
+)
 
 from .config import EngineConfig
 from .engine import Engine
@@ -66,10 +71,6 @@ VERSION = "sim-0.1"
 MAX_BODY_BYTES = 64 * 2**20
 HEALTH_TIMEOUT_S = 20.0  # wall seconds /health_generate waits for a step
 RETRY_AFTER_S = 1  # the Retry-After of a 429, seconds
-# The admin token's variable: the same the market's push sends (config.settings). The old
-# SIM_ADMIN_TOKEN is still read, with a warning, when ENGINE_ADMIN_TOKEN is unset.
-ENV_ADMIN_TOKEN = "ENGINE_ADMIN_TOKEN"
-ENV_ADMIN_TOKEN_DEPRECATED = "SIM_ADMIN_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class SimServer:
         app.router.add_get("/get_model_info", self.model_info)
         app.router.add_get("/get_server_info", self.server_info)
         app.router.add_get("/metrics", self.metrics_text)
-        app.router.add_post("/admin/market", self.admin_market)
+        app.router.add_post(CONTROL_PATH, self.admin_market)
         return app
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class SimServer:
         body = loads_json(await request.read())
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
-        unknown = sorted(set(body) - {"policy", "reserve"})
+        unknown = sorted(set(body) - set(CONTROL_FIELDS))
         if unknown:
             raise BadRequest(
                 f"unknown field {unknown[0]!r}; give policy and/or reserve", unknown[0]
@@ -363,7 +364,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     p.add_argument("--rounds-jsonl", default=None, metavar="PATH", help="also append records")
     p.add_argument("--speed", type=float, default=1.0, help="engine seconds per wall second")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE)
-    p.add_argument("--admin-token", default=None, help=f"default: ${ENV_ADMIN_TOKEN}")
+    p.add_argument("--admin-token", default=None, help=f"default: ${ADMIN_TOKEN_ENV}")
     p.add_argument("--engine-id", default=None)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
@@ -380,24 +381,6 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         a.admin_token = admin_token_from_env(os.environ)
     fields = {k: v for k, v in vars(a).items() if k != "log_level"}
     return ServerOptions(**{**fields, "settings": tuple(a.settings)})
-
-
-def admin_token_from_env(environ: Mapping[str, str]) -> str | None:
-    """``ENGINE_ADMIN_TOKEN``, else the deprecated ``SIM_ADMIN_TOKEN`` (with a warning), else
-    None (no token: ``/admin/market`` is open). Blank counts as unset; values are stripped, as
-    ``config.settings`` strips the token it sends."""
-    token = environ.get(ENV_ADMIN_TOKEN, "").strip()
-    if token:
-        return token
-    token = environ.get(ENV_ADMIN_TOKEN_DEPRECATED, "").strip()
-    if token:
-        log.warning(
-            "%s is deprecated: set %s (the token the market sends) instead",
-            ENV_ADMIN_TOKEN_DEPRECATED,
-            ENV_ADMIN_TOKEN,
-        )
-        return token
-    return None
 
 
 async def serve(options: ServerOptions) -> None:

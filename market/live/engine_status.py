@@ -14,11 +14,11 @@ import math
 import time
 from typing import TypedDict
 
-import httpx
 from django.core.cache import cache
 from prometheus_client.parser import text_string_to_metric_families
 
 from market.payloads import EngineStatus
+from scheduler_bridge.client import EngineError, engine_client
 
 logger = logging.getLogger(__name__)
 
@@ -186,20 +186,15 @@ def engine_chart(market: str) -> list[list[float | None]]:
     return cache.get(_chart_key(market)) or []
 
 
-def engine_status_poll(
-    *, market: str, engine_url: str, client: httpx.Client | None = None, now: float | None = None
-) -> EngineStatus:
-    """Scrape ``engine_url``'s ``/metrics`` once; remember the sample and the status."""
+def engine_status_poll(*, market: str, engine_url: str, now: float | None = None) -> EngineStatus:
+    """Scrape ``engine_url``'s ``/metrics`` once (the one engine client); remember the sample
+    and the status."""
     now = time.time() if now is None else now
-    url = engine_url.rstrip("/") + "/metrics"
+    client = engine_client()
     try:
-        if client is not None:
-            response = client.get(url, timeout=TIMEOUT_S)
-        else:
-            response = httpx.get(url, timeout=TIMEOUT_S)
-        response.raise_for_status()
-        sample = metrics_parse(response.text, at=now)
-    except (httpx.HTTPError, ValueError) as exc:
+        text = client.call_sync(lambda: client.metrics(base_url=engine_url, timeout_s=TIMEOUT_S))
+        sample = metrics_parse(text, at=now)
+    except (EngineError, ValueError) as exc:
         status = engine_down(market=market, error=f"{type(exc).__name__}: {exc}"[:300], at=now)
     else:
         history = [s for s in cache.get(_history_key(market)) or [] if now - s["at"] <= HISTORY_S]

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-import httpx
 from django.utils import timezone
 
 from accounts.selectors.live import tenants_active_since
@@ -51,19 +50,16 @@ def live_tick(*, spend_lookback_s: float = SPEND_LOOKBACK_S) -> LiveTick:
     """One round of the periodic live work (never raises for an engine that is down)."""
     tick = LiveTick()
     messages: list[tuple[str, Payload]] = []
-    with httpx.Client() as client:
-        for market in markets_active():
-            tick.markets += 1
-            if not market.engine_url:
-                continue
-            status = engine_status_poll(
-                market=market.slug, engine_url=market.engine_url, client=client
-            )
-            messages.append((market_group(market.slug), status))
-            if status["up"]:
-                tick.engines_up += 1
-                if status["queue"] == 0 and book_clear(market=market.slug):
-                    tick.books_cleared += 1
+    for market in markets_active():
+        tick.markets += 1
+        if not market.engine_url:
+            continue
+        status = engine_status_poll(market=market.slug, engine_url=market.engine_url)
+        messages.append((market_group(market.slug), status))
+        if status["up"]:
+            tick.engines_up += 1
+            if status["queue"] == 0 and book_clear(market=market.slug):
+                tick.books_cleared += 1
     group_send_many(messages)
     since = timezone.now() - timedelta(seconds=spend_lookback_s)
     tick.tenants = spend_ticks_publish(requests_by_tenant=tenants_active_since(since=since))

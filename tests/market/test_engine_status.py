@@ -98,6 +98,6 @@ def test_polling_a_real_engine_and_a_dead_one(unique_slug) -> None:
     down = engine_status_poll(
         market=unique_slug, engine_url=f"http://127.0.0.1:{dead_port()}", now=1001.0
     )
-    assert not down["up"] and "ConnectError" in down["error"] and down["queue"] is None
+    assert not down["up"] and "EngineUnavailable" in down["error"] and down["queue"] is None
     assert engine_status_last(unique_slug) == down
     assert engine_chart(unique_slug) == [[1000.0, 0, None]]  # what a console draws at first

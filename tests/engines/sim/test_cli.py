@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import subprocess
 import sys
@@ -81,25 +80,20 @@ def test_bad_options_exit_with_a_message(bad, words, capsys) -> None:
 
 
 @pytest.mark.parametrize(
-    ("environ", "argv", "token", "deprecated"),
+    ("environ", "argv", "token"),
     [
-        ({}, [], None, False),
-        ({"ENGINE_ADMIN_TOKEN": " s3cret "}, [], "s3cret", False),  # stripped, as Django does
-        ({"SIM_ADMIN_TOKEN": "old"}, [], "old", True),
-        ({"ENGINE_ADMIN_TOKEN": "new", "SIM_ADMIN_TOKEN": "old"}, [], "new", False),
-        ({"ENGINE_ADMIN_TOKEN": "new"}, ["--admin-token", "given"], "given", False),
-        ({"ENGINE_ADMIN_TOKEN": "  ", "SIM_ADMIN_TOKEN": ""}, [], None, False),  # blank: unset
+        ({}, [], None),
+        ({"ENGINE_ADMIN_TOKEN": " s3cret "}, [], "s3cret"),  # stripped, as Django does
+        ({"SIM_ADMIN_TOKEN": "old"}, [], None),  # the old name is not read: one name
+        ({"ENGINE_ADMIN_TOKEN": "new"}, ["--admin-token", "given"], "given"),
+        ({"ENGINE_ADMIN_TOKEN": "  "}, [], None),  # blank: unset
     ],
 )
-def test_the_admin_token_is_the_one_the_market_sends(
-    environ, argv, token, deprecated, monkeypatch, caplog
-) -> None:
+def test_the_admin_token_is_the_one_the_market_sends(environ, argv, token, monkeypatch) -> None:
     """The engine asks for the token the console's push sends (``ENGINE_ADMIN_TOKEN``, as
-    ``config.settings`` reads it); ``SIM_ADMIN_TOKEN`` still works, with a warning."""
+    ``config.settings`` reads it), and no other variable."""
     for name in ("ENGINE_ADMIN_TOKEN", "SIM_ADMIN_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    with caplog.at_level(logging.WARNING, logger="engines.sim.server"):
-        assert parse_args(argv).admin_token == token
-    assert ("SIM_ADMIN_TOKEN is deprecated" in caplog.text) == deprecated
+    assert parse_args(argv).admin_token == token

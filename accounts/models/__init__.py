@@ -4,7 +4,15 @@ from accounts.models.autobidder import Autobidder, AutobidderStep, AutobidPeriod
 from accounts.models.budgets import Budget, BudgetCounter, Hold, HoldState, Period
 from accounts.models.invoices import Invoice, InvoiceLine
 from accounts.models.keys import ApiKey
-from accounts.models.ledger import BidSource, ChargeKind, LedgerEntry, Request, RequestStatus
+from accounts.models.ledger import (
+    BidSource,
+    ChargeKind,
+    LedgerEntry,
+    PriorityDetail,
+    Request,
+    RequestStatus,
+    TokensDetail,
+)
 from accounts.models.tenants import Membership, Role, Tenant
 
 __all__ = [
@@ -23,8 +31,10 @@ __all__ = [
     "LedgerEntry",
     "Membership",
     "Period",
+    "PriorityDetail",
     "Request",
     "RequestStatus",
     "Role",
     "Tenant",
+    "TokensDetail",
 ]

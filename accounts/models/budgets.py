@@ -124,8 +124,8 @@ class BudgetCounter(models.Model):
     There is a row per tenant and per key that has made requests, whether or not a budget
     applies, so a budget set later, or switched to another period, reads the right spend at once.
     Every ledger entry and every change of an open hold updates the rows of its tenant and key
-    in the same transaction (``accounts.services.fastpath`` on PostgreSQL, else the services'
-    own code).
+    in the same transaction (``accounts.ledger.statements`` on PostgreSQL, else the reference
+    store's own code).
 
     For each period the row keeps the spend of one window: the newest that a charge has fallen
     in (its ``*_start`` is computed from the charge's time, ``accounts.windows``). A charge in a
@@ -185,7 +185,7 @@ class BudgetCounter(models.Model):
 
     def charge_counted(self, *, amount: Decimal, at: datetime) -> None:
         """Count a charge of ``amount`` dollars made at ``at`` (its ledger entry's time); the
-        caller saves. The same rule as the SQL of ``accounts.services.fastpath``."""
+        caller saves. The same rule as the SQL of ``accounts.ledger.statements``."""
         self.spent_total += amount
         for period in WINDOWED_PERIODS:
             start = window_for(period=period, now=at).start

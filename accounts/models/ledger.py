@@ -6,6 +6,8 @@ report at the market's posted prices. The unique key (request, kind) makes repla
 nothing. Entries are never updated or deleted.
 """
 
+from typing import TypedDict
+
 from django.db import models
 from django.db.models import Q
 
@@ -82,6 +84,44 @@ class ChargeKind(models.TextChoices):
     TOKENS = "tokens", "Tokens"  # posted prices x tokens used
 
 
+class CapDetail(TypedDict, total=False):
+    """What a cap cut from a charge (``accounts.ledger.rules.capped_detail``), amounts as exact
+    strings; absent when nothing was cut."""
+
+    capped_at: str  # the amount written
+    capped_by: str  # "priority_cap", "budget" or "autobidder_budget"
+    uncapped: str  # the amount asked
+
+
+class BlockDetail(TypedDict):
+    """The top-level subtree a request waited in at its round (a round record's ``block``)."""
+
+    prefix_tokens: int
+    requests: int
+    bid_mean: float  # $/s
+    density: float  # $/s per uncached token
+
+
+class PriorityDetail(CapDetail):
+    """A priority entry's detail: the round record's view of the request."""
+
+    bid: float  # $/s, as sent
+    effective_bid: float  # 0 under the reserve
+    time_saved_s: float
+    planned_completion_s: float
+    position: int
+    engine_charge: float  # dollars, as the engine computed it
+    block: BlockDetail
+
+
+class TokensDetail(CapDetail):
+    """A token entry's detail: the counts it was priced from."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
 class LedgerEntry(models.Model):
     """One charge to a tenant, in exact dollars. One per (request, kind): replays add nothing."""
 
@@ -94,6 +134,7 @@ class LedgerEntry(models.Model):
     market = models.ForeignKey("market.Market", on_delete=models.PROTECT, related_name="+")
     round_id = models.CharField(max_length=200, blank=True, help_text="Priority charges only.")
     amount = MoneyField(help_text="Dollars.")
+    # PriorityDetail or TokensDetail, by kind.
     detail = models.JSONField(default=dict, blank=True, help_text="Tokens, bid, time saved.")
     created_at = models.DateTimeField()
 

@@ -1,6 +1,7 @@
 """Writes of the accounts app, one module per concern; the public ones are re-exported here."""
 
-from accounts.services.budgets import BudgetExhausted, budget_hold, budget_set, hold_release
+from accounts.ledger import BudgetExhausted
+from accounts.services.budgets import budget_hold, budget_set, hold_release
 from accounts.services.invoices import invoice_generate, month_bounds
 from accounts.services.keys import api_key_authenticate, api_key_create, api_key_revoke
 from accounts.services.settlement import (

@@ -7,8 +7,8 @@ hold is released, nothing charged). Each charge is one ledger entry, unique per 
 kind): replaying a round record or a completion report changes nothing. The entry, the hold it
 consumes and the budget counters commit together, with the request's row locked first.
 
-On PostgreSQL each of these steps is one statement (``accounts.services.fastpath``); the ORM
-code here is the reference, and runs on other databases and whenever a statement declines.
+The writes are the ledger store's (``accounts.ledger``: one statement each on PostgreSQL, the
+ORM elsewhere), with typed results (``Charged``).
 """
 
 from __future__ import annotations
@@ -19,35 +19,23 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
-from accounts.charge_rule import Allowed, capped_detail, charge_allowed, hold_after
+from accounts.ledger import Charged, Outcome, ledger_store
 from accounts.models import (
     ApiKey,
-    Autobidder,
-    BidSource,
     ChargeKind,
     Hold,
     HoldState,
     LedgerEntry,
+    PriorityDetail,
     Request,
     RequestStatus,
     Tenant,
+    TokensDetail,
 )
-from accounts.money import ZERO, PostedPrices, Prices, money, money_str, per_million
-from accounts.services import fastpath
-from accounts.services.budgets import (
-    budget_counters_ensure,
-    budget_counters_locked,
-    budget_counters_saved,
-    budget_room,
-    hold_amount_checked,
-    hold_fast,
-    hold_reference,
-    hold_release,
-    hold_released,
-)
+from accounts.money import ZERO, PostedPrices, money, per_million
+from accounts.services.budgets import hold_amount_checked, hold_release
 from scheduler_bridge.contract.records import RoundRecord, round_record_checked
 
 logger = logging.getLogger(__name__)
@@ -99,52 +87,9 @@ def request_open(
         "bid_source": bid_source,
         "priority_cap": None if priority_cap is None else money(priority_cap),
     }
-    if fastpath.available():
-        request = {"market": market.pk, **{k: v for k, v in fields.items() if k != "market_id"}}
-        placed = hold_fast(
-            tenant=tenant,
-            api_key=api_key,
-            request_id=request_id,
-            amount=amount,
-            now=now,
-            request=request,
-        )
-        if placed is not None and placed.request_created:
-            return fastpath.model_loaded(
-                Request,
-                {
-                    "request_id": request_id,
-                    "tenant_id": tenant.pk,
-                    "api_key_id": api_key.pk if api_key else None,
-                    "status": RequestStatus.QUEUED,
-                    "created_at": now,
-                    **dict.fromkeys(_UNSET_AT_OPEN),
-                    **fields,
-                },
-            )
-        if placed is not None:  # the hold is new but the request's row was there already
-            return Request.objects.get(request_id=request_id)
-    with transaction.atomic():
-        hold_reference(
-            tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
-        )
-        request, _ = Request.objects.get_or_create(
-            request_id=request_id,
-            defaults={"tenant": tenant, "api_key": api_key, "created_at": now, **fields},
-        )
-    return request
-
-
-# A request's fields that only its settlement fills in.
-_UNSET_AT_OPEN = (
-    "admitted_at",
-    "finished_at",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "ttft_s",
-    "e2e_s",
-)
+    return ledger_store().request_open(
+        tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now, fields=fields
+    )
 
 
 def request_fail(*, request_id: str, now: datetime | None = None) -> bool:
@@ -153,241 +98,19 @@ def request_fail(*, request_id: str, now: datetime | None = None) -> bool:
     Returns whether the request was still queued. A failed request is never charged later,
     even if a round record admitting it arrives afterwards.
     """
-    now = now or timezone.now()
-    if fastpath.available():
-        fast = fastpath.hold_close(request_id=request_id, now=now, fail_request=True)
-        if fast.counted:
-            return fast.failed if fast.request_found else fast.released
-    owner = Request.objects.filter(request_id=request_id).values("tenant_id", "api_key_id").first()
-    if owner is None:
-        return hold_release(request_id=request_id, now=now)
-    with transaction.atomic():
-        budget_counters_ensure(**owner, now=now)
-        # Lock order everywhere: the request, then its hold, then the counters.
-        Request.objects.select_for_update().filter(request_id=request_id).exists()
-        failed = Request.objects.filter(request_id=request_id, status=RequestStatus.QUEUED).update(
-            status=RequestStatus.FAILED, finished_at=now
-        )
-        hold_released(request_id=request_id, now=now)
-    return failed == 1
-
-
-UNKNOWN = "unknown"
-NOT_SERVED = "not_served"
-DUPLICATE = "duplicate"
-REPRICED = "repriced"
-PENDING = "pending"
-
-
-def _charge(
-    *,
-    request_id: str,
-    kind: str,
-    amount: Decimal,
-    round_id: str,
-    detail: dict[str, Any],
-    now: datetime,
-    market_slug: str | None = None,
-    request_fields: dict[str, Any] | None = None,
-    priced_by: PostedPrices | None = None,
-) -> LedgerEntry | str:
-    """Write one ledger entry, consume the request's hold and count the charge in the budget
-    counters, atomically, with the request locked. Returns the entry, or UNKNOWN (no such
-    request, or not of ``market_slug``), DUPLICATE (it exists: a replay), NOT_SERVED (the
-    request failed), PENDING (a priority charge of a request still in flight: kept on its row
-    until it is served) or REPRICED (``amount`` was computed from ``priced_by``, a market whose
-    prices are not, or no longer, those of the request's market) when no entry was written.
-
-    The amount written is :func:`accounts.charge_rule.charge_allowed`'s: never past the
-    request's ``priority_cap`` (a priority charge), what its hold and every budget that
-    applies have left, or (autobid requests) its autobidder's budget; what a cap cut is in the
-    detail. A token charge completes the request: it is marked served (with
-    ``request_fields``), its hold keeps only the priority part still to come, and a priority
-    charge left pending is written next.
-    """
-    if fastpath.available():
-        tokens = None
-        if kind == ChargeKind.TOKENS:
-            tokens = {"ttft_s": None, "e2e_s": None, **(request_fields or detail)}
-        fast = fastpath.charge_write(
-            request_id=request_id,
-            kind=kind,
-            amount=amount,
-            round_id=round_id,
-            detail=detail,
-            now=now,
-            market_slug=market_slug,
-            tokens=tokens,
-            prices=None if priced_by is None else _prices(priced_by),
-        )
-        if fast.status is None:
-            return UNKNOWN
-        if fast.status == RequestStatus.FAILED:
-            return NOT_SERVED
-        if fast.pending_stored:
-            return PENDING
-        if fast.entry_id is not None:
-            allowed = Allowed(amount=fast.amount, capped_by=fast.capped_by)
-            entry = fastpath.model_loaded(
-                LedgerEntry,
-                {
-                    "id": fast.entry_id,
-                    "request_id": request_id,
-                    "kind": kind,
-                    "tenant_id": fast.tenant_id,
-                    "api_key_id": fast.api_key_id,
-                    "market_id": fast.market_id,
-                    "round_id": round_id,
-                    "amount": fast.amount,
-                    "detail": capped_detail(detail, allowed=allowed, asked=amount),
-                    "created_at": now,
-                },
-            )
-            if fast.pending is not None:
-                _pending_settle(request_id=request_id, pending=fast.pending, now=now)
-            return entry
-        if not fast.priced:
-            return REPRICED
-        if fast.counted:
-            return DUPLICATE
-    elif priced_by is not None:
-        return REPRICED  # the reference code reads the prices itself
-    return _charge_reference(
-        request_id=request_id,
-        kind=kind,
-        amount=amount,
-        round_id=round_id,
-        detail=detail,
-        now=now,
-        market_slug=market_slug,
-        request_fields=request_fields,
+    return ledger_store().hold_close(
+        request_id=request_id, now=now or timezone.now(), fail_request=True
     )
 
 
-def _pending_settle(*, request_id: str, pending: dict[str, Any], now: datetime) -> None:
-    """Write the priority charge a served request had pending (its hold reserves it)."""
-    _charge(
-        request_id=request_id,
-        kind=ChargeKind.PRIORITY,
-        amount=Decimal(pending["amount"]),
-        round_id=pending["round_id"],
-        detail=pending["detail"],
-        now=now,
-    )
-
-
-def _prices(market: PostedPrices) -> dict[str, Any]:
-    return {
-        "market": market.pk,
-        "price_input": market.price_input_per_mtok,
-        "price_cached": market.price_cached_input_per_mtok,
-        "price_output": market.price_output_per_mtok,
-    }
-
-
-def _charge_reference(
-    *,
-    request_id: str,
-    kind: str,
-    amount: Decimal,
-    round_id: str,
-    detail: dict[str, Any],
-    now: datetime,
-    market_slug: str | None,
-    request_fields: dict[str, Any] | None,
-) -> LedgerEntry | str:
-    """:func:`_charge` with the ORM."""
-    owner = (
-        Request.objects.filter(request_id=request_id)
-        .values("tenant_id", "api_key_id", "market__slug")
-        .first()
-    )
-    if owner is None or (market_slug is not None and owner["market__slug"] != market_slug):
-        return UNKNOWN
-    completes = kind == ChargeKind.TOKENS
-    scope = {"tenant_id": owner["tenant_id"], "api_key_id": owner["api_key_id"]}
-    with transaction.atomic():
-        budget_counters_ensure(**scope, now=now)
-        # Lock order everywhere: the request, its hold, the counters, the autobidder.
-        request = Request.objects.select_for_update().get(pk=request_id)
-        if request.status == RequestStatus.FAILED:
-            return NOT_SERVED
-        if LedgerEntry.objects.filter(request_id=request_id, kind=kind).exists():
-            return DUPLICATE
-        if not completes and request.status == RequestStatus.QUEUED:
-            if request.priority_pending is not None:
-                return DUPLICATE
-            pending = {"amount": money_str(amount), "round_id": round_id, "detail": detail}
-            request.priority_pending = pending
-            request.admitted_at = request.admitted_at or now
-            request.save(update_fields=["priority_pending", "admitted_at"])
-            return PENDING
-        open_hold = Hold.objects.select_for_update().filter(
-            request_id=request_id, state=HoldState.OPEN
-        )
-        hold = open_hold.first()
-        counters = budget_counters_locked(**scope)
-        autobidder = None
-        if not completes and request.bid_source == BidSource.AUTOBID:
-            locked = Autobidder.objects.select_for_update()
-            autobidder = locked.filter(tenant_id=scope["tenant_id"]).first()
-        remaining = hold.remaining if hold is not None else ZERO
-        allowed = charge_allowed(
-            asked=amount,
-            priority_cap=None if completes else request.priority_cap,
-            hold_remaining=remaining,
-            budget_room=budget_room(**scope, counters=counters, now=now),
-            autobidder_room=None if autobidder is None else autobidder.budget_left(now=now),
-        )
-        entry = LedgerEntry.objects.create(
-            request_id=request_id,
-            kind=kind,
-            **scope,
-            market_id=request.market_id,
-            round_id=round_id,
-            amount=allowed.amount,
-            detail=capped_detail(detail, allowed=allowed, asked=amount),
-            created_at=now,
-        )
-        pending = request.priority_pending if completes else None
-        if completes:
-            Request.objects.filter(pk=request_id).update(
-                status=RequestStatus.SERVED, finished_at=now, **(request_fields or detail)
-            )
-            # The hold keeps the priority part still to come: none when no cap was recorded
-            # or it is 0 (no effective bid) and nothing is pending, or when it is settled.
-            cap = request.priority_cap
-            priority_settled = LedgerEntry.objects.filter(
-                request_id=request_id, kind=ChargeKind.PRIORITY
-            ).exists()
-            close = priority_settled or (pending is None and (cap is None or cap == 0))
-        else:
-            Request.objects.filter(pk=request_id).update(
-                admitted_at=request.admitted_at or now, priority_pending=None
-            )
-            close = True
-        released = ZERO
-        if hold is not None:
-            hold.remaining = hold_after(
-                remaining=remaining,
-                consumed=min(allowed.amount, remaining),
-                close=close,
-                priority_cap=request.priority_cap,
-            )
-            if close:
-                hold.state, hold.closed_at = HoldState.SETTLED, now
-            hold.save(update_fields=["remaining", "state", "closed_at"])
-            released = remaining - hold.remaining
-        for counter in counters:
-            counter.charge_counted(amount=allowed.amount, at=now)
-            counter.held -= released
-        budget_counters_saved(counters)
-        if autobidder is not None:
-            autobidder.charge_counted(amount=allowed.amount, at=now)
-            autobidder.save(update_fields=["spent_start", "spent_in_window"])
-        if pending is not None:
-            _pending_settle(request_id=request_id, pending=pending, now=now)
-        return entry
+# How round_record_settle counts each outcome of a priority charge (never REPRICED: unpriced).
+_COUNTED = {
+    Outcome.WRITTEN: "charged",
+    Outcome.DUPLICATE: "duplicates",
+    Outcome.UNKNOWN: "unknown",
+    Outcome.NOT_SERVED: "not_served",
+    Outcome.PENDING: "pending",
+}
 
 
 def round_record_settle(
@@ -402,17 +125,16 @@ def round_record_settle(
     now = now or timezone.now()
     counts = {"charged": 0, "duplicates": 0, "unknown": 0, "not_served": 0, "pending": 0}
     for adm in record["admitted"]:
-        detail = {
+        detail: PriorityDetail = {
             "bid": adm["bid"],
             "effective_bid": adm["effective_bid"],
             "time_saved_s": adm["time_saved_s"],
             "planned_completion_s": adm["planned_completion_s"],
             "position": adm["position"],
             "engine_charge": adm["charge"],
+            "block": adm["block"],  # the subtree it waited in: "why this rank"
         }
-        if isinstance(adm.get("block"), dict):
-            detail["block"] = adm["block"]  # the subtree it waited in: "why this rank"
-        entry = _charge(
+        charged = ledger_store().charge_write(
             request_id=adm["request_id"],
             kind=ChargeKind.PRIORITY,
             amount=money(adm["charge"]),
@@ -421,19 +143,12 @@ def round_record_settle(
             now=now,
             market_slug=record["market"],
         )
-        if entry == UNKNOWN:
+        outcome = charged.outcome
+        if outcome == Outcome.UNKNOWN:
             logger.warning(
                 "round %s admits unknown request %r", record["round_id"], adm["request_id"]
             )
-            counts["unknown"] += 1
-        elif entry == NOT_SERVED:
-            counts["not_served"] += 1
-        elif entry == DUPLICATE:
-            counts["duplicates"] += 1
-        elif entry == PENDING:
-            counts["pending"] += 1
-        else:
-            counts["charged"] += 1
+        counts[_COUNTED[outcome]] += 1
     return SettleResult(**counts)
 
 
@@ -485,7 +200,7 @@ def request_complete(
     same (on PostgreSQL: the charge is then one statement).
     """
     now = now or timezone.now()
-    tokens = {
+    tokens: TokensDetail = {
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached_tokens,
         "completion_tokens": completion_tokens,
@@ -499,40 +214,28 @@ def request_complete(
         "now": now,
         "request_fields": {**tokens, **{k: v for k, v in latencies.items() if v is not None}},
     }
-    entry: LedgerEntry | str = REPRICED
-    if market is not None and fastpath.available():
+    store = ledger_store()
+    charged = Charged(Outcome.REPRICED)
+    if market is not None:
         try:
             amount = token_charge(market=market, **tokens)
         except ValueError:
             pass  # said below, in the usual order
         else:
-            entry = _charge(**charge, amount=amount, priced_by=market)
-    if entry == REPRICED:
-        entry = _charge(**charge, amount=token_charge(market=_market_of(request_id), **tokens))
-    if entry == UNKNOWN:
+            charged = store.charge_write(**charge, amount=amount, priced_by=market)
+    if charged.outcome == Outcome.REPRICED:
+        prices = store.posted_prices(request_id=request_id)
+        if prices is None:
+            raise UnknownRequest(f"no request {request_id!r}")
+        charged = store.charge_write(**charge, amount=token_charge(market=prices, **tokens))
+    if charged.outcome == Outcome.UNKNOWN:
         raise UnknownRequest(f"no request {request_id!r}")
-    if entry == NOT_SERVED:
+    if charged.outcome == Outcome.NOT_SERVED:
         raise ValueError(f"request {request_id!r} failed: it is not charged")
-    if entry == DUPLICATE:
+    if charged.outcome == Outcome.DUPLICATE:
         return LedgerEntry.objects.get(request_id=request_id, kind=ChargeKind.TOKENS)
-    return entry
-
-
-def _market_of(request_id: str) -> PostedPrices:
-    """The market of ``request_id`` with its posted prices now (UnknownRequest if none)."""
-    if fastpath.available():
-        prices = fastpath.request_prices(request_id=request_id)
-        if prices is not None:
-            return Prices(
-                price_input_per_mtok=prices[0],
-                price_cached_input_per_mtok=prices[1],
-                price_output_per_mtok=prices[2],
-            )
-    else:
-        request = Request.objects.select_related("market").filter(request_id=request_id).first()
-        if request is not None:
-            return request.market
-    raise UnknownRequest(f"no request {request_id!r}")
+    assert charged.entry is not None  # WRITTEN (a token charge is never PENDING)
+    return charged.entry
 
 
 @dataclass(frozen=True)
@@ -561,8 +264,9 @@ def holds_sweep(
     now = now or timezone.now()
     written = released = failed = 0
     pending = Request.objects.filter(status=RequestStatus.SERVED).exclude(priority_pending=None)
+    store = ledger_store()
     for request_id, charge in pending.values_list("request_id", "priority_pending"):
-        _pending_settle(request_id=request_id, pending=charge, now=now)
+        store.pending_write(request_id=request_id, pending=charge, now=now)
         written += 1
     open_holds = Hold.objects.filter(state=HoldState.OPEN).values("request_id")
     late = Request.objects.filter(

@@ -2,7 +2,7 @@
 
 Each counter value below is worked out by hand from the charges made; ``counters_mismatches``
 also re-sums the ledger and the holds independently. On PostgreSQL the writes are single
-statements (``accounts.services.fastpath``): they are checked against the ORM reference code,
+statements (``accounts.ledger.statements``): they are checked against the ORM reference code,
 and the hot path's statement counts are pinned.
 """
 
@@ -13,6 +13,7 @@ from decimal import Decimal
 import pytest
 from django.apps import apps
 
+from accounts import ledger as ledger_module
 from accounts.models import BudgetCounter, Hold, LedgerEntry, Period, Request
 from accounts.selectors import budget_status
 from accounts.services import (
@@ -26,7 +27,6 @@ from accounts.services import (
     request_open,
     round_record_settle,
 )
-from accounts.services import fastpath as fastpath_module
 from market.models import Market
 from tests.accounts.factories import (
     MIDNIGHT,
@@ -294,7 +294,7 @@ def life(slug: str) -> list:
 @pytest.mark.postgres
 def test_the_single_statements_do_what_the_reference_code_does(monkeypatch) -> None:
     fast = life("fast")
-    monkeypatch.setattr(fastpath_module, "ENABLED", False)
+    monkeypatch.setattr(ledger_module, "STATEMENTS", False)
     reference = life("ref")
     assert fast == reference
     # And by hand, so that the two agreeing is not the two making one mistake (or doing nothing):

@@ -11,6 +11,7 @@ from decimal import Decimal
 
 import pytest
 
+from accounts import ledger
 from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Period, Request
 from accounts.selectors import budget_status, budget_statuses_for_tenant
 from accounts.services import (
@@ -18,7 +19,6 @@ from accounts.services import (
     api_key_create,
     budget_hold,
     budget_set,
-    fastpath,
     request_complete,
     request_fail,
     request_open,
@@ -137,7 +137,7 @@ def test_holds_charges_and_failures_of_one_tenant_at_once_agree_with_the_ledger(
     # once: no deadlock, no error but refusals, never over the budget, and the counters are the
     # ledger's and the holds' sums at the end. With the single statements of the hot path, and
     # with the reference ORM code they stand for.
-    monkeypatch.setattr(fastpath, "ENABLED", statements == "single")
+    monkeypatch.setattr(ledger, "STATEMENTS", statements == "single")
     market = market_create()
     tenant = tenant_create("acme")
     budget_set(tenant=tenant, limit="1", period=Period.DAY)

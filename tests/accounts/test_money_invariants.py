@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from accounts import ledger
 from accounts.models import (
     BidSource,
     ChargeKind,
@@ -36,7 +37,6 @@ from accounts.services import (
     BudgetExhausted,
     api_key_create,
     budget_set,
-    fastpath,
     hold_release,
     request_complete,
     request_fail,
@@ -75,7 +75,7 @@ step = st.tuples(
 @pytest.fixture(params=["single", "reference"])
 def statements(request, monkeypatch) -> str:
     """Both implementations of the ledger's writes (the single statements need PostgreSQL)."""
-    monkeypatch.setattr(fastpath, "ENABLED", request.param == "single")
+    monkeypatch.setattr(ledger, "STATEMENTS", request.param == "single")
     return request.param
 
 

@@ -24,16 +24,27 @@ first consumes the token part and keeps the priority part reserved for the round
 still to come (``hold_after``). A cut happens only where a hold was released before its
 priority charge arrived, or a charge came out above the worst case the gateway held.
 
-The PostgreSQL statement (``accounts.services.fastpath``) and the ORM code
-(``accounts.services.settlement``) both apply this rule; this module is its reference.
+**What a budget has left** (:func:`budget_left`) is its limit less what was spent in its current
+window and what is held; the window's spend is the counter row's (``BudgetCounter.spent_in``),
+and a window newer than the writer's clock (a clock behind the row's) reads the row's window:
+the most it can have spent.
+
+The PostgreSQL statements (``accounts.ledger.statements``) and the reference ORM code
+(``accounts.ledger.orm``) both apply these rules; this module is their reference.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from accounts.money import ZERO, money_str
+from accounts.windows import window_for
+
+if TYPE_CHECKING:
+    from accounts.models import BudgetCounter
 
 PRIORITY_CAP = "priority_cap"  # the priority part of the request's hold
 BUDGET = "budget"  # a tenant's or key's budget
@@ -98,3 +109,13 @@ def hold_after(
         return ZERO
     left = remaining - consumed
     return left if priority_cap is None else min(left, priority_cap)
+
+
+def budget_left(*, limit: Decimal, counter: BudgetCounter, period: str, now: datetime) -> Decimal:
+    """What a budget of ``limit`` dollars per ``period`` has left at ``now``: limit - spent in
+    the window - held, from its scope's ``counter`` row (locked by the caller); may be < 0."""
+    start = window_for(period=period, now=now).start
+    spent = counter.spent_in(period=period, window_start=start)
+    if spent is None:  # the caller's clock is behind the row's window
+        spent = getattr(counter, f"{period}_spent")
+    return limit - spent - counter.held

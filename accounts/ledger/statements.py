@@ -1,9 +1,9 @@
 """The hot path's writes on PostgreSQL, one statement each: a hold, a charge, a release.
 
 Each function here does in one SQL statement (so in one round trip, atomic without BEGIN and
-COMMIT) what the ORM code of ``accounts.services.budgets`` and ``accounts.services.settlement``
-does in a transaction; that code is the reference, and runs instead on other databases and in
-the few cases a statement here declines (it then writes nothing and says so): the first
+COMMIT) what the reference ledger store (``accounts.ledger.orm``) does in a transaction; the
+PostgreSQL store (``accounts.ledger.postgres``) runs them, and the reference instead in the few
+cases a statement here declines (it then writes nothing and says so): the first
 request of a tenant or key (no counter rows yet), a hold for a request id that already has one,
 and a hold whose clock is behind the window its counters keep.
 
@@ -33,14 +33,6 @@ from accounts.models.budgets import WINDOWED_PERIODS
 from accounts.windows import window_for
 
 M = TypeVar("M", bound=Model)
-
-# Set False to run the reference ORM code on PostgreSQL too (the equivalence tests do).
-ENABLED = True
-
-
-def available() -> bool:
-    """Whether the statements here can run: PostgreSQL, and not switched off."""
-    return ENABLED and connection.vendor == "postgresql"
 
 
 def model_loaded(model: type[M], values: dict[str, Any]) -> M:
@@ -256,7 +248,7 @@ def hold_place(
     )
 
 
-# A budget's window spend for the charge rule (``accounts.charge_rule``): as _WINDOW_SPENT, and
+# A budget's window spend for the charge rule (``accounts.ledger.rules``): as _WINDOW_SPENT, and
 # when the statement's clock is behind the row's window, the row's newer window (the most that
 # window can have spent; the reference code reads it the same way).
 _ROOM_SPENT = f"""COALESCE({_WINDOW_SPENT}, CASE b.period WHEN 'day' THEN c.day_spent
@@ -479,7 +471,7 @@ def charge_write(
     prices: dict[str, Any] | None = None,
 ) -> ChargeOutcome:
     """Write the ``kind`` entry ("priority" or "tokens") of at most ``amount`` dollars for a
-    request (``accounts.charge_rule``), consume its hold and count the charge, unless the
+    request (``accounts.ledger.rules``), consume its hold and count the charge, unless the
     request failed or the entry exists; a priority charge of a queued request is kept pending
     instead. ``market_slug``: charge only a request of that market; ``tokens`` (token
     charges): the token counts and latencies the request keeps; ``prices`` (market,

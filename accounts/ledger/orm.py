@@ -1,0 +1,284 @@
+"""The reference ledger store: the ORM, in a transaction per write (``accounts.ledger``).
+
+Locks, in the same order everywhere so that two writers never deadlock: the request's row, its
+hold's, the counter rows of its tenant and key (``counters.budget_counters_locked``), the
+autobidder's. Counter rows a write needs are created first (``budget_counters_ensure``), before
+anything is locked.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from accounts.ledger.counters import (
+    budget_counters_ensure,
+    budget_counters_locked,
+    budget_counters_saved,
+    budget_room,
+)
+from accounts.ledger.rules import capped_detail, charge_allowed, hold_after
+from accounts.ledger.store import BudgetExhausted, Charged, Outcome
+from accounts.models import (
+    ApiKey,
+    Autobidder,
+    BidSource,
+    Budget,
+    ChargeKind,
+    Hold,
+    HoldState,
+    LedgerEntry,
+    Request,
+    RequestStatus,
+    Tenant,
+)
+from accounts.money import ZERO, PostedPrices, money_str
+from accounts.selectors.budgets import budget_usage_counted
+
+
+class OrmLedger:
+    """:class:`accounts.ledger.LedgerStore` with the ORM: the reference implementation."""
+
+    def hold_place(
+        self,
+        *,
+        tenant: Tenant,
+        api_key: ApiKey | None,
+        request_id: str,
+        amount: Decimal,
+        now: datetime,
+    ) -> Hold:
+        with transaction.atomic():
+            return self._hold(
+                tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
+            )
+
+    def request_open(
+        self,
+        *,
+        tenant: Tenant,
+        api_key: ApiKey | None,
+        request_id: str,
+        amount: Decimal,
+        now: datetime,
+        fields: dict[str, Any],
+    ) -> Request:
+        with transaction.atomic():
+            self._hold(
+                tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
+            )
+            request, _ = Request.objects.get_or_create(
+                request_id=request_id,
+                defaults={"tenant": tenant, "api_key": api_key, "created_at": now, **fields},
+            )
+        return request
+
+    def _hold(
+        self,
+        *,
+        tenant: Tenant,
+        api_key: ApiKey | None,
+        request_id: str,
+        amount: Decimal,
+        now: datetime,
+    ) -> Hold:
+        """The hold's writes; inside ``transaction.atomic``, first."""
+        api_key_id = api_key.pk if api_key else None
+        budget_counters_ensure(tenant_id=tenant.pk, api_key_id=api_key_id, now=now)
+        counters = budget_counters_locked(tenant_id=tenant.pk, api_key_id=api_key_id)
+        existing = Hold.objects.filter(request_id=request_id).first()
+        if existing is not None:
+            return _same_owner(existing, tenant=tenant, api_key=api_key)
+        by_scope = {c.api_key_id: c for c in counters}
+        budgets = Budget.objects.filter(
+            Q(api_key__isnull=True) | Q(api_key_id=api_key_id), tenant=tenant
+        ).order_by("id")
+        for budget in budgets:
+            status = budget_usage_counted(
+                budget=budget, counter=by_scope[budget.api_key_id], now=now
+            )
+            if not status.fits(amount):
+                raise BudgetExhausted(status=status, amount=amount)
+        hold = Hold.objects.create(
+            request_id=request_id,
+            tenant=tenant,
+            api_key=api_key,
+            amount=amount,
+            remaining=amount,
+            created_at=now,
+        )
+        for counter in counters:
+            counter.held += amount
+        budget_counters_saved(counters)
+        return hold
+
+    def charge_write(
+        self,
+        *,
+        request_id: str,
+        kind: str,
+        amount: Decimal,
+        round_id: str,
+        detail: dict[str, Any],
+        now: datetime,
+        market_slug: str | None = None,
+        request_fields: dict[str, Any] | None = None,
+        priced_by: PostedPrices | None = None,
+    ) -> Charged:
+        if priced_by is not None:
+            return Charged(Outcome.REPRICED)  # the reference reads the prices itself
+        owner = (
+            Request.objects.filter(request_id=request_id)
+            .values("tenant_id", "api_key_id", "market__slug")
+            .first()
+        )
+        if owner is None or (market_slug is not None and owner["market__slug"] != market_slug):
+            return Charged(Outcome.UNKNOWN)
+        completes = kind == ChargeKind.TOKENS
+        scope = {"tenant_id": owner["tenant_id"], "api_key_id": owner["api_key_id"]}
+        with transaction.atomic():
+            budget_counters_ensure(**scope, now=now)
+            # Lock order everywhere: the request, its hold, the counters, the autobidder.
+            request = Request.objects.select_for_update().get(pk=request_id)
+            if request.status == RequestStatus.FAILED:
+                return Charged(Outcome.NOT_SERVED)
+            if LedgerEntry.objects.filter(request_id=request_id, kind=kind).exists():
+                return Charged(Outcome.DUPLICATE)
+            if not completes and request.status == RequestStatus.QUEUED:
+                if request.priority_pending is not None:
+                    return Charged(Outcome.DUPLICATE)
+                pending = {"amount": money_str(amount), "round_id": round_id, "detail": detail}
+                request.priority_pending = pending
+                request.admitted_at = request.admitted_at or now
+                request.save(update_fields=["priority_pending", "admitted_at"])
+                return Charged(Outcome.PENDING)
+            open_hold = Hold.objects.select_for_update().filter(
+                request_id=request_id, state=HoldState.OPEN
+            )
+            hold = open_hold.first()
+            counters = budget_counters_locked(**scope)
+            autobidder = None
+            if not completes and request.bid_source == BidSource.AUTOBID:
+                locked = Autobidder.objects.select_for_update()
+                autobidder = locked.filter(tenant_id=scope["tenant_id"]).first()
+            remaining = hold.remaining if hold is not None else ZERO
+            allowed = charge_allowed(
+                asked=amount,
+                priority_cap=None if completes else request.priority_cap,
+                hold_remaining=remaining,
+                budget_room=budget_room(**scope, counters=counters, now=now),
+                autobidder_room=None if autobidder is None else autobidder.budget_left(now=now),
+            )
+            entry = LedgerEntry.objects.create(
+                request_id=request_id,
+                kind=kind,
+                **scope,
+                market_id=request.market_id,
+                round_id=round_id,
+                amount=allowed.amount,
+                detail=capped_detail(detail, allowed=allowed, asked=amount),
+                created_at=now,
+            )
+            pending = request.priority_pending if completes else None
+            if completes:
+                Request.objects.filter(pk=request_id).update(
+                    status=RequestStatus.SERVED, finished_at=now, **(request_fields or detail)
+                )
+                # The hold keeps the priority part still to come: none when no cap was recorded
+                # or it is 0 (no effective bid) and nothing is pending, or when it is settled.
+                cap = request.priority_cap
+                priority_settled = LedgerEntry.objects.filter(
+                    request_id=request_id, kind=ChargeKind.PRIORITY
+                ).exists()
+                close = priority_settled or (pending is None and (cap is None or cap == 0))
+            else:
+                Request.objects.filter(pk=request_id).update(
+                    admitted_at=request.admitted_at or now, priority_pending=None
+                )
+                close = True
+            released = ZERO
+            if hold is not None:
+                hold.remaining = hold_after(
+                    remaining=remaining,
+                    consumed=min(allowed.amount, remaining),
+                    close=close,
+                    priority_cap=request.priority_cap,
+                )
+                if close:
+                    hold.state, hold.closed_at = HoldState.SETTLED, now
+                hold.save(update_fields=["remaining", "state", "closed_at"])
+                released = remaining - hold.remaining
+            for counter in counters:
+                counter.charge_counted(amount=allowed.amount, at=now)
+                counter.held -= released
+            budget_counters_saved(counters)
+            if autobidder is not None:
+                autobidder.charge_counted(amount=allowed.amount, at=now)
+                autobidder.save(update_fields=["spent_start", "spent_in_window"])
+            if pending is not None:
+                self.pending_write(request_id=request_id, pending=pending, now=now)
+        return Charged(Outcome.WRITTEN, entry)
+
+    def pending_write(self, *, request_id: str, pending: dict[str, Any], now: datetime) -> Charged:
+        """Write the priority charge a served request had pending (its hold reserves it)."""
+        return self.charge_write(
+            request_id=request_id,
+            kind=ChargeKind.PRIORITY,
+            amount=Decimal(pending["amount"]),
+            round_id=pending["round_id"],
+            detail=pending["detail"],
+            now=now,
+        )
+
+    def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
+        owner = (
+            Request.objects.filter(request_id=request_id).values("tenant_id", "api_key_id").first()
+            if fail_request
+            else None
+        )
+        if owner is None:
+            hold = Hold.objects.filter(request_id=request_id).first()
+            if hold is None:
+                return False
+            with transaction.atomic():
+                budget_counters_ensure(
+                    tenant_id=hold.tenant_id, api_key_id=hold.api_key_id, now=now
+                )
+                return self._released(request_id=request_id, now=now)
+        with transaction.atomic():
+            budget_counters_ensure(**owner, now=now)
+            # Lock order everywhere: the request, then its hold, then the counters.
+            Request.objects.select_for_update().filter(request_id=request_id).exists()
+            failed = Request.objects.filter(
+                request_id=request_id, status=RequestStatus.QUEUED
+            ).update(status=RequestStatus.FAILED, finished_at=now)
+            self._released(request_id=request_id, now=now)
+        return failed == 1
+
+    def _released(self, *, request_id: str, now: datetime) -> bool:
+        """Release the open hold: inside ``transaction.atomic``, with the hold's counter rows
+        ensured and the request (if any) locked. Whether there was one to release."""
+        hold = Hold.objects.select_for_update().filter(request_id=request_id).first()
+        if hold is None or hold.state != HoldState.OPEN:
+            return False
+        counters = budget_counters_locked(tenant_id=hold.tenant_id, api_key_id=hold.api_key_id)
+        for counter in counters:
+            counter.held -= hold.remaining
+        budget_counters_saved(counters)
+        hold.state, hold.remaining, hold.closed_at = HoldState.RELEASED, ZERO, now
+        hold.save(update_fields=["remaining", "state", "closed_at"])
+        return True
+
+    def posted_prices(self, *, request_id: str) -> PostedPrices | None:
+        request = Request.objects.select_related("market").filter(request_id=request_id).first()
+        return None if request is None else request.market
+
+
+def _same_owner(hold: Hold, *, tenant: Tenant, api_key: ApiKey | None) -> Hold:
+    if hold.tenant_id != tenant.pk or hold.api_key_id != (api_key.pk if api_key else None):
+        raise ValueError(f"request {hold.request_id!r} is held for another tenant or key")
+    return hold

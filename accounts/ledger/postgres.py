@@ -1,0 +1,257 @@
+"""The ledger store on PostgreSQL: each write one statement (``accounts.ledger.statements``),
+the reference (:class:`~accounts.ledger.orm.OrmLedger`) where a statement declines."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from accounts.ledger import statements
+from accounts.ledger.orm import OrmLedger
+from accounts.ledger.rules import Allowed, capped_detail
+from accounts.ledger.store import BudgetExhausted, Charged, Outcome
+from accounts.models import (
+    ApiKey,
+    Budget,
+    ChargeKind,
+    Hold,
+    HoldState,
+    LedgerEntry,
+    Request,
+    RequestStatus,
+    Tenant,
+)
+from accounts.money import PostedPrices, Prices
+from accounts.selectors.budgets import BudgetStatus, budget_status_of
+from accounts.windows import window_for
+
+# A request's fields that only its settlement fills in (None in a row the statement wrote).
+_UNSET_AT_OPEN = (
+    "admitted_at",
+    "finished_at",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "ttft_s",
+    "e2e_s",
+)
+
+
+class PostgresLedger(OrmLedger):
+    """:class:`accounts.ledger.LedgerStore` in single statements, with the reference behind."""
+
+    def hold_place(
+        self,
+        *,
+        tenant: Tenant,
+        api_key: ApiKey | None,
+        request_id: str,
+        amount: Decimal,
+        now: datetime,
+    ) -> Hold:
+        placed = self._placed(
+            tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
+        )
+        if placed is None:
+            return super().hold_place(
+                tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
+            )
+        return statements.model_loaded(
+            Hold,
+            {
+                "id": placed.hold_id,
+                "request_id": request_id,
+                "tenant_id": tenant.pk,
+                "api_key_id": api_key.pk if api_key else None,
+                "amount": amount,
+                "remaining": amount,
+                "state": HoldState.OPEN,
+                "created_at": now,
+                "closed_at": None,
+            },
+        )
+
+    def request_open(
+        self,
+        *,
+        tenant: Tenant,
+        api_key: ApiKey | None,
+        request_id: str,
+        amount: Decimal,
+        now: datetime,
+        fields: dict[str, Any],
+    ) -> Request:
+        request = {
+            "market": fields["market_id"],
+            **{k: v for k, v in fields.items() if k != "market_id"},
+        }
+        placed = self._placed(
+            tenant=tenant,
+            api_key=api_key,
+            request_id=request_id,
+            amount=amount,
+            now=now,
+            request=request,
+        )
+        if placed is not None and placed.request_created:
+            return statements.model_loaded(
+                Request,
+                {
+                    "request_id": request_id,
+                    "tenant_id": tenant.pk,
+                    "api_key_id": api_key.pk if api_key else None,
+                    "status": RequestStatus.QUEUED,
+                    "created_at": now,
+                    **dict.fromkeys(_UNSET_AT_OPEN),
+                    **fields,
+                },
+            )
+        if placed is not None:  # the hold is new but the request's row was there already
+            return Request.objects.get(request_id=request_id)
+        return super().request_open(
+            tenant=tenant,
+            api_key=api_key,
+            request_id=request_id,
+            amount=amount,
+            now=now,
+            fields=fields,
+        )
+
+    def _placed(
+        self,
+        *,
+        tenant: Tenant,
+        api_key: ApiKey | None,
+        request_id: str,
+        amount: Decimal,
+        now: datetime,
+        request: dict[str, object] | None = None,
+    ) -> statements.HoldOutcome | None:
+        """The hold statement, with the request's row when ``request`` is given: what it did
+        when it placed the hold, BudgetExhausted when a budget refused it, else None: the
+        reference decides (the statement declined, or the request already has a hold)."""
+        fast = statements.hold_place(
+            tenant_id=tenant.pk,
+            api_key_id=api_key.pk if api_key else None,
+            request_id=request_id,
+            amount=amount,
+            now=now,
+            request=request,
+        )
+        if fast.hold_id is not None:
+            return fast
+        if not fast.counted or fast.fits:
+            return None  # declined, or a hold is already there
+        if Hold.objects.filter(request_id=request_id).exists():
+            return None  # a replay: the first hold is returned, whatever the budget says now
+        raise BudgetExhausted(status=_refusal(fast.budgets, amount=amount, now=now), amount=amount)
+
+    def charge_write(
+        self,
+        *,
+        request_id: str,
+        kind: str,
+        amount: Decimal,
+        round_id: str,
+        detail: dict[str, Any],
+        now: datetime,
+        market_slug: str | None = None,
+        request_fields: dict[str, Any] | None = None,
+        priced_by: PostedPrices | None = None,
+    ) -> Charged:
+        tokens = None
+        if kind == ChargeKind.TOKENS:
+            tokens = {"ttft_s": None, "e2e_s": None, **(request_fields or detail)}
+        fast = statements.charge_write(
+            request_id=request_id,
+            kind=kind,
+            amount=amount,
+            round_id=round_id,
+            detail=detail,
+            now=now,
+            market_slug=market_slug,
+            tokens=tokens,
+            prices=None if priced_by is None else _prices(priced_by),
+        )
+        if fast.status is None:
+            return Charged(Outcome.UNKNOWN)
+        if fast.status == RequestStatus.FAILED:
+            return Charged(Outcome.NOT_SERVED)
+        if fast.pending_stored:
+            return Charged(Outcome.PENDING)
+        if fast.entry_id is not None:
+            allowed = Allowed(amount=fast.amount, capped_by=fast.capped_by)
+            entry = statements.model_loaded(
+                LedgerEntry,
+                {
+                    "id": fast.entry_id,
+                    "request_id": request_id,
+                    "kind": kind,
+                    "tenant_id": fast.tenant_id,
+                    "api_key_id": fast.api_key_id,
+                    "market_id": fast.market_id,
+                    "round_id": round_id,
+                    "amount": fast.amount,
+                    "detail": capped_detail(detail, allowed=allowed, asked=amount),
+                    "created_at": now,
+                },
+            )
+            if fast.pending is not None:
+                self.pending_write(request_id=request_id, pending=fast.pending, now=now)
+            return Charged(Outcome.WRITTEN, entry)
+        if not fast.priced:
+            return Charged(Outcome.REPRICED)
+        if fast.counted:
+            return Charged(Outcome.DUPLICATE)
+        return super().charge_write(  # declined: the reference decides
+            request_id=request_id,
+            kind=kind,
+            amount=amount,
+            round_id=round_id,
+            detail=detail,
+            now=now,
+            market_slug=market_slug,
+            request_fields=request_fields,
+        )
+
+    def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
+        fast = statements.hold_close(request_id=request_id, now=now, fail_request=fail_request)
+        if fast.counted:
+            if fail_request and fast.request_found:
+                return fast.failed
+            return fast.released
+        return super().hold_close(request_id=request_id, now=now, fail_request=fail_request)
+
+    def posted_prices(self, *, request_id: str) -> PostedPrices | None:
+        prices = statements.request_prices(request_id=request_id)
+        if prices is None:
+            return None
+        return Prices(
+            price_input_per_mtok=prices[0],
+            price_cached_input_per_mtok=prices[1],
+            price_output_per_mtok=prices[2],
+        )
+
+
+def _prices(market: PostedPrices) -> dict[str, Any]:
+    return {
+        "market": market.pk,
+        "price_input": market.price_input_per_mtok,
+        "price_cached": market.price_cached_input_per_mtok,
+        "price_output": market.price_output_per_mtok,
+    }
+
+
+def _refusal(rows: list[statements.BudgetRow], *, amount: Decimal, now: datetime) -> BudgetStatus:
+    """The status of the first budget, in id order, that the hold statement found too full."""
+    row = next(r for r in rows if r.spent + r.held + amount > r.limit)
+    budget = Budget(
+        id=row.budget_id,
+        api_key_id=row.api_key_id,
+        period=row.period,
+        limit=row.limit,
+        soft_alert_fraction=row.soft_alert_fraction,
+    )
+    window = window_for(period=row.period, now=now)
+    return budget_status_of(budget=budget, spent=row.spent, held=row.held, window=window, now=now)

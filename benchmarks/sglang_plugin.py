@@ -81,10 +81,10 @@ def bench_size(n: int, *, reps: int, admitted: int, seed: int) -> dict[str, floa
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
     from market.mechanism import clear_tree
+    from scheduler_bridge.contract.sinks import MemorySink
 
     from .config import PluginConfig
     from .policy import AuctionSchedulePolicy
-    from .sinks import MemorySink
 
     reqs, cached = _queue(n, seed)
     sglang = SchedulePolicy("dfs-weight", _cache(cached), False, False, False)

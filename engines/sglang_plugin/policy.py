@@ -25,11 +25,11 @@ from typing import Any
 import sglang.srt.managers.schedule_policy as sglang_policy
 from sglang.srt.managers.schedule_batch import NextBatchPlan, Req, ScheduleBatch
 
+from scheduler_bridge.contract.sinks import sink_for
 from scheduler_bridge.contract.writer import RoundRecorder, token_label, tokenizer_label
 
 from .config import PluginConfig, config_from_env
 from .market_queue import MarketQueue
-from .sinks import sink_for
 
 log = logging.getLogger(__name__)
 

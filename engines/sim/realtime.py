@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_bridge.contract.records import RoundRecord
+from scheduler_bridge.contract.sinks import FanoutSink
 
 from .engine import Engine, SimRequest, StepResult
-from .sinks import FanoutSink
 
 log = logging.getLogger(__name__)
 

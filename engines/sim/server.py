@@ -10,7 +10,8 @@ Endpoints: ``POST /generate`` (protocol.py), ``GET /health``, ``GET /health_gene
 ``POST /admin/market`` (``{"policy": ..., "reserve": ...}``, from the next round; when an admin
 token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the market's
 push sends, send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round records
-go to an in-process callback list, a JSONL file and/or a Redis stream (sinks.py).
+go to an in-process callback list, a JSONL file and/or a Redis stream (the contract's sinks,
+``scheduler_bridge.contract.sinks``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ from aiohttp import web
 from market.mechanism import MAX_BID, POLICIES, bid_checked
 from market.mechanism.policies import policy_checked
 from scheduler_bridge.contract.records import DEFAULT_STREAM
+from scheduler_bridge.contract.sinks import (
+    CallbackSink,
+    FanoutSink,
+    JsonlSink,
+    RedisStreamSink,
+    Sink,
+)
 from scheduler_bridge.contract.tokenizer import NAME as TOKENIZER_NAME
 from scheduler_bridge.contract.tokenizer import default_tokenizer
 from scheduler_bridge.contract.wire import (
@@ -63,7 +71,6 @@ from .realtime import (
     QueueFull,
     Ticket,
 )
-from .sinks import CallbackSink, FanoutSink, JsonlSink, RedisStreamSink, Sink
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +147,7 @@ class SimServer:
 
     async def start(self) -> int:
         """Start the engine loop, the sinks and the listener; return the bound port."""
-        await self.loop.sink.start()
+        self.loop.sink.start()
         self.loop.start()
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -157,7 +164,7 @@ class SimServer:
             await self._runner.cleanup()
             self._runner = None
         await self.loop.stop()
-        await self.loop.sink.aclose()
+        await asyncio.to_thread(self.loop.sink.close)
 
     # --- /generate ----------------------------------------------------------------------------
 

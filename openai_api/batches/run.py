@@ -30,10 +30,9 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +44,7 @@ from accounts.models import ApiKey, Request, RequestStatus
 from accounts.services import request_fail
 from openai_api.batches.input import body_params
 from openai_api.batches.services import batch_finished, batch_started, item_finished
-from openai_api.gateway import services
+from openai_api.gateway import admission, services
 from openai_api.gateway.db import db_call
 from openai_api.gateway.errors import EngineBusy, GatewayError, InvalidApiKey, ServerError
 from openai_api.gateway.validation import CompletionParams
@@ -59,11 +58,10 @@ REQUEST_NAMESPACE = uuid.UUID("5b0e7d1c-3f4a-4c2e-9a61-0d2f6b8e9c17")
 LOCK_CLASS = 0x62617463  # "batc": the advisory lock's first key; the batch's id is the second
 LOCK_WAIT_S = 10.0  # how long a run waits for the lock before leaving the batch to its holder
 MAX_BUSY_WAIT_S = 30.0
-# Test hook: while this file exists, items admitted after the first N (N read from the file)
-# wait before they are sent to the engine, so a test can kill the worker with requests open.
-PAUSE_FILE_ENV = "BATCH_RUN_PAUSE_FILE"
-PAUSE_MAX_S = 120.0
-_admitted_in_process = 0
+# Awaited after each item's request is admitted (its hold placed) and before it is sent to the
+# engine. Empty in production; tests register one to hold items there (to cancel a batch mid-run,
+# or to kill a worker with requests open).
+BEFORE_FORWARD: list[Callable[[], Awaitable[None]]] = []
 
 
 def item_request_id(*, batch_public_id: str, custom_id: str, attempt: int) -> str:
@@ -161,13 +159,14 @@ async def _item_run(batch: BatchJob, item_id: int) -> None:
     while claim is not None:
         try:
             admitted = await db_call(
-                services.request_admit_for,
+                admission.request_admit_for,
                 params=claim.params,
                 tenant=batch.tenant,
                 api_key=batch.api_key,
                 request_id=claim.request_id,
             )
-            await _paused()
+            for hook in BEFORE_FORWARD:
+                await hook()
             await services.completion_forward(
                 params=claim.params,
                 admitted=admitted,
@@ -192,23 +191,6 @@ async def _item_run(batch: BatchJob, item_id: int) -> None:
             await db_call(request_fail, request_id=claim.request_id)  # release any hold
             await db_call(_failed, item_id=claim.item_id, request_id=claim.request_id, exc=error)
             return
-
-
-async def _paused() -> None:
-    global _admitted_in_process
-    path = os.environ.get(PAUSE_FILE_ENV)
-    if not path:
-        return
-    _admitted_in_process += 1
-    try:
-        let_through = int(open(path).read().strip() or 0)  # noqa: PTH123, SIM115
-    except (OSError, ValueError):
-        return
-    if _admitted_in_process <= let_through:
-        return
-    deadline = time.monotonic() + PAUSE_MAX_S
-    while os.path.exists(path) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
 
 
 def _served(body: dict[str, Any], *, item_id: int, request_id: str) -> None:

@@ -28,7 +28,6 @@ rounds_consume`` can loop it in the foreground.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -55,10 +54,10 @@ MAX_DELIVERIES = 5  # tries before a record that keeps failing is dead-lettered
 # A group member with nothing pending and idle this long is a process that is gone (names carry
 # the pid, so they never come back): it is removed from the group, milliseconds.
 PRUNE_IDLE_MS = 24 * 3600 * 1000
-# Test hook: while the file this variable names exists, the consumer waits after each record's
-# charges have committed and before it is acknowledged, so a test can kill it in that window.
-PAUSE_FILE_ENV = "ROUNDS_CONSUME_PAUSE_FILE"
-PAUSE_MAX_S = 120.0
+# Called after each record's charges have committed and before its entry is acknowledged: the
+# window in which a crash means a redelivery (settled again as duplicates). Empty in production;
+# the worker tests register one (through a module the worker imports) to kill a worker there.
+AFTER_SETTLE: list[Callable[[], None]] = []
 
 TRANSIENT_ERRORS = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
 
@@ -292,7 +291,8 @@ def _entry_settle(
         else:
             stats.failed += 1
         return
-    _pause_for_tests()
+    for hook in AFTER_SETTLE:
+        hook()
     # Only now, with the charges committed: a crash before this line means a redelivery, which
     # settles as duplicates.
     sc.client.xack(sc.stream, sc.group, entry_id)
@@ -318,12 +318,3 @@ def _dead_letter(
         pipe.xadd(sc.dead_stream, dead, maxlen=DEAD_MAXLEN, approximate=True)
         pipe.xack(sc.stream, sc.group, entry_id)
         pipe.execute()
-
-
-def _pause_for_tests() -> None:
-    path = os.environ.get(PAUSE_FILE_ENV)
-    if not path:
-        return
-    deadline = time.monotonic() + PAUSE_MAX_S
-    while os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.05)

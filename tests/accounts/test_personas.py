@@ -14,18 +14,20 @@ from datetime import UTC, datetime
 
 import pytest
 
-from accounts.models import ApiKey, Invoice, Period, Role
+from accounts.models import ApiKey, Invoice, Period
 from accounts.services import api_key_create, budget_set, invoice_generate, month_bounds
-from tests.accounts.factories import PASSWORD, market_create, spend, tenant_create, user_create
+from tests.accounts.factories import spend
+from tests.personas import PERSONAS, login, world_create
 
 pytestmark = pytest.mark.django_db
 
-PERSONAS = ["operator", "a_admin", "a_viewer", "b_admin", "anonymous"]
 B_MARKERS = ["globex", "Globex", "GLOBEX", "b-req", "b-key-name"]
 
 
 @dataclass
-class World:
+class Data:
+    """The world's (``tests.personas``) tenants' data: budgets, keys, charges, invoices."""
+
     a_invoice: Invoice
     b_invoice: Invoice
     a_key: ApiKey
@@ -33,13 +35,9 @@ class World:
 
 
 @pytest.fixture
-def world(client) -> World:
-    a, b = tenant_create("acme"), tenant_create("globex")
-    user_create("operator", staff=True)
-    user_create("a_admin", tenant=a, role=Role.ADMIN)
-    user_create("a_viewer", tenant=a, role=Role.VIEWER)
-    user_create("b_admin", tenant=b, role=Role.ADMIN)
-    market = market_create()
+def world(client) -> Data:
+    world = world_create()
+    a, b, market = world.a, world.b, world.market
     budget_set(tenant=a, limit="10", period=Period.MONTH)
     budget_set(tenant=b, limit="20", period=Period.MONTH)
     a_key, _ = api_key_create(tenant=a, name="a-key-name", created_by=None)
@@ -51,17 +49,12 @@ def world(client) -> World:
     past = datetime(2026, 10, 15, tzinfo=UTC)
     spend(tenant=a, market=market, request_id="a-req-old", charge=1.0, at=past)
     spend(tenant=b, market=market, request_id="b-req-old", charge=2.0, at=past)
-    return World(
+    return Data(
         a_invoice=invoice_generate(tenant=a, period_start=start, period_end=end),
         b_invoice=invoice_generate(tenant=b, period_start=start, period_end=end),
         a_key=a_key,
         b_key=b_key,
     )
-
-
-def login(client, persona: str) -> None:
-    if persona != "anonymous":
-        assert client.login(username=persona, password=PASSWORD)
 
 
 # (name, method, url template, kind, access): {inv} is A's invoice, {key} A's key.

@@ -11,7 +11,8 @@ import pytest
 
 from config.embedded import live_services_start
 from market.templatetags.units import rate, usd
-from tests.market.live_helpers import logged_in, record, subtree, world_create
+from tests.market.live_helpers import record, subtree
+from tests.personas import logged_in, world_create
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,22 +1,15 @@
-"""Hand-made round records and personas for the live-console tests.
+"""Hand-made round records for the live-console tests (the personas: ``tests.personas``).
 
 Every number here is written out by hand; expectations in the tests are worked out by hand too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth.models import AbstractUser
 from django.test import Client
 
-from accounts.models import Role, Tenant
-from market.models import Market
 from scheduler_bridge.contract.records import SCHEMA
-from tests.accounts.factories import market_create, tenant_create, user_create
-
-PERSONAS = ["operator", "a_admin", "a_viewer", "b_admin", "anonymous"]
 
 
 def subtree(
@@ -87,34 +80,6 @@ def record(
         "subtrees": subtrees or [],
         "admitted": admitted_requests or [],
     }
-
-
-@dataclass
-class World:
-    """Tenant A (acme) and B (globex), their members, an operator, and one market."""
-
-    a: Tenant
-    b: Tenant
-    market: Market
-    users: dict[str, AbstractUser]
-
-
-def world_create(market_slug: str = "test-llm") -> World:
-    a, b = tenant_create("acme"), tenant_create("globex")
-    users = {
-        "operator": user_create("operator", staff=True),
-        "a_admin": user_create("a_admin", tenant=a, role=Role.ADMIN),
-        "a_viewer": user_create("a_viewer", tenant=a, role=Role.VIEWER),
-        "b_admin": user_create("b_admin", tenant=b, role=Role.ADMIN),
-    }
-    return World(a=a, b=b, market=market_create(market_slug), users=users)
-
-
-def logged_in(client: Client, world: World, persona: str) -> Client:
-    """``client`` logged in as ``persona`` (left anonymous for "anonymous")."""
-    if persona != "anonymous":
-        client.force_login(world.users[persona])
-    return client
 
 
 def session_cookie(client: Client) -> list[tuple[bytes, bytes]]:

@@ -17,7 +17,7 @@ from accounts.models import Period
 from accounts.services import budget_set, invoice_generate, month_bounds
 from market.models import Market, ReserveChange
 from tests.accounts.factories import spend
-from tests.market.live_helpers import PERSONAS, World, logged_in, world_create
+from tests.personas import PERSONAS, World, logged_in, world_create
 
 pytestmark = pytest.mark.django_db
 

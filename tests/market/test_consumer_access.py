@@ -22,7 +22,8 @@ from market.consumers import FORBIDDEN
 from market.live.send import group_send
 from market.live.spend import spend_ticks_publish
 from market.payloads import RoundResult, market_group
-from tests.market.live_helpers import World, logged_in, session_cookie, world_create
+from tests.market.live_helpers import session_cookie
+from tests.personas import World, logged_in, world_create
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 

@@ -21,16 +21,8 @@ from market.live.send import group_send
 from market.live.spend import spend_ticks_publish
 from market.payloads import BookRow, RoundResult, layer_message, market_group
 from tests.accounts.factories import spend
-from tests.market.live_helpers import (
-    PERSONAS,
-    World,
-    admitted,
-    logged_in,
-    record,
-    session_cookie,
-    subtree,
-    world_create,
-)
+from tests.market.live_helpers import admitted, record, session_cookie, subtree
+from tests.personas import PERSONAS, World, logged_in, world_create
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 

@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from decimal import Decimal
 
-import httpx
-import openai
 import pytest
 
-from accounts.models import ApiKey, Tenant
-from accounts.services import api_key_create, budget_set
 from engines.sim.background import ServerThread
 from market.models import Market
 from openai_api.gateway.keys import api_key_cache_clear
 from openai_api.gateway.selectors import caches_clear
 from tests.conftest import DaphneThread, StartSim
+from tests.personas import Program, program_create
 
 
 @pytest.fixture(scope="session")
@@ -63,36 +59,9 @@ def market_create(*, engine_url: str, reserve: str = "0", slug: str | None = Non
     )
 
 
-@dataclass
-class Persona:
-    """A tenant with an API key (and its secret) and a budget."""
-
-    tenant: Tenant
-    api_key: ApiKey
-    key: str
-
-    def client(self, gateway: DaphneThread, **kwargs) -> openai.OpenAI:
-        """The official client, pointed at the gateway, no retries."""
-        return openai.OpenAI(
-            base_url=f"{gateway.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kwargs
-        )
-
-    def http(self, gateway: DaphneThread) -> httpx.Client:
-        return httpx.Client(
-            base_url=gateway.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30
-        )
-
-
-def persona_create(slug: str, *, budget: str = "100") -> Persona:
-    tenant = Tenant.objects.create(name=f"Tenant {slug}", slug=slug)
-    budget_set(tenant=tenant, limit=budget, period="month")
-    api_key, key = api_key_create(tenant=tenant, name="program", created_by=None)
-    return Persona(tenant=tenant, api_key=api_key, key=key)
-
-
 @pytest.fixture
-def acme(transactional_db) -> Persona:
-    return persona_create("acme")
+def acme(transactional_db) -> Program:
+    return program_create("acme")
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ from engines.sglang_plugin.config import MARKET_POLICIES, PluginConfig
 from engines.sim.engine import Engine
 from engines.sim.protocol import BadRequest
 from engines.sim.server import ServerOptions, SimServer, parse_args
-from engines.sim.sinks import RedisStreamSink
 from market.mechanism import BID_POLICIES, POLICIES
 from market.models import Market
 from market.services import market_policy_set
 from scheduler_bridge.contract.records import DEFAULT_STREAM
+from scheduler_bridge.contract.sinks import RedisStreamSink
 from scheduler_bridge.settlement.stream import StreamConsumer
 from tests.accounts.factories import market_create
 

@@ -74,11 +74,13 @@ def celery_worker(
     name, queue = f"imtest-{token}@pytest", f"imtest-{token}"
     log = log_dir / f"worker-{token}.log"
     environ = os.environ.copy() | {"DATABASE_URL": worker_database_url()} | dict(env or {})
+    environ["TEST_PAUSE_HOOKS"] = "1"  # tests.pause_hooks registers what ``env`` asks for
     with log.open("w") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "config", "worker", f"--pool={pool}",
              "--concurrency=1", "-Q", queue, "-n", name, "--without-heartbeat",
-             "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+             "--without-gossip", "--without-mingle", "--loglevel=INFO",
+             "--include=tests.pause_hooks"],
             cwd=REPO_ROOT, env=environ, stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
     worker = Worker(name=name, queue=queue, process=process, log=log)

@@ -20,8 +20,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 from engines.sglang_plugin.config import PluginConfig
 from engines.sglang_plugin.policy import AuctionSchedulePolicy
-from engines.sglang_plugin.sinks import MemorySink
 from market.mechanism import WaitingRequest
+from scheduler_bridge.contract.sinks import MemorySink
 
 MISSING = object()  # a request without a bid
 

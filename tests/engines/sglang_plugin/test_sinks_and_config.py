@@ -8,8 +8,8 @@ import time
 import pytest
 
 from engines.sglang_plugin.config import PluginConfig, config_from_env
-from engines.sglang_plugin.sinks import MemorySink, RedisStreamSink, sink_for
 from scheduler_bridge.contract.records import SCHEMA, round_record_loads
+from scheduler_bridge.contract.sinks import MemorySink, RedisStreamSink, sink_for
 from tests.conftest import dead_port
 
 
@@ -41,8 +41,8 @@ def test_a_dead_redis_drops_and_counts_without_blocking() -> None:
     assert sink.flush(timeout_s=10.0)
     stats = sink.stats()
     assert stats["sent"] == 0
-    assert stats["dropped_queue_full"] + stats["dropped_redis_down"] == 200
-    assert stats["dropped_redis_down"] >= 1 and stats["pending"] == 0
+    assert stats["dropped_queue_full"] + stats["dropped_destination_down"] == 200
+    assert stats["dropped_destination_down"] >= 1 and stats["pending"] == 0
     sink.close()
 
 

@@ -35,9 +35,13 @@ def fresh(text: str) -> str:
     return f"u{uuid.uuid4().hex} {text}"
 
 
-def test_generate_returns_exactly_max_new_tokens(shared_server) -> None:
+def test_generate_returns_exactly_max_new_tokens(start_server) -> None:
+    # A server of its own, a fixed prompt and rid: its tokenizer has seen only this prompt's
+    # pieces, so the answer is the same every run (on a shared server an output id could be a
+    # piece another test's prompt brought, and decode to that piece instead of a word).
+    sim = start_server()
     r = generate(
-        shared_server.url, text=fresh("Hello, world!"), sampling_params={"max_new_tokens": 7}
+        sim.url, text="Hello, world!", rid="exactly-seven", sampling_params={"max_new_tokens": 7}
     )
     assert r.status_code == 200
     body = r.json()
@@ -46,13 +50,15 @@ def test_generate_returns_exactly_max_new_tokens(shared_server) -> None:
     assert len(body["text"].split()) == 7  # unseen ids decode to one word each
     assert meta["completion_tokens"] == 7
     assert meta["finish_reason"] == {"type": "length", "length": 7}
-    # "u<hex>" " " "Hello" "," " " "world" "!"
-    assert meta["prompt_tokens"] == 7
+    # "Hello" "," " " "world" "!"
+    assert meta["prompt_tokens"] == 5
     assert meta["cached_tokens"] == 0
     assert meta["bid"] == 0 and meta["charge"] == 0
     assert 0 <= meta["queue_time"] <= meta["ttft"] <= meta["e2e_latency"]
     assert meta["round_id"] and meta["position"] == 0
-    assert len(meta["id"]) == 32  # a uuid4 hex when no rid is given
+    assert meta["id"] == "exactly-seven"
+    unnamed = generate(sim.url, text="Hi", sampling_params={"max_new_tokens": 1}).json()
+    assert len(unnamed["meta_info"]["id"]) == 32  # a uuid4 hex when no rid is given
 
 
 def test_stream_sends_one_chunk_per_token_then_done(shared_server) -> None:

@@ -1,8 +1,7 @@
-"""Round records leave the server: a real Redis stream, a dead Redis, a JSONL file, a full queue."""
+"""Round records leave the server: a real Redis stream, a dead Redis, a JSONL file."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import time
@@ -13,7 +12,6 @@ import pytest
 import redis
 from django.conf import settings
 
-from engines.sim.sinks import RedisStreamSink
 from scheduler_bridge.contract.records import round_record_checked, round_record_loads
 from tests.conftest import dead_port
 from tests.engines.sim.conftest import metric_values
@@ -92,45 +90,6 @@ def test_health_probes_are_left_out_of_round_records(start_server) -> None:
     assert httpx.get(f"{sim.url}/health_generate", timeout=30).status_code == 200
     generate(sim.url, "real", "a real request")
     assert [a["request_id"] for r in seen for a in r["admitted"]] == ["real"]
-
-
-def test_a_full_redis_queue_drops_at_once() -> None:
-    async def run() -> tuple[int, int]:
-        sink = RedisStreamSink(f"redis://127.0.0.1:{dead_port()}/0", queue_size=2)
-        record = {"round_id": "x"}  # never sent: the drainer is not started
-        for _ in range(5):
-            sink.offer(record)  # type: ignore[arg-type]
-        return sink.pending, sink.dropped
-
-    assert asyncio.run(run()) == (2, 3)
-
-
-@pytest.mark.redis
-def test_the_redis_sink_reconnects_after_a_failure() -> None:
-    stream = f"test:sim-rounds:{uuid.uuid4().hex}"
-    record = {"schema": "x", "round_id": "r1"}
-
-    async def run() -> tuple[int, int, int]:
-        sink = RedisStreamSink(settings.REDIS_URL, stream, backoff_s=0.05)
-        await sink.start()
-        sink._down_until = time.monotonic() + 0.05  # as if it had just failed
-        sink.offer(record)  # type: ignore[arg-type]  # dropped: inside the back-off
-        await sink.flush()
-        await asyncio.sleep(0.1)
-        sink.offer(record)  # type: ignore[arg-type]  # sent: after the back-off
-        await sink.flush()
-        # flush() returns once the queue is empty, while the XADD may still be on its way (a
-        # first connection): wait for its outcome rather than for a fixed 50 ms.
-        deadline = time.monotonic() + 5
-        while sink.sent + sink.dropped < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        await sink.aclose()
-        return sink.dropped, sink.sent, redis.Redis.from_url(settings.REDIS_URL).xlen(stream)
-
-    try:
-        assert asyncio.run(run()) == (1, 1, 1)
-    finally:
-        redis.Redis.from_url(settings.REDIS_URL).delete(stream)
 
 
 def test_a_redis_that_never_answers_does_not_stall_generation(start_server) -> None:

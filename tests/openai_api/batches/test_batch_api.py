@@ -13,7 +13,7 @@ from tests.openai_api.batches.batch_helpers import (
     prompt_of,
     results,
 )
-from tests.openai_api.conftest import persona_create
+from tests.personas import program_create
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.usefixtures("batch_queue")]
 
@@ -28,7 +28,7 @@ def three_lines(model: str = "org/m") -> str:
 
 
 def test_submit_list_retrieve_and_scoping(gateway, acme):
-    other = persona_create("globex")
+    other = program_create("globex")
     with acme.http(gateway) as http, other.http(gateway) as http_other:
         created = http.post("/v1/batches", content=three_lines(), headers=JSONL)
         assert created.status_code == 200, created.text

@@ -10,10 +10,9 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
-from accounts.models import Role
 from accounts.services import api_key_create
 from openai_api.models import BatchItem, BatchJob, BatchStatus, ItemStatus
-from tests.accounts.factories import PASSWORD, market_create, tenant_create, user_create
+from tests.personas import World, login, world_create
 
 pytestmark = pytest.mark.django_db
 UPLOAD = "/tenants/acme/batches/"
@@ -21,16 +20,8 @@ DASHBOARD = "/tenants/acme/dashboard/"
 
 
 @pytest.fixture
-def world():
-    acme, globex = tenant_create("acme"), tenant_create("globex")
-    market_create()
-    return {
-        "acme": acme,
-        "a_admin": user_create("a_admin", tenant=acme, role=Role.ADMIN),
-        "a_viewer": user_create("a_viewer", tenant=acme, role=Role.VIEWER),
-        "b_admin": user_create("b_admin", tenant=globex, role=Role.ADMIN),
-        "operator": user_create("operator", staff=True),
-    }
+def world() -> World:
+    return world_create()
 
 
 def jsonl_file(*lines: dict, name: str = "batch.jsonl") -> SimpleUploadedFile:
@@ -43,17 +34,13 @@ def good(custom_id: str, bid: float = 0.01) -> dict:
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
 
 
-def login(client, persona: str) -> None:
-    assert client.login(username=persona, password=PASSWORD)
-
-
 @pytest.mark.parametrize("persona", ["a_admin", "operator"])
 def test_admins_and_operators_upload_a_batch(client, world, persona) -> None:
     login(client, persona)
     response = client.post(UPLOAD, {"input": jsonl_file(good("x"), good("y", 0.5))}, follow=True)
     assert response.status_code == 200
     batch = BatchJob.objects.get()
-    assert (batch.tenant, batch.api_key, batch.submitted_by) == (world["acme"], None, persona)
+    assert (batch.tenant, batch.api_key, batch.submitted_by) == (world.a, None, persona)
     assert (batch.status, batch.total, batch.endpoint) == (
         BatchStatus.VALIDATING,
         2,
@@ -66,7 +53,7 @@ def test_admins_and_operators_upload_a_batch(client, world, persona) -> None:
 
 
 def test_an_upload_may_be_charged_to_one_of_the_tenants_keys(client, world) -> None:
-    key, _ = api_key_create(tenant=world["acme"], name="batch key", created_by=None)
+    key, _ = api_key_create(tenant=world.a, name="batch key", created_by=None)
     login(client, "a_admin")
     client.post(UPLOAD, {"input": jsonl_file(good("x")), "api_key": key.pk})
     assert BatchJob.objects.get().api_key == key
@@ -112,7 +99,7 @@ def test_a_get_is_not_an_upload(client, world) -> None:
 def finished_batch(world) -> BatchJob:
     now = timezone.now()
     batch = BatchJob.objects.create(
-        public_id="batch_done", tenant=world["acme"], input="...", total=3, completed=1,
+        public_id="batch_done", tenant=world.a, input="...", total=3, completed=1,
         failed=1, cancelled=1, status=BatchStatus.COMPLETED, created_at=now, finished_at=now,
     )  # fmt: skip
     body = {"id": "cmpl-r1", "object": "text_completion", "usage": {"prompt_tokens": 3}}

@@ -194,12 +194,13 @@ def test_cancel_mid_run_cancels_pending_lines_and_lets_the_one_in_flight_finish(
 
     from django.db import connection
 
-    from openai_api.batches.run import PAUSE_FILE_ENV
+    from openai_api.batches import run as batches_run
+    from tests.pause_hooks import batch_pause
 
     settings.BATCH_CONCURRENCY = 1
     pause = tmp_path / "pause"
     pause.write_text("0")  # every admitted line waits before the engine while the file exists
-    monkeypatch.setenv(PAUSE_FILE_ENV, str(pause))
+    monkeypatch.setattr(batches_run, "BEFORE_FORWARD", [batch_pause(pause)])
     lines = [
         completion_line(f"q{i}", market.served_model, prompt=prompt_of(i, 3), max_tokens=2)
         for i in range(4)

@@ -2,7 +2,7 @@
 held but not yet sent; another worker runs the task again and every line ends served exactly
 once, charged exactly once, with no hold left open.
 
-The kill is deterministic: a test hook (``BATCH_RUN_PAUSE_FILE``) lets the first three
+The kill is deterministic: a test hook (``tests.pause_hooks``) lets the first three
 admissions through and holds every later one after its admission, before the engine.
 """
 
@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 
 from accounts.models import BudgetCounter, ChargeKind, Hold, HoldState, LedgerEntry, Request
-from openai_api.batches.run import PAUSE_FILE_ENV, item_request_id
+from openai_api.batches.run import item_request_id
 from openai_api.batches.tasks import batch_run
 from openai_api.models import BatchItem, ItemStatus
 from tests.openai_api.batches.batch_helpers import (
@@ -26,6 +26,7 @@ from tests.openai_api.batches.batch_helpers import (
     prompt_of,
     results,
 )
+from tests.pause_hooks import BATCH_PAUSE_FILE_ENV
 from tests.scheduler_bridge.workers import celery_worker, wait_until
 
 pytestmark = [
@@ -57,7 +58,7 @@ def test_killing_the_worker_mid_batch_serves_and_charges_every_line_exactly_once
 
     pause = tmp_path / "pause"
     pause.write_text(str(LET_THROUGH))
-    with celery_worker(tmp_path, env={PAUSE_FILE_ENV: str(pause)}) as first:
+    with celery_worker(tmp_path, env={BATCH_PAUSE_FILE_ENV: str(pause)}) as first:
         batch_run.apply_async(args=[batch.pk], queue=first.queue)
         # Three lines served; four more admitted (requests open, money held) and waiting.
         wait_until(

@@ -12,7 +12,7 @@ import pytest
 from django.db import IntegrityError, OperationalError
 
 from accounts.models import Hold, HoldState, LedgerEntry
-from openai_api.gateway import services
+from openai_api.gateway import admission
 from openai_api.gateway.db import database_busy
 from tests.openai_api.helpers import HELLO
 
@@ -56,7 +56,7 @@ def test_a_locked_database_is_a_503_with_retry_after(gateway, acme, market, monk
     def admit_locked(**kwargs):
         raise OperationalError("database is locked")  # as SQLite says after its busy timeout
 
-    monkeypatch.setattr(services, "request_admit", admit_locked)
+    monkeypatch.setattr(admission, "request_admit", admit_locked)
     response = _chat(gateway, acme, market)
     assert response.status_code == 503, response.text
     assert response.headers["Retry-After"] == "1"
@@ -71,7 +71,7 @@ def test_a_broken_database_is_still_a_500(gateway, acme, market, monkeypatch):
     def admit_broken(**kwargs):
         raise OperationalError("disk I/O error")
 
-    monkeypatch.setattr(services, "request_admit", admit_broken)
+    monkeypatch.setattr(admission, "request_admit", admit_broken)
     response = _chat(gateway, acme, market)
     assert response.status_code == 500, response.text
     assert "Retry-After" not in response.headers

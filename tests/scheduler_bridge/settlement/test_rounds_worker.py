@@ -2,7 +2,7 @@
 
 The workers are subprocesses on the test database (tests/scheduler_bridge/workers.py), so these
 tests commit what they write (``transactional_db``). The kill tests are deterministic: a test
-hook (``ROUNDS_CONSUME_PAUSE_FILE``) holds the worker after a record's charges have committed
+hook (``tests.pause_hooks``) holds the worker after a record's charges have committed
 and before its acknowledgement, the test sees the charges land, then SIGKILLs the worker there.
 """
 
@@ -23,9 +23,9 @@ from accounts.models import BudgetCounter, Hold, HoldState
 from accounts.services import request_complete, request_open
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
-from scheduler_bridge.settlement.stream import PAUSE_FILE_ENV
 from scheduler_bridge.tasks import rounds_consume
 from tests.accounts.factories import admitted, market_create, round_record, tenant_create
+from tests.pause_hooks import ROUNDS_PAUSE_FILE_ENV
 from tests.scheduler_bridge.settlement.rounds_helpers import (
     CHARGES,
     CHARGES_TOTAL,
@@ -88,7 +88,7 @@ def test_killing_the_worker_mid_batch_loses_nothing_and_charges_nothing_twice(
         streams.add(record)
     pause = tmp_path / "pause"
     pause.touch()
-    with celery_worker(tmp_path, env={PAUSE_FILE_ENV: str(pause)}) as first:
+    with celery_worker(tmp_path, env={ROUNDS_PAUSE_FILE_ENV: str(pause)}) as first:
         consume(first, streams)
         # It read all four entries in one batch, settled the first round (r0, r1: committed),
         # and now waits before acknowledging it.
@@ -130,7 +130,7 @@ def test_a_pool_process_killed_mid_task_is_replaced_and_the_task_redelivered(
         streams.add(record)
     pause = tmp_path / "pause"
     pause.touch()
-    with celery_worker(tmp_path, pool="prefork", env={PAUSE_FILE_ENV: str(pause)}) as worker:
+    with celery_worker(tmp_path, pool="prefork", env={ROUNDS_PAUSE_FILE_ENV: str(pause)}) as worker:
         result = consume(worker, streams, claim_min_idle_ms=0)
         wait_until(lambda: len(priority_charges()) == 2, what="the first round's charges")
         (child,) = worker.children()

@@ -46,12 +46,26 @@ import math
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
 
-from scheduler_bridge.contract.wire import CONTROL_PATH, control_body, sampling_with_bid
+from scheduler_bridge.client.answers import (
+    EngineChunk,
+    EngineOutput,
+    meta_parsed,
+)
+from scheduler_bridge.client.errors import (
+    EngineRejected,
+    EngineTimedOut,
+    EngineUnavailable,
+    _error_fields,
+    _status_error,
+    _stream_error,
+    _transport_error,
+)
+from scheduler_bridge.contract.wire import CONTROL_PATH, control_body
 
 # Defaults of EngineTimeouts, seconds (the gateway passes its settings, ENGINE_*_TIMEOUT_S).
 CONNECT_TIMEOUT_S = 3.0
@@ -60,42 +74,6 @@ ANSWER_TIMEOUT_S = 600.0
 HEALTH_PATH = "/health_generate"
 METRICS_PATH = "/metrics"
 MAX_CONNECTIONS = 512
-DEFAULT_RETRY_AFTER_S = 1.0
-
-
-class EngineError(Exception):
-    """An engine did not serve a request. ``status`` is the engine's HTTP status, if it sent one."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
-class EngineUnavailable(EngineError):
-    """The engine could not be reached or failed: refused, reset, timed out, a 5xx, garbage."""
-
-
-class EngineTimedOut(EngineUnavailable):
-    """The engine took the request but went silent: mid-answer for ``read_s``, or failing its
-    health check while the answer had not begun, or not beginning within ``answer_s``."""
-
-
-class EngineOverloaded(EngineError):
-    """The engine's waiting queue is full (429); try again after ``retry_after_s`` seconds."""
-
-    def __init__(self, message: str, *, retry_after_s: float, status: int | None = 429) -> None:
-        super().__init__(message, status=status)
-        self.retry_after_s = retry_after_s
-
-
-class EngineRejected(EngineError):
-    """The engine refused the request as malformed or impossible (400); ``param`` names the
-    field when the engine says which."""
-
-    def __init__(self, message: str, *, param: str | None = None, status: int | None = 400) -> None:
-        super().__init__(message, status=status)
-        self.param = param
 
 
 @dataclass(frozen=True)
@@ -111,61 +89,6 @@ class EngineTimeouts:
             value = getattr(self, name)
             if not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-
-
-@dataclass(frozen=True)
-class EngineMeta:
-    """What an engine reported about a request. Counts in tokens, times in engine seconds,
-    ``charge`` in dollars. The auction fields are None when the engine does not send them."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    finish_reason: str | None  # "length", "stop", "abort", ... (None while running)
-    charge: float | None = None
-    round_id: str | None = None
-    position: int | None = None
-    ttft_s: float | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class EngineOutput:
-    """A finished, non-streamed generation."""
-
-    text: str
-    meta: EngineMeta
-
-
-@dataclass(frozen=True)
-class EngineChunk:
-    """One streamed event: ``delta`` is the new text since the previous chunk."""
-
-    delta: str
-    meta: EngineMeta
-
-
-def generate_body(
-    *,
-    rid: str,
-    max_new_tokens: int,
-    bid: float,
-    text: str | None = None,
-    input_ids: list[int] | None = None,
-    sampling_params: Mapping[str, Any] | None = None,
-    stream: bool = False,
-) -> dict[str, Any]:
-    """The JSON body of ``POST /generate``; ``bid`` in dollars per second of waiting."""
-    if (text is None) == (input_ids is None):
-        raise ValueError("give exactly one of text and input_ids")
-    sampling = sampling_with_bid(sampling_params, bid)
-    sampling["max_new_tokens"] = max_new_tokens
-    body: dict[str, Any] = {"rid": rid, "sampling_params": sampling, "stream": stream}
-    if text is not None:
-        body["text"] = text
-    else:
-        body["input_ids"] = input_ids
-    return body
 
 
 T = TypeVar("T")
@@ -459,92 +382,6 @@ def _http_timeout(t: EngineTimeouts) -> aiohttp.ClientTimeout:
     """aiohttp's part of ``t``: connecting. Silence and the answer's wait are the client's
     own (:meth:`EngineClient._watched`), as aiohttp's read timeout cannot tell the two apart."""
     return aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=None)
-
-
-def meta_parsed(data: Mapping[str, Any]) -> EngineMeta:
-    """The ``meta_info`` of an engine's answer; the auction fields may be missing."""
-    info = data.get("meta_info")
-    if not isinstance(info, dict):
-        raise TypeError("the answer has no meta_info object")
-    finish = info.get("finish_reason")
-    if isinstance(finish, dict):
-        finish = finish.get("type")
-    return EngineMeta(
-        prompt_tokens=_count(info.get("prompt_tokens")),
-        cached_tokens=_count(info.get("cached_tokens")),
-        completion_tokens=_count(info.get("completion_tokens")),
-        finish_reason=finish if isinstance(finish, str) else None,
-        charge=_finite(info.get("charge")),
-        round_id=info["round_id"] if isinstance(info.get("round_id"), str) else None,
-        position=info["position"] if _is_int(info.get("position")) else None,
-        ttft_s=_finite(info.get("ttft")),
-        raw=info,
-    )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _count(value: Any) -> int:
-    return value if _is_int(value) and value >= 0 else 0
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def _transport_error(exc: BaseException, url: str) -> EngineUnavailable:
-    kind = type(exc).__name__
-    return EngineUnavailable(f"the engine at {url} is unavailable ({kind}: {exc or 'no detail'})")
-
-
-def _error_fields(content: bytes) -> tuple[str, str | None]:
-    """The message and param of an engine's JSON error body, or its text."""
-    try:
-        error = json.loads(content).get("error")
-        if isinstance(error, dict):
-            param = error.get("param")
-            return str(error.get("message")), param if isinstance(param, str) else None
-        if isinstance(error, str):
-            return error, None
-    except (ValueError, AttributeError):
-        pass
-    return content.decode("utf-8", "replace")[:500] or "no detail", None
-
-
-def _status_error(status: int, content: bytes, headers: Mapping[str, str]) -> EngineError:
-    message, param = _error_fields(content)
-    if status == 429:
-        return EngineOverloaded(message, retry_after_s=_retry_after(headers.get("retry-after")))
-    if status in (400, 413, 422):
-        return EngineRejected(message, param=param, status=status)
-    return EngineUnavailable(f"the engine answered {status}: {message}", status=status)
-
-
-def _stream_error(error: Any) -> EngineError:
-    code = error.get("code") if isinstance(error, dict) else None
-    message = str(error.get("message") if isinstance(error, dict) else error)
-    if code == 429:
-        return EngineOverloaded(message, retry_after_s=DEFAULT_RETRY_AFTER_S)
-    if code == 400:
-        return EngineRejected(message)
-    return EngineUnavailable(f"the engine failed mid-stream: {message}", status=_int_or_none(code))
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if _is_int(value) else None
-
-
-def _retry_after(value: str | None) -> float:
-    """Seconds from a Retry-After header (delta-seconds form); the default when absent."""
-    try:
-        seconds = float(value) if value is not None else DEFAULT_RETRY_AFTER_S
-    except ValueError:
-        return DEFAULT_RETRY_AFTER_S
-    return seconds if math.isfinite(seconds) and seconds >= 0 else DEFAULT_RETRY_AFTER_S
 
 
 _default = EngineClient()

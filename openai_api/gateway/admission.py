@@ -1,0 +1,132 @@
+"""Admitting a request (the gateway's first step, DESIGN.md 2): authenticate the API key, find
+the market, choose the bid (explicit, else the tenant's autobidder, else 0), render the prompt,
+and hold the worst case with ``request_open`` (``services`` says how it is computed)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from accounts.models import ApiKey, BidSource, Tenant
+from accounts.money import ZERO, money, per_million
+from accounts.services import BudgetExhausted, request_fail, request_open
+from accounts.services.autobidder import autobid
+from market.mechanism.requests import effective_bid
+from market.models import Market
+from openai_api.gateway import metrics
+from openai_api.gateway.chat_templates import Prompt, chat_template
+from openai_api.gateway.db import db_call, detached
+from openai_api.gateway.errors import BudgetExhaustedError, InvalidValue, ModelNotFound
+from openai_api.gateway.keys import api_key_authenticated
+from openai_api.gateway.selectors import market_for_model
+from openai_api.gateway.validation import CHAT, CompletionParams
+
+
+@dataclass
+class Trace:
+    """What the view needs for its metrics: filled in as the request goes."""
+
+    endpoint: str
+    market: str = metrics.NO_MARKET
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request recorded and held, ready to forward. Money in dollars (bids: per second)."""
+
+    request_id: str
+    market: Market
+    bid: Decimal
+    effective_bid: Decimal
+    bid_source: str
+    prompt: Prompt
+    hold: Decimal
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _prompt(params: CompletionParams, market: Market) -> Prompt:
+    template = chat_template(market.chat_template)
+    if params.endpoint == CHAT:
+        return template.chat(params.messages)
+    if params.prompt_ids is not None:
+        return template.ids(params.prompt_ids)
+    assert params.prompt_text is not None
+    return template.text(params.prompt_text)
+
+
+def request_admit(*, params: CompletionParams, key: str | None, request_id: str) -> Admitted:
+    """Authenticate, find the market, choose the bid, hold the worst case (synchronous: run it
+    on a database thread). GatewayError subclasses say why a request is refused."""
+    api_key = api_key_authenticated(key=key)
+    return request_admit_for(
+        params=params, tenant=api_key.tenant, api_key=api_key, request_id=request_id
+    )
+
+
+def request_admit_for(
+    *, params: CompletionParams, tenant: Tenant, api_key: ApiKey | None, request_id: str
+) -> Admitted:
+    """:func:`request_admit` for a caller already known: ``tenant`` and its ``api_key`` (None:
+    the tenant's own console). Used by batch jobs, which keep no key's secret."""
+    market = market_for_model(model=params.model)
+    if market is None:
+        raise ModelNotFound(f"no market serves the model {params.model!r}", param="model")
+    reserve = market.reserve
+    if params.bid is not None:
+        bid, source = params.bid, BidSource.EXPLICIT
+        effective = effective_bid(bid, reserve, zero=ZERO)
+        priority_hold = effective * Decimal(repr(market.max_wait_s))
+    else:
+        auto = autobid(tenant=tenant, request_class=params.request_class)
+        if auto is not None:
+            bid, source = auto.bid, BidSource.AUTOBID
+            effective = effective_bid(bid, reserve, zero=ZERO)
+            priority_hold = auto.worst_case if effective > 0 else ZERO
+        else:
+            bid, source, effective, priority_hold = ZERO, BidSource.NONE, ZERO, ZERO
+    prompt = _prompt(params, market)
+    if prompt.tokens == 0:
+        raise InvalidValue("the prompt has no tokens", param="prompt")
+    tokens_hold = per_million(
+        tokens=prompt.tokens, price_per_million=market.price_input_per_mtok
+    ) + per_million(tokens=params.max_tokens, price_per_million=market.price_output_per_mtok)
+    hold = money(tokens_hold + priority_hold)
+    try:
+        request_open(
+            request_id=request_id,
+            tenant=tenant,
+            api_key=api_key,
+            market=market,
+            bid=bid,
+            hold_amount=hold,
+            request_class=params.request_class,
+            bid_source=source,
+            priority_cap=money(priority_hold),
+        )
+    except BudgetExhausted as exc:
+        raise BudgetExhaustedError(str(exc)) from None
+    return Admitted(request_id, market, bid, effective, source, prompt, hold)
+
+
+async def admitted_for(params: CompletionParams, key: str | None, trace: Trace) -> Admitted:
+    request_id = "gw-" + uuid.uuid4().hex
+    task = detached(db_call(request_admit, params=params, key=key, request_id=request_id))
+    try:
+        admitted = await asyncio.shield(task)
+    except asyncio.CancelledError:  # the client went away: release the hold once it is placed
+        detached(_failed_after(task, request_id))
+        raise
+    trace.market = admitted.market.slug
+    metrics.BIDS.labels(trace.market, admitted.bid_source).observe(float(admitted.bid))
+    return admitted
+
+
+async def _failed_after(task: asyncio.Task[Admitted], request_id: str) -> None:
+    try:
+        await task
+    except Exception:  # noqa: BLE001 (refused: nothing was held)
+        return
+    await db_call(request_fail, request_id=request_id)

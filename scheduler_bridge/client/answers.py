@@ -1,0 +1,101 @@
+"""What the engine client sends (``generate_body``) and reads back (``meta_parsed``): SGLang's
+``/generate`` body and ``meta_info``, with the auction's fields when the engine sends them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_bridge.contract.wire import sampling_with_bid
+
+
+@dataclass(frozen=True)
+class EngineMeta:
+    """What an engine reported about a request. Counts in tokens, times in engine seconds,
+    ``charge`` in dollars. The auction fields are None when the engine does not send them."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str | None  # "length", "stop", "abort", ... (None while running)
+    charge: float | None = None
+    round_id: str | None = None
+    position: int | None = None
+    ttft_s: float | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """A finished, non-streamed generation."""
+
+    text: str
+    meta: EngineMeta
+
+
+@dataclass(frozen=True)
+class EngineChunk:
+    """One streamed event: ``delta`` is the new text since the previous chunk."""
+
+    delta: str
+    meta: EngineMeta
+
+
+def generate_body(
+    *,
+    rid: str,
+    max_new_tokens: int,
+    bid: float,
+    text: str | None = None,
+    input_ids: list[int] | None = None,
+    sampling_params: Mapping[str, Any] | None = None,
+    stream: bool = False,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /generate``; ``bid`` in dollars per second of waiting."""
+    if (text is None) == (input_ids is None):
+        raise ValueError("give exactly one of text and input_ids")
+    sampling = sampling_with_bid(sampling_params, bid)
+    sampling["max_new_tokens"] = max_new_tokens
+    body: dict[str, Any] = {"rid": rid, "sampling_params": sampling, "stream": stream}
+    if text is not None:
+        body["text"] = text
+    else:
+        body["input_ids"] = input_ids
+    return body
+
+
+def meta_parsed(data: Mapping[str, Any]) -> EngineMeta:
+    """The ``meta_info`` of an engine's answer; the auction fields may be missing."""
+    info = data.get("meta_info")
+    if not isinstance(info, dict):
+        raise TypeError("the answer has no meta_info object")
+    finish = info.get("finish_reason")
+    if isinstance(finish, dict):
+        finish = finish.get("type")
+    return EngineMeta(
+        prompt_tokens=_count(info.get("prompt_tokens")),
+        cached_tokens=_count(info.get("cached_tokens")),
+        completion_tokens=_count(info.get("completion_tokens")),
+        finish_reason=finish if isinstance(finish, str) else None,
+        charge=_finite(info.get("charge")),
+        round_id=info["round_id"] if isinstance(info.get("round_id"), str) else None,
+        position=info["position"] if _is_int(info.get("position")) else None,
+        ttft_s=_finite(info.get("ttft")),
+        raw=info,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> int:
+    return value if _is_int(value) and value >= 0 else 0
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None

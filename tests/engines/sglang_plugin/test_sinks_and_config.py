@@ -48,7 +48,7 @@ def test_a_dead_redis_drops_and_counts_without_blocking() -> None:
 
 def test_a_full_queue_drops_and_counts() -> None:
     sink = RedisStreamSink(f"redis://127.0.0.1:{dead_port()}/0", "rounds", queue_size=1)
-    sink._start()  # noqa: SLF001 - stop the drain thread so that the queue stays full
+    sink.start()  # then stop the drain thread, so that the queue stays full
     sink.close()
     sink.offer(_record(1))
     sink.offer(_record(2))

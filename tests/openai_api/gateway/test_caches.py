@@ -9,8 +9,8 @@ import uuid
 import httpx
 import pytest
 
+from openai_api.gateway import admission, selectors
 from openai_api.gateway import keys as gateway_keys
-from openai_api.gateway import selectors, services
 from openai_api.gateway.errors import InvalidApiKey
 from openai_api.gateway.selectors import TtlCache
 from openai_api.gateway.validation import MAX_MODEL_CHARS
@@ -50,7 +50,7 @@ def test_unknown_model_names_are_not_cached(gateway, acme, transactional_db):
 
 
 def test_an_oversized_model_name_is_refused_before_lookup(gateway, acme, monkeypatch):
-    calls = counting(monkeypatch, services, "market_for_model")
+    calls = counting(monkeypatch, admission, "market_for_model")
     with acme.http(gateway) as http:
         for length, status in [(MAX_MODEL_CHARS + 1, 422), (2 * 1024 * 1024, 422)]:
             body = {"model": "m" * length, "messages": HELLO}

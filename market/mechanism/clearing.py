@@ -6,9 +6,10 @@ import math
 from collections.abc import Iterable
 
 from .payments import Charges
+from .plan import Plan
 from .policies import POLICY, policy_checked
 from .requests import BID_SCALE, WaitingRequest, to_ticks
-from .tree import Entry, RequestTree
+from .tree import Node, RequestTree
 from .welfare import planned_welfare
 
 DEFAULT_TOKENS_PER_SECOND = 10_000.0
@@ -20,8 +21,10 @@ class Clearing:
 
     Engines read the front of the order and price what they admit (``completion_at``,
     ``charge``); the rest is worked out only when asked for (``completion``, ``planned_welfare``,
-    ``payments``). A clearing is valid until its tree changes or clears another round; asking it
-    for anything lazy afterwards raises RuntimeError.
+    ``payments``). The round's scratch is its own (the ``Plan`` and the nodes its on-demand work
+    has counted), never the tree's: a clearing is valid until its tree changes, however many
+    other rounds are cleared on the tree meanwhile; asking it for anything lazy after a change
+    raises RuntimeError.
     """
 
     def __init__(
@@ -32,28 +35,26 @@ class Clearing:
         reserve: float,
         tokens_per_second: float,
         overhead_tokens: int,
-        plan: tuple[list[Entry], list[int] | None],
+        plan: Plan,
     ) -> None:
         self.policy = policy
         self._rules = POLICY[policy]
         self.reserve = reserve
         self.tokens_per_second = tokens_per_second
         self.overhead_tokens = overhead_tokens
-        entries, cums = plan
+        self._plan = plan
         self._tree = tree
         self._version = tree.version
         self._reserve_ticks = to_ticks(reserve)
         # Amounts in bid ticks x tokens become dollars; tokens become seconds:
         self._dollars = 1.0 / (BID_SCALE * tokens_per_second)
         self._seconds = 1.0 / tokens_per_second
-        self._entries = entries
+        self._entries = plan.order
         # Cumulative work at each completion: complete for DFS plans, extended on demand by a
-        # marking walk for the others (each node's uncached tokens counted once).
-        self._cums: list[int] = [] if cums is None else cums
-        if cums is None:
-            tree.stamp += 1
-            self._stamp = tree.stamp
-            tree.root.done = self._stamp
+        # marking walk for the others (each node's uncached tokens counted once): ``_counted``
+        # holds the shared nodes counted so far, the root (no edge) from the start.
+        self._cums: list[int] = [] if plan.cums is None else plan.cums
+        self._counted: set[Node] = {tree.root}
         self._order: list[str] | None = None
         self._charges: Charges | None = None
         self._payments: dict[str, float] | None = None
@@ -67,14 +68,19 @@ class Clearing:
         cums = self._cums
         if len(cums) < k:
             self._check()
-            stamp = self._stamp
+            counted = self._counted
             overhead = self.overhead_tokens
             cum = cums[-1] if cums else 0
             for e in self._entries[len(cums) : k]:
                 x = e.node
-                while x.done != stamp:
+                if x.size == 1:
+                    # A leaf holding only this request, the common case: no other request needs
+                    # it, so it is counted without being filed (the set stays small and fast).
                     cum += x.ew
-                    x.done = stamp
+                    x = x.parent
+                while x not in counted:
+                    cum += x.ew
+                    counted.add(x)
                     x = x.parent
                 cum += overhead
                 cums.append(cum)
@@ -128,8 +134,7 @@ class Clearing:
         if self._charges is None:
             key = self._rules.block_key
             self._charges = rule(
-                self._tree.root,
-                self._entries,
+                self._plan,
                 self._cums_upto,
                 self._reserve_ticks,
                 key is not None and key.per_work,
@@ -202,7 +207,6 @@ def clear_tree(
     """Run one round on a maintained request tree."""
     rules = POLICY[policy_checked(policy)]
     reserve, tps, overhead = _params_checked(reserve, tokens_per_second, overhead_tokens)
-    tree.version += 1  # the planners rewrite the nodes' per-round fields: older clearings expire
     plan = rules.planner(tree, rules, to_ticks(reserve), overhead)
     return Clearing(
         tree, policy, reserve=reserve, tokens_per_second=tps, overhead_tokens=overhead, plan=plan

@@ -35,10 +35,14 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import Protocol
 
-from .tree import Entry, Node
+from .plan import Block, Plan
+from .tree import INF, Entry, Node
 
 # The cumulative work (tokens) of the first k requests of a round's order, given k.
 CumsUpto = Callable[[int], list[int]]
+
+# A node's sibling sums: the blocks' -key, prefix sums of their work and of work x key.
+Sums = tuple[list[float], list[int], list[float]]
 
 
 class Charges(Protocol):
@@ -53,22 +57,21 @@ class Charges(Protocol):
         ...
 
 
-# Builds a round's Charges from (root, order, cums_upto, reserve ticks, per_work): ``per_work``
-# is the DFS auctions' block size, work (bid density) rather than requests (average bid).
-ChargeRule = Callable[[Node, list[Entry], CumsUpto, int, bool], Charges]
+# Builds a round's Charges from (plan, cums_upto, reserve ticks, per_work): ``per_work`` is the
+# DFS auctions' block size, work (bid density) rather than requests (average bid).
+ChargeRule = Callable[[Plan, CumsUpto, int, bool], Charges]
 
 
-def _sibling_sums(x: Node) -> tuple[list, list[float], list[int], list[float]]:
-    """Sort keys of the blocks at ``x``, their first parts, prefix sums of work and work x key."""
-    if x.sums is None:
-        blocks = x.blocks
-        nks = [b.nk for b in blocks]
-        works = [b.work for b in blocks]
-        keys = list(zip(nks, [b.tie for b in blocks], strict=True))
-        # A block with no work has an infinite key; it adds nothing (and must not add inf x 0).
-        weighted = [-k * w if w else 0.0 for k, w in zip(nks, works, strict=True)]
-        x.sums = (keys, nks, [0, *accumulate(works)], [0.0, *accumulate(weighted)])
-    return x.sums
+def _sibling_sums(blocks: list[Block]) -> Sums:
+    """A node's sorted blocks: their ``nk``, prefix sums of work and of work x key.
+
+    The blocks themselves are the sort keys that a ``(nk, tie)`` pair bisects (plan.py).
+    """
+    nks = [b[0] for b in blocks]
+    works = [b[4] for b in blocks]
+    # A block with no work has an infinite key; it adds nothing (and must not add inf x 0).
+    weighted = [-k * w if w else 0.0 for k, w in zip(nks, works, strict=True)]
+    return nks, [0, *accumulate(works)], [0.0, *accumulate(weighted)]
 
 
 def _passed(nks, pw, pwk, lo, hi, size, others, reserve) -> float:
@@ -80,27 +83,70 @@ def _passed(nks, pw, pwk, lo, hi, size, others, reserve) -> float:
     return size * (pwk[cut] - pwk[lo]) - others * (pw[cut] - pw[lo]) + reserve * (pw[hi] - pw[cut])
 
 
-def dfs_charge(entry: Entry, *, density: bool, reserve: int) -> tuple[float, int]:
-    """Priority charge and planned saving of one request, from its node up to the root."""
-    b = entry.bsum
-    if b <= 0:
+def effective_bids(order: list[Entry], reserve: int) -> list[int]:
+    """The effective bid (ticks) of each request of an order: its bid, or 0 under the reserve."""
+    return [e.ticks if e.ticks >= reserve else 0 for e in order]
+
+
+def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> tuple[Node, int]:
+    """Where a request is a block of its own in a DFS plan: the node whose blocks hold it, and
+    its index there.
+
+    The node is the request's, or the parent of a leaf that holds only it (that leaf's block is
+    the request's, its edge included). The block is found by its key, worked out as the planner
+    does (policies._plan_dfs_auction), so that the planner files nothing per request.
+    """
+    x = entry.node
+    b = entry.ticks if entry.ticks >= reserve else 0
+    work = plan.overhead
+    if x.size == 1:
+        work += x.ew
+        x = x.parent
+    if density:
+        nk = -(b / work) if work else -INF
+    else:
+        nk = -b
+    siblings = plan.inside[x]
+    i = bisect_left(siblings, (nk, entry.tie))
+    if i == len(siblings) or type(siblings[i][5]) is not int or siblings[i][1] != entry.tie:
+        raise RuntimeError(f"request {entry.req.id!r} is not where its round's plan put it")
+    return x, i
+
+
+def dfs_charge(
+    plan: Plan,
+    entry: Entry,
+    *,
+    density: bool,
+    reserve: int,
+    sums: Callable[[Node], Sums] | None = None,
+) -> tuple[float, int]:
+    """Priority charge and planned saving of one request, from its block up to the root.
+
+    ``sums(x)`` gives node x's sibling sums (a cache of ``_sibling_sums``; built afresh if None).
+    """
+    b = entry.ticks
+    if b < reserve or b <= 0:
         return 0.0, 0
+    blocks_of, inside = plan.blocks, plan.inside
+    x, i = request_block(plan, entry, density=density, reserve=reserve)
+    block = inside[x][i]
     total = 0.0
     saved = 0
-    block = entry
-    x = entry.node
     while x is not None:
-        if x.only is None and len(x.blocks) > 1:
-            size = block.work if density else block.n
+        siblings = inside[x]
+        if len(siblings) > 1:
+            nk, tie, n, bsum, work, _ = block
+            size = work if density else n
             if size > 0:
-                keys, nks, pw, pwk = _sibling_sums(x)
-                others = block.bsum - b
-                lo = bisect_left(keys, (block.nk, block.tie)) + 1
-                hi = bisect_left(keys, (-(others / size), block.tie), lo)
+                nks, pw, pwk = _sibling_sums(siblings) if sums is None else sums(x)
+                others = bsum - b
+                lo = bisect_left(siblings, (nk, tie)) + 1
+                hi = bisect_left(siblings, (-(others / size), tie), lo)
                 if hi > lo:
                     total += _passed(nks, pw, pwk, lo, hi, size, others, reserve)
                     saved += pw[hi] - pw[lo]
-        block = x
+        block = blocks_of[x]
         x = x.parent
     return _clamped(total, b, saved), saved
 
@@ -110,63 +156,63 @@ def _clamped(total: float, bid: int, saved: int) -> float:
     return min(max(total, 0.0), float(bid * saved))
 
 
-def dfs_payments(
-    root: Node, order: list[Entry], *, density: bool, reserve: int
-) -> tuple[list[float], list[int]]:
+def dfs_payments(plan: Plan, *, density: bool, reserve: int) -> tuple[list[float], list[int]]:
     """Charges and savings of every request, by position in the order.
 
     The same sums as ``dfs_charge``, taken node by node: the requests of a block are a contiguous
-    run of the order, so each node's sorted siblings are looked up by all its requests in turn.
-    A request passes the next sibling only if, with its bid at 0, its block's key would still be
-    at least that sibling's: bids below ``floor`` cannot, and are skipped without a lookup.
+    run of the order (the blocks before it, in service order, hold the positions before it), so
+    each node's sorted siblings are looked up by all its requests in turn. A request passes the
+    next sibling only if, with its bid at 0, its block's key would still be at least that
+    sibling's: bids below ``floor`` cannot, and are skipped without a lookup.
     """
-    n = len(order)
+    inside = plan.inside
+    bids = effective_bids(plan.order, reserve)
+    n = len(bids)
     pay = [0.0] * n
     saved = [0] * n
-    bids = [e.bsum for e in order]
-    stack = [root]
+    stack: list[tuple[Node, int]] = [(plan.root, 0)]  # a node and its first position
     while stack:
-        x = stack.pop()
-        blocks = x.blocks
+        x, start = stack.pop()
+        blocks = inside[x]
         last = len(blocks) - 1
         if last == 0:
-            b0 = blocks[0]
-            if type(b0) is Node and b0.only is None:
-                stack.append(b0)
+            inner = blocks[0][5]
+            if type(inner) is Node:
+                stack.append((inner, start))
             continue
-        keys, nks, pw, pwk = _sibling_sums(x)
+        nks, pw, pwk = _sibling_sums(blocks)
         zero = bisect_left(nks, 0.0)  # blocks from here on have key 0
         for j, block in enumerate(blocks):
-            if type(block) is Node and block.only is None:
-                stack.append(block)
+            _, tie, bn, bsum, work, inner = block
+            first = start
+            start += bn
+            if type(inner) is Node:
+                stack.append((inner, first))
             if j == last:
                 continue
-            size = block.work if density else block.n
+            size = work if density else bn
             if size <= 0:
                 continue
             lo = j + 1
-            tie = block.tie
-            bsum = block.bsum
-            start = block.first
-            if block.n == 1:
+            if bn == 1:
                 # A single request: at bid 0 its key is 0, whatever its bid was.
                 if bsum <= 0:
                     continue
-                hi = last + 1 if zero > last else bisect_left(keys, (0.0, tie), max(lo, zero))
+                hi = last + 1 if zero > last else bisect_left(blocks, (0.0, tie), max(lo, zero))
                 if hi <= lo:
                     continue
                 if reserve > 0:
                     cut = bisect_right(nks, -reserve / size, lo, hi)
-                    pay[start] += size * (pwk[cut] - pwk[lo]) + reserve * (pw[hi] - pw[cut])
+                    pay[first] += size * (pwk[cut] - pwk[lo]) + reserve * (pw[hi] - pw[cut])
                 else:
-                    pay[start] += size * (pwk[hi] - pwk[lo])
-                saved[start] += pw[hi] - pw[lo]
+                    pay[first] += size * (pwk[hi] - pwk[lo])
+                saved[first] += pw[hi] - pw[lo]
                 continue
-            nxt = keys[lo]
+            nxt = blocks[lo]
             # others / size <= next key  <=>  bid >= bsum - size x next key (up to rounding).
             floor = bsum + size * nks[lo]
             floor -= 1 + abs(floor) * 1e-9
-            for k in range(start, start + block.n):
+            for k in range(first, first + bn):
                 b = bids[k]
                 if b <= 0 or b < floor:
                     continue
@@ -174,7 +220,7 @@ def dfs_payments(
                 key0 = (-(others / size), tie)
                 if key0 < nxt:
                     continue
-                hi = bisect_left(keys, key0, lo)
+                hi = bisect_left(blocks, key0, lo)
                 if reserve > 0:
                     cut = bisect_right(nks, -(others + reserve) / size, lo, hi)
                     pay[k] += (
@@ -194,43 +240,49 @@ def dfs_payments(
 
 
 class DfsCharges:
-    """Charges for the DFS auctions: one request from its node up, or all node by node."""
+    """Charges for the DFS auctions: one request from its node up, or all node by node.
 
-    def __init__(
-        self, root: Node, order: list[Entry], cums_upto: CumsUpto, reserve: int, per_work: bool
-    ) -> None:
-        self.root = root
-        self.order = order
+    Keeps the sibling sums of the nodes that single charges have looked at, for the round.
+    """
+
+    def __init__(self, plan: Plan, cums_upto: CumsUpto, reserve: int, per_work: bool) -> None:
+        self.plan = plan
         self.reserve = reserve
         self.density = per_work
+        self._sums: dict[Node, Sums] = {}
+
+    def _sums_at(self, x: Node) -> Sums:
+        got = self._sums.get(x)
+        if got is None:
+            got = self._sums[x] = _sibling_sums(self.plan.inside[x])
+        return got
 
     def charge(self, entry: Entry) -> tuple[float, int]:
         """Priority charge and planned saving of one request (``dfs_charge``)."""
-        return dfs_charge(entry, density=self.density, reserve=self.reserve)
+        return dfs_charge(
+            self.plan, entry, density=self.density, reserve=self.reserve, sums=self._sums_at
+        )
 
     def every(self) -> list[float]:
         """Priority charge of every request, by position in the order (``dfs_payments``)."""
-        return dfs_payments(self.root, self.order, density=self.density, reserve=self.reserve)[0]
+        return dfs_payments(self.plan, density=self.density, reserve=self.reserve)[0]
 
 
 class FlatCharges:
-    """Charges for highest-bid, from the plan's order and its cumulative work.
+    """Charges for highest-bid, from the plan's order, effective bids and cumulative work.
 
     ``cums_upto(k)`` gives the cumulative work of the first k requests (it may work it out on
     demand); a request's charge needs it up to where the request would stand at bid 0.
     """
 
     def __init__(
-        self,
-        root: Node,
-        order: list[Entry],
-        cums_upto: CumsUpto,
-        reserve: int,
-        per_work: bool = False,
+        self, plan: Plan, cums_upto: CumsUpto, reserve: int, per_work: bool = False
     ) -> None:
-        self.keys = [(e.nk, e.tie) for e in order]
+        self.order = plan.order
+        self.bids = effective_bids(plan.order, reserve)
+        # The plan's sort keys: (-effective bid, tie), ascending.
+        self.keys = [(-b, e.tie) for b, e in zip(self.bids, self.order, strict=True)]
         self.cums_upto = cums_upto
-        self.order = order
         self.reserve = reserve
         self.values = [0]  # values[m] = sum over k < m of (cum_k - cum_{k-1}) x max(bid_k, r)
         self._positions: dict[str, int] | None = None
@@ -250,18 +302,19 @@ class FlatCharges:
         if len(values) <= k:
             cums = self.cums_upto(k)
             reserve = self.reserve
+            bids = self.bids
             for m in range(len(values) - 1, k):
-                b = self.order[m].bsum
+                b = bids[m]
                 prev = cums[m - 1] if m else 0
                 values.append(values[-1] + (cums[m] - prev) * (b if b > reserve else reserve))
         return values
 
     def charge_at(self, p: int) -> tuple[float, int]:
         """Priority charge and planned saving of the request at position ``p`` of the order."""
-        e = self.order[p]
-        if e.bsum <= 0:
+        b = self.bids[p]
+        if b <= 0:
             return 0.0, 0
-        q = bisect_left(self.keys, (0, e.tie), p + 1)
+        q = bisect_left(self.keys, (0, self.order[p].tie), p + 1)
         if q <= p + 1:
             return 0.0, 0
         values = self._values_upto(q)

@@ -6,12 +6,14 @@ request tree, the key its sibling blocks go by, the planner that orders a round,
 round's priority charges are worked out. ``POLICY[name]`` looks one up; ``policy_checked`` checks
 a name from outside.
 
-A planner walks the request tree and returns the service order, with the cumulative work
-(tokens) at which each request completes when it has it at hand. DFS policies serve every subtree
-as one contiguous block: at each node the blocks (child subtrees and the requests that end there)
-go in order of a key, ties to the earliest arrival, then the smallest id. The bid-blind baselines
-order the requests directly and leave the work of each to be found on demand by marking the nodes
-its prefix needs (each is computed once, by the first request that needs it).
+A planner walks the request tree and returns the round's ``Plan`` (plan.py): the service order,
+with the cumulative work (tokens) at which each request completes when it has it at hand, and
+what the round's charges need. It writes nothing into the tree, so that clearings of one tree do
+not disturb each other. DFS policies serve every subtree as one contiguous block: at each node
+the blocks (child subtrees and the requests that end there) go in order of a key, ties to the
+earliest arrival, then the smallest id. The bid-blind baselines order the requests directly and
+leave the work of each to be found on demand by marking the nodes its prefix needs (each is
+computed once, by the first request that needs it).
 
 The loops are written out by hand, leaves (one request, no children) taking a short path: a round
 visits every node, and most nodes are leaves.
@@ -25,14 +27,11 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from .payments import ChargeRule, DfsCharges, FlatCharges
+from .plan import Block, Plan
 from .tree import INF, Entry, Node, RequestTree
 
-# The service order, and the cumulative work (tokens) at each completion, or None when the
-# Clearing is to work it out itself, on demand, by marking the nodes each request needs.
-Plan = tuple[list[Entry], list[int] | None]
-
-# Planners take the policy, the reserve in bid ticks and the overhead tokens per request; the
-# bid-using ones leave each request's effective bid, in ticks, in its entry's ``bsum``.
+# Planners take the policy, the reserve in bid ticks and the overhead tokens per request, and
+# return the round's Plan (plan.py); they read the tree and write nothing into it.
 Planner = Callable[[RequestTree, "Policy", int, int], Plan]
 
 
@@ -75,124 +74,134 @@ class Policy:
         return self.name
 
 
-_by_key = attrgetter("nk", "tie")
 _by_tie = attrgetter("tie")
 
 
-def _internal_nodes(root: Node) -> list[Node]:
-    """The nodes with children, parents before children."""
+def _shared_nodes(root: Node) -> list[Node]:
+    """The root and the nodes holding more than one request (so several blocks), parents before
+    children. The others are leaves holding one request."""
     out = [root]
     i = 0
     while i < len(out):
         for c in out[i].children.values():
-            if c.children:
+            if c.size > 1:
                 out.append(c)
         i += 1
     return out
 
 
 def _auction_blocks(
-    x: Node, density: bool, reserve: int, overhead: int
-) -> tuple[list, int, int, int, tuple | None]:
+    x: Node, density: bool, reserve: int, overhead: int, met: list[Entry]
+) -> tuple[list[Block], int, int, int, tuple | None]:
     """The requests ending at ``x`` as blocks: (blocks, n, bid sum, work, tie)."""
     bsum = 0
     tie = None
-    blocks: list = []
+    blocks: list[Block] = []
     for e in x.reqs.values():
         b = e.ticks
         if b < reserve:
             b = 0
-        e.bsum, e.work = b, overhead
         if density:
-            e.nk = -(b / overhead) if overhead else -INF
+            nk = -(b / overhead) if overhead else -INF
         else:
-            e.nk = -b
-        if tie is None or e.tie < tie:
-            tie = e.tie
+            nk = -b
+        t = e.tie
+        if tie is None or t < tie:
+            tie = t
         bsum += b
-        blocks.append(e)
+        blocks.append((nk, t, 1, b, overhead, len(met)))
+        met.append(e)
     return blocks, len(blocks), bsum, len(blocks) * overhead, tie
 
 
-def _close_block(x: Node, blocks: list, n: int, bsum: int, work: int, tie, density: bool) -> None:
-    """Store a node's totals as a block (its edge's uncached tokens added) and sort its blocks."""
+def _close_block(
+    x: Node,
+    blocks: list[Block],
+    n: int,
+    bsum: int,
+    work: int,
+    tie,
+    density: bool,
+    blocks_of: dict[Node, Block],
+    inside: dict[Node, list[Block]],
+) -> Block:
+    """A node's block from its totals (its edge's uncached tokens added); sorts its blocks."""
     work += x.ew
-    x.n, x.bsum, x.work, x.tie = n, bsum, work, tie
     if density:
-        x.nk = -(bsum / work) if work else -INF
-    elif n:
-        x.nk = -(bsum / n)
+        nk = -(bsum / work) if work else -INF
+    else:
+        nk = -(bsum / n) if n else 0.0  # n is 0 only at the root of an empty tree
     if len(blocks) > 1:
-        blocks.sort(key=_by_key)
-    x.blocks = blocks
-    x.only = None
-    x.sums = None
+        blocks.sort()  # plain tuple order: (nk, tie), ties being unique among siblings
+    block = (nk, tie, n, bsum, work, x)
+    blocks_of[x] = block
+    inside[x] = blocks
+    return block
 
 
 def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
     """DFS order with sibling blocks by the policy's ``BlockKey`` (average bid or bid density).
 
-    The key is written out inline, as ``-key`` in ``nk``, so that ascending sorts go first.
+    The key is written out inline, as ``-key`` in a block's ``nk``, so that ascending sorts go
+    first. Children are closed before their parents (reversed breadth-first order).
     """
     density = policy.block_key.per_work
-    for x in reversed(_internal_nodes(tree.root)):
-        blocks, n, bsum, work, tie = _auction_blocks(x, density, reserve, overhead)
+    blocks_of: dict[Node, Block] = {}
+    inside: dict[Node, list[Block]] = {}
+    met: list[Entry] = []  # the requests, as the walk meets them; blocks of one refer by index
+    for x in reversed(_shared_nodes(tree.root)):
+        blocks, n, bsum, work, tie = _auction_blocks(x, density, reserve, overhead, met)
         for c in x.children.values():
-            if not c.children:
-                reqs = c.reqs
-                if len(reqs) == 1:
-                    # A leaf holding one request, the common case: the request is its only block.
-                    for e in reqs.values():
-                        b = e.ticks
-                        if b < reserve:
-                            b = 0
-                        e.bsum, e.work = b, overhead
-                        cw = c.ew + overhead
-                        c.only, c.n, c.bsum, c.work, c.tie = e, 1, b, cw, e.tie
-                        if density:
-                            c.nk = -(b / cw) if cw else -INF
-                        else:
-                            c.nk = -b
-                else:
-                    _close_block(c, *_auction_blocks(c, density, reserve, overhead), density)
-            n += c.n
-            bsum += c.bsum
-            work += c.work
-            if tie is None or c.tie < tie:
-                tie = c.tie
-            blocks.append(c)
-        _close_block(x, blocks, n, bsum, work, tie, density)
-    return _emit_dfs(tree.root, overhead)
+            if c.size == 1:
+                # A leaf holding one request, the common case: the request is its only block, and
+                # the leaf's block is the request's, its edge included (payments.request_block
+                # finds it again by the same key).
+                for e in c.reqs.values():
+                    b = e.ticks
+                    if b < reserve:
+                        b = 0
+                    cw = c.ew + overhead
+                    if density:
+                        nk = -(b / cw) if cw else -INF
+                    else:
+                        nk = -b
+                    block = (nk, e.tie, 1, b, cw, len(met))
+                    met.append(e)
+            else:
+                block = blocks_of[c]  # closed already: children come before their parents
+            _, ct, cn, cb, cw, _ = block
+            n += cn
+            bsum += cb
+            work += cw
+            if tie is None or ct < tie:
+                tie = ct
+            blocks.append(block)
+        _close_block(x, blocks, n, bsum, work, tie, density, blocks_of, inside)
+    order, cums = _emit_dfs(inside[tree.root], inside, met)
+    return Plan(order, overhead, cums, blocks_of, inside, tree.root)
 
 
-def _emit_dfs(root: Node, overhead: int) -> Plan:
-    """Walk the sorted blocks depth-first; an edge's uncached tokens are paid on entering it.
+def _emit_dfs(
+    top: list[Block], inside: dict[Node, list[Block]], met: list[Entry]
+) -> tuple[list[Entry], list[int]]:
+    """Walk the sorted blocks depth-first: the order and the cumulative work at each completion.
 
-    Records where each subtree's requests start in the order (``first``), for the payments.
+    A node's edge is paid on entering it; a block of one request adds its work (its leaf's edge,
+    if any, and the overhead); it refers to its request by index into ``met``.
     """
     order: list[Entry] = []
     cums: list[int] = []
     cum = 0
-    root.first = 0
-    stack = list(reversed(root.blocks)) if root.only is None else [root.only]
+    stack = list(reversed(top))
     while stack:
-        b = stack.pop()
-        if type(b) is Entry:
-            b.first = len(order)
-            cum += overhead
-            order.append(b)
+        _, _, _, _, work, inner = stack.pop()
+        if type(inner) is int:
+            cum += work
+            order.append(met[inner])
             cums.append(cum)
             continue
-        b.first = len(order)
-        cum += b.ew
-        e = b.only
-        if e is not None:
-            e.first = b.first
-            cum += overhead
-            order.append(e)
-            cums.append(cum)
-            continue
-        blocks = b.blocks
+        cum += inner.ew
+        blocks = inside[inner]
         if len(blocks) == 1:
             stack.append(blocks[0])
         else:
@@ -202,7 +211,7 @@ def _emit_dfs(root: Node, overhead: int) -> Plan:
 
 def _plan_fcfs(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
     """First come, first served."""
-    return sorted(tree.entries.values(), key=_by_tie), None
+    return Plan(sorted(tree.entries.values(), key=_by_tie), overhead)
 
 
 def _plan_highest_bid(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
@@ -214,16 +223,9 @@ def _plan_highest_bid(tree: RequestTree, policy: Policy, reserve: int, overhead:
     keys, by_bid = tree.by_bid()
     cut = bisect_left(keys, (1 - reserve,)) if reserve > 0 else len(keys)  # ticks < reserve
     entries = by_bid[:cut]
-    for e in entries:
-        e.bsum = e.ticks
-        e.nk = -e.ticks
     if cut < len(by_bid):
-        rest = sorted(by_bid[cut:], key=_by_tie)
-        for e in rest:
-            e.bsum = 0
-            e.nk = 0
-        entries.extend(rest)
-    return entries, None
+        entries.extend(sorted(by_bid[cut:], key=_by_tie))
+    return Plan(entries, overhead)
 
 
 # SGLang's in-batch prefix caching check for lpm (its defaults; both are environment variables
@@ -239,29 +241,30 @@ def _plan_lpm(tree: RequestTree, policy: Policy, reserve: int, overhead: int) ->
 
     The queue is visited in arrival order for the in-batch check; the shared prefix with the
     earlier requests checked is the end of the deepest node on the request's path that one of
-    them passes through (paths only part at nodes).
+    them passes through (paths only part at nodes). Those nodes are kept in a set of the
+    planner's own, not in the tree's batch stamps, so that a round never ends an engine's batch.
     """
-    tree.stamp = stamp = tree.stamp + 1
-    root = tree.root
-    root.mark = stamp
+    passed = {tree.root}
     keyed = []
     for e in sorted(tree.entries.values(), key=_by_tie):
         cached = e.req.cached_len
         deprioritized = False
         if cached <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
-            x = e.node
-            while x.mark != stamp:
+            # A leaf holding only this request is on no other request's path: start above it.
+            start = e.node.parent if e.node.size == 1 else e.node
+            x = start
+            while x not in passed:
                 x = x.parent
             if x.end >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
                 deprioritized = True
             else:
-                x = e.node
-                while x.mark != stamp:
-                    x.mark = stamp
+                x = start
+                while x not in passed:
+                    passed.add(x)
                     x = x.parent
         keyed.append(((1, 0, e.tie) if deprioritized else (0, -cached, e.tie), e))
     keyed.sort(key=lambda ke: ke[0])
-    return [e for _, e in keyed], None
+    return Plan([e for _, e in keyed], overhead)
 
 
 def _plan_dfs_weight(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
@@ -282,30 +285,36 @@ def _plan_dfs_weight(tree: RequestTree, policy: Policy, reserve: int, overhead: 
         while x is not root and x.start >= c:
             x = x.parent
         anchored.setdefault(x, []).append(e)
+    # The nodes with anchored requests below: (how many, the earliest tie, the blocks in order:
+    # child nodes, then requests anchored here).
+    below: dict[Node, tuple[int, tuple, list[Node | Entry]]] = {}
     for x in reversed(nodes):
         own = anchored.get(x, ())
         n = len(own)
         tie = min((e.tie for e in own), default=None)
         live = []
         for c in x.children.values():
-            if c.n:
-                n += c.n
-                if tie is None or c.tie < tie:
-                    tie = c.tie
-                live.append(c)
-        live.sort(key=lambda c: (-c.n, c.tie))
-        # Anchors inside this node's edge form a chain: the deeper ones are served first.
-        own = sorted(own, key=lambda e: (-e.req.cached_len, e.tie))
-        x.n, x.tie, x.blocks = n, tie, live + own
+            sub = below.get(c)
+            if sub is not None:
+                cn, ct, _ = sub
+                n += cn
+                if tie is None or ct < tie:
+                    tie = ct
+                live.append((-cn, ct, c))  # ties are unique: the sort never compares nodes
+        if n:
+            live.sort()
+            # Anchors inside this node's edge form a chain: the deeper ones are served first.
+            own = sorted(own, key=lambda e: (-e.req.cached_len, e.tie))
+            below[x] = (n, tie, [c for _, _, c in live] + own)
     order: list[Entry] = []
-    stack = list(reversed(root.blocks))
+    stack = list(reversed(below[root][2])) if root in below else []
     while stack:
         b = stack.pop()
         if type(b) is Entry:
             order.append(b)
         else:
-            stack.extend(reversed(b.blocks))
-    return order, None
+            stack.extend(reversed(below[b][2]))
+    return Plan(order, overhead)
 
 
 # The registry, in the order of DESIGN.md 4.2. dfs-weight walks the tree of cached prefixes, not

@@ -27,7 +27,12 @@ _SHORT_EDGE = 16
 
 
 class Node:
-    """A node of the request tree; its edge holds tokens ``seq[start:end]``."""
+    """A node of the request tree; its edge holds tokens ``seq[start:end]``.
+
+    A node holds the tree's state only. What a round works out about it (its block, its key, its
+    place in the order) lives in that round's Plan (plan.py), so that rounds cleared on one tree
+    do not overwrite each other.
+    """
 
     __slots__ = (
         "parent",
@@ -39,18 +44,12 @@ class Node:
         # Kept up to date by the tree:
         "cached",  # deepest cached position among the requests below (tokens)
         "ew",  # uncached tokens of this node's edge
-        # Per-round fields, written by the planners (policies.py):
-        "n",  # requests in the subtree
-        "bsum",  # effective bids in the subtree, in bid ticks (see requests.BID_SCALE)
-        "work",  # uncached tokens + overheads of the subtree, the edge into it included
-        "tie",  # (arrival, id) of the subtree's earliest request
-        "nk",  # minus the policy's key as a block at the parent (so that ascending sorts first)
-        "only",  # the Entry, when the node is a leaf holding a single request, else None
-        "blocks",  # the blocks at this node (children and requests ending here), in service order
-        "first",  # position of the subtree's first request in the round's order
-        "sums",  # lazily built sort keys and prefix sums for payments, see payments.py
-        "mark",  # stamp of the in-batch sharing walks (lpm's check, the engines' admission)
-        "done",  # stamp of a Clearing's marking walk (planned work of non-DFS orders)
+        "size",  # requests in the subtree: 1 exactly for a leaf holding one request (not root)
+        # Kept by the engines' prefill batch (begin_batch): the stamp of the last batch whose
+        # requests compute this node's prefix. A batch is the engine's admission loop's, started
+        # on the tree and known to no Clearing, so this is tree state, not a round's; rounds
+        # never touch it (lpm's in-batch check keeps a set of its own).
+        "mark",
     )
 
     def __init__(self, parent: Node | None, seq: Sequence[int], start: int, end: int) -> None:
@@ -62,10 +61,8 @@ class Node:
         self.reqs: dict[str, Entry] = {}
         self.cached = 0
         self.ew = end - start
+        self.size = 0
         self.mark = -1
-        self.done = -1
-        self.sums = None
-        self.only = None
 
     def set_cached(self, cached: int) -> None:
         """Set the deepest cached position below this node, and so its edge's uncached tokens."""
@@ -86,16 +83,16 @@ class Node:
 
 
 class Entry:
-    """A request in the tree, with its per-round fields (a request is a block of its own)."""
+    """A request in the tree: the request, the node where it ends, its tie-breaking key
+    (arrival, id) and its bid in whole ticks (requests.BID_SCALE), kept up to date by ``update``."""
 
-    __slots__ = ("req", "node", "tie", "ticks", "n", "bsum", "work", "nk", "first")
+    __slots__ = ("req", "node", "tie", "ticks")
 
     def __init__(self, req: WaitingRequest, node: Node) -> None:
         self.req = req
         self.node = node
         self.tie = (req.arrival, req.id)
         self.ticks = to_ticks(req.bid)
-        self.n = 1
 
 
 def common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
@@ -125,8 +122,8 @@ class RequestTree:
     def __init__(self, requests: Sequence[WaitingRequest] = ()) -> None:
         self.root = Node(None, (), 0, 0)
         self.entries: dict[str, Entry] = {}
-        self.version = 0  # bumped by every change and every round; a Clearing needs its own
-        self.stamp = 0  # counter for marking walks
+        self.version = 0  # bumped by every change; a Clearing is valid while it stays the same
+        self.stamp = 0  # counter for prefill batches (begin_batch)
         # The requests by (-bid ticks, arrival, id), kept from its first use on (highest-bid's
         # order without a sort per round): keys and entries side by side.
         self._bid_keys: list[tuple] | None = None
@@ -156,20 +153,24 @@ class RequestTree:
         toks = req.tokens
         length = len(toks)
         node, depth = self.root, 0
+        node.size += 1  # every node entered on the way down holds the request below it
         while depth < length:
             child = node.children.get(toks[depth])
             if child is None:
                 leaf = Node(node, toks, depth, length)
+                leaf.size = 1
                 node.children[toks[depth]] = leaf
                 node, depth = leaf, length
                 break
             k = common_len(child.seq, toks, depth, min(child.end, length))
             if depth + k == child.end:
                 node, depth = child, child.end
+                node.size += 1
                 continue
             # The request leaves (or ends inside) the child's edge: split the edge there.
             cut = depth + k
             mid = Node(node, child.seq, depth, cut)
+            mid.size = child.size + 1
             node.children[toks[depth]] = mid
             child.parent, child.start = mid, cut
             child.set_cached(child.cached)
@@ -233,6 +234,10 @@ class RequestTree:
         self._bid_unfile(entry)
         node = entry.node
         del node.reqs[request_id]
+        x = node
+        while x is not None:
+            x.size -= 1
+            x = x.parent
         root = self.root
         gone = entry.req.cached_len
         # Keep the trie compressed: drop empty leaves, merge nodes left with one child.

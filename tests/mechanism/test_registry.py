@@ -80,14 +80,22 @@ def test_a_clearings_welfare_is_its_planned_welfare() -> None:
 @pytest.mark.parametrize("policy", sorted(DFS_AUCTIONS))
 @pytest.mark.parametrize("overhead", [0, 2])
 def test_the_planners_order_blocks_by_the_registrys_block_key(policy, overhead) -> None:
-    from market.mechanism import RequestTree, clear_tree
+    from market.mechanism import RequestTree, to_ticks
     from market.mechanism.bench import make_queue
+    from market.mechanism.payments import request_block
 
     tree = RequestTree(make_queue(200, 8, seed=3))
-    clear_tree(tree, policy, reserve=0.05, overhead_tokens=overhead)
-    key = POLICY[policy].block_key
-    for x in tree.nodes()[1:]:
-        assert -x.nk == key(x.bsum, x.n, x.work)
-        if x.only is None:  # a leaf holding one request is its request's block
-            for e in x.reqs.values():
-                assert -e.nk == key(e.bsum, 1, e.work)
+    rules = POLICY[policy]
+    plan = rules.planner(tree, rules, to_ticks(0.05), overhead)
+    key = rules.block_key
+    # Every request is a block somewhere, found again by its key; every block is keyed right.
+    found = [
+        request_block(plan, e, density=key.per_work, reserve=to_ticks(0.05))
+        for e in tree.entries.values()
+    ]
+    assert len(set(found)) == len(tree)
+    for blocks in plan.inside.values():
+        assert blocks == sorted(blocks, key=lambda b: (b[0], b[1]))
+        for nk, _tie, n, bsum, work, _inner in blocks:
+            assert -nk == key(bsum, n, work)
+    assert set(plan.blocks) == set(plan.inside)

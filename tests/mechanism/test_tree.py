@@ -37,6 +37,7 @@ def check_structure(tree: RequestTree) -> None:
             below.extend(e.req.cached_len for e in n.reqs.values())
             stack.extend(n.children.values())
         deepest = max(below, default=0)
+        assert node.size == len(below)
         assert node.cached == deepest
         assert node.ew == max(0, node.end - max(node.start, deepest))
     assert count == len(tree)

@@ -20,8 +20,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engines.sim import EngineConfig
+from engines.sim import settings_split
 from market.mechanism import POLICIES
+from scheduler_bridge.contract.knobs import MarketKnobs
 
 from . import html as html_report
 from .bids import BID_DISTRIBUTIONS, BidSpec
@@ -106,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
     m.add_argument("--reserve", type=float, default=0.0, help="reserve price, $/s")
     m.add_argument(
-        "--set", action="append", default=[], metavar="NAME=VALUE", help="EngineConfig override"
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="EngineConfig or MarketKnobs override",
     )
     s = p.add_argument_group("sweep (gsp: load x sharing, total requests fixed)")
     s.add_argument("--sweep", action="store_true")
@@ -238,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sweep and any(p not in policies for p in FINDING_POLICIES):
         parser.error(f"--sweep needs the policies {', '.join(FINDING_POLICIES)}")
     try:
-        config = EngineConfig().with_overrides(args.set)
+        config, knobs = settings_split(args.set, MarketKnobs(reserve=args.reserve))
         bids = BidSpec(
             args.bids, args.bid_value, args.bid_low, args.bid_high, args.bid_mu, args.bid_sigma
         )
@@ -269,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     workload,
                     policies,
                     config,
-                    reserve=args.reserve,
+                    knobs=knobs,
                     load=load,
                     seed=args.seed,
                     capacities=capacities,
@@ -285,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loads=args.sweep_loads,
                 groups=args.sweep_groups,
                 requests=args.sweep_requests,
-                reserve=args.reserve,
+                knobs=knobs,
                 seed=args.seed,
                 capacities=capacities,
                 on_served=progress.advance,
@@ -307,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bids": dataclasses.asdict(bids) if not args.trace else "from the trace",
             "reserve": args.reserve,
             "engine": dataclasses.asdict(config),
+            "market_knobs": dataclasses.asdict(knobs),
             "argv": list(argv) if argv is not None else sys.argv[1:],
         }
         doc = to_json(main_points, sweep_points, meta)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
 from market.mechanism.pacing import PacingAgent
+from scheduler_bridge.contract.knobs import MarketKnobs
 
 from .progress import Progress
 from .workloads import BenchRequest, gsp
@@ -142,7 +143,7 @@ def simulate(
     config: EngineConfig,
 ) -> dict[str, float]:
     """One run in virtual time; returns each tenant's sum of value x TTFT (dollars)."""
-    engine = Engine(config, POLICY, book_interval_s=None)
+    engine = Engine(config, POLICY, knobs=MarketKnobs(book_interval_s=None))
     owner = {r.id: (tenant, value) for r, tenant, value in reqs}
     span = max(r.arrival for r, _, _ in reqs)
     interval = span / STEPS_PER_RUN

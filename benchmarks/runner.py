@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
+from scheduler_bridge.contract.knobs import MarketKnobs
 
 from .metrics import PolicyMetrics, Served, summarize
 from .workloads import BenchRequest, Session, Workload
@@ -66,11 +67,13 @@ def simulate(
     policy: str,
     config: EngineConfig,
     *,
-    reserve: float = 0.0,
+    knobs: MarketKnobs | None = None,
     on_served: Callable[[], None] | None = None,
 ) -> PolicyRun:
-    """Serve every request of ``workload`` under ``policy`` on a fresh engine."""
-    engine = Engine(config, policy, reserve=reserve, book_interval_s=None)
+    """Serve every request of ``workload`` under ``policy`` on a fresh engine (no order books:
+    the benchmark reads no round record's subtrees)."""
+    knobs = replace(knobs or MarketKnobs(), book_interval_s=None)
+    engine = Engine(config, policy, knobs=knobs)
     first = list(workload.requests)
     turns: dict[str, tuple[Session, int]] = {}
     classes = {r.id: r.bid_class for r in workload.requests}
@@ -131,12 +134,16 @@ class Capacities:
     """Measured capacity (requests per second) per (workload, engine config), cached."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, EngineConfig], float] = {}
+        self._cache: dict[tuple[str, EngineConfig, MarketKnobs], float] = {}
 
-    def get(self, workload: Workload, config: EngineConfig) -> float:
-        key = (workload.key, config)
+    def get(
+        self, workload: Workload, config: EngineConfig, knobs: MarketKnobs | None = None
+    ) -> float:
+        """The capacity under ``knobs`` without a reserve (a reserve does not change the work)."""
+        knobs = replace(knobs or MarketKnobs(), reserve=0.0)
+        key = (workload.key, config, knobs)
         if key not in self._cache:
-            run = simulate(workload.all_at_once(), CAPACITY_POLICY, config)
+            run = simulate(workload.all_at_once(), CAPACITY_POLICY, config, knobs=knobs)
             self._cache[key] = steady_throughput(
                 [r.arrival + r.e2e_s for r in run.served], run.makespan_s
             )
@@ -148,7 +155,7 @@ def run_point(
     policies: list[str],
     config: EngineConfig,
     *,
-    reserve: float = 0.0,
+    knobs: MarketKnobs | None = None,
     load: float | None = None,
     seed: int = 0,
     capacities: Capacities | None = None,
@@ -160,14 +167,12 @@ def run_point(
     if load is not None:
         if not load > 0:
             raise ValueError(f"load must be > 0, got {load}")
-        capacity = (capacities or Capacities()).get(workload, config)
+        capacity = (capacities or Capacities()).get(workload, config, knobs)
         rate = load * capacity
         workload = workload.at_rate(rate, seed)
     point = Point(workload, load, capacity, rate)
     for policy in policies:
         if on_policy is not None:
             on_policy(policy)
-        point.runs[policy] = simulate(
-            workload, policy, config, reserve=reserve, on_served=on_served
-        )
+        point.runs[policy] = simulate(workload, policy, config, knobs=knobs, on_served=on_served)
     return point

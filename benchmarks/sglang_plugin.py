@@ -113,9 +113,9 @@ def bench_size(n: int, *, reps: int, admitted: int, seed: int) -> dict[str, floa
         clearing = clear_tree(
             market.tree,
             config.policy,
-            reserve=config.reserve,
+            reserve=config.knobs.reserve,
             tokens_per_second=config.tokens_per_second,
-            overhead_tokens=config.overhead_tokens,
+            overhead_tokens=config.knobs.overhead_tokens,
         )
         price_admitted(clearing)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from engines.sim import EngineConfig
+from scheduler_bridge.contract.knobs import MarketKnobs
 
 from .runner import Capacities, Point, run_point
 from .workloads import Workload
@@ -107,7 +108,7 @@ def run_sweep(
     loads: tuple[float, ...] = DEFAULT_LOADS,
     groups: tuple[int, ...] = DEFAULT_GROUPS,
     requests: int = DEFAULT_REQUESTS,
-    reserve: float = 0.0,
+    knobs: MarketKnobs | None = None,
     seed: int = 0,
     capacities: Capacities | None = None,
     on_served: Callable[[], None] | None = None,
@@ -130,7 +131,7 @@ def run_sweep(
                 workload,
                 policies,
                 config,
-                reserve=reserve,
+                knobs=knobs,
                 load=load,
                 seed=seed,
                 capacities=capacities,

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from config import env
+from config import backends
 
 State = Literal["ok", "error", "not configured"]
 
@@ -68,13 +68,13 @@ class HealthReport(TypedDict):
 def database_status(connection: BaseDatabaseWrapper | None = None) -> ServiceStatus:
     """Open the database connection Django uses (or ``connection``) and run ``SELECT 1``.
 
-    PostgreSQL connection attempts give up after ``env.POSTGRES_CONNECT_TIMEOUT_S`` seconds.
+    PostgreSQL connection attempts give up after ``backends.POSTGRES_CONNECT_TIMEOUT_S`` seconds.
     """
     connection = connection if connection is not None else connections[DEFAULT_DB_ALIAS]
     service = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}.get(
         connection.vendor, connection.display_name
     )
-    target = env.database_display(connection.settings_dict)
+    target = backends.database_display(connection.settings_dict)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
@@ -94,7 +94,7 @@ def redis_status(url: str | None, *, timeout_s: float = REDIS_TIMEOUT_S) -> Serv
             "not configured",
             "REDIS_URL unset: in-memory channel layer, eager Celery, local-memory cache",
         )
-    target = env.parse_redis_url(url).display
+    target = backends.parse_redis_url(url).display
     client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     try:
         client.ping()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from celery.schedules import crontab
 
-from config import env
+from config import backends, env
 from scheduler_bridge.contract.records import DEFAULT_STREAM
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -68,17 +68,17 @@ TEMPLATES = [
 ]
 
 # Databases: DATABASE_URL (PostgreSQL via psycopg 3), else a SQLite file in the repository.
-# SQLite in WAL mode with IMMEDIATE transactions and a busy timeout (env.database_concurrent):
+# SQLite in WAL mode with IMMEDIATE transactions and a busy timeout (backends.database_concurrent):
 # the embedded mode's writers share one file.
-DATABASES = {"default": env.database_concurrent(ENV.database)}
+DATABASES = {"default": backends.database_concurrent(ENV.database)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: one URL for the Celery broker and results, the Channels layer and the cache.
 REDIS_URL = ENV.redis.url if ENV.redis else None
-CACHES = env.caches(ENV.redis)
-CHANNEL_LAYERS = env.channel_layers(ENV.redis)
+CACHES = backends.caches(ENV.redis)
+CHANNEL_LAYERS = backends.channel_layers(ENV.redis)
 # CELERY_BROKER_URL, CELERY_RESULT_BACKEND, CELERY_TASK_ALWAYS_EAGER (when REDIS_URL is unset), ...
-globals().update(env.celery_settings(ENV.redis))
+globals().update(backends.celery_settings(ENV.redis))
 # Tasks that acknowledge late take one message at a time, so a lost worker strands only that one.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 

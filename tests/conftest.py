@@ -177,7 +177,7 @@ def start_sim() -> Iterator[StartSim]:
         fields.setdefault("port", 0)
         fields.setdefault("speed", SPEED)
         fields["settings"] = tuple(fields.get("settings", ()))
-        sim = ServerThread(ServerOptions(**fields)).start()
+        sim = ServerThread(ServerOptions.of(**fields)).start()
         started.append(sim)
         return sim
 

@@ -16,15 +16,14 @@ second, intervals in seconds.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from market.mechanism import BID_POLICIES, DEFAULT_TOKENS_PER_SECOND
-from scheduler_bridge.contract.records import DEFAULT_STREAM
+from scheduler_bridge.contract.knobs import KNOB_NAMES, MarketKnobs, split_knobs
 
 # The policies the plugin adds to SGLang; the others are SGLang's and run as SGLang runs them.
 MARKET_POLICIES = tuple(sorted(BID_POLICIES))
@@ -36,59 +35,56 @@ ENV_REDIS_URL = "REDIS_URL"
 
 @dataclass(frozen=True)
 class PluginConfig:
-    """Everything the plugin reads. ``policy`` None leaves SGLang's own policy in charge."""
+    """Everything the plugin reads. ``policy`` None leaves SGLang's own policy in charge.
+
+    The market's knobs (reserve, plan rate, overhead, in-batch deferral, book interval, stream,
+    market) are the contract's ``MarketKnobs``, the same the simulated engine embeds; ``of``
+    builds a config from the flat keys the JSON file uses.
+    """
 
     policy: str | None = None
-    reserve: float = 0.0  # $/s of waiting; a bid below it counts as 0
-    tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND  # the plan's prefill rate
-    overhead_tokens: int = 1  # per-request work in the plan (its own last token)
-    market: str = "default"  # market slug in the round records
+    knobs: MarketKnobs = field(default_factory=MarketKnobs)
     engine_id: str | None = None  # None: "sglang@<host>:<port>" from SGLang's server args
     redis_url: str | None = None  # None: no Redis; records are kept in memory only
-    rounds_stream: str = DEFAULT_STREAM
     rounds_jsonl: str | None = None  # without Redis: append the records to this file
-    book_interval_s: float | None = 0.5  # subtrees in a record at most this often; None: never
-    # Keep a request that would recompute at least this many uncached tokens it shares with a
-    # request already in the prefill batch for the next batch (the simulated engine does the
-    # same); 0 turns it off. DFS auctions only.
-    in_batch_defer_tokens: int = 32
     record_queue_size: int = 1000  # records waiting for Redis before new ones are dropped
 
     def __post_init__(self) -> None:
         if self.policy is not None and (not isinstance(self.policy, str) or not self.policy):
             raise ValueError(f"policy must be a non-empty string, got {self.policy!r}")
-        _number(self.reserve, "reserve", low=0.0)
-        _number(self.tokens_per_second, "tokens_per_second", low=0.0, strict=True)
-        _integer(self.overhead_tokens, "overhead_tokens")
-        _integer(self.in_batch_defer_tokens, "in_batch_defer_tokens")
-        _integer(self.record_queue_size, "record_queue_size", low=1)
-        if self.book_interval_s is not None:
-            _number(self.book_interval_s, "book_interval_s", low=0.0)
-        for name in ("market", "rounds_stream"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.knobs, MarketKnobs):
+            raise ValueError(f"knobs must be MarketKnobs, got {self.knobs!r}")
+        if (
+            isinstance(self.record_queue_size, bool)
+            or not isinstance(self.record_queue_size, int)
+            or self.record_queue_size < 1
+        ):
+            raise ValueError(
+                f"record_queue_size must be an integer >= 1, got {self.record_queue_size!r}"
+            )
         for name in ("engine_id", "redis_url", "rounds_jsonl"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string or null, got {value!r}")
+
+    @classmethod
+    def of(cls, **values: Any) -> PluginConfig:
+        """A config from flat keys: the knobs' names and the plugin's own."""
+        knobs, rest = split_knobs(values)
+        return cls(knobs=knobs, **rest)
 
     @property
     def market_policy(self) -> bool:
         """Whether the plugin orders the queue itself (a policy of the market's)."""
         return self.policy in MARKET_POLICIES
 
-
-def _number(value: Any, name: str, *, low: float, strict: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < low or (strict and value == low):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} {low:g}, got {value!r}")
+    @property
+    def tokens_per_second(self) -> float:
+        """The plan's prefill rate: the knob, or the mechanism's default (SGLang has no model)."""
+        return self.knobs.plan_rate(DEFAULT_TOKENS_PER_SECOND)
 
 
-def _integer(value: Any, name: str, *, low: int = 0) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+KNOWN_KEYS = frozenset(KNOB_NAMES | {f.name for f in fields(PluginConfig)} - {"knobs"})
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> PluginConfig:
@@ -103,12 +99,11 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> PluginConfig:
             raise ValueError(f"{ENV_CONFIG}={path}: cannot read a JSON object: {exc}") from exc
         if not isinstance(values, dict):
             raise ValueError(f"{ENV_CONFIG}={path}: expected a JSON object")
-        known = {f.name for f in fields(PluginConfig)}
-        unknown = sorted(set(values) - known)
+        unknown = sorted(set(values) - KNOWN_KEYS)
         if unknown:
             raise ValueError(
                 f"{ENV_CONFIG}={path}: unknown key(s) {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
+                f"known: {', '.join(sorted(KNOWN_KEYS))}"
             )
     policy = environ.get(ENV_POLICY, "").strip()
     if policy:
@@ -116,7 +111,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> PluginConfig:
     if not values.get("redis_url") and environ.get(ENV_REDIS_URL, "").strip():
         values["redis_url"] = environ[ENV_REDIS_URL].strip()
     try:
-        return PluginConfig(**values)
-    except ValueError as exc:
+        return PluginConfig.of(**values)
+    except (TypeError, ValueError) as exc:
         where = f"{ENV_CONFIG}={path}" if path else "the market plugin's environment"
         raise ValueError(f"{where}: {exc}") from exc

@@ -110,7 +110,7 @@ class MarketQueue:
     @property
     def defers_in_batch(self) -> bool:
         """Whether admission keeps shared uncached prefixes out of one batch (DFS auctions)."""
-        return self.policy in DFS_AUCTIONS and self.config.in_batch_defer_tokens > 0
+        return self.policy in DFS_AUCTIONS and self.config.knobs.in_batch_defer_tokens > 0
 
     # --- one round -------------------------------------------------------------------------
 
@@ -121,9 +121,9 @@ class MarketQueue:
         clearing = clear_tree(
             self.tree,
             self.policy,
-            reserve=cfg.reserve,
+            reserve=cfg.knobs.reserve,
             tokens_per_second=cfg.tokens_per_second,
-            overhead_tokens=cfg.overhead_tokens,
+            overhead_tokens=cfg.knobs.overhead_tokens,
         )
         known = self._known
         ordered = [known[rid][0] for rid in clearing.order]
@@ -234,7 +234,7 @@ class MarketQueue:
         rid = req.rid
         if self._cleared_version != self.tree.version or rid not in self.tree:
             return False
-        return self.tree.batch_recomputed(rid, batch) >= self.config.in_batch_defer_tokens
+        return self.tree.batch_recomputed(rid, batch) >= self.config.knobs.in_batch_defer_tokens
 
     def admitted_to_batch(self, req: Req, batch: int) -> None:
         """Mark the request's prefix as being computed in the batch."""

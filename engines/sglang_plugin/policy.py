@@ -108,14 +108,14 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
             if self.sink is None and _reporting_rank():
                 self.sink = sink_for(
                     config.redis_url,
-                    config.rounds_stream,
+                    config.knobs.rounds_stream,
                     queue_size=config.record_queue_size,
                     jsonl_path=config.rounds_jsonl,
                 )
             recorder = RoundRecorder(
                 engine_id=config.engine_id or _engine_id(),
-                market=config.market,
-                book_interval_s=config.book_interval_s,
+                market=config.knobs.market,
+                book_interval_s=config.knobs.book_interval_s,
                 label=token_label if tokenizer is None else tokenizer_label(tokenizer),
             )
             self.market = MarketQueue(
@@ -127,9 +127,9 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
             log.info(
                 "market plugin: policy %s, reserve %g $/s, %g tokens/s, rounds to %s",
                 config.policy,
-                config.reserve,
+                config.knobs.reserve,
                 config.tokens_per_second,
-                f"Redis stream {config.rounds_stream}" if config.redis_url else "memory",
+                f"Redis stream {config.knobs.rounds_stream}" if config.redis_url else "memory",
             )
 
     def calc_priority(

@@ -2,7 +2,7 @@
 
 For tests and tools that need a real server on a real TCP port inside their own process:
 
-    with ServerThread(ServerOptions(port=0, speed=20)) as sim:
+    with ServerThread(ServerOptions.of(port=0, speed=20)) as sim:
         httpx.post(f"{sim.url}/generate", json={"text": "Hi", "sampling_params": {...}})
         sim.call(lambda: sim.server.engine.waiting)  # read engine state in the loop's thread
 """

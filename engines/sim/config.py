@@ -14,12 +14,16 @@ hardware's rates:
 - the KV cache holds what is left of 80 GB after the weights and activations: ~400k tokens.
 
 Override any field: ``EngineConfig(prefill_token_s=3e-5)`` or, on the command line of the server
-and the benchmark, ``--set prefill_token_s=3e-5``.
+and the benchmark, ``--set prefill_token_s=3e-5``. The market's knobs (reserve, overhead tokens,
+in-batch deferral, ...) are not here: they are the contract's ``MarketKnobs``, which ``--set``
+also reaches (``settings_split``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+
+from scheduler_bridge.contract.knobs import KNOB_NAMES, MarketKnobs, assigned
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,6 @@ class EngineConfig:
     # --- policy behaviour ---
     lpm_fcfs_fallback: bool = False  # SGLang's lpm turns into fcfs above 128 waiting requests
     lpm_fallback_threshold: int = 128
-    # Our DFS auctions keep requests that would recompute a shared uncached prefix of at least
-    # this many tokens in the same prefill batch for the next step (SGLang's lpm does the same).
-    in_batch_defer_tokens: int = 32
-    overhead_tokens: int = 1  # the mechanism's per-request overhead (its own last token)
 
     def prefill_step_s(self, chunks: list[tuple[int, int]]) -> float:
         """Duration of a prefill step: (new tokens, context before them) per request."""
@@ -69,23 +69,14 @@ class EngineConfig:
 
     def with_overrides(self, assignments: list[str]) -> EngineConfig:
         """A copy with ``name=value`` assignments applied; ValueError for unknown names."""
-        kinds = {f.name: f.type for f in fields(self)}
-        changes: dict[str, object] = {}
-        for item in assignments:
-            name, sep, raw = item.partition("=")
-            name = name.strip()
-            if not sep or name not in kinds:
-                raise ValueError(f"unknown engine setting {item!r}; known: {', '.join(kinds)}")
-            kind = kinds[name]
-            try:
-                if kind in ("bool", bool):
-                    if raw.strip().lower() not in ("1", "0", "true", "false", "yes", "no"):
-                        raise ValueError(raw)
-                    changes[name] = raw.strip().lower() in ("1", "true", "yes")
-                elif kind in ("int", int):
-                    changes[name] = int(raw)
-                else:
-                    changes[name] = float(raw)
-            except ValueError as exc:
-                raise ValueError(f"engine setting {name} needs a {kind}, got {raw!r}") from exc
-        return replace(self, **changes)
+        return assigned(self, assignments, what="engine")
+
+
+def settings_split(
+    assignments: list[str] | tuple[str, ...], knobs: MarketKnobs
+) -> tuple[EngineConfig, MarketKnobs]:
+    """The engine config and the market knobs with ``--set name=value`` texts applied: a name of
+    the knobs changes the knobs, any other the engine config (ValueError if it is neither)."""
+    mine = [a for a in assignments if a.partition("=")[0].strip() not in KNOB_NAMES]
+    theirs = [a for a in assignments if a.partition("=")[0].strip() in KNOB_NAMES]
+    return EngineConfig().with_overrides(mine), assigned(knobs, theirs, what="market")

@@ -30,6 +30,7 @@ from market.mechanism import (
     clear_tree,
 )
 from market.mechanism.policies import policy_checked
+from scheduler_bridge.contract.knobs import MarketKnobs
 from scheduler_bridge.contract.records import RoundRecord
 from scheduler_bridge.contract.tokenizer import VOCAB
 from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder, token_label
@@ -107,20 +108,17 @@ class Engine:
         config: EngineConfig | None = None,
         policy: str = "dfs-auction-density",
         *,
-        reserve: float = 0.0,
-        market: str = "default",
+        knobs: MarketKnobs | None = None,
         engine_id: str = "sim",
-        book_interval_s: float | None = 0.5,
         label: Callable[[tuple[int, ...]], str] | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.set_policy(policy)
-        self.set_reserve(reserve)
-        self.market = market
+        self.knobs = knobs or MarketKnobs()
         self.recorder = RoundRecorder(
             engine_id=engine_id,
-            market=market,
-            book_interval_s=book_interval_s,
+            market=self.knobs.market,
+            book_interval_s=self.knobs.book_interval_s,
             label=label or token_label,
         )
         self.tree = RequestTree()
@@ -145,11 +143,21 @@ class Engine:
 
     def set_reserve(self, reserve: float) -> None:
         """Set the reserve price ($/s of waiting); it applies from the next round."""
-        if isinstance(reserve, bool) or not isinstance(reserve, int | float):
-            raise ValueError(f"reserve must be a number, got {reserve!r}")
-        if not 0 <= reserve < float("inf"):
-            raise ValueError(f"reserve must be finite and >= 0, got {reserve!r}")
-        self.reserve = float(reserve)
+        self.knobs = self.knobs.with_reserve(reserve)
+
+    @property
+    def reserve(self) -> float:
+        """The reserve price in effect, $/s of waiting."""
+        return self.knobs.reserve
+
+    @property
+    def market(self) -> str:
+        return self.knobs.market
+
+    @property
+    def tokens_per_second(self) -> float:
+        """The plan's prefill rate: the knob, or the cost model's long-prefill rate."""
+        return self.knobs.plan_rate(self.config.prefill_tokens_per_second)
 
     # --- requests in --------------------------------------------------------------------------
 
@@ -261,15 +269,15 @@ class Engine:
             and len(self.waiting) > (cfg.lpm_fallback_threshold)
         ):
             policy = "fcfs"
-        tps = cfg.prefill_tokens_per_second
+        knobs = self.knobs
         clearing = clear_tree(
             self.tree,
             policy,
-            reserve=self.reserve,
-            tokens_per_second=tps,
-            overhead_tokens=cfg.overhead_tokens,
+            reserve=knobs.reserve,
+            tokens_per_second=self.tokens_per_second,
+            overhead_tokens=knobs.overhead_tokens,
         )
-        defer = policy in DFS_AUCTIONS and cfg.in_batch_defer_tokens > 0
+        defer = policy in DFS_AUCTIONS and knobs.in_batch_defer_tokens > 0
         batch = self.tree.begin_batch() if defer else None
         kv = self.kv
         self.rounds += 1
@@ -281,7 +289,7 @@ class Engine:
             req = self.waiting[rid]
             if (
                 batch is not None
-                and self.tree.batch_recomputed(rid, batch) >= cfg.in_batch_defer_tokens
+                and self.tree.batch_recomputed(rid, batch) >= knobs.in_batch_defer_tokens
             ):
                 continue  # the shared prefix is being computed now: next step
             match, node = kv.match(req.tokens, len(req.tokens) - 1)
@@ -398,8 +406,8 @@ class Engine:
         prefixes counted once, plus the overheads): a bound on a new request's planned wait
         at bid 0 if nothing else arrives. Time proportional to the waiting tree's size."""
         tree = self.tree
-        work = sum(x.ew for x in tree.nodes()) + len(tree) * self.config.overhead_tokens
-        return work / self.config.prefill_tokens_per_second
+        work = sum(x.ew for x in tree.nodes()) + len(tree) * self.knobs.overhead_tokens
+        return work / self.tokens_per_second
 
     @property
     def cache_hit_rate(self) -> float:

@@ -24,12 +24,13 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from aiohttp import web
 
-from market.mechanism import MAX_BID, POLICIES, bid_checked
-from market.mechanism.policies import policy_checked
+from market.mechanism import POLICIES
+from scheduler_bridge.contract.knobs import MarketKnobs, split_knobs
 from scheduler_bridge.contract.records import DEFAULT_STREAM
 from scheduler_bridge.contract.sinks import (
     CallbackSink,
@@ -42,12 +43,13 @@ from scheduler_bridge.contract.tokenizer import NAME as TOKENIZER_NAME
 from scheduler_bridge.contract.tokenizer import default_tokenizer
 from scheduler_bridge.contract.wire import (
     ADMIN_TOKEN_ENV,
-    CONTROL_FIELDS,
     CONTROL_PATH,
+    ControlError,
     admin_token_from_env,
+    control_read,
 )
 
-from .config import EngineConfig
+from .config import settings_split
 from .engine import Engine
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import (
@@ -87,16 +89,27 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 30000
     policy: str = "dfs-auction-density"
-    reserve: float = 0.0
-    market: str = "default"
-    settings: tuple[str, ...] = ()  # EngineConfig overrides, "name=value"
+    knobs: MarketKnobs = field(default_factory=MarketKnobs)  # the market's (the contract's)
+    settings: tuple[str, ...] = ()  # EngineConfig or MarketKnobs overrides, "name=value"
     redis_url: str | None = None
-    rounds_stream: str = DEFAULT_STREAM
     rounds_jsonl: str | None = None
     speed: float = 1.0
     max_queue: int = DEFAULT_MAX_QUEUE
     admin_token: str | None = None
     engine_id: str | None = None  # default "sim@HOST:PORT"
+
+    @classmethod
+    def of(cls, **values: Any) -> ServerOptions:
+        """Options from flat keyword arguments: the knobs' names (``reserve``, ``market``, ...)
+        and the server's own."""
+        knobs, rest = split_knobs(values)
+        if "settings" in rest:
+            rest["settings"] = tuple(rest["settings"])
+        return cls(knobs=knobs, **rest)
+
+    @property
+    def market(self) -> str:
+        return self.knobs.market
 
 
 class SimServer:
@@ -104,13 +117,12 @@ class SimServer:
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        config = EngineConfig().with_overrides(list(options.settings))
+        config, knobs = settings_split(options.settings, options.knobs)
         self.tokenizer = default_tokenizer()
         self.engine = Engine(
             config,
             options.policy,
-            reserve=options.reserve,
-            market=options.market,
+            knobs=knobs,
             engine_id=options.engine_id or "sim",
             label=self.tokenizer.label,
         )
@@ -120,7 +132,7 @@ class SimServer:
             sinks.append(JsonlSink(options.rounds_jsonl))
         self.redis_sink: RedisStreamSink | None = None
         if options.redis_url:
-            self.redis_sink = RedisStreamSink(options.redis_url, options.rounds_stream)
+            self.redis_sink = RedisStreamSink(options.redis_url, knobs.rounds_stream)
             sinks.append(self.redis_sink)
         self.clock = EngineClock(options.speed)
         self.loop = EngineLoop(
@@ -301,13 +313,14 @@ class SimServer:
                 "speed": self.clock.speed,
                 "clock": "engine seconds = start Unix time + elapsed wall seconds x speed",
                 "max_queue": self.loop.max_queue,
-                "rounds_stream": self.options.rounds_stream if self.redis_sink else None,
+                "rounds_stream": self.engine.knobs.rounds_stream if self.redis_sink else None,
                 "max_total_num_tokens": cfg.kv_capacity_tokens,
                 "max_running_requests": cfg.max_running_requests,
                 "max_prefill_tokens": cfg.max_prefill_tokens,
                 "chunked_prefill_size": cfg.chunked_prefill_size,
-                "prefill_tokens_per_second": cfg.prefill_tokens_per_second,
+                "prefill_tokens_per_second": self.engine.tokens_per_second,
                 "engine_config": asdict(cfg),
+                "market_knobs": asdict(self.engine.knobs),
             }
         )
 
@@ -326,24 +339,14 @@ class SimServer:
                 return json_error(
                     401, "a valid admin token is required (Authorization: Bearer ...)"
                 )
-        body = loads_json(await request.read())
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        unknown = sorted(set(body) - set(CONTROL_FIELDS))
-        if unknown:
-            raise BadRequest(
-                f"unknown field {unknown[0]!r}; give policy and/or reserve", unknown[0]
+        try:
+            policy, reserve = control_read(
+                loads_json(await request.read()),
+                policy=self.engine.policy,
+                reserve=self.engine.reserve,
             )
-        policy = body.get("policy", self.engine.policy)
-        try:
-            policy = policy_checked(policy)
-        except (TypeError, ValueError):  # TypeError: a JSON list or object (not hashable)
-            raise BadRequest(f"policy must be one of {', '.join(POLICIES)}", "policy") from None
-        reserve = body.get("reserve", self.engine.reserve)
-        try:
-            reserve = bid_checked(reserve, request_id="reserve")
-        except ValueError:
-            raise BadRequest(f"reserve must be a number in 0..{MAX_BID:g} $/s", "reserve") from None
+        except ControlError as exc:
+            raise BadRequest(str(exc), exc.param) from None
         self.engine.set_policy(policy)
         self.engine.set_reserve(reserve)
         log.info("market %s: policy %s, reserve %g $/s", self.options.market, policy, reserve)
@@ -365,7 +368,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     p.add_argument("--reserve", type=float, default=0.0, help="reserve price, $/s of waiting")
     p.add_argument("--market", default="default", help="market slug (model_path is sim/MARKET)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
-                   help="override an EngineConfig field (repeatable)")  # fmt: skip
+                   help="override an EngineConfig or MarketKnobs field (repeatable)")  # fmt: skip
     p.add_argument("--redis-url", default=None, help="send round records to a Redis stream")
     p.add_argument("--rounds-stream", default=DEFAULT_STREAM)
     p.add_argument("--rounds-jsonl", default=None, metavar="PATH", help="also append records")
@@ -375,9 +378,10 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     p.add_argument("--engine-id", default=None)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
+    fields = {k: v for k, v in vars(a).items() if k != "log_level"}
     try:
-        EngineConfig().with_overrides(a.settings)
-        bid_checked(a.reserve, request_id="--reserve")
+        options = ServerOptions.of(**fields)
+        settings_split(options.settings, options.knobs)
         EngineClock(a.speed)
     except ValueError as exc:
         p.error(str(exc))
@@ -385,9 +389,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         p.error("--max-queue must be >= 1")
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     if a.admin_token is None:
-        a.admin_token = admin_token_from_env(os.environ)
-    fields = {k: v for k, v in vars(a).items() if k != "log_level"}
-    return ServerOptions(**{**fields, "settings": tuple(a.settings)})
+        options = replace(options, admin_token=admin_token_from_env(os.environ))
+    return options
 
 
 async def serve(options: ServerOptions) -> None:
@@ -399,7 +402,7 @@ async def serve(options: ServerOptions) -> None:
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     log.info(
         "simulated engine %s on http://%s:%d/ (policy %s, reserve %g $/s, speed %gx)",
-        server.model_name, options.host, port, options.policy, options.reserve, options.speed,
+        server.model_name, options.host, port, options.policy, options.knobs.reserve, options.speed,
     )  # fmt: skip
     await stop.wait()
     await server.stop()

@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from market.mechanism import MAX_BID, POLICIES, bid_checked
+from market.mechanism.policies import policy_checked
+
 CUSTOM_PARAMS = "custom_params"  # the key in sampling_params
 BID_PARAM = "bid"  # the key in custom_params
 BID_PATH = f"sampling_params.{CUSTOM_PARAMS}.{BID_PARAM}"  # as errors name it
@@ -41,6 +44,34 @@ def sampling_with_bid(sampling_params: Mapping[str, Any] | None, bid: float) -> 
 def control_body(*, policy: str, reserve: float) -> dict[str, Any]:
     """The control request's body."""
     return {"policy": policy, "reserve": reserve}
+
+
+class ControlError(ValueError):
+    """A control body an engine refuses; ``param`` names the field at fault (None: the body)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def control_read(body: object, *, policy: str, reserve: float) -> tuple[str, float]:
+    """The policy and reserve a control body asks for, a field it leaves out keeping the value
+    in effect (``policy``, ``reserve``); ControlError for anything else, so that an engine
+    refuses a bad body whole and changes nothing."""
+    if not isinstance(body, dict):
+        raise ControlError("the body must be a JSON object")
+    unknown = sorted(set(body) - set(CONTROL_FIELDS))
+    if unknown:
+        raise ControlError(f"unknown field {unknown[0]!r}; give policy and/or reserve", unknown[0])
+    try:
+        policy = policy_checked(body.get("policy", policy))
+    except (TypeError, ValueError):  # TypeError: a JSON list or object (not hashable)
+        raise ControlError(f"policy must be one of {', '.join(POLICIES)}", "policy") from None
+    try:
+        reserve = bid_checked(body.get("reserve", reserve), request_id="reserve")
+    except ValueError:
+        raise ControlError(f"reserve must be a number in 0..{MAX_BID:g} $/s", "reserve") from None
+    return policy, reserve
 
 
 def admin_token_from_env(environ: Mapping[str, str]) -> str | None:

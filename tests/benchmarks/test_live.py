@@ -11,7 +11,7 @@ from engines.sim.server import ServerOptions
 def test_drive_two_policies_and_merge(tmp_path):
     outs = []
     for policy in ("lpm", "dfs-auction-density"):
-        with ServerThread(ServerOptions(port=0, speed=50, policy=policy)) as sim:
+        with ServerThread(ServerOptions.of(port=0, speed=50, policy=policy)) as sim:
             out = tmp_path / f"{policy}.json"
             args = [
                 "--engine-url",

@@ -184,7 +184,7 @@ def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]
     slug = f"live-{uuid.uuid4().hex[:8]}"
     jsonl = tmp_path / "rounds.jsonl"
     sim = ServerThread(
-        ServerOptions(
+        ServerOptions.of(
             port=0, speed=1.0, market=slug, rounds_jsonl=str(jsonl), settings=ENGINE_SETTINGS
         )
     ).start()

@@ -8,7 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 from hypothesis import given
 from hypothesis import strategies as st
 
-from config import env
+from config import backends, env
 from config.env import EnvironmentVariableError
 
 BASE = Path("/srv/market")
@@ -67,7 +67,7 @@ PASSWORD = "s3cretPassw0rd"
     ],
 )
 def test_database_url_parses(url: str, expected: dict) -> None:
-    assert env.parse_database_url(url, base_dir=BASE) == expected
+    assert backends.parse_database_url(url, base_dir=BASE) == expected
 
 
 # --- DATABASE_URL: malformed --------------------------------------------------------------
@@ -95,7 +95,7 @@ MALFORMED_DATABASE_URLS = [
 @pytest.mark.parametrize(("url", "problem"), MALFORMED_DATABASE_URLS)
 def test_malformed_database_url_names_the_variable_and_the_problem(url: str, problem: str) -> None:
     with pytest.raises(EnvironmentVariableError) as raised:
-        env.parse_database_url(url, base_dir=BASE)
+        backends.parse_database_url(url, base_dir=BASE)
     message = str(raised.value)
     assert isinstance(raised.value, ImproperlyConfigured)
     assert raised.value.variable == "DATABASE_URL"
@@ -125,7 +125,7 @@ def test_malformed_database_url_names_the_variable_and_the_problem(url: str, pro
     ],
 )
 def test_redis_url_parses(url: str, host: str, port: int, db: int, tls: bool, display: str) -> None:
-    parsed = env.parse_redis_url(url)
+    parsed = backends.parse_redis_url(url)
     assert (parsed.url, parsed.host, parsed.port, parsed.db, parsed.tls) == (
         url,
         host,
@@ -151,7 +151,7 @@ def test_redis_url_parses(url: str, host: str, port: int, db: int, tls: bool, di
 )
 def test_malformed_redis_url_names_the_variable_and_the_problem(url: str, problem: str) -> None:
     with pytest.raises(EnvironmentVariableError) as raised:
-        env.parse_redis_url(url)
+        backends.parse_redis_url(url)
     message = str(raised.value)
     assert raised.value.variable == "REDIS_URL"
     assert message.startswith("REDIS_URL ")
@@ -178,9 +178,9 @@ def test_no_error_echoes_the_password(password: str, template: str) -> None:
     url = template.format(pw=password)
     with pytest.raises(EnvironmentVariableError) as raised:
         if url.startswith("redis"):
-            env.parse_redis_url(url)
+            backends.parse_redis_url(url)
         else:
-            env.parse_database_url(url, base_dir=BASE)
+            backends.parse_database_url(url, base_dir=BASE)
     assert password not in str(raised.value)
 
 
@@ -253,30 +253,35 @@ def test_load_reports_a_malformed_url() -> None:
 
 # --- what REDIS_URL switches ---------------------------------------------------------------
 
-REDIS = env.parse_redis_url("redis://cache:6379/0")
+REDIS = backends.parse_redis_url("redis://cache:6379/0")
 
 
 def test_without_redis_celery_is_eager_and_layers_and_cache_are_in_memory() -> None:
-    celery = env.celery_settings(None)
+    celery = backends.celery_settings(None)
     assert celery["CELERY_TASK_ALWAYS_EAGER"] is True
     assert celery["CELERY_TASK_EAGER_PROPAGATES"] is True
     assert celery["CELERY_BROKER_URL"] == "memory://"
-    assert env.channel_layers(None)["default"]["BACKEND"] == "channels.layers.InMemoryChannelLayer"
-    assert env.caches(None)["default"]["BACKEND"].endswith("LocMemCache")
+    assert (
+        backends.channel_layers(None)["default"]["BACKEND"]
+        == "channels.layers.InMemoryChannelLayer"
+    )
+    assert backends.caches(None)["default"]["BACKEND"].endswith("LocMemCache")
 
 
 def test_with_redis_one_url_serves_broker_results_layer_and_cache() -> None:
-    celery = env.celery_settings(REDIS)
+    celery = backends.celery_settings(REDIS)
     assert celery["CELERY_TASK_ALWAYS_EAGER"] is False
     assert celery["CELERY_BROKER_URL"] == celery["CELERY_RESULT_BACKEND"] == REDIS.url
-    layer = env.channel_layers(REDIS)["default"]
+    layer = backends.channel_layers(REDIS)["default"]
     assert layer["BACKEND"] == "channels_redis.core.RedisChannelLayer"
     assert layer["CONFIG"]["hosts"] == [REDIS.url]
-    cache = env.caches(REDIS)["default"]
+    cache = backends.caches(REDIS)["default"]
     assert cache["BACKEND"] == "django.core.cache.backends.redis.RedisCache"
     assert cache["LOCATION"] == REDIS.url
 
 
 def test_database_display_has_no_credentials() -> None:
-    database = env.parse_database_url(f"postgres://app:{PASSWORD}@db:5433/market", base_dir=BASE)
-    assert env.database_display(database) == "db:5433/market"
+    database = backends.parse_database_url(
+        f"postgres://app:{PASSWORD}@db:5433/market", base_dir=BASE
+    )
+    assert backends.database_display(database) == "db:5433/market"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from django.db.utils import ConnectionHandler
 
-from config import env, health
+from config import backends, health
 from config.health import ServiceStatus, database_status, failure_reason, redis_status
 from tests.conftest import dead_port
 
@@ -18,7 +18,7 @@ def dead_database() -> ConnectionHandler:
     """Django connections whose default database is PostgreSQL on a port nothing listens on."""
     port = dead_port()
     url = f"postgres://app:{PASSWORD}@127.0.0.1:{port}/market"
-    return ConnectionHandler({"default": env.parse_database_url(url, base_dir=Path("."))})
+    return ConnectionHandler({"default": backends.parse_database_url(url, base_dir=Path("."))})
 
 
 # --- checks -------------------------------------------------------------------------------
@@ -69,7 +69,9 @@ def test_redis_status_when_not_configured() -> None:
 def test_redis_status_ok(settings) -> None:
     status = redis_status(settings.REDIS_URL)
     assert status.state == "ok"
-    assert status.describe() == f"Redis at {env.parse_redis_url(settings.REDIS_URL).display}: ok"
+    assert (
+        status.describe() == f"Redis at {backends.parse_redis_url(settings.REDIS_URL).display}: ok"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""SQLite set up for several writers at once (``config.env.database_concurrent``).
+"""SQLite set up for several writers at once (``config.backends.database_concurrent``).
 
 The race of the embedded mode, made deterministic: two transactions that each read and then
 write (a hold, a settlement) overlap. With SQLite's deferred transactions one of them fails at
@@ -17,12 +17,12 @@ import pytest
 from django.db import connections
 from django.db.backends.sqlite3.base import DatabaseWrapper
 
-from config import env
+from config import backends
 
 
 def _entry(path: Path, *, tuned: bool) -> dict:
-    entry = env.sqlite_database(path)
-    return env.database_concurrent(entry) if tuned else entry
+    entry = backends.sqlite_database(path)
+    return backends.database_concurrent(entry) if tuned else entry
 
 
 def _connect(entry: dict) -> tuple[sqlite3.Connection, str]:
@@ -93,16 +93,18 @@ def test_with_sqlites_defaults_one_of_them_fails_at_once(tmp_path):
 
 
 def test_the_options_apply_to_sqlite_only_and_keep_explicit_ones() -> None:
-    sqlite = env.database_concurrent(env.sqlite_database("/tmp/x.db"))
+    sqlite = backends.database_concurrent(backends.sqlite_database("/tmp/x.db"))
     assert sqlite["OPTIONS"] == {
         "transaction_mode": "IMMEDIATE",
-        "timeout": env.SQLITE_TIMEOUT_S,
+        "timeout": backends.SQLITE_TIMEOUT_S,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
     }
-    mine = env.database_concurrent({**env.sqlite_database("/tmp/x.db"), "OPTIONS": {"timeout": 1}})
+    mine = backends.database_concurrent(
+        {**backends.sqlite_database("/tmp/x.db"), "OPTIONS": {"timeout": 1}}
+    )
     assert mine["OPTIONS"]["timeout"] == 1 and mine["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
-    postgres = env.parse_database_url("postgres://u@db:5432/market", base_dir=Path("/"))
-    assert env.database_concurrent(postgres) == postgres
+    postgres = backends.parse_database_url("postgres://u@db:5432/market", base_dir=Path("/"))
+    assert backends.database_concurrent(postgres) == postgres
 
 
 def test_a_file_database_is_in_wal_mode(tmp_path) -> None:

@@ -37,7 +37,7 @@ def eager() -> Iterator[None]:
 
 @pytest.fixture
 def sim() -> Iterator[ServerThread]:
-    with ServerThread(ServerOptions(port=0, speed=SPEED, market="test-llm")) as server:
+    with ServerThread(ServerOptions.of(port=0, speed=SPEED, market="test-llm")) as server:
         yield server
 
 
@@ -140,7 +140,7 @@ def test_pushes_that_cannot_happen_say_why() -> None:
 def test_the_admin_token_is_sent(settings) -> None:
     market = market_create()
     Market.objects.filter(pk=market.pk).update(reserve=Decimal("0.5"), policy="fcfs")
-    with ServerThread(ServerOptions(port=0, speed=SPEED, admin_token="s3cret")) as sim:
+    with ServerThread(ServerOptions.of(port=0, speed=SPEED, admin_token="s3cret")) as sim:
         engine_url_set(market, sim.url)
         settings.ENGINE_ADMIN_TOKEN = "wrong"
         assert engine_config_push(market_id=market.pk) == "refused"  # 401: no retry helps
@@ -166,7 +166,7 @@ def test_a_worker_retries_until_the_engine_comes_up(tmp_path: Path) -> None:
         result = push_task.apply_async(kwargs={"market_id": market.pk}, queue=worker.queue)
         # Tries at 0 s and 1 s fail (connection refused); the next one comes 2 s later.
         wait_until(lambda: worker.log.read_text().count("retrying in") >= 2, what="two retries")
-        with ServerThread(ServerOptions(port=port, speed=SPEED)) as sim:
+        with ServerThread(ServerOptions.of(port=port, speed=SPEED)) as sim:
             assert result.get(timeout=60) == "pushed"
             assert engine_state(sim) == ("fcfs", 0.125)
     assert "retrying in 1 s" in worker.log.read_text()

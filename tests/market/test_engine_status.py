@@ -91,7 +91,7 @@ def test_a_restarted_engine_has_no_rate_until_its_second_scrape() -> None:
 
 
 def test_polling_a_real_engine_and_a_dead_one(unique_slug) -> None:
-    with ServerThread(ServerOptions(port=0, speed=20, market=unique_slug)) as sim:
+    with ServerThread(ServerOptions.of(port=0, speed=20, market=unique_slug)) as sim:
         status = engine_status_poll(market=unique_slug, engine_url=sim.url, now=1000.0)
     assert status["up"] and status["queue"] == 0 and status["running"] == 0
     assert engine_status_last(unique_slug) == status

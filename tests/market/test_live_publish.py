@@ -163,7 +163,7 @@ def test_a_publishing_failure_never_stops_settlement(monkeypatch, market, tmp_pa
 
 @pytest.mark.django_db(transaction=True)
 def test_the_periodic_tick_sends_engine_status_idle_books_and_token_spend(sent, market) -> None:
-    with ServerThread(ServerOptions(port=0, speed=20, market=market.slug)) as sim:
+    with ServerThread(ServerOptions.of(port=0, speed=20, market=market.slug)) as sim:
         Market.objects.filter(pk=market.pk).update(engine_url=sim.url)
         # A book published a while ago, while the engine now reports an empty queue.
         rec = record(market.slug, 1, subtrees=[subtree("p")])

@@ -23,6 +23,7 @@ from engines.sim.server import ServerOptions, SimServer, parse_args
 from market.mechanism import BID_POLICIES, POLICIES
 from market.models import Market
 from market.services import market_policy_set
+from scheduler_bridge.contract.knobs import MarketKnobs
 from scheduler_bridge.contract.records import DEFAULT_STREAM
 from scheduler_bridge.contract.sinks import RedisStreamSink
 from scheduler_bridge.settlement.stream import StreamConsumer
@@ -65,7 +66,7 @@ def test_the_simulated_engine_accepts_exactly_the_mechanisms_policies() -> None:
 
 @pytest.mark.parametrize("policy", [*UNKNOWN, 3, None, ["fcfs"], {"fcfs": 1}])
 def test_the_simulated_engines_control_path_refuses_other_names(policy: object) -> None:
-    server = SimServer(ServerOptions(port=0))
+    server = SimServer(ServerOptions.of(port=0))
 
     class Posted:
         headers: dict[str, str] = {}
@@ -87,9 +88,10 @@ def test_the_plugin_runs_the_bid_policies_and_leaves_the_others_to_sglang() -> N
 
 def test_one_default_rounds_stream(run_manage) -> None:
     assert DEFAULT_STREAM == "inference-market:rounds"
-    assert PluginConfig().rounds_stream == DEFAULT_STREAM
-    assert ServerOptions().rounds_stream == DEFAULT_STREAM
-    assert parse_args([]).rounds_stream == DEFAULT_STREAM
+    assert PluginConfig().knobs.rounds_stream == DEFAULT_STREAM
+    assert MarketKnobs().rounds_stream == DEFAULT_STREAM
+    assert ServerOptions().knobs.rounds_stream == DEFAULT_STREAM
+    assert parse_args([]).knobs.rounds_stream == DEFAULT_STREAM
     stream = inspect.signature(RedisStreamSink).parameters["stream"]
     assert stream.default == DEFAULT_STREAM
     assert StreamConsumer.__dataclass_fields__["stream"].default == DEFAULT_STREAM

@@ -117,7 +117,7 @@ def market_policy(
         False,
         False,
         False,
-        market_config=PluginConfig(policy=policy, **config),  # type: ignore[arg-type]
+        market_config=PluginConfig.of(policy=policy, **config),
         sink=sink,
     )
     return pol, sink

@@ -79,7 +79,7 @@ def test_prefill_adder_admits_in_our_order(policy: str, seed: int) -> None:
     pol, _ = market_policy(policy, cache)
     pol.calc_priority(queue)
     order = [r.rid for r in queue]
-    overhead = pol.market_config.overhead_tokens
+    overhead = pol.market_config.knobs.overhead_tokens
     assert order == clear(waiting_requests(queue, cache), policy, overhead_tokens=overhead).order
     rem_input = rng.choice([16_384, 300, 120])
     adder, result = admit(PrefillAdder, allocator, cache, queue, rem_input=rem_input)

@@ -137,7 +137,7 @@ def test_a_bad_bid_fails_that_request_only(policy: str) -> None:
     ]
     bad = [make_req(f"bad{i}", [9, i], bid=b, arrival=5.0 + i) for i, b in enumerate(BAD_BIDS)]
     queue = [good[0], bad[0], good[1], *bad[1:], good[2], good[3]]
-    overhead = pol.market_config.overhead_tokens
+    overhead = pol.market_config.knobs.overhead_tokens
     expected = clear(waiting_requests(good, cache), policy, overhead_tokens=overhead).order
     pol.calc_priority(queue)
     # The failing requests go first: SGLang runs each as a one-token prefill and returns its

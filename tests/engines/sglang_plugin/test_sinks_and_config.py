@@ -8,6 +8,8 @@ import time
 import pytest
 
 from engines.sglang_plugin.config import PluginConfig, config_from_env
+from market.mechanism import DEFAULT_TOKENS_PER_SECOND
+from scheduler_bridge.contract.knobs import MarketKnobs
 from scheduler_bridge.contract.records import SCHEMA, round_record_loads
 from scheduler_bridge.contract.sinks import MemorySink, RedisStreamSink, sink_for
 from tests.conftest import dead_port
@@ -104,14 +106,18 @@ def test_config_from_env_and_file(tmp_path) -> None:
     config = config_from_env({"MARKET_PLUGIN_CONFIG": str(path), "REDIS_URL": "redis://other/0"})
     assert config == PluginConfig(
         policy="dfs-auction",
-        reserve=0.25,
-        tokens_per_second=8000,
-        overhead_tokens=2,
-        market="llama-8b",
+        knobs=MarketKnobs(
+            reserve=0.25,
+            tokens_per_second=8000,
+            overhead_tokens=2,
+            market="llama-8b",
+            rounds_stream="rounds-x",
+        ),
         engine_id="gpu-1",
         redis_url="redis://r:6379/1",
-        rounds_stream="rounds-x",
     )
+    assert config.tokens_per_second == 8000
+    assert PluginConfig().tokens_per_second == DEFAULT_TOKENS_PER_SECOND
     assert config.market_policy
     env = {"MARKET_PLUGIN_CONFIG": str(path), "MARKET_POLICY": "highest-bid"}
     assert config_from_env(env).policy == "highest-bid"

@@ -23,7 +23,7 @@ def start_server(start_sim: StartSim) -> StartSim:
 @pytest.fixture(scope="module")
 def shared_server() -> Iterator[ServerThread]:
     """One default server for tests that do not care what ran before them."""
-    with ServerThread(ServerOptions(port=0, speed=SPEED)) as sim:
+    with ServerThread(ServerOptions.of(port=0, speed=SPEED)) as sim:
         yield sim
 
 

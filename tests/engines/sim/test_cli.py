@@ -34,6 +34,8 @@ def test_the_command_serves_and_stops_on_sigterm() -> None:
         "max_running_requests=4",
         "--set",
         "lpm_fcfs_fallback=true",
+        "--set",
+        "in_batch_defer_tokens=0",  # one of the market's knobs, not the engine's
     ]
     proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -50,6 +52,13 @@ def test_the_command_serves_and_stops_on_sigterm() -> None:
         server = httpx.get(f"{url}/get_server_info").json()
         assert server["max_running_requests"] == 4
         assert server["engine_config"]["lpm_fcfs_fallback"] is True
+        assert "in_batch_defer_tokens" not in server["engine_config"]
+        knobs = server["market_knobs"]
+        assert (knobs["in_batch_defer_tokens"], knobs["reserve"], knobs["market"]) == (
+            0,
+            0.01,
+            "cli",
+        )
         assert server["speed"] == 50
         r = httpx.post(
             f"{url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}
@@ -67,7 +76,10 @@ def test_the_command_serves_and_stops_on_sigterm() -> None:
         (["--set", "warp_drive=1"], "unknown engine setting"),
         (["--set", "max_running_requests=lots"], "needs a int"),
         (["--policy", "cheapest"], "invalid choice"),
-        (["--reserve", "-1"], "bid must be >= 0"),
+        (["--reserve", "-1"], "reserve must be >= 0"),
+        (["--reserve", "2e6"], "reserve must be <= 1e+06"),
+        (["--set", "overhead_tokens=1.5"], "overhead_tokens needs a int"),
+        (["--set", "in_batch_defer_tokens=-1"], "in_batch_defer_tokens must be an integer >= 0"),
         (["--speed", "0"], "speed must be"),
         (["--max-queue", "0"], "--max-queue must be >= 1"),
     ],

@@ -19,7 +19,6 @@ TOY = EngineConfig(
     max_running_requests=64,
     max_prefill_tokens=1_000,
     chunked_prefill_size=1_000,
-    overhead_tokens=1,
 )
 
 

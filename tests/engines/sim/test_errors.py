@@ -20,7 +20,7 @@ MAX_NEW = "sampling_params.max_new_tokens"
 @pytest.fixture(scope="module")
 def small_server() -> Iterator[ServerThread]:
     """A server whose KV cache holds 3,000 tokens, so no accepted request runs for long."""
-    options = ServerOptions(port=0, speed=1000.0, settings=("kv_capacity_tokens=3000",))
+    options = ServerOptions.of(port=0, speed=1000.0, settings=("kv_capacity_tokens=3000",))
     with ServerThread(options) as sim:
         yield sim
 

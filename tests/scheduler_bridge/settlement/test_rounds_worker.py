@@ -157,7 +157,7 @@ def test_records_an_engine_writes_to_redis_are_settled_by_a_worker(
             request_id=rid, tenant=tenant, api_key=None, market=market, bid=str(bid),
             hold_amount="10",
         )  # fmt: skip
-    options = ServerOptions(
+    options = ServerOptions.of(
         port=0, speed=50, market=market.slug, reserve=0.01, redis_url=settings.REDIS_URL,
         rounds_stream=streams.name,
     )  # fmt: skip

@@ -1,0 +1,48 @@
+"""The hot path's writes on PostgreSQL, one statement each: a hold, a charge, a release.
+
+Each function here does in one SQL statement (so in one round trip, atomic without BEGIN and
+COMMIT) what the reference ledger store (``accounts.ledger.orm``) does in a transaction; the
+PostgreSQL store (``accounts.ledger.postgres``) runs them, and the reference instead in the few
+cases a statement here declines (it then writes nothing and says so): the first
+request of a tenant or key (no counter rows yet), a hold for a request id that already has one,
+and a hold whose clock is behind the window its counters keep.
+
+Locks, in the same order everywhere so that two statements never deadlock: the request's row,
+then its hold's, then the counter rows of its tenant and of its key, in that order
+(``ORDER BY api_key_id NULLS FIRST ... FOR UPDATE``). ``FOR UPDATE`` returns the newest committed
+version of a row it waited for, so every check below reads values no one else can change before
+the statement commits: concurrent holds cannot overspend a budget. The counters' window rule is
+:meth:`accounts.models.BudgetCounter.charge_counted`'s.
+
+The modules: ``hold`` (a hold placed, a hold closed), ``charge`` (a charge written, a request's
+prices) and ``sql`` (the cursor, parameter types and SQL fragments they share).
+"""
+
+from __future__ import annotations
+
+from .charge import CHARGE_SQL, ChargeOutcome, charge_write, request_prices
+from .hold import (
+    HOLD_AND_REQUEST_SQL,
+    HOLD_SQL,
+    BudgetRow,
+    HoldOutcome,
+    ReleaseOutcome,
+    hold_close,
+    hold_place,
+)
+from .sql import model_loaded
+
+__all__ = [
+    "CHARGE_SQL",
+    "HOLD_AND_REQUEST_SQL",
+    "HOLD_SQL",
+    "BudgetRow",
+    "ChargeOutcome",
+    "HoldOutcome",
+    "ReleaseOutcome",
+    "charge_write",
+    "hold_close",
+    "hold_place",
+    "model_loaded",
+    "request_prices",
+]

@@ -1,0 +1,116 @@
+"""What the ledger's statements share: the server-bound, prepared cursor they run on, their
+parameters' types, the windows they read and the SQL fragments for counter rows and window spend.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from datetime import datetime
+from typing import Any, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, connection
+from django.db.backends.utils import CursorWrapper
+from django.db.models import Model
+
+from accounts.models.budgets import WINDOWED_PERIODS
+from accounts.windows import window_for
+
+M = TypeVar("M", bound=Model)
+
+
+def model_loaded(model: type[M], values: dict[str, Any]) -> M:
+    """An instance of ``model`` for a row a statement here wrote, from the values it wrote
+    (by attribute name; fields not given are deferred), without reading it back."""
+    names = [f.attname for f in model._meta.concrete_fields if f.attname in values]
+    return model.from_db(DEFAULT_DB_ALIAS, names, [values[name] for name in names])
+
+
+# Each statement's parameters, cast to their columns' types: the statements are bound on the
+# server (:func:`prepared_cursor`), where PostgreSQL could not always infer a parameter's type.
+PARAM_TYPES = {
+    "tenant": "bigint",
+    "key": "bigint",
+    "market": "bigint",
+    "market_slug": "varchar",
+    "request_id": "varchar",
+    "request_class": "varchar",
+    "bid_source": "varchar",
+    "kind": "varchar",
+    "round_id": "varchar",
+    "amount": "numeric",
+    "bid": "numeric",
+    "priority_cap": "numeric",
+    "price_input": "numeric",
+    "price_cached": "numeric",
+    "price_output": "numeric",
+    "detail": "jsonb",
+    "now": "timestamptz",
+    "day": "timestamptz",
+    "week": "timestamptz",
+    "month": "timestamptz",
+    "prompt_tokens": "integer",
+    "cached_tokens": "integer",
+    "completion_tokens": "integer",
+    "ttft_s": "double precision",
+    "e2e_s": "double precision",
+    "fail": "boolean",
+}
+
+
+def typed(sql: str) -> str:
+    """``sql`` with every ``%(name)s`` parameter cast to its type (PARAM_TYPES)."""
+    return re.sub(r"%\((\w+)\)s", lambda m: f"{m.group(0)}::{PARAM_TYPES[m.group(1)]}", sql)
+
+
+@functools.cache
+def _prepared_cursor_class() -> type:
+    from django.db.backends.postgresql.base import ServerBindingCursor  # noqa: PLC0415
+
+    class PreparedCursor(ServerBindingCursor):
+        """psycopg's server-side binding cursor, preparing every statement it runs."""
+
+        def execute(self, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
+            return super().execute(query, params, prepare=True)
+
+    return PreparedCursor
+
+
+def prepared_cursor() -> CursorWrapper:
+    """A cursor on Django's connection whose statements are bound on the server and prepared
+    once per connection: PostgreSQL parses and plans each statement here once, not at every
+    call (Django's own cursors bind on the client, which cannot be prepared)."""
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    if connection.connection.prepare_threshold is None:
+        # Django switches psycopg's prepared statements off (None); its own cursors bind on the
+        # client and never prepare anyway, so turning them on affects only the cursors made
+        # here, which ask for it (prepare=True) whatever the threshold.
+        connection.connection.prepare_threshold = 2**31 - 1
+    cursor = _prepared_cursor_class()(connection.connection)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(cursor)
+    return connection.make_cursor(cursor)
+
+
+def windows(now: datetime) -> dict[str, datetime]:
+    """The start of each windowed period's window at ``now``: the counters' ``*_start``."""
+    return {p: window_for(period=p, now=now).start for p in WINDOWED_PERIODS}
+
+
+# How many counter rows a request of (tenant, key) needs: the tenant's, and the key's if any.
+COUNTERS_NEEDED = "CASE WHEN {key} IS NULL THEN 1 ELSE 2 END"
+COUNTERS_FOUND = """(SELECT count(*) FROM accounts_budgetcounter c
+      WHERE c.tenant_id = {tenant} AND (c.api_key_id IS NULL OR c.api_key_id = {key}))"""
+
+# The spend of a budget's window at the statement's time, from its counter row ``c``: NULL when
+# that window is older than the row's (then the reference code sums the ledger).
+WINDOW_SPENT = """CASE b.period
+    WHEN 'none' THEN c.spent_total
+    WHEN 'day' THEN CASE WHEN c.day_start = %(day)s THEN c.day_spent
+                         WHEN c.day_start < %(day)s THEN 0 END
+    WHEN 'week' THEN CASE WHEN c.week_start = %(week)s THEN c.week_spent
+                          WHEN c.week_start < %(week)s THEN 0 END
+    WHEN 'month' THEN CASE WHEN c.month_start = %(month)s THEN c.month_spent
+                           WHEN c.month_start < %(month)s THEN 0 END
+END"""

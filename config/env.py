@@ -28,6 +28,9 @@ Variables:
 - ``ROUNDS_STREAM``, ``ENGINE_ADMIN_TOKEN`` (:func:`env_text`), ``AUTOBID_INTERVAL_S``,
   ``PRIORITY_SETTLE_GRACE_S``, ``STALE_REQUEST_S``: settlement, the console's push to engines and
   the periodic steps; defaults in ``config.settings``.
+- ``MARKET_CONTROL_DIR``: a directory where the market also writes each market's control state
+  as ``<slug>.json`` (``scheduler_bridge.contract.control``), for engines that follow a file
+  (the embedded mode without Redis). Unset: Redis only (when ``REDIS_URL`` is set).
 - ``METRICS_TOKEN``: the bearer token the gateway's ``/metrics`` asks for. Unset: ``/metrics``
   is off (403), so no deployment publishes its metrics by accident.
 """

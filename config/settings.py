@@ -94,6 +94,10 @@ PRIORITY_SETTLE_GRACE_S = env.env_seconds(os.environ, "PRIORITY_SETTLE_GRACE_S",
 STALE_REQUEST_S = env.env_seconds(os.environ, "STALE_REQUEST_S", default=3600.0)
 # Sent as `Authorization: Bearer ...` to engines' /admin/market (market.engine_control).
 ENGINE_ADMIN_TOKEN = env.env_text(os.environ, "ENGINE_ADMIN_TOKEN")
+# The market's control store (scheduler_bridge.contract.control), which engines without an HTTP
+# control path (SGLang's plugin) follow: in Redis when REDIS_URL is set; also as a JSON file per
+# market in this directory when set (the embedded mode: <dir>/<market slug>.json).
+MARKET_CONTROL_DIR = env.env_text(os.environ, "MARKET_CONTROL_DIR")
 # The engine client's waits, seconds (scheduler_bridge.client explains them): connecting;
 # silence (mid-answer: a failure; before the answer begins: then the engine's health is checked);
 # and the longest an answer may take to begin (a non-streamed one: the whole answer).

@@ -1,23 +1,41 @@
-"""Tell a market's engine its ordering policy and reserve price when an operator changes them.
+"""Tell a market's engines its ordering policy and reserve price when an operator changes them.
 
 ``market.services`` enqueues ``market.tasks.engine_config_push_enqueue`` with
-``transaction.on_commit``; the Celery task ``scheduler_bridge.engine_config_push`` then sends
-``{"policy", "reserve"}`` to the engine's control path (``scheduler_bridge.contract.wire``:
-``POST <engine_url>/admin/market``, applied from its next round; ``Authorization: Bearer
-ENGINE_ADMIN_TOKEN`` when that setting is set) through the one engine client. The task reads the
-market when it runs, so it always sends the latest values: pushes that overtake each other or
-run twice still leave the engine with what the database says.
+``transaction.on_commit``; the Celery task ``scheduler_bridge.engine_config_push`` then, with
+the market as it is when the task runs:
+
+1. writes the market's control state to the control store (``scheduler_bridge.contract.control``:
+   the Redis key of the market when ``REDIS_URL`` is set, and ``<MARKET_CONTROL_DIR>/<slug>.json``
+   when that is set). Engines that follow the store read it within their poll interval, and a
+   replica that starts or restarts reads it first: the SGLang plugin does, since SGLang has no
+   route for the market's control;
+2. sends ``{"policy", "reserve"}`` to the engine's control path (``scheduler_bridge.contract.wire``:
+   ``POST <engine_url>/admin/market``, applied from its next round; ``Authorization: Bearer
+   ENGINE_ADMIN_TOKEN`` when that setting is set) through the one engine client. An engine that
+   answers 404 there has no such route (SGLang): it follows the store, and the push counts as
+   published, not refused.
+
+Both steps send the latest values, so pushes that overtake each other or run twice still leave
+the engines with what the database says. A store that cannot be written is retried like an
+engine that is away.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Literal
 
 from django.conf import settings
 
 from market.models import Market
 from scheduler_bridge.client import EngineRejected, EngineUnavailable, engine_client
+from scheduler_bridge.contract.control import (
+    ControlStore,
+    FileControlStore,
+    RedisControlStore,
+    now_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +44,7 @@ RETRY_BASE_S = 1.0  # the first retry's delay; each next one doubles, seconds
 RETRY_MAX_S = 60.0
 MAX_RETRIES = 8  # about 4 minutes of retrying in all
 
-PushOutcome = Literal["pushed", "no-market", "no-engine", "refused"]
+PushOutcome = Literal["pushed", "published", "no-market", "no-engine", "refused"]
 
 
 class EngineUnreachable(Exception):
@@ -38,16 +56,43 @@ def retry_delay_s(retries: int) -> float:
     return min(RETRY_BASE_S * 2**retries, RETRY_MAX_S)
 
 
+def control_stores(slug: str) -> list[ControlStore]:
+    """The control stores a market's state is written to (none without Redis or a directory)."""
+    stores: list[ControlStore] = []
+    if settings.REDIS_URL:
+        stores.append(RedisControlStore(settings.REDIS_URL, slug, timeout_s=TIMEOUT_S))
+    if settings.MARKET_CONTROL_DIR:
+        stores.append(FileControlStore(Path(settings.MARKET_CONTROL_DIR) / f"{slug}.json"))
+    return stores
+
+
+def control_publish(market: Market) -> bool:
+    """Write the market's policy and reserve to its control stores; False when there are none.
+
+    Raises :class:`EngineUnreachable` when one cannot be written (a retry may help).
+    """
+    stores = control_stores(market.slug)
+    state = now_state(market.policy, float(market.reserve))
+    for store in stores:
+        try:
+            store.write(state)
+        except Exception as exc:  # redis errors, OSError: worth retrying
+            raise EngineUnreachable(f"control store for {market.slug}: {exc}") from exc
+    return bool(stores)
+
+
 def engine_config_push(*, market_id: int, timeout_s: float = TIMEOUT_S) -> PushOutcome:
-    """POST the market's current policy and reserve ($/s) to its engine.
+    """Write the market's current policy and reserve ($/s) to its control store and POST them
+    to its engine.
 
     Returns what happened; raises :class:`EngineUnreachable` when a retry may help. A market
-    without an engine URL is skipped with a log line.
+    without an engine URL is only published, with a log line.
     """
     market = Market.objects.filter(pk=market_id).first()
     if market is None:
         logger.warning("engine config: market %s no longer exists; nothing pushed", market_id)
         return "no-market"
+    published = control_publish(market)
     base_url = market.engine_url.strip()
     if not base_url:
         logger.info("engine config: market %s has no engine URL; not pushed", market.slug)
@@ -64,6 +109,14 @@ def engine_config_push(*, market_id: int, timeout_s: float = TIMEOUT_S) -> PushO
             )
         )
     except EngineRejected as exc:
+        if exc.status == 404 and published:
+            # No control route (SGLang): the engine follows the control store written above.
+            logger.info(
+                "engine config: market %s: policy %s, reserve %s $/s published to the control "
+                "store (%s has no control route)",
+                market.slug, market.policy, market.reserve, base_url,
+            )  # fmt: skip
+            return "published"
         # 401 (wrong token), 404 (an engine without this endpoint), 400: retrying won't help.
         logger.error(
             "engine config: %s refused policy %s, reserve %s for market %s: %s",

@@ -48,6 +48,12 @@ class PluginConfig:
     redis_url: str | None = None  # None: no Redis; records are kept in memory only
     rounds_jsonl: str | None = None  # without Redis: append the records to this file
     record_queue_size: int = 1000  # records waiting for Redis before new ones are dropped
+    # The market's control store (``scheduler_bridge.contract.control``): the policy and reserve
+    # the console sets, read at start and every ``control_poll_s`` seconds; the file when given,
+    # else the Redis key of ``redis_url``. ``follow_control`` False: the config's values stay.
+    follow_control: bool = True
+    control_file: str | None = None
+    control_poll_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.policy is not None and (not isinstance(self.policy, str) or not self.policy):
@@ -62,7 +68,12 @@ class PluginConfig:
             raise ValueError(
                 f"record_queue_size must be an integer >= 1, got {self.record_queue_size!r}"
             )
-        for name in ("engine_id", "redis_url", "rounds_jsonl"):
+        if not isinstance(self.follow_control, bool):
+            raise ValueError(f"follow_control must be true or false, got {self.follow_control!r}")
+        poll = self.control_poll_s
+        if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll < 3600:
+            raise ValueError(f"control_poll_s must be a number in (0, 3600), got {poll!r}")
+        for name in ("engine_id", "redis_url", "rounds_jsonl", "control_file"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string or null, got {value!r}")

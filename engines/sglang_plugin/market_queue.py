@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sglang.srt.managers.schedule_batch import Req
@@ -35,11 +37,13 @@ from market.mechanism import (
     bid_checked,
     clear_tree,
 )
+from scheduler_bridge.contract.control import ControlFollower, ControlState
 from scheduler_bridge.contract.records import RoundRecord
 from scheduler_bridge.contract.wire import BID_PARAM, CUSTOM_PARAMS
 from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder
 
-from .config import PluginConfig
+from . import metrics
+from .config import MARKET_POLICIES, PluginConfig
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,7 @@ class MarketQueue:
         *,
         recorder: RoundRecorder | None = None,
         emit: Callable[[RoundRecord], None] | None = None,
+        control: ControlFollower | None = None,
     ) -> None:
         if not config.market_policy:
             raise ValueError(f"policy {config.policy!r} is not one of the market's")
@@ -97,6 +102,11 @@ class MarketQueue:
         self.rounds = 0  # rounds that admitted someone
         self.record_errors = 0
         self.order_errors = 0
+        self.unreadable = 0  # requests the market could not read, served in queue order
+        self._unreadable_seen: weakref.WeakSet[Req] = weakref.WeakSet()
+        self.control = control
+        self.control_applied = 0
+        self._control_refused = 0
         self.adder_classes: dict[type, type] = {}  # admission class -> its deferring subclass
 
     def reset(self) -> None:
@@ -114,8 +124,30 @@ class MarketQueue:
 
     # --- one round -------------------------------------------------------------------------
 
+    def apply_control(self, state: ControlState) -> None:
+        """Run the market's policy and reserve of ``state`` from this round on."""
+        if state.policy not in MARKET_POLICIES:
+            raise ValueError(f"policy {state.policy!r} is not one of the market's")
+        self.policy = state.policy
+        self.config = replace(
+            self.config, policy=state.policy, knobs=self.config.knobs.with_reserve(state.reserve)
+        )
+        self.control_applied += 1
+        metrics.count("control_changes")
+        log.info(
+            "market plugin: control from the market: policy %s, reserve %g $/s",
+            state.policy, state.reserve,
+        )  # fmt: skip
+
     def order(self, waiting_queue: list[Req]) -> Clearing:
         """Bring the tree up to date with the queue, clear one round, order the queue in place."""
+        control = self.control
+        if control is not None:
+            if (state := control.take()) is not None:
+                self.apply_control(state)
+            if control.refused != self._control_refused:
+                metrics.count("control_refused", control.refused - self._control_refused)
+                self._control_refused = control.refused
         front = self._sync(waiting_queue)
         cfg = self.config
         clearing = clear_tree(
@@ -142,6 +174,10 @@ class MarketQueue:
         present = 0
         for req in waiting_queue:
             rid = req.rid
+            if not isinstance(rid, str):
+                self._unreadable(req, TypeError("its rid is not a string"))
+                front.append(req)
+                continue
             if req.to_finish is not None or req.finished_reason is not None:
                 front.append(req)
                 if rid in known and known[rid][0] is req:  # aborted while it waited
@@ -164,9 +200,14 @@ class MarketQueue:
                     front.append(req)
                     continue
                 match_kv_cache(req, cache, tokens)
-                tree.insert(
-                    WaitingRequest(rid, tokens, bid, arrival, req.num_matched_prefix_tokens)
-                )
+                try:
+                    tree.insert(
+                        WaitingRequest(rid, tokens, bid, arrival, req.num_matched_prefix_tokens)
+                    )
+                except (TypeError, ValueError) as exc:  # e.g. a rid that is not a string
+                    self._unreadable(req, exc)
+                    front.append(req)
+                    continue
                 known[rid] = (req, arrival, len(tokens))
             else:
                 match_kv_cache(req, cache, tokens)
@@ -175,11 +216,26 @@ class MarketQueue:
                     tree.update(rid, cached_len=cached)
             present += 1
         if present != len(known):
-            waiting = {req.rid for req in waiting_queue}
+            waiting = {req.rid for req in waiting_queue if isinstance(req.rid, str)}
             for rid in [rid for rid in known if rid not in waiting]:
                 tree.remove(rid)
                 del known[rid]
         return front
+
+    def _unreadable(self, req: Req, exc: Exception) -> None:
+        """A request the market cannot place in its tree: SGLang serves it in queue order,
+        ahead of the market's order; said once, then counted once per request."""
+        if req in self._unreadable_seen:
+            return
+        self._unreadable_seen.add(req)
+        self.unreadable += 1
+        metrics.count("unreadable_requests")
+        if self.unreadable == 1:
+            log.error(
+                "market plugin: cannot read request %r (%s); such requests are served in queue "
+                "order, outside the auction (counted in market_plugin_unreadable_requests)",
+                req.rid, exc,
+            )  # fmt: skip
 
     def finish_round(self, batch_reqs: Sequence[Req], *, now: float | None = None) -> None:
         """Price the requests of the last ``order`` that the scheduler admitted, and emit.

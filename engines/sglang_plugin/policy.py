@@ -25,10 +25,12 @@ from typing import Any
 import sglang.srt.managers.schedule_policy as sglang_policy
 from sglang.srt.managers.schedule_batch import NextBatchPlan, Req, ScheduleBatch
 
+from scheduler_bridge.contract.control import ControlFollower, ControlState, follower_for
 from scheduler_bridge.contract.sinks import sink_for
 from scheduler_bridge.contract.writer import RoundRecorder, token_label, tokenizer_label
 
-from .config import PluginConfig, config_from_env
+from . import metrics
+from .config import MARKET_POLICIES, PluginConfig, config_from_env
 from .market_queue import MarketQueue
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,44 @@ def _reporting_rank() -> bool:
         return True
 
 
+def _attn_tp_size() -> int:
+    """Ranks that schedule one replica's queue together (attention tensor parallelism)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return int(getattr(get_parallel(), "attn_tp_size", 1) or 1)
+    except Exception:  # noqa: BLE001 - no published server args (tests, tools)
+        return 1
+
+
+# SGLang's own startup rule (arg_groups/validation_hook.py): priority scheduling runs only
+# under these policies.
+PRIORITY_POLICIES = ("fcfs", "lof")
+
+
+def startup_checked(config: PluginConfig, *, enable_priority_scheduling: bool) -> None:
+    """Refuse at startup what SGLang would refuse for its own ``--schedule-policy``, and what
+    cannot work with the market's: ValueError saying which setting to change."""
+    if config.policy is None:
+        return
+    if enable_priority_scheduling and config.policy not in PRIORITY_POLICIES:
+        raise ValueError(
+            f"market plugin: MARKET_POLICY={config.policy} with --enable-priority-scheduling: "
+            f"priority scheduling needs policy {' or '.join(PRIORITY_POLICIES)} (SGLang's "
+            "rule); the market's policies order by bid, not by priority. Unset one of them."
+        )
+
+
+def _accepts(state: ControlState) -> str | None:
+    """Why the plugin cannot switch to ``state`` while running (None: it can)."""
+    if state.policy not in MARKET_POLICIES:
+        return (
+            f"policy {state.policy!r} is SGLang's own; the plugin switches only between the "
+            f"market's ({', '.join(MARKET_POLICIES)}) while running; restart with MARKET_POLICY"
+        )
+    return None
+
+
 def _decode_only() -> bool:
     try:
         from sglang.srt.runtime_context import get_disagg
@@ -74,7 +114,14 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
 
     ``market_config`` (keyword only) overrides the config read from the environment
     (``config.config_from_env``); SGLang builds the policy with its five positional arguments.
+    The class attributes are the inert plugin's, so an object made without ``__init__`` (as
+    SGLang's own tests make some) runs SGLang's policy.
     """
+
+    market: MarketQueue | None = None
+    sink: Any = None
+    control: ControlFollower | None = None
+    market_config: PluginConfig = PluginConfig()
 
     def __init__(
         self,
@@ -89,6 +136,7 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
         tokenizer: Any | None = None,
     ) -> None:
         config = config_from_env() if market_config is None else market_config
+        startup_checked(config, enable_priority_scheduling=enable_priority_scheduling)
         if config.policy is not None and not config.market_policy:
             if config.policy != policy:
                 log.info("market plugin: schedule policy %s instead of %s", config.policy, policy)
@@ -118,11 +166,13 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
                 book_interval_s=config.knobs.book_interval_s,
                 label=token_label if tokenizer is None else tokenizer_label(tokenizer),
             )
+            self.control = self._control_follower(config)
             self.market = MarketQueue(
                 config,
                 tree_cache,
                 recorder=recorder,
                 emit=None if self.sink is None else self.sink.offer,
+                control=self.control,
             )
             log.info(
                 "market plugin: policy %s, reserve %g $/s, %g tokens/s, rounds to %s",
@@ -131,6 +181,28 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
                 config.tokens_per_second,
                 f"Redis stream {config.knobs.rounds_stream}" if config.redis_url else "memory",
             )
+
+    @staticmethod
+    def _control_follower(config: PluginConfig) -> ControlFollower | None:
+        """The follower of the market's control store, started (it reads the store once now)."""
+        if not config.follow_control:
+            return None
+        if _attn_tp_size() > 1:
+            # Each rank would read the store on its own and could switch in a different round
+            # from the others, and ranks that order one queue differently hang the batch.
+            log.warning(
+                "market plugin: attention TP size > 1: the market's control store is not "
+                "followed; the policy and reserve stay the configured ones"
+            )
+            return None
+        follower = follower_for(
+            market=config.knobs.market,
+            redis_url=config.redis_url,
+            path=config.control_file,
+            poll_s=config.control_poll_s,
+            accept=_accepts,
+        )
+        return None if follower is None else follower.start()
 
     def calc_priority(
         self,
@@ -144,8 +216,15 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
         try:
             self.market.order(waiting_queue)
         except Exception:  # a bug of ours must not stop the engine: serve in queue order
-            log.exception("market plugin: ordering failed; the request tree is rebuilt")
-            self.market.reset()
+            market = self.market
+            if market.order_errors == 0:
+                log.exception(
+                    "market plugin: ordering failed; this round runs in queue order and the "
+                    "request tree is rebuilt (said once; counted in "
+                    "market_plugin_order_failures_total)"
+                )
+            metrics.count("order_failures")
+            market.reset()
         return None
 
     def waiting_queue_prefix_matched(self, waiting_queue: list[Req]) -> bool:

@@ -30,6 +30,7 @@ from market.mechanism import (
     clear_tree,
 )
 from market.mechanism.policies import policy_checked
+from scheduler_bridge.contract.control import ControlFollower
 from scheduler_bridge.contract.knobs import MarketKnobs
 from scheduler_bridge.contract.records import RoundRecord
 from scheduler_bridge.contract.tokenizer import VOCAB
@@ -111,10 +112,12 @@ class Engine:
         knobs: MarketKnobs | None = None,
         engine_id: str = "sim",
         label: Callable[[tuple[int, ...]], str] | None = None,
+        control: ControlFollower | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.set_policy(policy)
         self.knobs = knobs or MarketKnobs()
+        self.control = control  # the market's control store, if followed: read at each round
         self.recorder = RoundRecorder(
             engine_id=engine_id,
             market=self.knobs.market,
@@ -257,6 +260,9 @@ class Engine:
         self, now: float, chunks: list[tuple[SimRequest, int]], budget: int
     ) -> RoundRecord | None:
         """One auction round: order the queue, admit from the front, price the admitted."""
+        if self.control is not None and (state := self.control.take()) is not None:
+            self.set_policy(state.policy)
+            self.set_reserve(state.reserve)
         cfg = self.config
         room = cfg.max_running_requests - len(self.running)
         if room <= 0:

@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from market.mechanism import POLICIES
+from scheduler_bridge.contract.control import follower_for
 from scheduler_bridge.contract.knobs import MarketKnobs, split_knobs
 from scheduler_bridge.contract.records import DEFAULT_STREAM
 from scheduler_bridge.contract.sinks import (
@@ -97,6 +98,10 @@ class ServerOptions:
     max_queue: int = DEFAULT_MAX_QUEUE
     admin_token: str | None = None
     engine_id: str | None = None  # default "sim@HOST:PORT"
+    # Follow the market's control store (scheduler_bridge.contract.control) as SGLang's plugin
+    # does: the file when given, else the Redis key of the market at redis_url.
+    follow_control: bool = False
+    control_file: str | None = None
 
     @classmethod
     def of(cls, **values: Any) -> ServerOptions:
@@ -119,10 +124,20 @@ class SimServer:
         self.options = options
         config, knobs = settings_split(options.settings, options.knobs)
         self.tokenizer = default_tokenizer()
+        self.control = (
+            follower_for(
+                market=knobs.market, redis_url=options.redis_url, path=options.control_file
+            )
+            if options.follow_control
+            else None
+        )
+        if options.follow_control and self.control is None:
+            raise ValueError("following the control store needs a Redis URL or a control file")
         self.engine = Engine(
             config,
             options.policy,
             knobs=knobs,
+            control=self.control,
             engine_id=options.engine_id or "sim",
             label=self.tokenizer.label,
         )
@@ -159,6 +174,8 @@ class SimServer:
 
     async def start(self) -> int:
         """Start the engine loop, the sinks and the listener; return the bound port."""
+        if self.control is not None:
+            await asyncio.to_thread(self.control.start)  # reads the store once before serving
         self.loop.sink.start()
         self.loop.start()
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
@@ -177,6 +194,8 @@ class SimServer:
             self._runner = None
         await self.loop.stop()
         await asyncio.to_thread(self.loop.sink.close)
+        if self.control is not None:
+            await asyncio.to_thread(self.control.stop)
 
     # --- /generate ----------------------------------------------------------------------------
 
@@ -372,6 +391,9 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     p.add_argument("--redis-url", default=None, help="send round records to a Redis stream")
     p.add_argument("--rounds-stream", default=DEFAULT_STREAM)
     p.add_argument("--rounds-jsonl", default=None, metavar="PATH", help="also append records")
+    p.add_argument("--follow-control", action="store_true",
+                   help="follow the market's control store (Redis or --control-file)")  # fmt: skip
+    p.add_argument("--control-file", default=None, metavar="PATH")
     p.add_argument("--speed", type=float, default=1.0, help="engine seconds per wall second")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE)
     p.add_argument("--admin-token", default=None, help=f"default: ${ADMIN_TOKEN_ENV}")
@@ -382,6 +404,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     try:
         options = ServerOptions.of(**fields)
         settings_split(options.settings, options.knobs)
+        if options.follow_control and not (options.redis_url or options.control_file):
+            raise ValueError("--follow-control needs --redis-url or --control-file")
         EngineClock(a.speed)
     except ValueError as exc:
         p.error(str(exc))

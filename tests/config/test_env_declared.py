@@ -25,6 +25,7 @@ DECLARED = {
     "ROUNDS_STREAM": ("inference-market:rounds", " im-x:rounds ", "im-x:rounds"),
     "AUTOBID_INTERVAL_S": ("10.0", "2.5", "2.5"),
     "ENGINE_ADMIN_TOKEN": ("None", " s3cret ", "s3cret"),
+    "MARKET_CONTROL_DIR": ("None", " /tmp/control ", "/tmp/control"),
 }
 SHOW = "from django.conf import settings as s; print(" + ", ".join(f"s.{n}" for n in DECLARED) + ")"
 

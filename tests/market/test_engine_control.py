@@ -12,7 +12,6 @@ import httpx
 import pytest
 from django.db import transaction
 
-from config.celery import app as celery_app
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from market.engine_control import engine_config_push, retry_delay_s
@@ -24,15 +23,6 @@ from tests.conftest import dead_port
 from tests.scheduler_bridge.workers import celery_worker, wait_until
 
 SPEED = 50.0
-
-
-@pytest.fixture
-def eager() -> Iterator[None]:
-    """Tasks run in this process (the embedded mode), whatever REDIS_URL says."""
-    before = celery_app.conf.task_always_eager
-    celery_app.conf.task_always_eager = True
-    yield
-    celery_app.conf.task_always_eager = before
 
 
 @pytest.fixture

@@ -1,0 +1,259 @@
+"""The control store: a market's policy and reserve, kept where every engine of the market reads
+them, so an operator's change reaches any engine the same way.
+
+The market writes a ``ControlState`` when an operator changes the policy or the reserve (and at
+start): in Redis, the key ``control_key(market)``; without Redis (the embedded mode), a JSON
+file. An engine follows the store with a ``ControlFollower``: it reads the state once when it
+starts (so a replica that starts or restarts runs with the values in effect, not its own
+defaults), then every ``poll_s`` seconds in a thread, and the engine applies a change from its
+next round. Its round records report the policy and reserve of each round, which is how the
+console sees the change take effect.
+
+The SGLang plugin follows the store, since SGLang has no route for the market's control
+(``wire.CONTROL_PATH`` answers 404 there); the simulated engine follows it too when started with
+``--follow-control``, and keeps its HTTP control path for a direct push.
+
+A state the engine cannot use (bad JSON, an unknown policy, a negative reserve) is refused whole
+and counted; the values in effect stay.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from .wire import ControlError, control_read
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "inference-market/control@1"
+CONTROL_KEY_PREFIX = "inference-market:control:"
+DEFAULT_POLL_S = 0.5
+
+
+def control_key(market: str) -> str:
+    """The Redis key that holds ``market``'s control state."""
+    return f"{CONTROL_KEY_PREFIX}{market}"
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """A market's policy and reserve ($/s of waiting), as the market last wrote them."""
+
+    policy: str
+    reserve: float
+    written_at: float = 0.0  # Unix time of the market's write; not compared
+
+    def same_values(self, other: ControlState | None) -> bool:
+        return other is not None and (self.policy, self.reserve) == (other.policy, other.reserve)
+
+
+def control_dumps(state: ControlState) -> str:
+    """The state's JSON text, as the store keeps it."""
+    return json.dumps(
+        {
+            "schema": SCHEMA,
+            "policy": state.policy,
+            "reserve": state.reserve,
+            "written_at": state.written_at,
+        }
+    )
+
+
+def control_loads(text: str | bytes) -> ControlState:
+    """The state in ``text``; ControlError (naming the field) for anything an engine can't use."""
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError):
+        raise ControlError("the control state is not JSON") from None
+    if not isinstance(doc, dict):
+        raise ControlError("the control state must be a JSON object")
+    if doc.get("schema") != SCHEMA:
+        raise ControlError(f"the control state's schema must be {SCHEMA!r}", "schema")
+    if "policy" not in doc or "reserve" not in doc:
+        raise ControlError("the control state needs a policy and a reserve")
+    written_at = doc.get("written_at", 0.0)
+    if isinstance(written_at, bool) or not isinstance(written_at, int | float):
+        raise ControlError("written_at must be a number", "written_at")
+    body = {k: doc[k] for k in ("policy", "reserve")}
+    policy, reserve = control_read(body, policy="", reserve=0.0)
+    return ControlState(policy, reserve, float(written_at))
+
+
+class ControlStore(Protocol):
+    """Where a market's control state is kept: ``read`` gives its text (None: nothing yet)."""
+
+    def read(self) -> str | bytes | None: ...
+
+    def write(self, state: ControlState) -> None: ...
+
+
+class RedisControlStore:
+    """The state in one Redis key (``control_key(market)``)."""
+
+    def __init__(self, url: str, market: str, *, timeout_s: float = 2.0) -> None:
+        import redis  # noqa: PLC0415 - only where Redis is used
+
+        self.key = control_key(market)
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+
+    def read(self) -> bytes | None:
+        return self.client.get(self.key)
+
+    def write(self, state: ControlState) -> None:
+        self.client.set(self.key, control_dumps(state))
+
+
+class FileControlStore:
+    """The state in a JSON file, replaced whole on each write (a reader never sees half)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def read(self) -> str | None:
+        try:
+            return self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def write(self, state: ControlState) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(control_dumps(state))
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class ControlFollower:
+    """Follows a control store: ``take()`` gives each new state once, for the next round.
+
+    ``start()`` reads the store at once (in the caller's thread), then every ``poll_s`` seconds
+    in a daemon thread. A read that fails (the store is down) or a state that is refused is
+    counted and logged once per run of failures; the last good state stays.
+    """
+
+    def __init__(
+        self,
+        store: ControlStore,
+        *,
+        poll_s: float = DEFAULT_POLL_S,
+        accept: Callable[[ControlState], str | None] | None = None,
+    ) -> None:
+        if not poll_s > 0:
+            raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
+        self.store = store
+        self.poll_s = poll_s
+        # ``accept`` says why an engine cannot run a state (None: it can), e.g. a policy the
+        # engine does not run.
+        self.accept = accept
+        self._lock = threading.Lock()
+        self._seen: ControlState | None = None  # the newest good state read
+        self._pending: ControlState | None = None  # read but not yet taken
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+        self.reads = 0
+        self.read_errors = 0
+        self.refused = 0
+        self.changes = 0
+
+    def poll(self) -> None:
+        """Read the store once."""
+        try:
+            text = self.store.read()
+        except Exception as exc:  # noqa: BLE001 - any client error means "not read this time"
+            self.read_errors += 1
+            self._fail(f"cannot read the control store: {exc}")
+            return
+        self.reads += 1
+        if text is None:
+            return
+        try:
+            state = control_loads(text)
+            why = None if self.accept is None else self.accept(state)
+            if why is not None:
+                raise ControlError(why, "policy")
+        except ControlError as exc:
+            self.refused += 1
+            self._fail(f"refused the market's control state: {exc}")
+            return
+        if self._failing:
+            log.info("control: the store answers again")
+            self._failing = False
+        with self._lock:
+            if state.same_values(self._seen):
+                return
+            self._seen = self._pending = state
+            self.changes += 1
+
+    def take(self) -> ControlState | None:
+        """The newest state not yet taken, or None; each state is given once."""
+        if self._pending is None:  # the common case, without the lock
+            return None
+        with self._lock:
+            state, self._pending = self._pending, None
+        return state
+
+    def start(self) -> ControlFollower:
+        self.poll()
+        self._thread = threading.Thread(target=self._run, name="market-control", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "reads": self.reads,
+            "read_errors": self.read_errors,
+            "refused": self.refused,
+            "changes": self.changes,
+        }
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.poll()
+
+    def _fail(self, message: str) -> None:
+        if not self._failing:
+            log.warning("control: %s; the values in effect stay", message)
+        self._failing = True
+
+
+def follower_for(
+    *,
+    market: str,
+    redis_url: str | None,
+    path: str | None,
+    poll_s: float = DEFAULT_POLL_S,
+    accept: Callable[[ControlState], str | None] | None = None,
+) -> ControlFollower | None:
+    """The follower of ``market``'s store: the file at ``path`` if given, else Redis; None when
+    neither is configured."""
+    if path:
+        return ControlFollower(FileControlStore(path), poll_s=poll_s, accept=accept)
+    if redis_url:
+        return ControlFollower(RedisControlStore(redis_url, market), poll_s=poll_s, accept=accept)
+    return None
+
+
+def now_state(policy: str, reserve: float) -> ControlState:
+    """A state written now."""
+    return ControlState(policy, float(reserve), time.time())

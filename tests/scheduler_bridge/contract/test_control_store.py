@@ -1,0 +1,95 @@
+"""The control store's contract: the state's text, a follower that gives each new state once,
+refuses what an engine cannot run, and survives a store that is down."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_bridge.contract.control import (
+    SCHEMA,
+    ControlFollower,
+    ControlState,
+    FileControlStore,
+    control_dumps,
+    control_loads,
+    follower_for,
+)
+from scheduler_bridge.contract.wire import ControlError
+from tests.conftest import dead_port
+
+
+class Store:
+    """A store whose text the test sets (or makes fail)."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+        self.down = False
+
+    def read(self) -> str | None:
+        if self.down:
+            raise ConnectionError("refused")
+        return self.text
+
+    def write(self, state: ControlState) -> None:
+        self.text = control_dumps(state)
+
+
+def test_the_state_round_trips_and_bad_ones_are_refused() -> None:
+    state = ControlState("dfs-auction", 0.25, 1700000000.5)
+    assert control_loads(control_dumps(state)) == state
+    good = f'{{"schema": "{SCHEMA}", "policy": "fcfs", "reserve": 1}}'
+    assert control_loads(good) == ControlState("fcfs", 1.0, 0.0)
+    for text, words in [
+        ("{", "not JSON"),
+        ("[]", "JSON object"),
+        ('{"policy": "fcfs", "reserve": 0}', "schema"),
+        (f'{{"schema": "{SCHEMA}", "policy": "fcfs"}}', "needs a policy and a reserve"),
+        (f'{{"schema": "{SCHEMA}", "policy": "cheap", "reserve": 0}}', "policy must be one of"),
+        (f'{{"schema": "{SCHEMA}", "policy": "fcfs", "reserve": -1}}', "reserve must be"),
+    ]:
+        with pytest.raises(ControlError, match=words):
+            control_loads(text)
+
+
+def test_a_follower_gives_each_change_once_and_keeps_the_last_good_one() -> None:
+    store = Store()
+    follower = ControlFollower(store, accept=lambda s: "no" if s.policy == "lpm" else None)
+    follower.poll()
+    assert follower.take() is None  # nothing written yet
+    store.write(ControlState("fcfs", 0.5))
+    follower.poll()
+    follower.poll()  # the same values again: not a change
+    assert follower.take() == ControlState("fcfs", 0.5) and follower.take() is None
+    store.write(ControlState("lpm", 0.5))
+    follower.poll()
+    assert follower.take() is None and follower.refused == 1
+    store.text = "{broken"
+    follower.poll()
+    assert follower.refused == 2
+    store.down = True
+    follower.poll()
+    assert follower.read_errors == 1 and follower.take() is None
+    store.down = False
+    store.write(ControlState("dfs-auction", 0.0))
+    follower.poll()
+    assert follower.take() == ControlState("dfs-auction", 0.0)
+    assert follower.stats() == {"reads": 6, "read_errors": 1, "refused": 2, "changes": 2}
+
+
+def test_a_file_store_is_replaced_whole(tmp_path) -> None:
+    store = FileControlStore(tmp_path / "a" / "m.json")
+    assert store.read() is None
+    store.write(ControlState("fcfs", 0.5))
+    store.write(ControlState("highest-bid", 0.75))
+    assert control_loads(store.read()) == ControlState("highest-bid", 0.75)
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["m.json"]  # no temporary left
+
+
+def test_which_store_is_followed() -> None:
+    assert follower_for(market="m", redis_url=None, path=None) is None
+    assert isinstance(follower_for(market="m", redis_url=None, path="/x").store, FileControlStore)
+    dead = follower_for(market="m", redis_url=f"redis://127.0.0.1:{dead_port()}/0", path=None)
+    dead.poll()  # a store that is down is counted, never raised
+    assert dead.read_errors == 1
+    with pytest.raises(ValueError, match="poll_s must be > 0"):
+        ControlFollower(Store(), poll_s=0)

@@ -88,7 +88,6 @@ class MarketQueue:
         if not config.market_policy:
             raise ValueError(f"policy {config.policy!r} is not one of the market's")
         self.config = config
-        self.policy: str = config.policy  # type: ignore[assignment]
         self.tree_cache = tree_cache
         self.tree = RequestTree()
         self.recorder = recorder
@@ -106,7 +105,6 @@ class MarketQueue:
         self._unreadable_seen: weakref.WeakSet[Req] = weakref.WeakSet()
         self.control = control
         self.control_applied = 0
-        self._control_refused = 0
         self.adder_classes: dict[type, type] = {}  # admission class -> its deferring subclass
 
     def reset(self) -> None:
@@ -118,17 +116,31 @@ class MarketQueue:
         self.order_errors += 1
 
     @property
+    def policy(self) -> str:
+        """The market's policy in effect (one of ``MARKET_POLICIES``)."""
+        return self.config.policy  # type: ignore[return-value]
+
+    @property
     def defers_in_batch(self) -> bool:
         """Whether admission keeps shared uncached prefixes out of one batch (DFS auctions)."""
         return self.policy in DFS_AUCTIONS and self.config.knobs.in_batch_defer_tokens > 0
 
     # --- one round -------------------------------------------------------------------------
 
+    @staticmethod
+    def refusal(state: ControlState) -> str | None:
+        """Why the queue cannot switch to ``state`` while running (None: it can): only the
+        market's own policies run here; SGLang's need a restart with ``MARKET_POLICY``."""
+        if state.policy in MARKET_POLICIES:
+            return None
+        return (
+            f"policy {state.policy!r} is SGLang's own; the plugin switches only between the "
+            f"market's ({', '.join(MARKET_POLICIES)}) while running; restart with MARKET_POLICY"
+        )
+
     def apply_control(self, state: ControlState) -> None:
-        """Run the market's policy and reserve of ``state`` from this round on."""
-        if state.policy not in MARKET_POLICIES:
-            raise ValueError(f"policy {state.policy!r} is not one of the market's")
-        self.policy = state.policy
+        """Run the market's policy and reserve of ``state`` from this round on (a state the
+        follower let through: ``refusal`` found nothing against it)."""
         self.config = replace(
             self.config, policy=state.policy, knobs=self.config.knobs.with_reserve(state.reserve)
         )
@@ -141,13 +153,8 @@ class MarketQueue:
 
     def order(self, waiting_queue: list[Req]) -> Clearing:
         """Bring the tree up to date with the queue, clear one round, order the queue in place."""
-        control = self.control
-        if control is not None:
-            if (state := control.take()) is not None:
-                self.apply_control(state)
-            if control.refused != self._control_refused:
-                metrics.count("control_refused", control.refused - self._control_refused)
-                self._control_refused = control.refused
+        if self.control is not None and (state := self.control.take()) is not None:
+            self.apply_control(state)
         front = self._sync(waiting_queue)
         cfg = self.config
         clearing = clear_tree(
@@ -204,7 +211,7 @@ class MarketQueue:
                     tree.insert(
                         WaitingRequest(rid, tokens, bid, arrival, req.num_matched_prefix_tokens)
                     )
-                except (TypeError, ValueError) as exc:  # e.g. a rid that is not a string
+                except (TypeError, ValueError) as exc:  # e.g. an empty rid, no tokens
                     self._unreadable(req, exc)
                     front.append(req)
                     continue

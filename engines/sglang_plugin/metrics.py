@@ -37,13 +37,9 @@ def count(name: str, amount: int = 1) -> None:
 
 
 def _make(name: str) -> Any:
+    """The counter, made once per process (``_counters`` keeps it); False without Prometheus."""
     try:
         from prometheus_client import Counter  # noqa: PLC0415 - optional
     except ImportError:
         return False
-    try:
-        return Counter(f"market_plugin_{name}", NAMES[name])
-    except ValueError:  # already registered in this process (a second policy object)
-        from prometheus_client import REGISTRY  # noqa: PLC0415
-
-        return REGISTRY._names_to_collectors[f"market_plugin_{name}_total"]  # noqa: SLF001
+    return Counter(f"market_plugin_{name}", NAMES[name])

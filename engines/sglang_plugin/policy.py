@@ -25,12 +25,12 @@ from typing import Any
 import sglang.srt.managers.schedule_policy as sglang_policy
 from sglang.srt.managers.schedule_batch import NextBatchPlan, Req, ScheduleBatch
 
-from scheduler_bridge.contract.control import ControlFollower, ControlState, follower_for
+from scheduler_bridge.contract.control import ControlFollower, follower_for
 from scheduler_bridge.contract.sinks import sink_for
 from scheduler_bridge.contract.writer import RoundRecorder, token_label, tokenizer_label
 
 from . import metrics
-from .config import MARKET_POLICIES, PluginConfig, config_from_env
+from .config import PluginConfig, config_from_env
 from .market_queue import MarketQueue
 
 log = logging.getLogger(__name__)
@@ -88,16 +88,6 @@ def startup_checked(config: PluginConfig, *, enable_priority_scheduling: bool) -
             f"priority scheduling needs policy {' or '.join(PRIORITY_POLICIES)} (SGLang's "
             "rule); the market's policies order by bid, not by priority. Unset one of them."
         )
-
-
-def _accepts(state: ControlState) -> str | None:
-    """Why the plugin cannot switch to ``state`` while running (None: it can)."""
-    if state.policy not in MARKET_POLICIES:
-        return (
-            f"policy {state.policy!r} is SGLang's own; the plugin switches only between the "
-            f"market's ({', '.join(MARKET_POLICIES)}) while running; restart with MARKET_POLICY"
-        )
-    return None
 
 
 def _decode_only() -> bool:
@@ -200,7 +190,8 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
             redis_url=config.redis_url,
             path=config.control_file,
             poll_s=config.control_poll_s,
-            accept=_accepts,
+            accept=MarketQueue.refusal,
+            on_refused=lambda: metrics.count("control_refused"),
         )
         return None if follower is None else follower.start()
 

@@ -154,10 +154,6 @@ class Engine:
         return self.knobs.reserve
 
     @property
-    def market(self) -> str:
-        return self.knobs.market
-
-    @property
     def tokens_per_second(self) -> float:
         """The plan's prefill rate: the knob, or the cost model's long-prefill rate."""
         return self.knobs.plan_rate(self.config.prefill_tokens_per_second)

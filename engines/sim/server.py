@@ -103,6 +103,10 @@ class ServerOptions:
     follow_control: bool = False
     control_file: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.follow_control and not (self.redis_url or self.control_file):
+            raise ValueError("--follow-control needs --redis-url or --control-file")
+
     @classmethod
     def of(cls, **values: Any) -> ServerOptions:
         """Options from flat keyword arguments: the knobs' names (``reserve``, ``market``, ...)
@@ -131,8 +135,6 @@ class SimServer:
             if options.follow_control
             else None
         )
-        if options.follow_control and self.control is None:
-            raise ValueError("following the control store needs a Redis URL or a control file")
         self.engine = Engine(
             config,
             options.policy,
@@ -404,8 +406,6 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     try:
         options = ServerOptions.of(**fields)
         settings_split(options.settings, options.knobs)
-        if options.follow_control and not (options.redis_url or options.control_file):
-            raise ValueError("--follow-control needs --redis-url or --control-file")
         EngineClock(a.speed)
     except ValueError as exc:
         p.error(str(exc))

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,10 +50,7 @@ class ControlState:
 
     policy: str
     reserve: float
-    written_at: float = 0.0  # Unix time of the market's write; not compared
-
-    def same_values(self, other: ControlState | None) -> bool:
-        return other is not None and (self.policy, self.reserve) == (other.policy, other.reserve)
+    written_at: float = field(default=0.0, compare=False)  # Unix time of the market's write
 
 
 def control_dumps(state: ControlState) -> str:
@@ -152,14 +149,16 @@ class ControlFollower:
         *,
         poll_s: float = DEFAULT_POLL_S,
         accept: Callable[[ControlState], str | None] | None = None,
+        on_refused: Callable[[], None] | None = None,
     ) -> None:
         if not poll_s > 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
         self.store = store
         self.poll_s = poll_s
         # ``accept`` says why an engine cannot run a state (None: it can), e.g. a policy the
-        # engine does not run.
+        # engine does not run; ``on_refused`` hears of each refusal (the engine's metrics).
         self.accept = accept
+        self.on_refused = on_refused
         self._lock = threading.Lock()
         self._seen: ControlState | None = None  # the newest good state read
         self._pending: ControlState | None = None  # read but not yet taken
@@ -189,13 +188,15 @@ class ControlFollower:
                 raise ControlError(why, "policy")
         except ControlError as exc:
             self.refused += 1
+            if self.on_refused is not None:
+                self.on_refused()
             self._fail(f"refused the market's control state: {exc}")
             return
         if self._failing:
             log.info("control: the store answers again")
             self._failing = False
         with self._lock:
-            if state.same_values(self._seen):
+            if state == self._seen:  # the same values (written_at is not compared)
                 return
             self._seen = self._pending = state
             self.changes += 1
@@ -244,14 +245,18 @@ def follower_for(
     path: str | None,
     poll_s: float = DEFAULT_POLL_S,
     accept: Callable[[ControlState], str | None] | None = None,
+    on_refused: Callable[[], None] | None = None,
 ) -> ControlFollower | None:
     """The follower of ``market``'s store: the file at ``path`` if given, else Redis; None when
     neither is configured."""
+    store: ControlStore
     if path:
-        return ControlFollower(FileControlStore(path), poll_s=poll_s, accept=accept)
-    if redis_url:
-        return ControlFollower(RedisControlStore(redis_url, market), poll_s=poll_s, accept=accept)
-    return None
+        store = FileControlStore(path)
+    elif redis_url:
+        store = RedisControlStore(redis_url, market)
+    else:
+        return None
+    return ControlFollower(store, poll_s=poll_s, accept=accept, on_refused=on_refused)
 
 
 def now_state(policy: str, reserve: float) -> ControlState:

@@ -80,11 +80,10 @@ def bench_size(n: int, *, reps: int, admitted: int, seed: int) -> dict[str, floa
     """Median milliseconds of each ``calc_priority`` on one queue of ``n`` requests."""
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
-    from market.mechanism import clear_tree
     from scheduler_bridge.contract.sinks import MemorySink
 
-    from .config import PluginConfig
-    from .policy import AuctionSchedulePolicy
+    from engines.sglang_plugin.config import PluginConfig
+    from engines.sglang_plugin.policy import AuctionSchedulePolicy
 
     reqs, cached = _queue(n, seed)
     sglang = SchedulePolicy("dfs-weight", _cache(cached), False, False, False)
@@ -110,14 +109,7 @@ def bench_size(n: int, *, reps: int, admitted: int, seed: int) -> dict[str, floa
         price_admitted(market.clearing)
 
     def run_auction() -> None:
-        clearing = clear_tree(
-            market.tree,
-            config.policy,
-            reserve=config.knobs.reserve,
-            tokens_per_second=config.tokens_per_second,
-            overhead_tokens=config.knobs.overhead_tokens,
-        )
-        price_admitted(clearing)
+        price_admitted(market.clear())
 
     run_sglang()  # warm-up: the plugin builds its request tree here
     run_ours()

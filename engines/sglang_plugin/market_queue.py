@@ -156,20 +156,24 @@ class MarketQueue:
         if self.control is not None and (state := self.control.take()) is not None:
             self.apply_control(state)
         front = self._sync(waiting_queue)
-        cfg = self.config
-        clearing = clear_tree(
-            self.tree,
-            self.policy,
-            reserve=cfg.knobs.reserve,
-            tokens_per_second=cfg.tokens_per_second,
-            overhead_tokens=cfg.knobs.overhead_tokens,
-        )
+        clearing = self.clear()
         known = self._known
         ordered = [known[rid][0] for rid in clearing.order]
         waiting_queue[:] = front + ordered if front else ordered
         self.clearing = clearing
         self._cleared_version = self.tree.version
         return clearing
+
+    def clear(self) -> Clearing:
+        """One round on the tree as it is, with the policy and knobs in effect."""
+        cfg = self.config
+        return clear_tree(
+            self.tree,
+            self.policy,
+            reserve=cfg.knobs.reserve,
+            tokens_per_second=cfg.tokens_per_second,
+            overhead_tokens=cfg.knobs.overhead_tokens,
+        )
 
     def _sync(self, waiting_queue: Sequence[Req]) -> list[Req]:
         """Diff the queue against the tree; returns the requests being aborted, in queue order."""

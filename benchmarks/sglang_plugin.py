@@ -80,10 +80,9 @@ def bench_size(n: int, *, reps: int, admitted: int, seed: int) -> dict[str, floa
     """Median milliseconds of each ``calc_priority`` on one queue of ``n`` requests."""
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
-    from scheduler_bridge.contract.sinks import MemorySink
-
     from engines.sglang_plugin.config import PluginConfig
     from engines.sglang_plugin.policy import AuctionSchedulePolicy
+    from scheduler_bridge.contract.sinks import MemorySink
 
     reqs, cached = _queue(n, seed)
     sglang = SchedulePolicy("dfs-weight", _cache(cached), False, False, False)

@@ -73,11 +73,14 @@ def control_publish(market: Market) -> bool:
     """
     stores = control_stores(market.slug)
     state = now_state(market.policy, float(market.reserve))
-    for store in stores:
-        try:
+    try:
+        for store in stores:
             store.write(state)
-        except Exception as exc:  # redis errors, OSError: worth retrying
-            raise EngineUnreachable(f"control store for {market.slug}: {exc}") from exc
+    except Exception as exc:  # redis errors, OSError: worth retrying
+        raise EngineUnreachable(f"control store for {market.slug}: {exc}") from exc
+    finally:
+        for store in stores:
+            store.close()
     return bool(stores)
 
 

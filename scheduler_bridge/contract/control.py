@@ -92,6 +92,8 @@ class ControlStore(Protocol):
 
     def write(self, state: ControlState) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class RedisControlStore:
     """The state in one Redis key (``control_key(market)``)."""
@@ -109,6 +111,9 @@ class RedisControlStore:
 
     def write(self, state: ControlState) -> None:
         self.client.set(self.key, control_dumps(state))
+
+    def close(self) -> None:
+        self.client.close()
 
 
 class FileControlStore:
@@ -133,6 +138,9 @@ class FileControlStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def close(self) -> None:
+        pass
 
 
 class ControlFollower:
@@ -219,6 +227,7 @@ class ControlFollower:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.store.close()
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -33,6 +33,9 @@ class Store:
     def write(self, state: ControlState) -> None:
         self.text = control_dumps(state)
 
+    def close(self) -> None:
+        pass
+
 
 def test_the_state_round_trips_and_bad_ones_are_refused() -> None:
     state = ControlState("dfs-auction", 0.25, 1700000000.5)

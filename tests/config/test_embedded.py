@@ -58,6 +58,12 @@ def test_amounts_are_shown_short_and_exact() -> None:
     assert usd(Decimal("3.100000000")) == "3.10"
 
 
+def _default_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_live_serve_serves_and_stops_on_ctrl_c(tmp_path) -> None:
@@ -83,6 +89,9 @@ def test_live_serve_serves_and_stops_on_ctrl_c(tmp_path) -> None:
         [sys.executable, "manage.py", "live_serve", "--port", str(port),
          "--rounds-jsonl", str(tmp_path / "rounds.jsonl")],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # As a terminal starts it: a suite run in the background (``make test &``) has SIGINT
+        # ignored, the child would inherit that, and Twisted then leaves Ctrl-C ignored.
+        preexec_fn=_default_sigint,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30

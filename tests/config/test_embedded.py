@@ -105,6 +105,11 @@ def test_live_serve_serves_and_stops_on_ctrl_c(tmp_path) -> None:
         assert response.status_code == 302  # to the login page
     finally:
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=20)
+        try:
+            output, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()  # the test fails, but leaves no server behind
+            process.communicate()
+            raise
     assert f"Serving on http://127.0.0.1:{port}/ (live)" in output
     assert "settling and publishing round records" in output

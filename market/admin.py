@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from market.models import Market, ReserveChange
-from market.services import market_reserve_set
+from market.models import Market, Replica, ReserveChange
+from market.services import engine_config_push_on_commit, market_reserve_set
 
 
 class ReserveChangeInline(admin.TabularInline):
@@ -13,6 +13,12 @@ class ReserveChangeInline(admin.TabularInline):
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
+
+
+class ReplicaInline(admin.TabularInline):
+    model = Replica
+    extra = 0
+    fields = ["engine_id", "url", "enabled"]
 
 
 @admin.register(Market)
@@ -31,7 +37,7 @@ class MarketAdmin(admin.ModelAdmin):
     list_filter = ["is_active", "policy"]
     search_fields = ["slug", "name", "served_model"]
     prepopulated_fields = {"slug": ["name"]}
-    inlines = [ReserveChangeInline]
+    inlines = [ReplicaInline, ReserveChangeInline]
 
     def save_model(self, request, obj: Market, form, change: bool) -> None:
         # A reserve moved here goes through the service, so it is audited like one moved in
@@ -43,6 +49,12 @@ class MarketAdmin(admin.ModelAdmin):
             market_reserve_set(market=obj, reserve=new_reserve, user=request.user)
         else:
             super().save_model(request, obj, form, change)
+
+    def save_formset(self, request, form, formset, change: bool) -> None:
+        super().save_formset(request, form, formset, change)
+        if formset.model is Replica and formset.has_changed():
+            # A replica added, moved or enabled gets the market's policy and reserve.
+            engine_config_push_on_commit(market_id=form.instance.pk)
 
 
 @admin.register(ReserveChange)

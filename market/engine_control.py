@@ -9,11 +9,14 @@ the market as it is when the task runs:
    when that is set). Engines that follow the store read it within their poll interval, and a
    replica that starts or restarts reads it first: the SGLang plugin does, since SGLang has no
    route for the market's control;
-2. sends ``{"policy", "reserve"}`` to the engine's control path (``scheduler_bridge.contract.wire``:
-   ``POST <engine_url>/admin/market``, applied from its next round; ``Authorization: Bearer
-   ENGINE_ADMIN_TOKEN`` when that setting is set) through the one engine client. An engine that
-   answers 404 there has no such route (SGLang): it follows the store, and the push counts as
-   published, not refused.
+2. sends ``{"policy", "reserve"}`` to the control path (``scheduler_bridge.contract.wire``:
+   ``POST <url>/admin/market``, applied from its next round; ``Authorization: Bearer
+   ENGINE_ADMIN_TOKEN`` when that setting is set) of every engine of the market
+   (``control_targets``: each enabled replica; a market without replicas, its entry point),
+   through the one engine client. An engine that answers 404 there has no such route (SGLang):
+   it follows the store, and the push counts as published, not refused. An engine that cannot
+   be reached is retried on its own (``url``), so that one replica away neither holds back nor
+   repeats the others.
 
 Both steps send the latest values, so pushes that overtake each other or run twice still leave
 the engines with what the database says. A store that cannot be written is retried like an
@@ -48,7 +51,12 @@ PushOutcome = Literal["pushed", "published", "no-market", "no-engine", "refused"
 
 
 class EngineUnreachable(Exception):
-    """The engine could not be reached or answered 5xx: worth retrying."""
+    """An engine could not be reached or answered 5xx, or the store could not be written: worth
+    retrying. ``urls``: the engines to retry (empty: the store, so everything)."""
+
+    def __init__(self, message: str, urls: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.urls = urls
 
 
 def retry_delay_s(retries: int) -> float:
@@ -84,22 +92,59 @@ def control_publish(market: Market) -> bool:
     return bool(stores)
 
 
-def engine_config_push(*, market_id: int, timeout_s: float = TIMEOUT_S) -> PushOutcome:
-    """Write the market's current policy and reserve ($/s) to its control store and POST them
-    to its engine.
+def control_targets(market: Market) -> list[str]:
+    """The base URLs a market's control is pushed to: its enabled replicas; without replicas,
+    its entry point (its one engine); none when it has neither."""
+    urls = [r.url.strip() for r in market.replicas.filter(enabled=True) if r.url.strip()]
+    if urls or market.replicas.exists():
+        return urls
+    entry = market.engine_url.strip()
+    return [entry] if entry else []
 
-    Returns what happened; raises :class:`EngineUnreachable` when a retry may help. A market
-    without an engine URL is only published, with a log line.
+
+# Outcomes of several engines, the one that says most first.
+_OUTCOME_ORDER: tuple[PushOutcome, ...] = ("refused", "published", "pushed")
+
+
+def engine_config_push(
+    *, market_id: int, url: str | None = None, timeout_s: float = TIMEOUT_S
+) -> PushOutcome:
+    """Write the market's current policy and reserve ($/s) to its control store and POST them
+    to its engines (``url``: only that one, if it still is one of them).
+
+    Returns what happened (of several engines: ``refused`` if one refused, else ``published`` if
+    one only follows the store, else ``pushed``); raises :class:`EngineUnreachable` naming the
+    engines that a retry may reach, after trying every other one. A market without engines is
+    only published, with a log line.
     """
     market = Market.objects.filter(pk=market_id).first()
     if market is None:
         logger.warning("engine config: market %s no longer exists; nothing pushed", market_id)
         return "no-market"
     published = control_publish(market)
-    base_url = market.engine_url.strip()
-    if not base_url:
-        logger.info("engine config: market %s has no engine URL; not pushed", market.slug)
+    targets = control_targets(market)
+    if url is not None:
+        targets = [u for u in targets if u == url]
+    if not targets:
+        logger.info("engine config: market %s has no engine to push to", market.slug)
         return "no-engine"
+    outcomes: list[PushOutcome] = []
+    unreachable: list[tuple[str, str]] = []
+    for target in targets:
+        try:
+            outcomes.append(_push(market, target, published=published, timeout_s=timeout_s))
+        except EngineUnavailable as exc:
+            unreachable.append((target, exc.message))
+    if unreachable:
+        raise EngineUnreachable(
+            "; ".join(f"{u}: {message}" for u, message in unreachable),
+            urls=tuple(u for u, _ in unreachable),
+        )
+    return next(o for o in _OUTCOME_ORDER if o in outcomes)
+
+
+def _push(market: Market, base_url: str, *, published: bool, timeout_s: float) -> PushOutcome:
+    """POST the market's control to one engine (EngineUnavailable when it is away)."""
     client = engine_client()
     try:
         client.call_sync(
@@ -126,8 +171,6 @@ def engine_config_push(*, market_id: int, timeout_s: float = TIMEOUT_S) -> PushO
             base_url, market.policy, market.reserve, market.slug, exc.message[:500],
         )  # fmt: skip
         return "refused"
-    except EngineUnavailable as exc:
-        raise EngineUnreachable(f"{base_url}: {exc.message}") from exc
     logger.info(
         "engine config: market %s -> %s: policy %s, reserve %s $/s",
         market.slug, base_url, market.policy, market.reserve,

@@ -17,7 +17,9 @@ SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim
 
 class Market(models.Model):
     """One served model: its posted token prices, its reserve price, its ordering policy, and
-    where its engine is."""
+    where its engines are: one entry point (``engine_url``: SGLang's router in front of the
+    market's replicas, or its one engine) and the replicas themselves (``Replica``), which the
+    market's controls and status reach one by one."""
 
     slug = models.SlugField(max_length=50, unique=True)
     name = models.CharField(max_length=200)
@@ -43,7 +45,8 @@ class Market(models.Model):
     engine_url = models.CharField(
         max_length=500,
         default=DEFAULT_ENGINE_URL,
-        help_text="Base URL of the market's engine (SGLang's native HTTP API).",
+        help_text="Base URL of the market's entry point (SGLang's native HTTP API): the router "
+        "in front of its replicas, or its one engine.",
     )
     chat_template = models.CharField(
         max_length=200,
@@ -76,6 +79,30 @@ class Market(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+class Replica(models.Model):
+    """One engine of a market behind its entry point: its base URL, its engine id (what its
+    round records call it), and whether the market uses it (controls pushed, status polled)."""
+
+    market = models.ForeignKey(Market, on_delete=models.CASCADE, related_name="replicas")
+    url = models.CharField(max_length=500, help_text="Base URL of the engine itself.")
+    engine_id = models.CharField(
+        max_length=200,
+        unique=True,
+        help_text="The engine id its round records carry (unique across markets).",
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["market", "engine_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["market", "url"], name="replica_url_once_per_market")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.market}: {self.engine_id} at {self.url}"
 
 
 class ReserveChange(models.Model):

@@ -12,7 +12,7 @@ from django.utils import timezone
 from accounts.money import money_exact
 from market.mechanism import MAX_BID
 from market.mechanism.policies import policy_checked
-from market.models import Market, ReserveChange
+from market.models import Market, Replica, ReserveChange
 from market.tasks import engine_config_push_enqueue
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def market_reserve_set(
             at=now or timezone.now(),
         )
         Market.objects.filter(pk=market.pk).update(reserve=new, updated_at=timezone.now())
-        _engine_config_push_on_commit(market_id=market.pk)
+        engine_config_push_on_commit(market_id=market.pk)
     market.reserve = new
     return change
 
@@ -71,12 +71,43 @@ def market_policy_set(*, market: Market, policy: str, user: AbstractBaseUser | N
         Market.objects.filter(pk=market.pk).update(policy=policy, updated_at=timezone.now())
         who = user.get_username() if user is not None and user.is_authenticated else "system"
         logger.info("market %s: policy %s -> %s by %s", locked.slug, old, policy, who)
-        _engine_config_push_on_commit(market_id=market.pk)
+        engine_config_push_on_commit(market_id=market.pk)
     market.policy = policy
     return old
 
 
-def _engine_config_push_on_commit(*, market_id: int) -> None:
+def replica_set(*, market: Market, engine_id: str, url: str, enabled: bool = True) -> Replica:
+    """Add the replica ``engine_id`` to ``market`` at ``url``, or move it there (enabled or not).
+
+    ValueError when the id or URL is blank, or the id is another market's. Once committed, the
+    market's policy and reserve are pushed to its engines, the new one included (it also reads
+    them from the control store when it follows it).
+    """
+    engine_id, url = engine_id.strip(), url.strip().rstrip("/")
+    if not engine_id or not url:
+        raise ValueError("a replica needs an engine id and a URL")
+    with transaction.atomic():
+        replica = Replica.objects.select_for_update().filter(engine_id=engine_id).first()
+        if replica is not None and replica.market_id != market.pk:
+            raise ValueError(f"engine id {engine_id!r} is a replica of another market")
+        if replica is None:
+            replica = Replica.objects.create(
+                market=market, engine_id=engine_id, url=url, enabled=enabled
+            )
+        elif (replica.url, replica.enabled) != (url, enabled):
+            replica.url, replica.enabled = url, enabled
+            replica.save(update_fields=["url", "enabled"])
+        else:
+            return replica
+        logger.info(
+            "market %s: replica %s at %s %s", market.slug, engine_id, url,
+            "enabled" if enabled else "disabled",
+        )  # fmt: skip
+        engine_config_push_on_commit(market_id=market.pk)
+    return replica
+
+
+def engine_config_push_on_commit(*, market_id: int) -> None:
     """Once the surrounding transaction commits, queue the push of the market's policy and
     reserve to its engine (never raises into the caller)."""
     transaction.on_commit(lambda: engine_config_push_enqueue(market_id=market_id))

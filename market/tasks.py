@@ -19,10 +19,11 @@ logger = logging.getLogger(__name__)
     reject_on_worker_lost=True,
     max_retries=engine_control.MAX_RETRIES,
 )
-def engine_config_push(self: Task, *, market_id: int) -> str:
-    """POST a market's policy and reserve to its engine; retry with backoff while unreachable."""
+def engine_config_push(self: Task, *, market_id: int, url: str | None = None) -> str:
+    """POST a market's policy and reserve to its engines (``url``: to that one); an engine that
+    is away is retried with backoff on its own, the others are not pushed again."""
     try:
-        return engine_control.engine_config_push(market_id=market_id)
+        return engine_control.engine_config_push(market_id=market_id, url=url)
     except engine_control.EngineUnreachable as exc:
         if self.request.is_eager:
             # Eager mode runs in the operator's request: no sleeping retries there.
@@ -30,7 +31,15 @@ def engine_config_push(self: Task, *, market_id: int) -> str:
             return "unreachable"
         delay = engine_control.retry_delay_s(self.request.retries)
         logger.warning("engine config: %s; retrying in %g s", exc, delay)
-        raise self.retry(exc=exc, countdown=delay) from exc
+        retry, *others = exc.urls or (url,)
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        for other in others:  # each further engine away gets a retry of its own
+            engine_config_push.apply_async(
+                kwargs={"market_id": market_id, "url": other}, countdown=delay, queue=queue
+            )
+        raise self.retry(
+            exc=exc, countdown=delay, kwargs={"market_id": market_id, "url": retry}
+        ) from exc
 
 
 def engine_config_push_enqueue(*, market_id: int) -> None:

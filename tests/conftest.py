@@ -190,3 +190,14 @@ def start_sim() -> Iterator[StartSim]:
 def unique_slug() -> str:
     """A market slug no other test (or run sharing this Redis) uses."""
     return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def eager() -> Iterator[None]:
+    """Celery tasks run in this process (the embedded mode), whatever REDIS_URL says."""
+    from config.celery import app as celery_app
+
+    before = celery_app.conf.task_always_eager
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = before

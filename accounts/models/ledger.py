@@ -6,7 +6,7 @@ report at the market's posted prices. The unique key (request, kind) makes repla
 nothing. Entries are never updated or deleted.
 """
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from django.db import models
 from django.db.models import Q
@@ -112,6 +112,7 @@ class PriorityDetail(CapDetail):
     position: int
     engine_charge: float  # dollars, as the engine computed it
     block: BlockDetail
+    engine: NotRequired[str]  # the replica that served it (its round record's engine id)
 
 
 class TokensDetail(CapDetail):

@@ -133,6 +133,7 @@ def round_record_settle(
             "position": adm["position"],
             "engine_charge": adm["charge"],
             "block": adm["block"],  # the subtree it waited in: "why this rank"
+            "engine": record["engine"],  # which replica served it
         }
         charged = ledger_store().charge_write(
             request_id=adm["request_id"],

@@ -34,12 +34,11 @@ from market.mechanism import (
     Clearing,
     RequestTree,
     WaitingRequest,
-    bid_checked,
     clear_tree,
 )
 from scheduler_bridge.contract.control import ControlFollower, ControlState
-from scheduler_bridge.contract.records import RoundRecord
-from scheduler_bridge.contract.wire import BID_PARAM, CUSTOM_PARAMS
+from scheduler_bridge.contract.records import RoundRecord, auction_fields
+from scheduler_bridge.contract.wire import CUSTOM_PARAMS, bid_read, rid_request_id
 from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder
 
 from . import metrics
@@ -49,18 +48,20 @@ log = logging.getLogger(__name__)
 
 
 def bid_of(req: Req) -> float:
-    """The request's bid in $/s from ``sampling_params.custom_params["bid"]`` (missing: 0).
+    """The request's bid in $/s, read as the engine contract says (``wire.bid_read``: from its
+    rid, or ``sampling_params.custom_params["bid"]``; neither: 0).
 
-    ValueError (naming the request) when it is not a finite number in 0..MAX_BID.
+    ValueError (saying what is wrong) when the rid's bid is mangled, the two disagree, or the bid
+    is not a finite number in 0..MAX_BID.
     """
-    params = getattr(req.sampling_params, CUSTOM_PARAMS, None)
-    if params is None:
-        return 0.0
-    if not isinstance(params, dict):
-        raise ValueError(f"request {req.rid!r}: custom_params must be an object")
-    if BID_PARAM not in params:
-        return 0.0
-    return bid_checked(params[BID_PARAM], request_id=req.rid)
+    return bid_read(req.rid, getattr(req.sampling_params, CUSTOM_PARAMS, None))[1]
+
+
+def market_id(req: Req) -> Any:
+    """The request's id in the market (its rid without the bid part; a rid that is not a
+    string as it is, which the market never holds)."""
+    rid = req.rid
+    return rid_request_id(rid) if isinstance(rid, str) else rid
 
 
 def abort_for_bad_bid(req: Req, error: ValueError) -> None:
@@ -70,7 +71,7 @@ def abort_for_bad_bid(req: Req, error: ValueError) -> None:
     its place, its input becomes one token, and after that one-token prefill the scheduler
     finishes it with ``FINISH_ABORT`` and streams the error to the client.
     """
-    req.set_finish_with_abort(f"Invalid bid for the inference market: {error}")
+    req.set_finish_with_abort(f"Invalid bid for the inference market (rid {req.rid!r}): {error}")
 
 
 class MarketQueue:
@@ -184,11 +185,11 @@ class MarketQueue:
         front: list[Req] = []
         present = 0
         for req in waiting_queue:
-            rid = req.rid
-            if not isinstance(rid, str):
+            if not isinstance(req.rid, str):
                 self._unreadable(req, TypeError("its rid is not a string"))
                 front.append(req)
                 continue
+            rid = rid_request_id(req.rid)
             if req.to_finish is not None or req.finished_reason is not None:
                 front.append(req)
                 if rid in known and known[rid][0] is req:  # aborted while it waited
@@ -227,7 +228,7 @@ class MarketQueue:
                     tree.update(rid, cached_len=cached)
             present += 1
         if present != len(known):
-            waiting = {req.rid for req in waiting_queue if isinstance(req.rid, str)}
+            waiting = {market_id(req) for req in waiting_queue}
             for rid in [rid for rid in known if rid not in waiting]:
                 tree.remove(rid)
                 del known[rid]
@@ -261,7 +262,9 @@ class MarketQueue:
             return
         known = self._known
         admitted = [
-            req for req in batch_reqs if (seen := known.get(req.rid)) is not None and seen[0] is req
+            req
+            for req in batch_reqs
+            if (seen := known.get(market_id(req))) is not None and seen[0] is req
         ]
         if not admitted:
             return
@@ -273,22 +276,33 @@ class MarketQueue:
             log.exception("market round record failed")
         tree = self.tree
         for req in admitted:
-            tree.remove(req.rid)
-            del known[req.rid]
+            rid = market_id(req)
+            tree.remove(rid)
+            del known[rid]
 
     def _record(self, clearing: Clearing, admitted: list[Req], now: float | None) -> None:
-        if self.recorder is None or self.emit is None or not admitted:
+        """The round's record: emitted, and each admitted request's auction fields put in its
+        ``customized_info``, which SGLang carries to the answer's ``meta_info``."""
+        if self.recorder is None or not admitted:
             return
         infos = []
         for req in admitted:
-            prompt_tokens = self._known[req.rid][2]
+            rid = market_id(req)
+            prompt_tokens = self._known[rid][2]
             # SGLang's match at admission (init_next_round_input), at most all but one token.
             cached = min(req.prefix_len, prompt_tokens)
-            infos.append(AdmittedInfo(req.rid, prompt_tokens, cached))
+            infos.append(AdmittedInfo(rid, prompt_tokens, cached))
         record = self.recorder.record(
             self.tree, clearing, infos, now=time.time() if now is None else now
         )
-        self.emit(record)
+        for req, entry in zip(admitted, record["admitted"], strict=True):
+            fields = auction_fields(record, entry)
+            # One value per output token, as SGLang's customized_info is: ours at the first.
+            info = req.customized_info if req.customized_info is not None else {}
+            info.update((name, [value]) for name, value in fields.items())
+            req.customized_info = info
+        if self.emit is not None:
+            self.emit(record)
 
     # --- in-batch sharing, for the admission loop --------------------------------------------
 
@@ -298,12 +312,13 @@ class MarketQueue:
 
     def defer(self, req: Req, batch: int) -> bool:
         """Whether the request would recompute enough uncached tokens shared with the batch."""
-        rid = req.rid
+        rid = market_id(req)
         if self._cleared_version != self.tree.version or rid not in self.tree:
             return False
         return self.tree.batch_recomputed(rid, batch) >= self.config.knobs.in_batch_defer_tokens
 
     def admitted_to_batch(self, req: Req, batch: int) -> None:
         """Mark the request's prefix as being computed in the batch."""
-        if self._cleared_version == self.tree.version and req.rid in self.tree:
-            self.tree.batch_add(req.rid, batch)
+        rid = market_id(req)
+        if self._cleared_version == self.tree.version and rid in self.tree:
+            self.tree.batch_add(rid, batch)

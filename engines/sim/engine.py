@@ -22,6 +22,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from market.mechanism import (
     DFS_AUCTIONS,
@@ -32,7 +33,7 @@ from market.mechanism import (
 from market.mechanism.policies import policy_checked
 from scheduler_bridge.contract.control import ControlFollower
 from scheduler_bridge.contract.knobs import MarketKnobs
-from scheduler_bridge.contract.records import RoundRecord
+from scheduler_bridge.contract.records import RoundRecord, auction_fields
 from scheduler_bridge.contract.tokenizer import VOCAB
 from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder, token_label
 
@@ -62,15 +63,35 @@ class SimRequest:
     finished_at: float | None = None
     generated: int = 0
     output: tuple[int, ...] = ()
-    round_id: str | None = None
-    position: int | None = None  # place in the admitting round's order
-    charge: float = 0.0  # priority charge, dollars
-    planned_completion_s: float | None = None
-    time_saved_s: float = 0.0
+    # The auction's fields from its admitting round's record (records.auction_fields): the bid
+    # read, charge (dollars), round_id, position, planned seconds. Empty until admitted.
+    auction: dict[str, Any] = field(default_factory=dict, repr=False)
     # Engine state:
     computed: int = field(default=0, repr=False)  # prompt tokens in the KV cache so far
     node: KVNode | None = field(default=None, repr=False)  # locked KV node
     memo: KVNode | None = field(default=None, repr=False)  # where its cache match ended
+
+    @property
+    def charge(self) -> float:
+        """The priority charge it paid, dollars (0 until admitted)."""
+        return self.auction.get("charge", 0.0)
+
+    @property
+    def round_id(self) -> str | None:
+        return self.auction.get("round_id")
+
+    @property
+    def position(self) -> int | None:
+        """Its place in the admitting round's order, 0 first."""
+        return self.auction.get("position")
+
+    @property
+    def planned_completion_s(self) -> float | None:
+        return self.auction.get("planned_completion_s")
+
+    @property
+    def time_saved_s(self) -> float:
+        return self.auction.get("time_saved_s", 0.0)
 
     @property
     def ttft(self) -> float | None:
@@ -283,9 +304,8 @@ class Engine:
         batch = self.tree.begin_batch() if defer else None
         kv = self.kv
         self.rounds += 1
-        round_id = self.recorder.round_id(self.rounds)
         admitted: list[SimRequest] = []
-        for position, rid in enumerate(clearing.order):
+        for rid in clearing.order:
             if len(admitted) >= room or budget <= 0:
                 break
             req = self.waiting[rid]
@@ -312,11 +332,6 @@ class Engine:
             req.computed = match
             req.cached_tokens = match
             req.admitted_at = now
-            req.round_id = round_id
-            req.position = position
-            req.charge = clearing.charge(rid)
-            req.planned_completion_s = clearing.completion_at(position)
-            req.time_saved_s = clearing.time_saved(rid)
             n = min(extend, budget)
             chunks.append((req, n))
             budget -= n
@@ -333,7 +348,8 @@ class Engine:
             now=now,
             seq=self.rounds,
         )
-        for req in admitted:
+        for req, entry in zip(admitted, record["admitted"], strict=True):
+            req.auction = auction_fields(record, entry)
             self._unfile(self.waiting.pop(req.id))
             self.tree.remove(req.id)
             self.running.append(req)

@@ -2,8 +2,10 @@
 
 ``POST /generate`` takes one request (SGLang's batch forms, lists of texts, are refused):
 ``text`` or ``input_ids``, ``sampling_params`` (``max_new_tokens``, default 128;
-``custom_params.bid`` in dollars per second of waiting, default 0; other sampling parameters are
-type-checked loosely and otherwise ignored), ``stream`` and ``rid``.
+``custom_params.bid``; other sampling parameters are type-checked loosely and otherwise
+ignored), ``stream`` and ``rid``. The bid ($/s of waiting) is read as the engine contract says
+(``scheduler_bridge.contract.wire.bid_read``: in the rid, or in ``custom_params.bid``, default 0);
+the request's id is the rid without its bid part.
 
 Errors are JSON ``{"error": {"message", "type", "code", "param"}}``: SGLang's own ``/generate``
 answers ``{"error": {"message": ...}}``, so this is that shape with the OpenAI-style extras
@@ -23,8 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from market.mechanism import MAX_BID, bid_checked
-from scheduler_bridge.contract.wire import BID_PARAM, BID_PATH, CUSTOM_PARAMS
+from scheduler_bridge.contract.wire import CUSTOM_PARAMS, BidError, bid_read
 
 from .engine import SimRequest
 
@@ -72,7 +73,8 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A checked ``/generate`` body. ``bid`` in dollars per second of waiting."""
+    """A checked ``/generate`` body: ``rid`` the request's id (without the rid's bid part),
+    ``bid`` in dollars per second of waiting."""
 
     rid: str
     text: str | None
@@ -161,25 +163,6 @@ def parse_generate(body: Any) -> GenerateRequest:
             "sampling_params.stop must be a string or a list of strings", "sampling_params.stop"
         )
 
-    custom = sampling.get(CUSTOM_PARAMS)
-    if custom is None:
-        custom = {}
-    if not isinstance(custom, dict):
-        raise BadRequest(
-            "sampling_params.custom_params must be an object", "sampling_params.custom_params"
-        )
-    bid = custom.get(BID_PARAM)
-    if bid is None:
-        bid = 0.0
-    try:
-        bid = bid_checked(bid, request_id="-")
-    except ValueError:
-        raise BadRequest(
-            f"{BID_PATH} must be a finite number of dollars per second "
-            f"in 0..{MAX_BID:g}, got {_short(bid)}",
-            BID_PATH,
-        ) from None
-
     stream = body.get("stream")
     if stream is None:
         stream = False
@@ -195,7 +178,11 @@ def parse_generate(body: Any) -> GenerateRequest:
             "(batch requests are not supported)",
             "rid",
         )
-    return GenerateRequest(rid, text, ids, max_new, bid, stream)
+    try:
+        request_id, bid = bid_read(rid, sampling.get(CUSTOM_PARAMS))
+    except BidError as exc:
+        raise BadRequest(str(exc), exc.param) from None
+    return GenerateRequest(request_id, text, ids, max_new, bid, stream)
 
 
 # --- responses --------------------------------------------------------------------------------
@@ -241,11 +228,6 @@ def sse(obj: Any) -> bytes:
     return b"data: " + dumps(obj).encode() + b"\n\n"
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def meta_info(req: SimRequest, generated: int, *, finished: bool) -> dict[str, Any]:
     """SGLang's ``meta_info`` after ``generated`` output tokens, plus the auction's fields.
 
@@ -263,12 +245,8 @@ def meta_info(req: SimRequest, generated: int, *, finished: bool) -> dict[str, A
         "queue_time": None if req.admitted_at is None else req.admitted_at - req.arrival,
         "ttft": req.ttft,
         "bid": req.bid,
-        "charge": req.charge,
-        "round_id": req.round_id,
-        "position": req.position,
-        "planned_completion_s": req.planned_completion_s,
-        "time_saved_s": req.time_saved_s,
     }
+    info.update(req.auction)
     if finished:
         info["e2e_latency"] = req.e2e
     return info

@@ -138,6 +138,16 @@ class EngineDown(GatewayError):
     code = "engine_unavailable"
 
 
+class EngineBidLost(GatewayError):
+    """502: the engine did not read the bid the gateway sent (it reported another, or none):
+    something between them (a router, an engine without the market's plugin) lost it. The
+    request is failed and not charged rather than served at the wrong priority."""
+
+    status = 502
+    type = "server_error"
+    code = "engine_bid_lost"
+
+
 class EngineTimeout(EngineDown):
     """504: the engine took the request but went silent past its timeouts (ENGINE_*_TIMEOUT_S);
     the request was not served and is not charged."""

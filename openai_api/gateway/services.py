@@ -40,6 +40,7 @@ from openai_api.gateway import metrics, responses
 from openai_api.gateway.admission import Admitted, Trace, admitted_for
 from openai_api.gateway.db import db_call, detached, shielded
 from openai_api.gateway.errors import (
+    EngineBidLost,
     EngineBusy,
     EngineDown,
     EngineTimeout,
@@ -118,6 +119,22 @@ def _engine_failure(exc: EngineError, *, charged: Decimal | None = None) -> Gate
     return EngineDown(f"the engine is unavailable; the request was not charged: {exc.message}")
 
 
+def _bid_lost(admitted: Admitted, meta: EngineMeta) -> EngineBidLost | None:
+    """The error when the engine reports another bid than the one sent (or none), else None."""
+    sent = float(admitted.bid)
+    if meta.bid == sent:
+        return None
+    read = "no bid" if meta.bid is None else f"a bid of {meta.bid!r} $/s"
+    logger.error(
+        "request %s: sent a bid of %r $/s, the engine reported %s: is the market's plugin "
+        "loaded, and does the route to it keep the rid?", admitted.request_id, sent, read,
+    )  # fmt: skip
+    return EngineBidLost(
+        f"the engine reported {read} for a request sent with a bid of {sent!r} $/s; the "
+        "request was not served at its priority and was not charged"
+    )
+
+
 def _body(admitted: Admitted, params: CompletionParams, stream: bool) -> dict:
     return generate_body(
         rid=admitted.request_id,
@@ -182,6 +199,9 @@ async def completion_forward(
     finally:
         metrics.WAITING.labels(market).dec()
         metrics.IN_FLIGHT.labels(market).dec()
+    if (lost := _bid_lost(admitted, output.meta)) is not None:
+        await shielded(db_call(request_fail, request_id=admitted.request_id))
+        raise lost
     metrics.TTFT.labels(market).observe(time.perf_counter() - started)
     body, charge = await shielded(
         db_call(
@@ -247,6 +267,10 @@ async def completion_stream(
         raise
     finally:
         metrics.WAITING.labels(market).dec()
+    if first is not None and (lost := _bid_lost(admitted, first.meta)) is not None:
+        metrics.IN_FLIGHT.labels(market).dec()
+        await shielded(_closed_and_failed(events, admitted.request_id))
+        raise lost
     metrics.TTFT.labels(market).observe(time.perf_counter() - started)
     # Start the event generator here: a started async generator that is dropped unfinished is
     # closed by the event loop (its finally settles), an unstarted one would never run at all.

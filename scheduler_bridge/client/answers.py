@@ -8,18 +8,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_bridge.contract.wire import sampling_with_bid
+from scheduler_bridge.contract.wire import auction_value, rid_with_bid
 
 
 @dataclass(frozen=True)
 class EngineMeta:
     """What an engine reported about a request. Counts in tokens, times in engine seconds,
-    ``charge`` in dollars. The auction fields are None when the engine does not send them."""
+    ``bid`` (the bid the engine read) in $/s, ``charge`` in dollars. The auction fields are None
+    when the engine does not send them."""
 
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
     finish_reason: str | None  # "length", "stop", "abort", ... (None while running)
+    bid: float | None = None
     charge: float | None = None
     round_id: str | None = None
     position: int | None = None
@@ -53,12 +55,18 @@ def generate_body(
     sampling_params: Mapping[str, Any] | None = None,
     stream: bool = False,
 ) -> dict[str, Any]:
-    """The JSON body of ``POST /generate``; ``bid`` in dollars per second of waiting."""
+    """The JSON body of ``POST /generate``: ``rid`` the request's id, ``bid`` in dollars per
+    second of waiting, carried in the rid (the engine contract's one place that survives
+    SGLang's router)."""
     if (text is None) == (input_ids is None):
         raise ValueError("give exactly one of text and input_ids")
-    sampling = sampling_with_bid(sampling_params, bid)
+    sampling = dict(sampling_params or {})
     sampling["max_new_tokens"] = max_new_tokens
-    body: dict[str, Any] = {"rid": rid, "sampling_params": sampling, "stream": stream}
+    body: dict[str, Any] = {
+        "rid": rid_with_bid(rid, bid),
+        "sampling_params": sampling,
+        "stream": stream,
+    }
     if text is not None:
         body["text"] = text
     else:
@@ -79,9 +87,10 @@ def meta_parsed(data: Mapping[str, Any]) -> EngineMeta:
         cached_tokens=_count(info.get("cached_tokens")),
         completion_tokens=_count(info.get("completion_tokens")),
         finish_reason=finish if isinstance(finish, str) else None,
-        charge=_finite(info.get("charge")),
-        round_id=info["round_id"] if isinstance(info.get("round_id"), str) else None,
-        position=info["position"] if _is_int(info.get("position")) else None,
+        bid=_finite(auction_value(info, "bid")),
+        charge=_finite(auction_value(info, "charge")),
+        round_id=round_id if isinstance(round_id := auction_value(info, "round_id"), str) else None,
+        position=position if _is_int(position := auction_value(info, "position")) else None,
         ttft_s=_finite(info.get("ttft")),
         raw=info,
     )

@@ -2,12 +2,13 @@
 control path (a market's policy and reserve) and ``GET /metrics``.
 
 The same code talks to the simulated engine (``engines.sim``) and to SGLang with our
-plugin: a request is ``rid``, ``text`` or ``input_ids``, ``sampling_params.max_new_tokens`` and
-``sampling_params.custom_params.bid`` (dollars per second of waiting). The answer's ``meta_info``
-has SGLang's fields (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
-``finish_reason``, ...) and, from the simulated engine only, the auction's (``charge`` in
-dollars, ``round_id``, ``position``): every auction field is optional here, because SGLang does
-not send them.
+plugin, directly or through SGLang's router: a request is ``rid`` (carrying the bid, dollars per
+second of waiting: ``wire.rid_with_bid``), ``text`` or ``input_ids`` and
+``sampling_params.max_new_tokens``. The answer's ``meta_info`` has SGLang's fields
+(``prompt_tokens``, ``cached_tokens``, ``completion_tokens``, ``finish_reason``, ...) and the
+auction's (the ``bid`` read, ``charge`` in dollars, ``round_id``, ``position``), which both
+engines send; each is optional here, so that an engine without them is told apart by the caller
+(the gateway refuses an answer whose bid is not the one sent).
 
 Connections are pooled: one ``aiohttp.ClientSession`` per event loop, reused by every request of
 that loop (a session must not cross loops). aiohttp rather than httpx: on the gateway's hot path

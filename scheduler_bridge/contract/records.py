@@ -80,6 +80,19 @@ class RoundRecord(TypedDict):
     admitted: list[AdmittedRequest]
 
 
+def auction_fields(record: RoundRecord, entry: AdmittedRequest) -> dict[str, Any]:
+    """The auction's ``meta_info`` fields (``wire.AUCTION_META_FIELDS``) of a request that
+    ``record`` admitted (``entry``): what both engines tell the request's client."""
+    return {
+        "bid": entry["bid"],
+        "charge": entry["charge"],
+        "round_id": record["round_id"],
+        "position": entry["position"],
+        "planned_completion_s": entry["planned_completion_s"],
+        "time_saved_s": entry["time_saved_s"],
+    }
+
+
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "schema": str,
     "engine": str,

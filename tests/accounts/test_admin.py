@@ -98,7 +98,9 @@ def test_the_ledger_amount_cannot_be_edited(operator_client) -> None:
     assert entry.amount == Decimal("0.5")
 
 
-def test_a_reserve_moved_in_the_admin_is_audited(operator_client) -> None:
+def test_a_reserve_moved_in_the_admin_is_audited(
+    operator_client, django_capture_on_commit_callbacks
+) -> None:
     market = Market.objects.get(slug="test-llm")
     form = {
         "slug": market.slug,
@@ -115,11 +117,23 @@ def test_a_reserve_moved_in_the_admin_is_audited(operator_client) -> None:
         "is_active": "on",
         "reserve_changes-TOTAL_FORMS": "0",
         "reserve_changes-INITIAL_FORMS": "0",
+        # A replica added in the same form.
+        "replicas-TOTAL_FORMS": "1",
+        "replicas-INITIAL_FORMS": "0",
+        "replicas-0-engine_id": "sim-a",
+        "replicas-0-url": "http://127.0.0.1:30001",
+        "replicas-0-enabled": "on",
     }
-    response = operator_client.post(admin_url(Market, "change", market.pk), form)
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        response = operator_client.post(admin_url(Market, "change", market.pk), form)
     assert response.status_code == 302, response.content.decode()[:2000]
     market.refresh_from_db()
     assert market.reserve == Decimal("0.02")
+    (replica,) = market.replicas.all()
+    assert (replica.engine_id, replica.url, replica.enabled) == (
+        "sim-a", "http://127.0.0.1:30001", True
+    )  # fmt: skip
+    assert len(queued) == 2  # the reserve's push, and the replica's (it gets the values)
     latest = ReserveChange.objects.filter(market=market).first()
     assert (latest.old, latest.new, latest.changed_by.username) == (
         Decimal("0.01"),

@@ -11,6 +11,7 @@ A :class:`StalledEngine` takes every connection and reads the request, then, by 
 
 It counts what it saw: the paths asked, and the ``/generate`` connections the client closed.
 :func:`unaccepting_port` is a port whose connections never complete (connecting times out).
+:func:`bid_dropping_route` fronts a real engine and loses every request's bid on the way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# What the "stalls" engine streams first: SGLang's shape, one token of a 16-token prompt.
+import aiohttp
+from aiohttp import web
+
+from scheduler_bridge.contract.wire import rid_read, rid_request_id
+
+# What the "stalls" engine streams first: SGLang's shape, one token of a 16-token prompt, and
+# (added per request) the bid read from its rid, as SGLang's plugin reports it.
 FIRST_EVENT = {
     "text": "Hi",
     "meta_info": {
@@ -93,8 +100,11 @@ class StalledEngine:
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 await writer.drain()
                 return
-            if path == "/generate" and self.mode == "stalls" and json.loads(body).get("stream"):
-                event = b"data: " + json.dumps(FIRST_EVENT).encode() + b"\n\n"
+            sent = json.loads(body) if path == "/generate" else {}
+            if self.mode == "stalls" and sent.get("stream"):
+                first = {**FIRST_EVENT, "meta_info": {**FIRST_EVENT["meta_info"]}}
+                first["meta_info"]["bid"] = [rid_read(sent["rid"])[1]]
+                event = b"data: " + json.dumps(first).encode() + b"\n\n"
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                     b"Connection: close\r\n\r\n" + event
@@ -133,3 +143,69 @@ def unaccepting_port() -> Iterator[int]:
     finally:
         filler.close()
         server.close()
+
+
+class BidDroppingRoute:
+    """A route to a real engine that loses the bid, as a router that rebuilt the body without
+    it would: ``POST /generate`` is forwarded with the rid's bid part cut off; anything else as
+    it is. Runs in a thread; ``url`` once started."""
+
+    def __init__(self, engine_url: str) -> None:
+        self.engine_url = engine_url
+        self.forwarded = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def start(self) -> BidDroppingRoute:
+        self._thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(5)
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    async def _listen(self) -> int:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._forward)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return self._runner.addresses[0][1]
+
+    async def _close(self) -> None:
+        await self._runner.cleanup()
+        await self._session.close()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.path == "/generate":
+            sent = json.loads(body)
+            sent["rid"] = rid_request_id(sent["rid"])
+            body = json.dumps(sent).encode()
+            self.forwarded += 1
+        async with self._session.request(
+            request.method, self.engine_url + request.path_qs, data=body,
+            headers={"Content-Type": "application/json"},
+        ) as upstream:  # fmt: skip
+            response = web.StreamResponse(status=upstream.status)
+            response.content_type = upstream.content_type
+            await response.prepare(request)
+            async for part in upstream.content.iter_any():
+                await response.write(part)
+            await response.write_eof()
+            return response
+
+
+@contextmanager
+def bid_dropping_route(engine_url: str) -> Iterator[BidDroppingRoute]:
+    route = BidDroppingRoute(engine_url).start()
+    try:
+        yield route
+    finally:
+        route.stop()

@@ -121,7 +121,8 @@ def test_sglang_policies_run_unchanged(policy: str, how: str) -> None:
             del q[: len(q) // 3]
 
 
-BAD_BIDS = [-1, -0.01, math.nan, math.inf, -math.inf, "1.5", None, True, [1], MAX_BID * 2]
+# (A JSON null is no bid, as in the engine contract's one reading: see the bid-zero test.)
+BAD_BIDS = [-1, -0.01, math.nan, math.inf, -math.inf, "1.5", True, [1], MAX_BID * 2]
 
 
 @pytest.mark.parametrize("policy", MARKET)
@@ -167,10 +168,11 @@ def test_custom_params_without_a_bid_bid_zero() -> None:
     pol, _ = market_policy("highest-bid", cache)
     other = make_req("other", [1, 2], arrival=1.0)
     other.sampling_params.custom_params = {"temperature_hint": 3}
-    queue = [other, make_req("bidder", [3, 4], bid=0.5, arrival=2.0)]
+    null = make_req("null", [5, 6], bid=None, arrival=3.0)
+    queue = [other, make_req("bidder", [3, 4], bid=0.5, arrival=2.0), null]
     pol.calc_priority(queue)
-    assert [r.rid for r in queue] == ["bidder", "other"]
-    assert pol.market.tree.get("other").bid == 0.0
+    assert [r.rid for r in queue] == ["bidder", "other", "null"]
+    assert pol.market.tree.get("other").bid == 0.0 == pol.market.tree.get("null").bid
 
 
 def test_a_growing_cache_reorders_by_density() -> None:

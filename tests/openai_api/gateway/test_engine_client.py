@@ -29,10 +29,10 @@ async def test_generate_body_is_sglangs_native_request():
     assert generate_body(
         rid="r1", max_new_tokens=7, bid=0.25, input_ids=[1, 2], sampling_params={"top_p": 0.9}
     ) == {
-        "rid": "r1",
+        "rid": "r1~bid=0.25",  # the bid travels in the rid (the router drops custom_params)
         "input_ids": [1, 2],
         "stream": False,
-        "sampling_params": {"top_p": 0.9, "max_new_tokens": 7, "custom_params": {"bid": 0.25}},
+        "sampling_params": {"top_p": 0.9, "max_new_tokens": 7},
     }
     with pytest.raises(ValueError):
         generate_body(rid="r", max_new_tokens=1, bid=0, text="a", input_ids=[1])
@@ -100,10 +100,40 @@ SGLANG_META = {
 }
 
 
+# The auction's fields as SGLang's plugin sends them: customized_info, one value per output token
+# with the plugin's at the first (what SGLang's tokenizer manager makes of req.customized_info).
+SGLANG_AUCTION = {
+    "bid": [0.5],
+    "charge": [0.0125],
+    "round_id": ["sglang@h:1:abc:7"],
+    "position": [2],
+    "planned_completion_s": [0.25],
+    "time_saved_s": [0.125],
+}
+
+
+async def test_sglang_answers_carry_the_auction_fields_as_customized_info():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        sent = await request.json()
+        assert sent["rid"] == "s1~bid=0.5"
+        return web.json_response({"text": "ab", "meta_info": {**SGLANG_META, **SGLANG_AUCTION}})
+
+    runner, url = await fake_engine(handler)
+    client = EngineClient()
+    try:
+        meta = (await client.generate(base_url=url, body=body("s1", bid=0.5))).meta
+        assert (meta.bid, meta.charge, meta.round_id, meta.position) == (
+            0.5, 0.0125, "sglang@h:1:abc:7", 2
+        )  # fmt: skip
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+
+
 async def test_sglang_answers_without_auction_fields():
     async def handler(request: web.Request) -> web.StreamResponse:
         sent = await request.json()
-        assert sent["sampling_params"]["custom_params"] == {"bid": 0.5}
+        assert sent["rid"].endswith("~bid=0.5") and "custom_params" not in sent["sampling_params"]
         if not sent["stream"]:
             return web.json_response({"text": "ab", "meta_info": SGLANG_META})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -122,7 +152,7 @@ async def test_sglang_answers_without_auction_fields():
         meta = output.meta
         assert (meta.prompt_tokens, meta.cached_tokens, meta.completion_tokens) == (9, 4, 2)
         assert meta.finish_reason == "stop"
-        assert (meta.charge, meta.round_id, meta.position) == (None, None, None)
+        assert (meta.bid, meta.charge, meta.round_id, meta.position) == (None, None, None, None)
         deltas = [
             c.delta async for c in client.generate_stream(base_url=url, body=body("s2", bid=0.5))
         ]

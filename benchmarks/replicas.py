@@ -1,0 +1,528 @@
+"""Replicas behind SGLang's router, against one engine of the same total capacity.
+
+    python -m benchmarks.replicas [--replicas 1 2 4] [--loads 0.8 1.0 1.2 1.5] \\
+        [--policies cache_aware round_robin] [--requests 240] [--tune] \\
+        [--json var/bench/replicas.json] [--html var/bench/replicas.html]
+
+For each number of replicas N, router policy and load, in real time: N simulated engines
+(``engines.sim.server``, DFS auction ``dfs-auction-density``, each writing its round records to
+a file), SGLang's router in front of them (``engines.router``), and Poisson arrivals of a
+shared-prefix workload sent as text (what the router's cache-aware tree matches) through the
+project's engine client, each with its bid in the rid. The baseline of the same run is one
+engine N times as fast (every per-token and per-step cost divided by N, its KV cache and
+running-request limit multiplied by N), fed the same arrivals directly: what a bid buys when it
+competes in one queue instead of in the queue the router chose.
+
+Load is a fraction of the fleet's capacity: N x one engine's capacity on the workload, measured
+in virtual time as the policy benchmark measures it (``runner.Capacities``). The engines run at
+``--speed`` engine seconds per wall second, chosen so that one engine serves about
+``--engine-rps`` requests per wall second; every figure is in engine seconds (TTFT as the
+engine reports it, arrival to first token), so runs at other speeds compare.
+
+Per setup: cache hit (cached over prompt tokens), mean and p99 TTFT, realized welfare
+(-sum bid x TTFT, dollars: closer to 0 is better) and revenue (priority charges, dollars),
+merged and per replica (a request's replica from the round records). ``--tune`` adds cache-aware
+runs at one load with other cache and balance thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from engines.router import Router, RouterOptions
+from engines.sim import EngineConfig
+from scheduler_bridge.client import EngineClient, EngineError, generate_body
+from scheduler_bridge.contract.tokenizer import default_tokenizer
+
+from .bids import BidSpec
+from .metrics import Served, percentile, summarize
+from .progress import Progress
+from .runner import Capacities
+from .workloads import BenchRequest, Workload
+
+ENGINE_POLICY = "dfs-auction-density"
+SINGLE = "one engine"  # the baseline's name where a router policy would be
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """One request of the workload: its text, what it asks, its bid ($/s), its arrival (s)."""
+
+    id: str
+    text: str
+    max_new_tokens: int
+    bid: float
+    bid_class: str
+    arrival: float = 0.0
+
+
+def shared_prefix_workload(
+    *,
+    groups: int,
+    requests: int,
+    system_words: int,
+    question_words: int,
+    output_len: int,
+    seed: int,
+) -> list[TextRequest]:
+    """``requests`` requests, each one of ``groups`` system prompts (Zipf-popular, s = 1) and a
+    question of its own, as words the simulated engine's tokenizer splits at the spaces (two
+    tokens a word), with two-class bids."""
+    rng = random.Random(f"{seed}:replicas")
+    systems = [
+        " ".join(f"s{g}w{rng.randrange(10**6)}" for _ in range(system_words)) for g in range(groups)
+    ]
+    weights = [1.0 / (rank + 1) for rank in range(groups)]
+    bids = BidSpec()
+    out = []
+    for i in range(requests):
+        g = rng.choices(range(groups), weights=weights)[0]
+        question = " ".join(f"q{rng.randrange(10**6)}" for _ in range(question_words))
+        bid, cls = bids.draw(rng)
+        out.append(TextRequest(f"g{g}-r{i}", f"{systems[g]} {question}", output_len, bid, cls))
+    return out
+
+
+def with_arrivals(reqs: list[TextRequest], rate_rps: float, seed: int) -> list[TextRequest]:
+    """Poisson arrivals at ``rate_rps`` (engine seconds)."""
+    rng = random.Random(f"{seed}:arrivals:{rate_rps}")
+    t, out = 0.0, []
+    for r in reqs:
+        t += rng.expovariate(rate_rps)
+        out.append(replace(r, arrival=t))
+    return out
+
+
+def engine_capacity_rps(reqs: list[TextRequest], config: EngineConfig) -> float:
+    """One engine's capacity on the workload (requests per engine second, virtual time)."""
+    tokenizer = default_tokenizer()
+    bench = tuple(
+        BenchRequest(r.id, tuple(tokenizer.encode(r.text)), r.max_new_tokens, r.bid, r.bid_class)
+        for r in reqs
+    )
+    return Capacities().get(Workload("replicas", f"replicas:{len(bench)}", bench), config)
+
+
+def scaled(config: EngineConfig, n: int) -> EngineConfig:
+    """An engine ``n`` times as fast and as large as ``config``."""
+    return replace(
+        config,
+        step_fixed_s=config.step_fixed_s / n,
+        prefill_token_s=config.prefill_token_s / n,
+        prefill_attention_s=config.prefill_attention_s / n,
+        decode_seq_s=config.decode_seq_s / n,
+        decode_context_token_s=config.decode_context_token_s / n,
+        kv_capacity_tokens=config.kv_capacity_tokens * n,
+        max_running_requests=config.max_running_requests * n,
+        max_prefill_tokens=config.max_prefill_tokens * n,
+    )
+
+
+def config_settings(config: EngineConfig) -> list[str]:
+    """``--set`` arguments that give an engine ``config``."""
+    base = EngineConfig()
+    return [
+        f"{name}={value}" for name, value in asdict(config).items() if value != getattr(base, name)
+    ]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free a moment ago (all bound at once, so none repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@dataclass
+class Setup:
+    """One run: ``replicas`` engines behind the router under ``policy`` (or ``SINGLE``)."""
+
+    replicas: int
+    policy: str
+    load: float
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        extra = "".join(f" {k}={v:g}" for k, v in self.thresholds.items())
+        return f"{self.replicas}x {self.policy}{extra} @ {self.load:g}"
+
+
+class Fleet:
+    """Engines as child processes (and the router in front of them, unless one engine alone)."""
+
+    def __init__(self, configs: list[EngineConfig], speed: float, work: Path, router: dict | None):
+        self.configs = configs
+        self.speed = speed
+        self.work = work
+        self.router_kwargs = router
+        self.engines: list[tuple[str, str, Path, subprocess.Popen[bytes]]] = []
+        self.router: Router | None = None
+
+    def __enter__(self) -> Fleet:
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self) -> Fleet:
+        *ports, router_port = free_ports(len(self.configs) + 1)
+        for i, (config, port) in enumerate(zip(self.configs, ports, strict=True)):
+            engine_id = f"rep-{i}"
+            rounds = self.work / f"{engine_id}.jsonl"
+            argv = [
+                sys.executable, "-m", "engines.sim.server", "--port", str(port),
+                "--policy", ENGINE_POLICY, "--speed", str(self.speed), "--engine-id", engine_id,
+                "--rounds-jsonl", str(rounds), "--log-level", "WARNING", "--max-queue", "100000",
+            ]  # fmt: skip
+            for setting in config_settings(config):
+                argv += ["--set", setting]
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.engines.append((engine_id, f"http://127.0.0.1:{port}", rounds, proc))
+        for _, url, _, proc in self.engines:
+            _wait_http(f"{url}/health", proc)
+        if self.router_kwargs is not None:
+            options = RouterOptions(
+                port=router_port, worker_urls=tuple(u for _, u, _, _ in self.engines),
+                **self.router_kwargs,
+            )  # fmt: skip
+            self.router = Router(options).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.router.url if self.router is not None else self.engines[0][1]
+
+    def __exit__(self, *exc: object) -> None:
+        if self.router is not None:
+            self.router.stop()
+        for *_, proc in self.engines:
+            proc.terminate()
+        for *_, proc in self.engines:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def replica_of(self) -> dict[str, str]:
+        """Request id -> the engine id that admitted it (from the round records)."""
+        out = {}
+        for engine_id, _, rounds, _ in self.engines:
+            if rounds.exists():
+                for line in rounds.read_text().splitlines():
+                    for a in json.loads(line)["admitted"]:
+                        out[a["request_id"]] = engine_id
+        return out
+
+    def cache_counts(self) -> dict[str, tuple[float, float]]:
+        """Engine id -> (cached, prompt) tokens from its ``/metrics``."""
+        out = {}
+        for engine_id, url, _, _ in self.engines:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+                text = answer.read().decode()
+            values = {}
+            for line in text.splitlines():
+                if line.startswith(("sglang:cached_tokens_total", "sglang:prompt_tokens_total")):
+                    name, _, value = line.rpartition(" ")
+                    values[name.split("{")[0]] = float(value)
+            out[engine_id] = (
+                values.get("sglang:cached_tokens_total", 0.0),
+                values.get("sglang:prompt_tokens_total", 0.0),
+            )
+        return out
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"an engine exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"no answer from {url}")
+
+
+async def drive(
+    url: str, reqs: list[TextRequest], speed: float, progress: Progress
+) -> tuple[list[Served], int, int]:
+    """Send each request at its arrival (engine seconds / ``speed`` of wall time); the served,
+    the completion tokens and the failures."""
+    client = EngineClient(answer_timeout_s=3600)
+    served: list[Served] = []
+    completion = 0
+    failed = 0
+    start = time.monotonic()
+
+    async def one(r: TextRequest) -> None:
+        nonlocal completion, failed
+        await asyncio.sleep(max(0.0, start + r.arrival / speed - time.monotonic()))
+        body = generate_body(rid=r.id, max_new_tokens=r.max_new_tokens, bid=r.bid, text=r.text)
+        try:
+            out = await client.generate(base_url=url, body=body)
+        except EngineError:
+            failed += 1
+        else:
+            meta = out.meta
+            e2e = meta.raw.get("e2e_latency")
+            served.append(
+                Served(r.id, r.bid, r.bid_class, r.arrival, meta.ttft_s or 0.0,
+                       e2e if isinstance(e2e, float) else math.nan, meta.charge or 0.0)
+            )  # fmt: skip
+            completion += meta.completion_tokens
+        progress.advance()
+
+    try:
+        await asyncio.gather(*(one(r) for r in reqs))
+    finally:
+        await client.aclose()
+    return served, completion, failed
+
+
+def run_setup(
+    setup: Setup, reqs: list[TextRequest], config: EngineConfig, speed: float, progress: Progress
+) -> dict:
+    """One setup, start to end: its merged and per-replica figures."""
+    single = setup.policy == SINGLE
+    configs = [scaled(config, setup.replicas)] if single else [config] * setup.replicas
+    router = None if single else {"policy": setup.policy, **setup.thresholds}
+    progress.set_label(setup.label)
+    with tempfile.TemporaryDirectory() as work, Fleet(configs, speed, Path(work), router) as fleet:
+        served, completion, failed = asyncio.run(drive(fleet.url, reqs, speed, progress))
+        time.sleep(0.3)  # the last round records reach their files
+        replica_of = fleet.replica_of()
+        counts = fleet.cache_counts()
+    return figures(setup, served, counts, replica_of, completion=completion, failed=failed)
+
+
+def figures(
+    setup: Setup,
+    served: list[Served],
+    counts: dict[str, tuple[float, float]],
+    replica_of: dict[str, str],
+    *,
+    completion: int,
+    failed: int,
+) -> dict:
+    """A setup's row: merged figures and one per replica."""
+
+    def row(part: list[Served], cached: float, prompt: float) -> dict:
+        if not part:
+            return {"requests": 0}
+        makespan = max(s.arrival + s.e2e_s for s in part) - min(s.arrival for s in part)
+        m = summarize(part, makespan_s=makespan, tokens=int(prompt) + completion,
+                      cache_hit_rate=cached / prompt if prompt else math.nan)  # fmt: skip
+        return {
+            "requests": len(part),
+            "cache_hit_rate": m.cache_hit_rate,
+            "mean_ttft_s": m.mean_ttft_s,
+            "p99_ttft_s": percentile([s.ttft_s for s in part], 99),
+            "welfare": m.welfare,
+            "revenue": m.revenue,
+        }
+
+    total_cached = sum(c for c, _ in counts.values())
+    total_prompt = sum(p for _, p in counts.values())
+    per_replica = {
+        engine_id: row([s for s in served if replica_of.get(s.id) == engine_id], cached, prompt)
+        for engine_id, (cached, prompt) in sorted(counts.items())
+    }
+    return {
+        "replicas": setup.replicas,
+        "policy": setup.policy,
+        "load": setup.load,
+        "thresholds": setup.thresholds,
+        "failed": failed,
+        "merged": row(served, total_cached, total_prompt),
+        "per_replica": per_replica,
+    }
+
+
+TUNING = [
+    {"cache_threshold": 0.3},
+    {"cache_threshold": 0.8},
+    {"balance_abs_threshold": 4, "balance_rel_threshold": 1.2},
+    {"balance_abs_threshold": 64, "balance_rel_threshold": 4.0},
+]
+
+
+def setups(args: argparse.Namespace) -> list[Setup]:
+    out = []
+    for n in args.replicas:
+        for load in args.loads:
+            for policy in args.policies:
+                out.append(Setup(n, policy, load))
+            if n > 1:
+                out.append(Setup(n, SINGLE, load))
+    if args.tune:
+        n = max(args.replicas)
+        out += [Setup(n, "cache_aware", args.tune_load, dict(t)) for t in TUNING]
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """The merged figures, with each setup's welfare and TTFT as ratios to its baseline (the
+    one engine of the same capacity at the same load; for one replica, the router's own)."""
+    base = {(r["replicas"], r["load"]): r["merged"] for r in rows if r["policy"] == SINGLE}
+    lines = [
+        f"{'setup':<44} {'hit':>6} {'ttft':>8} {'p99':>8} {'welfare':>10} {'revenue':>9} "
+        f"{'ttft/1':>7} {'wel/1':>7}"
+    ]
+    for r in rows:
+        m = r["merged"]
+        if not m.get("requests"):
+            continue
+        b = base.get((r["replicas"], r["load"]))
+        extra = "".join(f" {k}={v:g}" for k, v in r["thresholds"].items())
+        label = f"{r['replicas']}x {r['policy']}{extra} @ {r['load']:g}"
+        ratios = (
+            f"{m['mean_ttft_s'] / b['mean_ttft_s']:>7.2f} {m['welfare'] / b['welfare']:>7.2f}"
+            if b and b.get("mean_ttft_s") and b.get("welfare")
+            else f"{'':>7} {'':>7}"
+        )
+        lines.append(
+            f"{label:<44} {m['cache_hit_rate']:>6.3f} {m['mean_ttft_s']:>8.3f} "
+            f"{m['p99_ttft_s']:>8.3f} {m['welfare']:>10.2f} {m['revenue']:>9.3f} {ratios}"
+        )
+    return "\n".join(lines)
+
+
+def report_html(rows: list[dict], path: Path, title: str) -> None:
+    """Plotly: merged TTFT, welfare and cache hit against load, one line per (N, policy); and
+    each replica's share of the requests and its cache hit."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=2, cols=2,
+        subplot_titles=("mean TTFT (engine s)", "welfare ($, closer to 0 is better)",
+                        "cache hit rate", "requests per replica (load 1 or nearest)"),
+    )  # fmt: skip
+    lines: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["thresholds"] or not r["merged"].get("requests"):
+            continue
+        lines.setdefault(f"{r['replicas']}x {r['policy']}", []).append(r)
+    for name, part in lines.items():
+        part.sort(key=lambda r: r["load"])
+        loads = [r["load"] for r in part]
+        dash = "dot" if SINGLE in name else None
+        for (row, col), key in (((1, 1), "mean_ttft_s"), ((1, 2), "welfare"),
+                                ((2, 1), "cache_hit_rate")):  # fmt: skip
+            fig.add_trace(
+                go.Scatter(x=loads, y=[r["merged"][key] for r in part], name=name,
+                           legendgroup=name, showlegend=(row, col) == (1, 1),
+                           line={"dash": dash}),
+                row=row, col=col,
+            )  # fmt: skip
+    for r in rows:
+        if r["thresholds"] or r["policy"] == SINGLE or r["replicas"] < 2:
+            continue
+        loads = sorted({x["load"] for x in rows})
+        if r["load"] != min(loads, key=lambda x: abs(x - 1.0)):
+            continue
+        per = r["per_replica"]
+        fig.add_trace(
+            go.Bar(x=list(per), y=[v.get("requests", 0) for v in per.values()],
+                   name=f"{r['replicas']}x {r['policy']}", showlegend=False),
+            row=2, col=2,
+        )  # fmt: skip
+    fig.update_xaxes(title_text="load (x fleet capacity)", row=1, col=1)
+    fig.update_xaxes(title_text="load (x fleet capacity)", row=1, col=2)
+    fig.update_xaxes(title_text="load (x fleet capacity)", row=2, col=1)
+    fig.update_layout(title=title, height=800)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_html(path, include_plotlyjs="cdn")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.replicas", description=__doc__)
+    p.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--loads", type=float, nargs="+", default=[0.8, 1.0, 1.2, 1.5])
+    p.add_argument("--policies", nargs="+", default=["cache_aware", "round_robin"],
+                   choices=["cache_aware", "round_robin", "random", "power_of_two"])  # fmt: skip
+    p.add_argument("--requests", type=int, default=240)
+    p.add_argument("--groups", type=int, default=12)
+    p.add_argument(
+        "--engine-rps",
+        type=float,
+        default=6.0,
+        help="one engine's capacity in requests per wall second (sets the speed)",
+    )
+    p.add_argument("--tune", action="store_true", help="also try other cache-aware thresholds")
+    p.add_argument("--tune-load", type=float, default=1.2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=Path("var/bench/replicas.json"))
+    p.add_argument("--html", type=Path, default=Path("var/bench/replicas.html"))
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if any(n < 1 for n in args.replicas) or any(x <= 0 for x in args.loads):
+        p.error("--replicas and --loads must be positive")
+    # A KV cache that holds a few system prompts, not all: where a prefix lands matters.
+    config = EngineConfig(kv_capacity_tokens=24_000, max_running_requests=64)
+    base = shared_prefix_workload(
+        groups=args.groups, requests=args.requests, system_words=300, question_words=30,
+        output_len=24, seed=args.seed,
+    )  # fmt: skip
+    capacity = engine_capacity_rps(base, config)
+    speed = args.engine_rps / capacity
+    plan = setups(args)
+    progress = Progress(len(plan) * len(base), enabled=not args.no_progress)
+    print(
+        f"one engine: {capacity:.1f} requests per engine second on this workload; "
+        f"speed {speed:.4g} (about {args.engine_rps:g} requests per wall second); "
+        f"{len(plan)} runs of {len(base)} requests",
+        file=sys.stderr,
+    )
+    rows = []
+    for setup in plan:
+        rate = setup.load * setup.replicas * capacity
+        reqs = with_arrivals(base, rate, args.seed)
+        rows.append(run_setup(setup, reqs, config, speed, progress))
+    progress.close()
+    meta = {
+        "command": "python -m benchmarks.replicas " + " ".join(argv or sys.argv[1:]),
+        "engine_capacity_rps": capacity,
+        "speed": speed,
+        "engine_policy": ENGINE_POLICY,
+        "config": asdict(config),
+        "requests": len(base),
+        "groups": args.groups,
+        "cpu_count": os.cpu_count(),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    title = (
+        f"Replicas behind SGLang's router vs one engine of the same capacity "
+        f"({len(base)} shared-prefix requests, {args.groups} groups, DFS auction on each)"
+    )
+    report_html(rows, args.html, title)
+    print(table(rows))
+    print(f"JSON: {args.json}  report: {args.html}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,9 +14,10 @@ running-request limit multiplied by N), fed the same arrivals directly: what a b
 competes in one queue instead of in the queue the router chose.
 
 Load is a fraction of the fleet's capacity: N x one engine's capacity on the workload, measured
-in virtual time as the policy benchmark measures it (``runner.Capacities``). The engines run at
-``--speed`` engine seconds per wall second, chosen so that one engine serves about
-``--engine-rps`` requests per wall second; every figure is in engine seconds (TTFT as the
+in virtual time with every request queued at once under the engines' DFS auction (the policy
+benchmark measures it under fcfs, which thrashes this workload's KV cache: a third of it).
+The engines run at ``--speed`` engine seconds per wall second, chosen so that one engine serves
+about ``--engine-rps`` requests per wall second; every figure is in engine seconds (TTFT as the
 engine reports it, arrival to first token), so runs at other speeds compare.
 
 Per setup: cache hit (cached over prompt tokens), mean and p99 TTFT, realized welfare
@@ -45,13 +46,14 @@ from pathlib import Path
 
 from engines.router import Router, RouterOptions
 from engines.sim import EngineConfig
+from market.mechanism import POLICIES
 from scheduler_bridge.client import EngineClient, EngineError, generate_body
-from scheduler_bridge.contract.tokenizer import default_tokenizer
+from scheduler_bridge.contract.tokenizer import Tokenizer
 
 from .bids import BidSpec
-from .metrics import Served, percentile, summarize
+from .metrics import Served, mean, percentile, ratio, summarize
 from .progress import Progress
-from .runner import Capacities
+from .runner import simulate, steady_throughput
 from .workloads import BenchRequest, Workload
 
 ENGINE_POLICY = "dfs-auction-density"
@@ -108,13 +110,18 @@ def with_arrivals(reqs: list[TextRequest], rate_rps: float, seed: int) -> list[T
 
 
 def engine_capacity_rps(reqs: list[TextRequest], config: EngineConfig) -> float:
-    """One engine's capacity on the workload (requests per engine second, virtual time)."""
-    tokenizer = default_tokenizer()
+    """One engine's capacity on the workload (requests per engine second, virtual time): every
+    request queued at once under the engine's own policy, the steady middle half of the finish
+    times (``runner.steady_throughput``). Not under fcfs, as the policy benchmark measures it:
+    fcfs interleaves the groups and thrashes this KV cache, for a third of the throughput."""
+    tokenizer = Tokenizer()  # not the process's shared one: its pieces would leak into decoding
     bench = tuple(
         BenchRequest(r.id, tuple(tokenizer.encode(r.text)), r.max_new_tokens, r.bid, r.bid_class)
         for r in reqs
     )
-    return Capacities().get(Workload("replicas", f"replicas:{len(bench)}", bench), config)
+    workload = Workload("replicas", f"replicas:{len(bench)}", bench)
+    run = simulate(workload.all_at_once(), ENGINE_POLICY, config)
+    return steady_throughput([r.arrival + r.e2e_s for r in run.served], run.makespan_s)
 
 
 def scaled(config: EngineConfig, n: int) -> EngineConfig:
@@ -170,8 +177,16 @@ class Setup:
 class Fleet:
     """Engines as child processes (and the router in front of them, unless one engine alone)."""
 
-    def __init__(self, configs: list[EngineConfig], speed: float, work: Path, router: dict | None):
+    def __init__(
+        self,
+        configs: list[EngineConfig],
+        speed: float,
+        work: Path,
+        router: dict | None,
+        policy: str = ENGINE_POLICY,
+    ) -> None:
         self.configs = configs
+        self.policy = policy
         self.speed = speed
         self.work = work
         self.router_kwargs = router
@@ -186,13 +201,13 @@ class Fleet:
             raise
 
     def _start(self) -> Fleet:
-        *ports, router_port = free_ports(len(self.configs) + 1)
+        *ports, router_port, metrics_port = free_ports(len(self.configs) + 2)
         for i, (config, port) in enumerate(zip(self.configs, ports, strict=True)):
             engine_id = f"rep-{i}"
             rounds = self.work / f"{engine_id}.jsonl"
             argv = [
                 sys.executable, "-m", "engines.sim.server", "--port", str(port),
-                "--policy", ENGINE_POLICY, "--speed", str(self.speed), "--engine-id", engine_id,
+                "--policy", self.policy, "--speed", str(self.speed), "--engine-id", engine_id,
                 "--rounds-jsonl", str(rounds), "--log-level", "WARNING", "--max-queue", "100000",
             ]  # fmt: skip
             for setting in config_settings(config):
@@ -203,7 +218,8 @@ class Fleet:
             _wait_http(f"{url}/health", proc)
         if self.router_kwargs is not None:
             options = RouterOptions(
-                port=router_port, worker_urls=tuple(u for _, u, _, _ in self.engines),
+                port=router_port, prometheus_port=metrics_port,
+                worker_urls=tuple(u for _, u, _, _ in self.engines),
                 **self.router_kwargs,
             )  # fmt: skip
             self.router = Router(options).start()
@@ -302,14 +318,23 @@ async def drive(
 
 
 def run_setup(
-    setup: Setup, reqs: list[TextRequest], config: EngineConfig, speed: float, progress: Progress
+    setup: Setup,
+    reqs: list[TextRequest],
+    config: EngineConfig,
+    speed: float,
+    progress: Progress,
+    policy: str = ENGINE_POLICY,
 ) -> dict:
-    """One setup, start to end: its merged and per-replica figures."""
+    """One setup, start to end, the engines ordering by ``policy``: its merged and
+    per-replica figures."""
     single = setup.policy == SINGLE
     configs = [scaled(config, setup.replicas)] if single else [config] * setup.replicas
     router = None if single else {"policy": setup.policy, **setup.thresholds}
     progress.set_label(setup.label)
-    with tempfile.TemporaryDirectory() as work, Fleet(configs, speed, Path(work), router) as fleet:
+    with (
+        tempfile.TemporaryDirectory() as work,
+        Fleet(configs, speed, Path(work), router, policy) as fleet,
+    ):
         served, completion, failed = asyncio.run(drive(fleet.url, reqs, speed, progress))
         time.sleep(0.3)  # the last round records reach their files
         replica_of = fleet.replica_of()
@@ -334,6 +359,10 @@ def figures(
         makespan = max(s.arrival + s.e2e_s for s in part) - min(s.arrival for s in part)
         m = summarize(part, makespan_s=makespan, tokens=int(prompt) + completion,
                       cache_hit_rate=cached / prompt if prompt else math.nan)  # fmt: skip
+        by_class = {
+            cls: mean([s.ttft_s for s in part if s.bid_class == cls])
+            for cls in ("urgent", "background")
+        }
         return {
             "requests": len(part),
             "cache_hit_rate": m.cache_hit_rate,
@@ -341,6 +370,12 @@ def figures(
             "p99_ttft_s": percentile([s.ttft_s for s in part], 99),
             "welfare": m.welfare,
             "revenue": m.revenue,
+            "urgent_mean_ttft_s": by_class["urgent"],
+            "background_mean_ttft_s": by_class["background"],
+            # What the auction buys: how much sooner the urgent (high-bid) fifth is served than
+            # the rest. In one queue every bid competes with every other; behind the router only
+            # with those the router sent to the same replica.
+            "separation": ratio(by_class["background"], by_class["urgent"]),
         }
 
     total_cached = sum(c for c, _ in counts.values())
@@ -364,6 +399,7 @@ TUNING = [
     {"cache_threshold": 0.3},
     {"cache_threshold": 0.8},
     {"balance_abs_threshold": 4, "balance_rel_threshold": 1.2},
+    {"balance_abs_threshold": 8, "balance_rel_threshold": 1.5},  # the live demo's
     {"balance_abs_threshold": 64, "balance_rel_threshold": 4.0},
 ]
 
@@ -371,11 +407,12 @@ TUNING = [
 def setups(args: argparse.Namespace) -> list[Setup]:
     out = []
     for n in args.replicas:
+        # One replica: the router's policy does not matter (power_of_two refuses to start), and
+        # the baseline is the same engine without the router in front.
+        policies = args.policies[:1] if n == 1 else args.policies
         for load in args.loads:
-            for policy in args.policies:
-                out.append(Setup(n, policy, load))
-            if n > 1:
-                out.append(Setup(n, SINGLE, load))
+            out += [Setup(n, policy, load) for policy in policies]
+            out.append(Setup(n, SINGLE, load))
     if args.tune:
         n = max(args.replicas)
         out += [Setup(n, "cache_aware", args.tune_load, dict(t)) for t in TUNING]
@@ -383,12 +420,14 @@ def setups(args: argparse.Namespace) -> list[Setup]:
 
 
 def table(rows: list[dict]) -> str:
-    """The merged figures, with each setup's welfare and TTFT as ratios to its baseline (the
-    one engine of the same capacity at the same load; for one replica, the router's own)."""
+    """The merged figures: ``bg/urg`` is the background requests' mean TTFT over the urgent
+    ones' (the auction's separation); ``ttft/1`` and ``wel/1`` are the setup's mean TTFT and
+    welfare as ratios to its baseline's (the one engine of the same capacity at the same load;
+    for one replica, the same engine without the router)."""
     base = {(r["replicas"], r["load"]): r["merged"] for r in rows if r["policy"] == SINGLE}
     lines = [
         f"{'setup':<44} {'hit':>6} {'ttft':>8} {'p99':>8} {'welfare':>10} {'revenue':>9} "
-        f"{'ttft/1':>7} {'wel/1':>7}"
+        f"{'bg/urg':>7} {'ttft/1':>7} {'wel/1':>7}"
     ]
     for r in rows:
         m = r["merged"]
@@ -404,7 +443,8 @@ def table(rows: list[dict]) -> str:
         )
         lines.append(
             f"{label:<44} {m['cache_hit_rate']:>6.3f} {m['mean_ttft_s']:>8.3f} "
-            f"{m['p99_ttft_s']:>8.3f} {m['welfare']:>10.2f} {m['revenue']:>9.3f} {ratios}"
+            f"{m['p99_ttft_s']:>8.3f} {m['welfare']:>10.2f} {m['revenue']:>9.3f} "
+            f"{m['separation']:>7.2f} {ratios}"
         )
     return "\n".join(lines)
 
@@ -416,9 +456,10 @@ def report_html(rows: list[dict], path: Path, title: str) -> None:
     from plotly.subplots import make_subplots
 
     fig = make_subplots(
-        rows=2, cols=2,
+        rows=3, cols=2,
         subplot_titles=("mean TTFT (engine s)", "welfare ($, closer to 0 is better)",
-                        "cache hit rate", "requests per replica (load 1 or nearest)"),
+                        "cache hit rate", "requests per replica (load 1 or nearest)",
+                        "separation: background / urgent mean TTFT", "revenue ($)"),
     )  # fmt: skip
     lines: dict[str, list[dict]] = {}
     for r in rows:
@@ -430,7 +471,8 @@ def report_html(rows: list[dict], path: Path, title: str) -> None:
         loads = [r["load"] for r in part]
         dash = "dot" if SINGLE in name else None
         for (row, col), key in (((1, 1), "mean_ttft_s"), ((1, 2), "welfare"),
-                                ((2, 1), "cache_hit_rate")):  # fmt: skip
+                                ((2, 1), "cache_hit_rate"), ((3, 1), "separation"),
+                                ((3, 2), "revenue")):  # fmt: skip
             fig.add_trace(
                 go.Scatter(x=loads, y=[r["merged"][key] for r in part], name=name,
                            legendgroup=name, showlegend=(row, col) == (1, 1),
@@ -451,10 +493,11 @@ def report_html(rows: list[dict], path: Path, title: str) -> None:
         )  # fmt: skip
     fig.update_xaxes(title_text="load (x fleet capacity)", row=1, col=1)
     fig.update_xaxes(title_text="load (x fleet capacity)", row=1, col=2)
-    fig.update_xaxes(title_text="load (x fleet capacity)", row=2, col=1)
-    fig.update_layout(title=title, height=800)
+    for row, col in ((2, 1), (3, 1), (3, 2)):
+        fig.update_xaxes(title_text="load (x fleet capacity)", row=row, col=col)
+    fig.update_layout(title=title, height=1100)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(path, include_plotlyjs="cdn")
+    path.write_text(fig.to_html(include_plotlyjs=True, full_html=True))  # no CDN: offline
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -471,6 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=6.0,
         help="one engine's capacity in requests per wall second (sets the speed)",
     )
+    p.add_argument("--engine-policy", default=ENGINE_POLICY, choices=list(POLICIES),
+                   help="the engines' ordering policy (fcfs: what the auction is measured "
+                   "against; load stays relative to the DFS auction's capacity)")  # fmt: skip
     p.add_argument("--tune", action="store_true", help="also try other cache-aware thresholds")
     p.add_argument("--tune-load", type=float, default=1.2)
     p.add_argument("--seed", type=int, default=0)
@@ -500,13 +546,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for setup in plan:
         rate = setup.load * setup.replicas * capacity
         reqs = with_arrivals(base, rate, args.seed)
-        rows.append(run_setup(setup, reqs, config, speed, progress))
+        rows.append(run_setup(setup, reqs, config, speed, progress, args.engine_policy))
     progress.close()
     meta = {
         "command": "python -m benchmarks.replicas " + " ".join(argv or sys.argv[1:]),
         "engine_capacity_rps": capacity,
         "speed": speed,
-        "engine_policy": ENGINE_POLICY,
+        "engine_policy": args.engine_policy,
         "config": asdict(config),
         "requests": len(base),
         "groups": args.groups,

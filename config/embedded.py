@@ -7,9 +7,9 @@ event loop, receive what is sent. So the web process itself must settle and publ
     ...
     services.stop()
 
-starts two daemon threads: the JSONL follower (``scheduler_bridge.settlement.jsonl``: settles the
-engine's round records and publishes books, round results and spend ticks) and the periodic
-publisher (``market.live.periodic.live_tick`` every ``interval_s``: engine status, spend of
+starts daemon threads: a JSONL follower per engine's file (``scheduler_bridge.settlement.jsonl``:
+settles the engine's round records and publishes books, round results and spend ticks) and the
+periodic publisher (``market.live.periodic.live_tick`` every ``interval_s``: engine status, spend of
 token charges). Their messages are handed to ``loop``, the loop that serves the websockets
 (``market.live.send.home_loop_set``). ``manage.py live_serve`` runs Daphne with both.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from django.db import close_old_connections, connections
@@ -44,12 +44,17 @@ class LiveServices:
         self,
         *,
         loop: asyncio.AbstractEventLoop | None,
-        rounds_jsonl: Path | None = None,
+        rounds_jsonl: Path | Sequence[Path] | None = None,
         interval_s: float = INTERVAL_S,
         periodic: bool = True,
     ) -> None:
         self.loop = loop
-        self.rounds_jsonl = Path(rounds_jsonl) if rounds_jsonl is not None else None
+        # One file per engine (the replicas of a market each write their own).
+        if rounds_jsonl is None:
+            rounds_jsonl = []
+        elif isinstance(rounds_jsonl, str | Path):
+            rounds_jsonl = [rounds_jsonl]
+        self.rounds_jsonl = [Path(p) for p in rounds_jsonl]
         self.interval_s = interval_s
         self.periodic = periodic
         self._stop = threading.Event()
@@ -59,8 +64,8 @@ class LiveServices:
         """Start the threads (sends go to ``self.loop`` from now on)."""
         if self.loop is not None:
             home_loop_set(self.loop)
-        if self.rounds_jsonl is not None:
-            self._spawn("live-rounds-jsonl", self._follow)
+        for i, path in enumerate(self.rounds_jsonl):
+            self._spawn(f"live-rounds-jsonl-{i}", lambda path=path: self._follow(path))
         if self.periodic:
             self._spawn("live-periodic", self._tick_loop)
         return self
@@ -78,11 +83,10 @@ class LiveServices:
         finally:
             connections.close_all()
 
-    def _follow(self) -> None:
-        assert self.rounds_jsonl is not None
-        logger.info("live: settling and publishing round records from %s", self.rounds_jsonl)
+    def _follow(self, path: Path) -> None:
+        logger.info("live: settling and publishing round records from %s", path)
         rounds_jsonl_follow(
-            path=self.rounds_jsonl,
+            path=path,
             follow=True,
             should_stop=self._stop.is_set,
             publisher=default_publisher(),
@@ -108,7 +112,7 @@ class LiveServices:
 def live_services_start(
     *,
     loop: asyncio.AbstractEventLoop | None,
-    rounds_jsonl: Path | None = None,
+    rounds_jsonl: Path | Sequence[Path] | None = None,
     interval_s: float = INTERVAL_S,
     periodic: bool = True,
 ) -> LiveServices:

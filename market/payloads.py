@@ -25,7 +25,7 @@ never a request id, a tenant or a single request's bid.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 # --- groups -----------------------------------------------------------------------------------
 
@@ -64,6 +64,8 @@ class BookRow(TypedDict):
     density: float  # $/s per uncached token of the subtree's work
     rank: int  # place among its siblings in the round's order, 0 first
     position: int  # place of its first request in the round's whole (DFS) order, 0 first
+    # A market of replicas: the requests each replica (engine id) holds in the subtree.
+    replicas: NotRequired[dict[str, int]]
 
 
 class BookMeta(TypedDict):
@@ -117,8 +119,25 @@ class RoundResult(TypedDict):
     reserve: float  # $/s, the reserve the last round used (a new one shows here once applied)
 
 
+class ReplicaStatus(TypedDict):
+    """One replica's part of its market's status (``EngineStatus.replicas``)."""
+
+    engine_id: str
+    url: str
+    up: bool
+    error: str
+    queue: int | None
+    running: int | None
+    cache_hit_rate: float | None
+    tokens_per_second: float | None
+    prompt_tokens_per_second: float | None
+    ttft_p50_s: float | None
+    window_s: float | None
+
+
 class EngineStatus(TypedDict):
-    """One scrape of a market's engine ``/metrics`` (SGLang's names)."""
+    """One scrape of a market's engine ``/metrics`` (SGLang's names); of a market of replicas,
+    the fleet's, with each replica's in ``replicas``."""
 
     kind: Literal["engine.status"]
     market: str
@@ -133,6 +152,7 @@ class EngineStatus(TypedDict):
     ttft_p50_s: float | None  # seconds, over the last window (None: no request finished)
     ttft_p99_s: float | None
     window_s: float | None  # seconds the rates and quantiles cover
+    replicas: NotRequired[list[ReplicaStatus]]  # a market of replicas: each one's
 
 
 # --- spend ------------------------------------------------------------------------------------

@@ -5,6 +5,12 @@ queue aggregated by prefix subtree, at most every ``book_interval_s`` of the eng
 without them says nothing about the book (the previous one stands), unless its round admitted every
 waiting request: then the queue is empty.
 
+A market of several replicas has one book: each replica's latest rows are kept apart (a replica
+silent for ``ENGINE_BOOK_TTL_S`` is dropped: it died or left), and the published rows are their
+merge by subtree key (the same prefix has the same key in every engine's records): requests and
+bids summed, density over the summed work, the best rank and position, and per row the requests
+each replica holds (``replicas``, on a merge of more than one).
+
 Each market's last published book lives in Django's cache (Redis when ``REDIS_URL`` is set, so
 every publishing process and every consumer sees the same one; local memory in the embedded
 mode, where everything runs in one process), with a version. Publishing compares the new rows
@@ -33,6 +39,17 @@ MIN_INTERVAL_S = 0.5  # at most two book messages per second per market
 STATE_TTL_S = 24 * 3600  # a market silent this long starts again from version 0
 LOCK_TTL_S = 5  # a lock left by a dead publisher expires after this, seconds
 LOCK_WAIT_S = 1.0  # how long a publisher waits for the lock before giving up this time
+ENGINE_BOOK_TTL_S = 30.0  # a replica's rows older than this leave the merged book
+
+
+class EngineBook(TypedDict):
+    """One engine's part of a market's book: its latest round's rows."""
+
+    epoch: str
+    seq: int
+    at: float  # Unix seconds (wall) it was received
+    waiting: int
+    rows: dict[str, BookRow]
 
 
 class BookState(TypedDict):
@@ -40,11 +57,12 @@ class BookState(TypedDict):
 
     version: int
     published_at: float  # Unix seconds (wall) of the last message
-    engine: str  # which engine reported it
+    engine: str  # which engine reported the latest round
     epoch: str  # that engine run's epoch (round ids are "<engine>:<epoch>:<seq>")
     seq: int  # the round's number in that run
     meta: dict[str, Any]  # BookMeta without version
-    rows: dict[str, BookRow]
+    rows: dict[str, BookRow]  # the merge of ``engines``' rows
+    engines: dict[str, EngineBook]
 
 
 def state_key(market: str) -> str:
@@ -97,6 +115,34 @@ def book_meta(record: RoundRecord) -> dict[str, Any]:
         "policy": record["policy"],
         "reserve": float(record["reserve"]),
     }
+
+
+def book_merge(books: Mapping[str, Mapping[str, BookRow]]) -> dict[str, BookRow]:
+    """One book from several engines' (engine id -> rows): see the module's docstring. One
+    engine's book is returned as it is."""
+    if len(books) <= 1:
+        return dict(next(iter(books.values()), {}))
+    merged: dict[str, BookRow] = {}
+    work: dict[str, float] = {}  # key -> summed uncached tokens of work (bid_sum / density)
+    for engine, rows in sorted(books.items()):
+        for key, row in rows.items():
+            own_work = row["bid_sum"] / row["density"] if row["density"] > 0 else 0.0
+            if key not in merged:
+                merged[key] = {**row, "replicas": {engine: row["requests"]}}
+                work[key] = own_work
+                continue
+            m = merged[key]
+            m["requests"] += row["requests"]
+            m["bid_sum"] += row["bid_sum"]
+            m["cached_tokens"] = max(m["cached_tokens"], row["cached_tokens"])
+            m["rank"] = min(m["rank"], row["rank"])
+            m["position"] = min(m["position"], row["position"])
+            m["replicas"][engine] = row["requests"]
+            work[key] += own_work
+    for key, m in merged.items():
+        m["bid_mean"] = m["bid_sum"] / m["requests"] if m["requests"] else 0.0
+        m["density"] = m["bid_sum"] / work[key] if work[key] > 0 else m["density"]
+    return merged
 
 
 def book_diff(
@@ -171,17 +217,21 @@ def book_publish(
             return "busy"
         now = time.time() if now is None else now
         state = book_state(market)
+        engines: dict[str, EngineBook] = dict(state.get("engines") or {}) if state else {}
         if state is not None:
             if now - state["published_at"] < min_interval_s:
                 return "throttled"
-            same_run = state["engine"] == engine and state.get("epoch") == epoch
-            if same_run and seq < state["seq"]:
+            mine = engines.get(engine)
+            if mine is not None and mine["epoch"] == epoch and seq < mine["seq"]:
                 return "stale"
+        engines[engine] = {
+            "epoch": epoch, "seq": seq, "at": now, "waiting": int(record["waiting"]), "rows": rows,
+        }  # fmt: skip
+        engines = {e: b for e, b in engines.items() if now - b["at"] <= ENGINE_BOOK_TTL_S}
+        merged = book_merge({e: b["rows"] for e, b in engines.items()})
         old_rows = state["rows"] if state is not None else {}
-        changed, removed = book_diff(old_rows, rows)
-        meta = book_meta(record)
-        if state is not None and not changed and not removed:
-            return "unchanged"
+        changed, removed = book_diff(old_rows, merged)
+        meta = {**book_meta(record), "waiting": sum(b["waiting"] for b in engines.values())}
         new_state: BookState = {
             "version": (state["version"] if state is not None else 0) + 1,
             "published_at": now,
@@ -189,8 +239,14 @@ def book_publish(
             "epoch": epoch,
             "seq": seq,
             "meta": meta,
-            "rows": rows,
+            "rows": merged,
+            "engines": engines,
         }
+        if state is not None and not changed and not removed:
+            # Nothing the browsers see changed: the published state stays, with this
+            # engine's part brought up to date.
+            cache.set(state_key(market), {**state, "engines": engines}, timeout=STATE_TTL_S)
+            return "unchanged"
         _state_publish(market, new_state, changed=changed, removed=removed)
     return "sent"
 
@@ -212,6 +268,7 @@ def book_clear(*, market: str, now: float | None = None) -> bool:
             "published_at": now,
             "meta": meta,
             "rows": {},
+            "engines": {},
         }
         _state_publish(market, cleared, changed=[], removed=list(state["rows"]))
     return True

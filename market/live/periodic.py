@@ -50,11 +50,14 @@ def live_tick(*, spend_lookback_s: float = SPEND_LOOKBACK_S) -> LiveTick:
     """One round of the periodic live work (never raises for an engine that is down)."""
     tick = LiveTick()
     messages: list[tuple[str, Payload]] = []
-    for market in markets_active():
+    for market in markets_active().prefetch_related("replicas"):
         tick.markets += 1
-        if not market.engine_url:
+        replicas = [(r.engine_id, r.url) for r in market.replicas.all() if r.enabled]
+        if not market.engine_url and not replicas:
             continue
-        status = engine_status_poll(market=market.slug, engine_url=market.engine_url)
+        status = engine_status_poll(
+            market=market.slug, engine_url=market.engine_url, replicas=replicas
+        )
         messages.append((market_group(market.slug), status))
         if status["up"]:
             tick.engines_up += 1

@@ -59,6 +59,10 @@
       tr.append(cell(fmt.int(r.position + 1), "num"));
       const label = el("td", {class: "label", title: r.label});
       label.append(el("span", {class: "prefix"}, r.label || "(empty prefix)"));
+      if (r.replicas) {  // a market of replicas: who holds how many of the subtree's requests
+        const held = Object.entries(r.replicas).map(([engine, n]) => `${engine}: ${n}`);
+        label.append(el("span", {class: "replicas-held muted small"}, held.join(" · ")));
+      }
       tr.append(label);
       tr.append(cell(fmt.int(r.requests), "num"));
       tr.append(cell(fmt.rate(r.bid_sum), "num"));
@@ -152,6 +156,9 @@
     if (!s.up) {
       down.hidden = false;
       down.textContent = `The engine does not answer its /metrics: ${s.error}`;
+    } else if (s.error) {
+      down.hidden = false;  // a market of replicas, some of them down
+      down.textContent = `Serving on the replicas left; ${s.error}`;
     } else {
       down.hidden = true;
     }
@@ -163,12 +170,37 @@
       : `${fmt.seconds(s.ttft_p50_s)} / ${fmt.seconds(s.ttft_p99_s)}`;
     $("kpi-ttft-window").textContent = s.window_s ? `seconds, last ${Math.round(s.window_s)} s`
       : "seconds, since the engine started";
+    renderReplicas(s.replicas || []);
     const latest = state.engine[state.engine.length - 1];
     if (s.up && (!latest || s.at > latest.t)) {
       state.engine.push({t: s.at, queue: s.queue, tps: s.tokens_per_second});
       while (state.engine.length && state.engine[0].t < s.at - ENGINE_HISTORY_S) state.engine.shift();
       renderEngine();
     }
+  }
+
+  function renderReplicas(replicas) {
+    const card = $("replicas");
+    card.hidden = replicas.length === 0;
+    const body = $("replicas-table").querySelector("tbody");
+    body.replaceChildren(...replicas.map((r) => {
+      const row = document.createElement("tr");
+      row.dataset.engine = r.engine_id;
+      const cells = [
+        r.engine_id, r.url, r.up ? "up" : `down: ${r.error}`, fmt.int(r.queue),
+        fmt.int(r.running), fmt.pct(r.cache_hit_rate),
+        r.tokens_per_second === null ? "—" : fmt.int(r.tokens_per_second),
+        r.ttft_p50_s === null ? "—" : fmt.seconds(r.ttft_p50_s),
+      ];
+      cells.forEach((text, i) => {
+        const cell = document.createElement("td");
+        cell.textContent = text;
+        if (i >= 3) cell.className = "num";
+        if (i === 2 && !r.up) cell.className = "down";
+        row.appendChild(cell);
+      });
+      return row;
+    }));
   }
 
   function renderEngine() {

@@ -20,6 +20,7 @@ import random
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,13 +32,15 @@ from accounts.models import Role
 from accounts.services import api_key_create, budget_set, invoice_generate, month_bounds
 from config.celery import app as celery_app
 from config.embedded import LiveServices, live_services_start
+from engines.router import Router, RouterOptions
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from market.models import Market
+from market.services import replica_set
 from openai_api.gateway.keys import api_key_cache_clear
 from openai_api.gateway.selectors import caches_clear
 from tests.accounts.factories import PASSWORD, tenant_create, user_create
-from tests.conftest import REPO_ROOT, DaphneThread
+from tests.conftest import REPO_ROOT, DaphneThread, dead_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -117,6 +120,7 @@ class LiveMarket:
     keys: dict[str, str]
     sent: int = 0
     errors: list[str] = field(default_factory=list)
+    replicas: list[ServerThread] = field(default_factory=list)  # a fleet: behind the router
 
 
 class LoadGenerator:
@@ -177,17 +181,39 @@ class LoadGenerator:
 def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
     """A market with a real engine, two tenants (acme, globex) with members and an operator,
     the embedded live publishers, and load from both tenants' programs."""
+    with _live(asgi_server, tmp_path, replicas=1) as live:
+        yield live
+
+
+@pytest.fixture
+def live_fleet(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
+    """The same market served by two replicas behind SGLang's real router (its entry point),
+    each writing its own round records."""
+    with _live(asgi_server, tmp_path, replicas=2) as live:
+        yield live
+
+
+@contextmanager
+def _live(asgi_server, tmp_path: Path, *, replicas: int) -> Iterator[LiveMarket]:
     caches_clear()
     api_key_cache_clear()
     eager = celery_app.conf.task_always_eager
     celery_app.conf.task_always_eager = True  # the reserve push runs in the request, as embedded
     slug = f"live-{uuid.uuid4().hex[:8]}"
-    jsonl = tmp_path / "rounds.jsonl"
-    sim = ServerThread(
-        ServerOptions.of(
-            port=0, speed=1.0, market=slug, rounds_jsonl=str(jsonl), settings=ENGINE_SETTINGS
-        )
-    ).start()
+    files = [tmp_path / f"rounds-{i}.jsonl" for i in range(replicas)]
+    sims = [
+        ServerThread(
+            ServerOptions.of(
+                port=0, speed=1.0, market=slug, rounds_jsonl=str(jsonl), settings=ENGINE_SETTINGS,
+                engine_id=None if replicas == 1 else f"{slug}-r{i + 1}",
+            )
+        ).start()
+        for i, jsonl in enumerate(files)
+    ]  # fmt: skip
+    router = None
+    if replicas > 1:
+        options = RouterOptions(port=dead_port(), worker_urls=tuple(s.url for s in sims))
+        router = Router(options).start()
     market = Market.objects.create(
         slug=slug,
         name="Live LLM",
@@ -195,8 +221,11 @@ def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]
         price_input_per_mtok="0.15",
         price_cached_input_per_mtok="0.075",
         price_output_per_mtok="0.6",
-        engine_url=sim.url,
+        engine_url=router.url if router is not None else sims[0].url,
     )
+    if router is not None:
+        for i, sim in enumerate(sims):
+            replica_set(market=market, engine_id=f"{slug}-r{i + 1}", url=sim.url)
     keys = {}
     start, end = month_bounds(year=2026, month=1)
     for name in ["acme", "globex"]:
@@ -206,15 +235,21 @@ def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]
         user_create(f"{name}_admin", tenant=tenant, role=Role.ADMIN)
         invoice_generate(tenant=tenant, period_start=start, period_end=end)
     user_create("operator", staff=True)
-    live = LiveMarket(server=asgi_server, sim=sim, market=market, keys=keys)
-    services: LiveServices = live_services_start(loop=asgi_server.loop, rounds_jsonl=jsonl)
+    live = LiveMarket(
+        server=asgi_server, sim=sims[0], market=market, keys=keys,
+        replicas=sims if router is not None else [],
+    )  # fmt: skip
+    services: LiveServices = live_services_start(loop=asgi_server.loop, rounds_jsonl=files)
     load = LoadGenerator(live).start()
     try:
         yield live
     finally:
         load.stop()
         services.stop()
-        sim.stop()
+        if router is not None:
+            router.stop()
+        for sim in sims:
+            sim.stop()
         celery_app.conf.task_always_eager = eager
         caches_clear()
         api_key_cache_clear()

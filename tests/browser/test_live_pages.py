@@ -125,3 +125,26 @@ def test_a_tenant_cannot_open_the_operator_console(page, live_market: LiveMarket
     page.goto(f"{live_market.server.url}/tenants/acme/dashboard/")
     assert page.locator("nav a:text('Console')").count() == 0
     screenshot(page, "tenant-no-console")
+
+
+def test_the_operator_sees_each_replica_and_the_reserve_reaches_both(page, live_fleet: LiveMarket):
+    """Two replicas behind SGLang's router: the console's status is the fleet's, with a row per
+    replica; the book is merged; a reserve moved in the browser reaches both replicas."""
+    url = f"/console/markets/{live_fleet.market.slug}/"
+    login(page, live_fleet.server, "operator", url)
+    page.wait_for_selector("#live-state[data-state=live]")
+    page.wait_for_selector("#replicas:not([hidden]) #replicas-table tbody tr", timeout=30_000)
+    engines = page.eval_on_selector_all(
+        "#replicas-table tbody tr", "rows => rows.map(r => r.dataset.engine)"
+    )
+    slug = live_fleet.market.slug
+    assert engines == [f"{slug}-r1", f"{slug}-r2"]
+    cells = page.inner_text("#replicas-table tbody")
+    assert cells.count("up") >= 2 and "down" not in cells
+    page.wait_for_selector("#book tbody tr[data-key]", timeout=45_000)
+    screenshot(page, "console-replicas")
+    page.fill("#reserve-input", "0.003")
+    page.click("#reserve-form button[type=submit]")
+    page.wait_for_selector("#reserve-audit tbody tr")
+    reserves = [r.call(lambda r=r: r.server.engine.reserve) for r in live_fleet.replicas]
+    assert reserves == [0.003, 0.003]

@@ -77,6 +77,11 @@ class LiveMarket:
         db = tmp_path / "live.sqlite3"
         shutil.copy(seeded_db, db)
         self.web, self.engine = dead_port(), dead_port()
+        # With replicas (the default: two behind the router), they listen on the next ports.
+        replicas = int(args[args.index("--replicas") + 1]) if "--replicas" in args else 2
+        self.replica_ports = (
+            [self.engine + i for i in range(1, replicas + 1)] if replicas > 1 else []
+        )
         self.base = f"http://127.0.0.1:{self.web}"
         self.var = tmp_path / "var"
         self.lines: list[str] = []
@@ -128,10 +133,11 @@ class LiveMarket:
         """SIGTERM, as Ctrl-C; then every child must have closed its port."""
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=30)
+        ports = [self.web, self.engine, *self.replica_ports]
         stopped = time.monotonic() + 15
-        while (_listening(self.web) or _listening(self.engine)) and time.monotonic() < stopped:
+        while any(_listening(p) for p in ports) and time.monotonic() < stopped:
             time.sleep(0.1)
-        assert not _listening(self.web) and not _listening(self.engine), "children left behind"
+        assert not any(_listening(p) for p in ports), "children left behind"
 
 
 def _chat(base: str, key: str, i: int, *, bid: float | None) -> tuple[int, dict]:
@@ -160,14 +166,49 @@ def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path, seeded):
         market.up()
         banner = market.output
         assert f"{market.base}/console/" in banner and "operator-demo-pass" in banner
+        assert "SGLang's router in front of 2 simulated replicas" in banner
         assert json.loads(_get(f"{market.base}/healthz"))["status"] == "ok"
-        assert _get(f"http://127.0.0.1:{market.engine}/health") == b""
-        # The agents' requests go through the gateway and are settled from the round records.
-        rounds = market.var / "rounds.jsonl"
+        # The entry point is the router, with both replicas healthy behind it.
+        workers = json.loads(_get(f"http://127.0.0.1:{market.engine}/workers"))["workers"]
+        assert sorted(w["url"] for w in workers if w["is_healthy"]) == [
+            f"http://127.0.0.1:{p}" for p in market.replica_ports
+        ]
+        for port in market.replica_ports:
+            assert _get(f"http://127.0.0.1:{port}/health") == b""
+        # The agents' requests go through the gateway and the router, and each replica records
+        # the rounds it ran (its own file, settled by the web process).
+        files = [market.var / f"rounds-sim-{i}.jsonl" for i in (1, 2)]
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (rounds.exists() and rounds.stat().st_size):
+        while time.monotonic() < deadline and not all(
+            f.exists() and f.stat().st_size for f in files
+        ):
             time.sleep(0.5)
-        assert rounds.exists() and rounds.stat().st_size > 0, "no round was recorded"
+        assert all(f.exists() and f.stat().st_size > 0 for f in files), "a replica ran no round"
+    finally:
+        market.stop()
+
+
+def test_a_killed_replica_is_routed_around_and_restarted(tmp_path, seeded):
+    db, key = seeded
+    market = LiveMarket(tmp_path, db, "--no-agents", "--restart-delay", "3")
+    try:
+        market.up()
+        victim = market.pid_of("engine-1")
+        assert _chat(market.base, key, 0, bid=0.01)[0] == 200
+        seen = len(market.lines)
+        os.kill(victim, signal.SIGKILL)
+        while _listening(market.replica_ports[0]):
+            time.sleep(0.05)
+        # The router sends the market's requests to the replica left: the tenant sees no error.
+        statuses = [_chat(market.base, key, i, bid=0.01)[0] for i in range(1, 7)]
+        assert statuses == [200] * 6, statuses
+        market.wait_line(r"engine-1: exited \(signal 9 \(SIGKILL\)\)", after=seen)
+        assert market.pid_of("engine-1", after=seen) != victim
+        deadline = time.monotonic() + 30
+        while not _listening(market.replica_ports[0]):
+            assert time.monotonic() < deadline, "the replica was not started again"
+            time.sleep(0.2)
+        assert _get(f"http://127.0.0.1:{market.replica_ports[0]}/health") == b""
     finally:
         market.stop()
 
@@ -175,7 +216,7 @@ def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path, seeded):
 def test_a_killed_engine_is_restarted_and_the_gateway_answers_503_meanwhile(tmp_path, seeded):
     db, key = seeded
     # A first delay of 3 s keeps the engine down long enough to be seen down.
-    market = LiveMarket(tmp_path, db, "--no-agents", "--restart-delay", "3")
+    market = LiveMarket(tmp_path, db, "--no-agents", "--restart-delay", "3", "--replicas", "1")
     try:
         market.up()
         engine_pid, web_pid = market.pid_of("engine"), market.pid_of("web")
@@ -209,7 +250,7 @@ def test_embedded_sqlite_answers_concurrent_requests_while_settling_without_5xx(
     web process) and the pacing steps (in live_market's, every 0.1 s here) write one SQLite
     file at once: every request must still be served (no "database is locked" 500)."""
     db, key = seeded
-    market = LiveMarket(tmp_path, db, "--no-agents", AUTOBID_INTERVAL_S="0.1")
+    market = LiveMarket(tmp_path, db, "--no-agents", "--replicas", "1", AUTOBID_INTERVAL_S="0.1")
     n = 240
     try:
         market.up()

@@ -107,3 +107,47 @@ def test_clearing_an_idle_book(sent, unique_slug) -> None:
     assert diff["changed"] == [] and sorted(diff["removed"]) == ["a", "b"]
     assert diff["waiting"] == 0 and diff["version"] == 2
     assert not book.book_clear(market=unique_slug, now=12.0)  # already empty
+
+
+def test_two_replicas_books_merge_by_subtree_key(sent, unique_slug) -> None:
+    """Replica 1 holds subtree s (3 requests, $0.6/s, 100 tokens of work) and a; replica 2 holds
+    s too (1 request, $0.4/s, 100 tokens) and b. Merged, by hand: s has 4 requests, $1.0/s,
+    mean 0.25, density 1.0 / 200 = 0.005 (not the mean of 0.006 and 0.004), the best rank and
+    position of the two, and says which replica holds how many."""
+    one = record(unique_slug, 1, engine="rep-1", waiting=5, subtrees=[
+        subtree("s", requests=3, bid_sum=0.6, position=2, rank=1), subtree("a", requests=2),
+    ])  # fmt: skip
+    two = record(unique_slug, 1, engine="rep-2", waiting=3, subtrees=[
+        subtree("s", requests=1, bid_sum=0.4, position=0, rank=0), subtree("b", requests=2),
+    ])  # fmt: skip
+    assert book.book_publish(record=one, rows=book.book_rows(one), now=10.0) == "sent"
+    assert book.book_publish(record=two, rows=book.book_rows(two), now=11.0) == "sent"
+    snapshot = book.book_snapshot(unique_slug)
+    rows = {r["key"]: r for r in snapshot["rows"]}
+    assert sorted(rows) == ["a", "b", "s"] and snapshot["waiting"] == 8
+    s = rows["s"]
+    assert (s["requests"], s["bid_sum"], s["bid_mean"]) == (4, pytest.approx(1.0), 0.25)
+    assert s["density"] == pytest.approx(0.005)
+    assert (s["rank"], s["position"]) == (0, 0)
+    assert s["replicas"] == {"rep-1": 3, "rep-2": 1}
+    assert rows["a"]["replicas"] == {"rep-1": 2} and rows["b"]["replicas"] == {"rep-2": 2}
+    # The browser's copy, rebuilt from the diffs, is the merged book.
+    shown: dict = {}
+    for _, diff in sent:
+        shown = book.book_apply(shown, diff["changed"], diff["removed"])
+    assert shown == {r["key"]: r for r in snapshot["rows"]}
+
+
+def test_a_replica_that_went_silent_leaves_the_merged_book(sent, unique_slug) -> None:
+    one = record(unique_slug, 1, engine="rep-1", subtrees=[subtree("a")])
+    two = record(unique_slug, 1, engine="rep-2", subtrees=[subtree("b")])
+    book.book_publish(record=one, rows=book.book_rows(one), now=10.0)
+    book.book_publish(record=two, rows=book.book_rows(two), now=11.0)
+    later = record(unique_slug, 2, engine="rep-2", subtrees=[subtree("b", requests=3)])
+    assert book.book_publish(record=later, rows=book.book_rows(later), now=10.0 + 31.0) == "sent"
+    assert [r["key"] for r in book.book_snapshot(unique_slug)["rows"]] == ["b"]
+    # One engine left: its rows as they are (no per-replica counts to show).
+    assert "replicas" not in book.book_snapshot(unique_slug)["rows"][0]
+    # A replica's older round is stale for it alone.
+    older = record(unique_slug, 1, engine="rep-2", subtrees=[subtree("c")])
+    assert book.book_publish(record=older, rows=book.book_rows(older), now=50.0) == "stale"

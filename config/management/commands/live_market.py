@@ -2,15 +2,21 @@
 
 Starts, as child processes, and stops them all on Ctrl-C:
 
-- the simulated engine in real time (``engines.sim.server``), with the demo market's
-  policy and reserve;
+- the market's engines: by default two simulated replicas in real time (``engines.sim.server``,
+  each with the demo market's policy and reserve, following the control store when there is
+  Redis) behind SGLang's router (``engines.router``, ``--router-policy``) on ``--engine-port``,
+  the market's entry point; with ``--replicas 1``, one engine there and no router. The replicas
+  are the market's (``market.Replica``), so the console's controls and status reach each;
 - the web server: with Redis, Daphne, a Celery worker and celery beat (round records through
   the Redis stream, pacing and the live publishers on beat); without Redis (the embedded
   defaults), ``manage.py live_serve``, which runs Daphne with the round-record follower and the
   live publishers in the same process, since the in-memory channel layer does not cross
   processes (the autobidders' pacing steps then run here, in a thread);
 - a load of agents bidding through the gateway (``benchmarks.agents``) with fresh API
-  keys of the demo tenants; Globex's requests without a bid go through its autobidder.
+  keys of the demo tenants; Globex's requests without a bid go through its autobidder. The demo
+  engines are small (``DEMO_ENGINE``: a few requests running at a time) and the load is near
+  what they serve, so that the console shows what the market is for: queues, subtrees
+  competing in the book, priority charges.
 
 Once all are up, a child that exits (the engine crashed, say) is started again with backoff
 (``config.supervisor``), and the others keep serving meanwhile: the gateway
@@ -39,13 +45,22 @@ from accounts.models import ApiKey, Autobidder, Tenant
 from accounts.services import DEMO_OPERATOR, DEMO_TENANTS, api_key_create, api_key_revoke
 from accounts.services.autobidder import autobidder_configure
 from config.supervisor import ChildSpec, Process, RestartPolicy, Supervisor
-from market.models import Market
-from market.services import market_demo_seed
+from engines.router import RouterOptions, router_argv, router_env, router_ready
+from market.models import Market, Replica
+from market.services import market_demo_seed, replica_set
 
 ROOT = Path(settings.BASE_DIR)
 AGENT_KEY_NAME = "live-market agents"
 # Embedded mode: seconds between two holds sweeps (celery beat runs it every minute with Redis).
 SWEEP_INTERVAL_S = 60.0
+# The demo's engines: a small deployment (a few requests at a time, a slow decode), so that the
+# agents' load queues requests and the auction has something to order.
+DEMO_ENGINE = ("max_running_requests=4", "step_fixed_s=0.03")
+DEMO_SESSIONS_PER_MINUTE = 60.0  # the agents' load: about what two such replicas serve
+# The router's cache-aware balance: a replica more than this many requests busier than the
+# idlest (and 1.5 times as busy) gets no new request, so both replicas work even when two
+# tenants' prompts would put most requests on one (the router's default waits for 64).
+DEMO_BALANCE_ABS = 8
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -58,8 +73,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--engine-port", type=int, default=30000)
-        parser.add_argument("--sessions-per-minute", type=float, default=30.0)
+        parser.add_argument(
+            "--engine-port", type=int, default=30000,
+            help="the market's entry point: the router, or the one engine (replicas on the "
+            "next ports)",
+        )  # fmt: skip
+        parser.add_argument("--replicas", type=int, default=2, help="simulated replicas")
+        parser.add_argument(
+            "--router-policy", default="cache_aware",
+            choices=["cache_aware", "round_robin", "random", "power_of_two"],
+        )  # fmt: skip
+        parser.add_argument("--sessions-per-minute", type=float, default=DEMO_SESSIONS_PER_MINUTE)
         parser.add_argument("--no-agents", action="store_true", help="no load generator")
         parser.add_argument(
             "--var", type=Path, default=ROOT / "var", help="logs and round records (var/)"
@@ -77,15 +101,29 @@ class Command(BaseCommand):
         var = opts["var"]
         logs = var / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        if opts["replicas"] < 1:
+            raise CommandError("--replicas must be at least 1")
         engine_url = f"http://127.0.0.1:{opts['engine_port']}"
-        market = self._market(engine_url)
+        engines = self._engines(opts, var)
+        market = self._market(engine_url, engines)
         keys = self._agent_keys()
         redis_url = settings.REDIS_URL
         py = sys.executable
         manage = str(ROOT / "manage.py")
-        rounds = var / "rounds.jsonl"
         base = f"http://{opts['host']}:{opts['port']}"
-        children = [ChildSpec("engine", lambda: self._engine_argv(market, opts, redis_url, rounds))]
+        children = [
+            ChildSpec(name, lambda e=e: self._engine_argv(market, e, redis_url))
+            for name, e in engines.items()
+        ]
+        if len(engines) > 1:
+            router = RouterOptions(
+                port=opts["engine_port"],
+                worker_urls=tuple(e["url"] for e in engines.values()),
+                policy=opts["router_policy"],
+                balance_abs_threshold=DEMO_BALANCE_ABS,
+                balance_rel_threshold=1.5,
+            )
+            children.append(ChildSpec("router", router_argv(router)))
         if redis_url:
             children += [
                 ChildSpec("web", [str(Path(py).parent / "daphne"), "-b", opts["host"], "-p",
@@ -97,10 +135,10 @@ class Command(BaseCommand):
                                    str(var / "celerybeat-schedule")]),
             ]  # fmt: skip
         else:
-            children.append(
-                ChildSpec("web", [py, manage, "live_serve", "--host", opts["host"], "--port",
-                                  str(opts["port"]), "--rounds-jsonl", str(rounds)])
-            )  # fmt: skip
+            serve = [py, manage, "live_serve", "--host", opts["host"], "--port", str(opts["port"])]
+            for e in engines.values():
+                serve += ["--rounds-jsonl", str(e["rounds"])]
+            children.append(ChildSpec("web", serve))
         if not opts["no_agents"]:
             agents = [py, "-m", "benchmarks.agents", "--base-url", f"{base}/v1",
                       "--model", market.served_model,
@@ -124,8 +162,10 @@ class Command(BaseCommand):
             # port taken, a bad option), which no restart would mend.
             for spec in children:
                 proc = supervisor.start(spec.name)
-                if spec.name == "engine":
-                    self._wait_http(f"{engine_url}/health", spec.name, proc)
+                if spec.name in engines:
+                    self._wait_http(f"{engines[spec.name]['url']}/health", spec.name, proc)
+                elif spec.name == "router":
+                    self._wait_router(engine_url, len(engines), proc)
                 elif spec.name == "web":
                     self._wait_http(f"{base}/healthz", spec.name, proc)
             if not redis_url:
@@ -143,11 +183,35 @@ class Command(BaseCommand):
 
     # --- setup --------------------------------------------------------------------------------
 
-    def _market(self, engine_url: str) -> Market:
-        """The demo market, pointed at the engine this command starts."""
+    def _engines(self, opts: dict[str, Any], var: Path) -> dict[str, dict[str, Any]]:
+        """The engines to start, by child name: port, URL, engine id, round-record file. One
+        engine is the entry point itself; replicas take the ports after it."""
+        n, entry = opts["replicas"], opts["engine_port"]
+        if n == 1:
+            return {"engine": {"port": entry, "url": f"http://127.0.0.1:{entry}",
+                               "engine_id": None, "rounds": var / "rounds.jsonl"}}  # fmt: skip
+        engines = {}
+        for i in range(1, n + 1):
+            port = entry + i
+            engines[f"engine-{i}"] = {
+                "port": port,
+                "url": f"http://127.0.0.1:{port}",
+                "engine_id": f"sim-{i}",
+                "rounds": var / f"rounds-sim-{i}.jsonl",
+            }
+        return engines
+
+    def _market(self, engine_url: str, engines: dict[str, dict[str, Any]]) -> Market:
+        """The demo market, pointed at the entry point this command starts, with its replicas
+        (those of an earlier run that this one does not start are disabled)."""
         market = market_demo_seed()
         Market.objects.filter(pk=market.pk).update(engine_url=engine_url, chat_template="simple")
         market.refresh_from_db()
+        ids = [e["engine_id"] for e in engines.values() if e["engine_id"] is not None]
+        for e in engines.values():
+            if e["engine_id"] is not None:
+                replica_set(market=market, engine_id=e["engine_id"], url=e["url"])
+        Replica.objects.filter(market=market).exclude(engine_id__in=ids).update(enabled=False)
         return market
 
     def _agent_keys(self) -> dict[str, str]:
@@ -177,9 +241,9 @@ class Command(BaseCommand):
     # --- processes ----------------------------------------------------------------------------
 
     def _engine_argv(
-        self, market: Market, opts: dict[str, Any], redis_url: str | None, rounds: Path
+        self, market: Market, engine: dict[str, Any], redis_url: str | None
     ) -> list[str]:
-        """The simulated engine's command line, with the market's policy and reserve as they
+        """A simulated engine's command line, with the market's policy and reserve as they
         are now (a restarted engine must not come back with those of the command's start;
         if the database cannot say, with those last read)."""
         close_old_connections()  # this thread's connection may have idled out long ago
@@ -189,15 +253,22 @@ class Command(BaseCommand):
             self._report(f"engine: cannot read the market's policy and reserve now ({exc})")
         argv = [
             sys.executable, "-m", "engines.sim.server", "--host", "127.0.0.1",
-            "--port", str(opts["engine_port"]), "--policy", market.policy,
+            "--port", str(engine["port"]), "--policy", market.policy,
             "--reserve", str(market.reserve), "--market", market.slug,
         ]  # fmt: skip
+        if engine["engine_id"] is not None:
+            argv += ["--engine-id", engine["engine_id"]]
+        for setting in DEMO_ENGINE:
+            argv += ["--set", setting]
         if redis_url:
-            return [*argv, "--redis-url", redis_url]
-        return [*argv, "--rounds-jsonl", str(rounds)]
+            # The store has the console's latest values even if the database read above failed.
+            return [*argv, "--redis-url", redis_url, "--follow-control"]
+        return [*argv, "--rounds-jsonl", str(engine["rounds"])]
 
     def _start(self, name: str, argv: list[str], logs: Path) -> subprocess.Popen:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if name == "router":
+            env = router_env(env)
         # The child writes to its own copy of the descriptor: closing ours after the start keeps
         # a child that is restarted again and again from leaking one per start.
         with open(logs / f"{name}.log", "ab") as log:
@@ -217,6 +288,15 @@ class Command(BaseCommand):
             except OSError:
                 time.sleep(0.3)
         raise CommandError(f"{name} did not answer at {url} within {timeout_s:.0f} s")
+
+    def _wait_router(self, url: str, workers: int, proc: Process, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not router_ready(url, workers):
+            if proc.poll() is not None:
+                raise CommandError(f"router exited with {proc.returncode}; see var/logs/router.log")
+            if time.monotonic() > deadline:
+                raise CommandError(f"the router at {url} had no {workers} healthy replicas")
+            time.sleep(0.3)
 
     def _pace(self, stop: threading.Event) -> None:
         """Embedded mode: the autobidders' pacing steps and the holds sweep (celery beat's
@@ -248,6 +328,12 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def _banner(self, base: str, market: Market, redis_url: str | None, logs: Path) -> None:
+        replicas = market.replicas.filter(enabled=True).count()
+        engines = (
+            f"SGLang's router in front of {replicas} simulated replicas"
+            if replicas
+            else "one simulated engine, real time"
+        )
         mode = "PostgreSQL/Redis + Celery worker" if redis_url else "embedded defaults"
         lines = [
             "",
@@ -262,7 +348,7 @@ class Command(BaseCommand):
             )
         lines += [
             f"  API           {base}/v1  (model {market.served_model}; OpenAI-compatible)",
-            f"  engine        {market.engine_url}  (simulated, real time)",
+            f"  engine        {market.engine_url}  ({engines})",
             f"  logs          {logs}/",
             "Children that exit are started again; Ctrl-C stops everything.",
         ]

@@ -1,6 +1,6 @@
 """``manage.py live_serve``: Daphne plus the live publishers in one process (embedded mode).
 
-    manage.py live_serve [--host 127.0.0.1] [--port 8000] [--rounds-jsonl PATH] [--no-periodic]
+    manage.py live_serve [--host 127.0.0.1] [--port 8000] [--rounds-jsonl PATH ...] [--no-periodic]
 
 Serves ``config.asgi:application`` like ``daphne -b HOST -p PORT``, and once the server's event
 loop runs starts ``config.embedded``: with ``--rounds-jsonl`` the follower that settles the
@@ -27,8 +27,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--rounds-jsonl",
             type=Path,
+            action="append",
+            default=[],
             metavar="PATH",
-            help="settle and publish the round records an engine appends to PATH",
+            help="settle and publish the round records an engine appends to PATH (repeat it "
+            "for each replica's file)",
         )
         parser.add_argument(
             "--no-periodic",

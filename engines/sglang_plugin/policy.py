@@ -32,6 +32,7 @@ from scheduler_bridge.contract.writer import RoundRecorder, token_label, tokeniz
 from . import metrics
 from .config import PluginConfig, config_from_env
 from .market_queue import MarketQueue
+from .rank_control import RankSharedControl
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +63,15 @@ def _reporting_rank() -> bool:
         return True
 
 
-def _attn_tp_size() -> int:
-    """Ranks that schedule one replica's queue together (attention tensor parallelism)."""
+def _attn_tp_group() -> Any | None:
+    """SGLang's attention-TP group coordinator of this scheduler (``world_size``, ``rank``,
+    ``first_rank``, ``cpu_group``); None without a published runtime context (tests, tools)."""
     try:
         from sglang.srt.runtime_context import get_parallel
 
-        return int(getattr(get_parallel(), "attn_tp_size", 1) or 1)
+        return get_parallel().attn_tp_group
     except Exception:  # noqa: BLE001 - no published server args (tests, tools)
-        return 1
+        return None
 
 
 # SGLang's own startup rule (arg_groups/validation_hook.py): priority scheduling runs only
@@ -173,18 +175,25 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
             )
 
     @staticmethod
-    def _control_follower(config: PluginConfig) -> ControlFollower | None:
-        """The follower of the market's control store, started (it reads the store once now)."""
+    def _control_follower(config: PluginConfig) -> ControlFollower | RankSharedControl | None:
+        """The follower of the market's control store, started (it reads the store once now).
+
+        With attention TP > 1 the ranks share one follower, on the group's first rank
+        (``rank_control``), so that every rank switches in the same round.
+        """
         if not config.follow_control:
             return None
-        if _attn_tp_size() > 1:
-            # Each rank would read the store on its own and could switch in a different round
-            # from the others, and ranks that order one queue differently hang the batch.
-            log.warning(
-                "market plugin: attention TP size > 1: the market's control store is not "
-                "followed; the policy and reserve stay the configured ones"
-            )
-            return None
+        tp = _attn_tp_group()
+        if tp is not None and tp.world_size > 1:
+            leader = tp.rank == tp.first_rank
+            follower = AuctionSchedulePolicy._store_follower(config) if leader else None
+            if leader and follower is None:
+                return None
+            return RankSharedControl(follower, group=tp.cpu_group, src=tp.first_rank, rank=tp.rank)
+        return AuctionSchedulePolicy._store_follower(config)
+
+    @staticmethod
+    def _store_follower(config: PluginConfig) -> ControlFollower | None:
         follower = follower_for(
             market=config.knobs.market,
             redis_url=config.redis_url,

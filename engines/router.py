@@ -19,10 +19,10 @@ What this module sets, and why:
 - **A dead replica's circuit opens after ``circuit_failure_threshold`` failures** (default 2,
   the router's own is 10): the router retries a failed request (5 times by default), but under
   ``cache_aware`` the retries go back to the replica that holds the prefix, dead or not, until
-  its circuit opens; measured with a replica killed under the live market, 2 of 6 requests
-  failed at the router's 10 and none at 2. An open circuit is tried again after
-  ``circuit_open_s`` (5 s; the router's default is 60 s), so a replica that restarted gets
-  requests again within seconds.
+  its circuit opens; with the replica that holds a prefix killed, 2 of the next 6 requests on
+  that prefix failed at the router's 10 (in each of 4 trials) and none at 2. An open circuit is
+  tried again after ``circuit_open_s`` (5 s; the router's default is 60 s), so a replica that
+  restarted gets requests again within seconds.
 - **Quiet**: ``--log-level warn`` (the router logs two lines per request at info).
 - **Its own metrics port**: the router serves Prometheus metrics on a port of its own, 29000
   unless told; a second router on the machine (a test, a benchmark, a second market) would find

@@ -185,6 +185,7 @@ class RequestRow(TypedDict):
     block_bid_mean: float | None  # $/s, the average bid of the subtree it waited in
     block_density: float | None  # $/s per token, that subtree's bid density
     block_requests: int | None  # requests in that subtree
+    engine: str | None  # the replica whose queue it waited in (its round record's engine)
     time_saved_s: float | None  # planned seconds its bid saved over bidding 0
     priority_charge: str | None  # dollars
     token_charge: str | None  # dollars

@@ -49,6 +49,7 @@ def request_row(why: RequestWhy) -> RequestRow:
     """The payload row of one request (``RequestWhy`` from the accounts selectors)."""
     detail = why.detail
     block = detail.get("block") if isinstance(detail.get("block"), dict) else {}
+    engine = detail.get("engine")  # the replica it waited at (its round record's engine id)
     return {
         "request_id": why.request_id,
         "at": why.created_at.timestamp(),
@@ -62,6 +63,7 @@ def request_row(why: RequestWhy) -> RequestRow:
         "block_bid_mean": _float(block.get("bid_mean")),
         "block_density": _float(block.get("density")),
         "block_requests": _int(block.get("requests")),
+        "engine": engine if isinstance(engine, str) else None,
         "time_saved_s": _float(detail.get("time_saved_s")),
         "priority_charge": _money(why.priority_charge),
         "token_charge": _money(why.token_charge),

@@ -141,7 +141,9 @@
       if (r.effective_bid === 0 && Number(r.bid) > 0) bid.title = "under the reserve: no priority";
       tr.append(bid);
       tr.append(cell(fmt.rate(r.block_bid_mean), "num"), cell(fmt.density(r.block_density), "num"));
-      tr.append(cell(r.position === null ? "—" : `#${r.position + 1}`, "num"));
+      const rank = cell(r.position === null ? "—" : `#${r.position + 1}`, "num");
+      if (r.engine) rank.title = `in the queue of replica ${r.engine}`;
+      tr.append(rank);
       tr.append(cell(fmt.seconds(r.time_saved_s), "num"));
       tr.append(cell(fmt.dollars(r.priority_charge), "num"), cell(fmt.dollars(r.token_charge), "num"));
       tr.append(cell(fmt.seconds(r.ttft_s), "num"), cell(fmt.seconds(r.e2e_s), "num"));

@@ -99,6 +99,7 @@ def check_published(messages, market: str) -> None:
     )
     assert a2["priority_charge"] == "0.004000000" and a2["block_bid_mean"] == 0.25
     assert a2["position"] == 1 and a2["time_saved_s"] == 0.125 and a2["status"] == "served"
+    assert a2["engine"] == "sim@test"  # the replica that ranked it, from its round record
 
 
 def test_the_jsonl_follower_publishes_what_it_settles(sent, market, tmp_path) -> None:

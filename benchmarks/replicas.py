@@ -34,7 +34,6 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from engines.router import Router, RouterOptions
+from engines.router import Router, RouterOptions, free_ports
 from engines.sim import EngineConfig
 from market.mechanism import POLICIES
 from scheduler_bridge.client import EngineClient, EngineError, generate_body
@@ -145,18 +144,6 @@ def config_settings(config: EngineConfig) -> list[str]:
     return [
         f"{name}={value}" for name, value in asdict(config).items() if value != getattr(base, name)
     ]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports free a moment ago (all bound at once, so none repeats)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 @dataclass

@@ -42,6 +42,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 NOWHERE = "http://127.0.0.1:9"  # the discard port: connections are refused at once
@@ -109,15 +110,37 @@ def router_argv(options: RouterOptions, *, python: str = sys.executable) -> list
     return argv
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports free on ``host`` a moment ago (bound all at once, so none is
+    handed out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def free_port(host: str = "127.0.0.1", *, not_: int | None = None) -> int:
     """A TCP port free on ``host`` a moment ago, other than ``not_`` (the router's own, which
     may well be free too until the router binds it)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port != not_:
-            return port
+    return next(p for p in free_ports(2, host) if p != not_)
+
+
+def router_wait(
+    url: str, workers: int, process: Any | None = None, *, timeout_s: float = START_TIMEOUT_S
+) -> None:
+    """Wait until the router at ``url`` has ``workers`` healthy workers; RuntimeError when
+    ``process`` (anything with ``poll`` and ``returncode``) exits first, or past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not router_ready(url, workers):
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the router exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the router at {url} had not {workers} healthy workers")
+        time.sleep(0.2)
 
 
 def router_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -164,13 +187,7 @@ class Router:
 
     def wait_ready(self, workers: int, *, timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait until ``workers`` workers are healthy in the router (RuntimeError past it)."""
-        deadline = time.monotonic() + timeout_s
-        while not router_ready(self.url, workers):
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"the router exited with {self.process.returncode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the router at {self.url} had not {workers} healthy workers")
-            time.sleep(0.2)
+        router_wait(self.url, workers, self.process, timeout_s=timeout_s)
 
     def stop(self) -> None:
         process, self.process = self.process, None

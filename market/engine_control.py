@@ -95,9 +95,9 @@ def control_publish(market: Market) -> bool:
 def control_targets(market: Market) -> list[str]:
     """The base URLs a market's control is pushed to: its enabled replicas; without replicas,
     its entry point (its one engine); none when it has neither."""
-    urls = [r.url.strip() for r in market.replicas.filter(enabled=True) if r.url.strip()]
-    if urls or market.replicas.exists():
-        return urls
+    replicas = list(market.replicas.all())
+    if replicas:
+        return [r.url.strip() for r in replicas if r.enabled and r.url.strip()]
     entry = market.engine_url.strip()
     return [entry] if entry else []
 

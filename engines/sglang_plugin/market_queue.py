@@ -261,33 +261,34 @@ class MarketQueue:
         if clearing is None or self._cleared_version != self.tree.version:
             return
         known = self._known
-        admitted = [
-            req
-            for req in batch_reqs
-            if (seen := known.get(market_id(req))) is not None and seen[0] is req
-        ]
+        admitted: list[tuple[str, Req]] = []  # (the market's id, the request)
+        for req in batch_reqs:
+            rid = market_id(req)
+            seen = known.get(rid)
+            if seen is not None and seen[0] is req:
+                admitted.append((rid, req))
         if not admitted:
             return
         self.rounds += 1
         try:
-            self._record(clearing, [r for r in admitted if not r.retracted_stain], now)
+            self._record(clearing, [a for a in admitted if not a[1].retracted_stain], now)
         except Exception:  # a bug here must not take the scheduler down
             self.record_errors += 1
             log.exception("market round record failed")
         tree = self.tree
-        for req in admitted:
-            rid = market_id(req)
+        for rid, _ in admitted:
             tree.remove(rid)
             del known[rid]
 
-    def _record(self, clearing: Clearing, admitted: list[Req], now: float | None) -> None:
+    def _record(
+        self, clearing: Clearing, admitted: list[tuple[str, Req]], now: float | None
+    ) -> None:
         """The round's record: emitted, and each admitted request's auction fields put in its
         ``customized_info``, which SGLang carries to the answer's ``meta_info``."""
         if self.recorder is None or not admitted:
             return
         infos = []
-        for req in admitted:
-            rid = market_id(req)
+        for rid, req in admitted:
             prompt_tokens = self._known[rid][2]
             # SGLang's match at admission (init_next_round_input), at most all but one token.
             cached = min(req.prefix_len, prompt_tokens)
@@ -295,7 +296,7 @@ class MarketQueue:
         record = self.recorder.record(
             self.tree, clearing, infos, now=time.time() if now is None else now
         )
-        for req, entry in zip(admitted, record["admitted"], strict=True):
+        for (_, req), entry in zip(admitted, record["admitted"], strict=True):
             fields = auction_fields(record, entry)
             # One value per output token, as SGLang's customized_info is: ours at the first.
             info = req.customized_info if req.customized_info is not None else {}

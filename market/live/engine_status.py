@@ -132,7 +132,16 @@ def engine_status(
     *, market: str, sample: EngineSample, history: list[EngineSample]
 ) -> EngineStatus:
     """The status of ``market``'s engine from its newest ``sample`` and earlier ones."""
-    base, dt, buckets, window = _window(sample, history)
+    return _status(market, sample, _window(sample, history))
+
+
+def _status(
+    market: str,
+    sample: EngineSample,
+    window_of: tuple[EngineSample | None, float, list[tuple[float, float]], float | None],
+) -> EngineStatus:
+    """The status from a sample and its ``_window``."""
+    base, dt, buckets, window = window_of
 
     def as_int(value: float | None) -> int | None:
         return None if value is None else int(value)
@@ -294,8 +303,9 @@ def _scrape(
     else:
         key = _history_key(market, engine_id)
         history = [s for s in cache.get(key) or [] if now - s["at"] <= HISTORY_S]
-        status = engine_status(market=market, sample=sample, history=history)
-        buckets = _window(sample, history)[2]
+        window = _window(sample, history)
+        status = _status(market, sample, window)
+        buckets = window[2]
         cache.set(key, [*history, sample], timeout=int(HISTORY_S) + 10)
     replica: ReplicaStatus = {
         "engine_id": engine_id,

@@ -45,7 +45,7 @@ from accounts.models import ApiKey, Autobidder, Tenant
 from accounts.services import DEMO_OPERATOR, DEMO_TENANTS, api_key_create, api_key_revoke
 from accounts.services.autobidder import autobidder_configure
 from config.supervisor import ChildSpec, Process, RestartPolicy, Supervisor
-from engines.router import RouterOptions, router_argv, router_env, router_ready
+from engines.router import RouterOptions, router_argv, router_env, router_wait
 from market.models import Market, Replica
 from market.services import market_demo_seed, replica_set
 
@@ -290,13 +290,10 @@ class Command(BaseCommand):
         raise CommandError(f"{name} did not answer at {url} within {timeout_s:.0f} s")
 
     def _wait_router(self, url: str, workers: int, proc: Process, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not router_ready(url, workers):
-            if proc.poll() is not None:
-                raise CommandError(f"router exited with {proc.returncode}; see var/logs/router.log")
-            if time.monotonic() > deadline:
-                raise CommandError(f"the router at {url} had no {workers} healthy replicas")
-            time.sleep(0.3)
+        try:
+            router_wait(url, workers, proc, timeout_s=timeout_s)
+        except RuntimeError as exc:
+            raise CommandError(f"{exc}; see var/logs/router.log") from None
 
     def _pace(self, stop: threading.Event) -> None:
         """Embedded mode: the autobidders' pacing steps and the holds sweep (celery beat's

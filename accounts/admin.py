@@ -153,8 +153,8 @@ class InvoiceLineAdmin(ReadOnlyAdmin):
 class AutobidderAdmin(admin.ModelAdmin):
     """Settings are edited here; the multiplier moves only by the pacing steps."""
 
-    list_display = ["tenant", "enabled", "budget", "period", "mu", "updated_at"]
-    readonly_fields = ["mu", "spent_start", "spent_in_window", "updated_at"]
+    list_display = ["tenant", "enabled", "budget", "period", "mu", "exposure_factor", "updated_at"]
+    readonly_fields = ["mu", "exposure_factor", "spent_start", "spent_in_window", "updated_at"]
 
     def save_model(self, request: HttpRequest, obj: Autobidder, form, change: bool) -> None:
         """Save through the service, which validates and recounts the budget's window."""
@@ -174,5 +174,15 @@ class AutobidderAdmin(admin.ModelAdmin):
 
 @admin.register(AutobidderStep)
 class AutobidderStepAdmin(ReadOnlyAdmin):
-    list_display = ["autobidder", "at", "mu", "spent", "target", "window_spent"]
+    list_display = [
+        "autobidder",
+        "at",
+        "mu",
+        "spent",
+        "target",
+        "window_spent",
+        "exposure_factor",
+        "in_flight",
+        "uncollected",
+    ]
     list_filter = ["autobidder"]

@@ -1,412 +1,733 @@
 """Does the autobidder pace? ``python -m benchmarks.pacing`` (DESIGN.md 4.6).
 
-Tenants share one simulated engine in virtual time over a generated-shared-prefix workload.
-Each request has a value (dollars per second of waiting, drawn like the two-class bids, scaled
-per tenant) and belongs to a tenant. Most of the traffic is background: tenants without a
-budget who bid their values. Three budgeted tenants bid through their agents at each request's
-arrival and pay the priority charges of their admitted requests (token charges are the same
-whatever they bid, so they are left out), never more than the request's hold: bid x a bound on
-its wait (the engine's queue drain time at arrival), held against the budget until the request
-is admitted, as the gateway does. A tenant's budget is a share of what it spends bidding its
-full values with no budget.
+**The environment.** One simulated engine in virtual time, congested but stationary: Poisson
+arrivals at ``--rate`` (default 67 requests a second, about 0.95 of what this engine serves of the
+workload, so a queue forms and drains all the time: mean TTFT ~0.4 s, p90 ~0.7 s) of a
+generated-shared-prefix workload (32 Zipf-popular system prompts of 1024 tokens, questions of 256,
+32 output tokens). Every request belongs to a tenant and has a value, dollars per second of
+waiting, drawn two-class (20% urgent, lognormal) and scaled per tenant. Background traffic bids
+its values; so does every tenant but the focal one, whose bidder alone changes between runs, with
+common random numbers (the same arrivals, prompts and values for every strategy of a seed).
 
-For each budgeted tenant in turn (the others pacing), the run is repeated with that tenant
-using its pacing agent; the naive agent (full value until the money runs out); a fixed
-multiplier mu (bid value / (1 + mu), within the same budget bound) for each mu of a grid; and
-bids of 0. Its utility is the waiting cost it saved over bidding 0 minus what it paid:
+**The period.** A warm-up of ``WARMUP_S`` seconds fills the queue and the cache first; the budget
+period is the next ``--period`` seconds; arrivals go on for ``COOLDOWN_S`` more so that the focal
+tenant's last requests wait in the same regime. Only the focal tenant's requests that arrive in
+the period are its budgeted ones (outside it, it bids its values and nothing is counted). Its
+budget is ``s`` x what its period's requests are charged when it bids its full values with no
+budget, measured in the same environment (the same seed), for ``s`` in ``BUDGET_SHARES``; 1.5 is the
+non-binding control. Pacing updates ``UPDATES`` times over the period and goes on, with nothing
+left to target, until the last charge settles.
 
-    U = sum(v x TTFT | bids 0) - sum(v x TTFT) - payments        (dollars)
+**The same safety rule for every strategy** (DESIGN.md 4.6, ``market.mechanism.pacing``, as the
+gateway and settlement run it live): a bid is ``safe_bid`` of the strategy's shaded value (the
+exposure reserve for the requests in flight), each priority charge is settled as at most what is
+left of the budget and at most the request's consent cap (bid x its wait bound). What the budget
+cut is reported as ``uncollected``.
 
-Every figure is the mean over several seeds (arrivals, values and tenants drawn anew), since
-one tenant's bids reshuffle the whole schedule and a single run is noisy. The best fixed
-multiplier in hindsight is the grid's best one among those that kept within the budget.
-Reported: spend / budget at the end and at its peak, utility, and utility / best in hindsight.
+**Strategies.** ``pacing`` (the autobidder), ``fixed mu`` for every mu of a log-spaced grid
+(``mu=0``: the full value, within the budget), ``zero`` (bids 0) and ``free`` (the full value, no
+budget).
+A strategy's utility over the period's requests is the waiting cost it saves over bidding 0,
+less what it paid:
+
+    U = sum(v x TTFT | zero) - sum(v x TTFT) - paid        (dollars)
+
+**Honest comparison.** Hyperparameters (eta0) and the best fixed multiplier are chosen on the
+training seeds; the figures are on held-out seeds: spend / budget per seed, its peak over every
+settlement, utility / the best fixed multiplier's per seed with the lower end of its 95% t
+interval, paired differences with their intervals, uncollected / budget, the share of utility
+from the top 5 requests, and the spend per quarter of the period (stationarity).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing
 import random
+import statistics
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
-from market.mechanism.pacing import PacingAgent
+from market.mechanism.pacing import (
+    DEFAULT_ETA0,
+    DEFAULT_GRADIENT_CLIP,
+    Exposure,
+    PacingAgent,
+    mu_max_for,
+    safe_bid,
+)
 from scheduler_bridge.contract.knobs import MarketKnobs
 
 from .progress import Progress
-from .workloads import BenchRequest, gsp
+from .workloads import gsp
 
-TENANTS = ("A", "B", "C")  # the budgeted tenants
+TENANTS = ("A", "B")  # the focal tenants, one at a time
 BACKGROUND = "bg"
-# Share of the requests, value scale (x the drawn value) and budget (x full-value spend).
-TRAFFIC = {"bg": 0.6, "A": 0.2, "B": 0.12, "C": 0.08}
-VALUE_SCALE = {"bg": 1.0, "A": 1.0, "B": 2.0, "C": 0.5}
-BUDGET_SHARES = {"A": 0.6, "B": 0.4, "C": 0.25}
-MU_GRID = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 20.0)
-STEPS_PER_RUN = 60  # pacing updates over the arrival span
-# The budget cap's bound on a request's planned wait: the time the engine needs to prefill what
-# waits when the request arrives (the mechanism's planned wait at bid 0 if nothing else came),
-# and at least this many seconds. The queue can grow before the request is admitted, so the
-# charge can exceed bid x bound; it is then capped at the hold.
-MIN_WAIT_BOUND_S = 0.05
+TRAFFIC = {"bg": 0.5, "A": 0.32, "B": 0.18}  # share of the requests
+VALUE_SCALE = {"bg": 1.0, "A": 1.0, "B": 2.0}  # x the drawn two-class value
+BUDGET_SHARES = (0.25, 0.5, 0.8, 1.5)  # x the focal tenant's free spend; 1.5: not binding
+BINDING = (0.25, 0.5, 0.8)
+# 0 and 23 multipliers log-spaced from 0.02 to 200.
+MU_GRID = (0.0, *(0.02 * 10 ** (4 * k / 22) for k in range(23)))
+ETA0_GRID = (0.5, 1.0, 2.0, 4.0)
+TRAIN_SEEDS = (0, 1, 2, 3)
+HELD_OUT_SEEDS = tuple(range(100, 116))
+UPDATES = 400  # pacing updates in the period
+WARMUP_S = 10.0
+COOLDOWN_S = 10.0
 POLICY = "dfs-auction-density"
+# A request's wait bound (its consent cap is bid x bound): four times the planned time to prefill
+# what waits when it arrives, and at least this many seconds.
+MIN_WAIT_BOUND_S = 0.5
+WAIT_BOUND_FACTOR = 4.0
+MU_MAX_WAIT_BOUND_S = 1.0  # the wait bound mu_max is derived with (a long wait in this regime)
+
+# The t quantile t_{0.975, df} for the 95% intervals (df = seeds - 1).
+_T975 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+    10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+    18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042,
+}  # fmt: skip
 
 
-@dataclass
-class Bidder:
-    """How one tenant bids: a strategy name, its agent state and what it spent."""
+def t975(df: int) -> float:
+    """Student's t quantile at 0.975 for ``df`` degrees of freedom (1.96 above 30)."""
+    if df < 1:
+        return math.nan
+    if df in _T975:
+        return _T975[df]
+    return _T975[min((k for k in _T975 if k >= df), default=30)] if df <= 30 else 1.96
 
-    strategy: str  # "pacing", "naive", "zero", "value" (background) or "mu=<x>"
-    budget: float  # dollars for the run (inf: none)
-    agent: PacingAgent | None = None
-    mu: float = 0.0
-    spent: float = 0.0
-    held: float = 0.0  # holds of its requests still waiting, dollars
-    interval_spent: float = 0.0
-    peak_share: float = 0.0
-    curve: list[tuple[float, float, float]] = field(default_factory=list)  # (t, spent, mu)
 
-    @property
-    def remaining(self) -> float:
-        """Budget neither spent nor held, dollars."""
-        return max(0.0, self.budget - self.spent - self.held)
-
-    def bid(self, value: float, max_wait_s: float) -> tuple[float, float]:
-        """The bid ($/s) for a request worth ``value``, shaded and within the budget bound, and
-        the hold it takes (bid x max_wait_s, never more than what is left)."""
-        if self.strategy == "zero":
-            return 0.0, 0.0
-        if self.strategy == "value":
-            return value, 0.0
-        mu = self.agent.mu if self.agent is not None else self.mu
-        shade = 0.0 if self.strategy == "naive" else mu
-        bid = min(value / (1.0 + shade), self.remaining / max_wait_s)
-        self.held += bid * max_wait_s
-        return bid, bid * max_wait_s
-
-    def pay(self, charge: float, hold: float) -> None:
-        """Pay a priority charge, never more than the request's hold, and release the hold:
-        the gateway holds that much before forwarding and settles no more, which is what keeps
-        a budget from being overspent."""
-        charge = min(charge, hold)
-        self.held = max(0.0, self.held - hold)
-        self.spent += charge
-        self.interval_spent += charge
-        if self.budget != float("inf") and self.budget > 0:
-            self.peak_share = max(self.peak_share, self.spent / self.budget)
-
-    def tick(self, now: float, interval_s: float) -> None:
-        """One pacing step over the last interval."""
-        if self.agent is not None:
-            self.agent.observe(self.interval_spent, interval_s)
-        self.interval_spent = 0.0
-        self.curve.append((now, self.spent, self.agent.mu if self.agent else self.mu))
+def interval(xs: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and 95% t interval of ``xs``."""
+    n = len(xs)
+    mean = statistics.fmean(xs)
+    if n < 2:
+        return mean, math.nan, math.nan
+    half = t975(n - 1) * statistics.stdev(xs) / math.sqrt(n)
+    return mean, mean - half, mean + half
 
 
 @dataclass(frozen=True)
-class TenantResult:
-    """A tenant's outcome under one strategy (dollars)."""
+class Setup:
+    """The environment of a run (the same for every strategy of a seed)."""
 
-    strategy: str
-    spent: float
-    budget: float
-    peak_share: float
-    cost: float  # sum of value x TTFT over its requests
-    utility: float = 0.0
+    rate: float = 67.0  # arrivals a second, all tenants
+    period_s: float = 70.0
+    updates: int = UPDATES
+    # Tenant-level charges: a request does not pay for delaying its own tenant's requests.
+    charge_scope: str = "tenant"
 
 
-def _workload(requests: int, load_rps: float, seed: int) -> list[tuple[BenchRequest, str, float]]:
-    """The run's requests with arrival times, each with its tenant and value ($/s)."""
+@dataclass(frozen=True)
+class Spec:
+    """One run: the focal tenant's strategy under a budget."""
+
+    seed: int
+    tenant: str
+    strategy: str  # "pacing", "mu=<x>", "zero", "free"
+    budget: float = math.inf
+    share: float = math.inf  # the budget as a share of the free spend (inf: none)
+    eta0: float = DEFAULT_ETA0
+    mu0: float = 0.0  # pacing's warm start
+    gradient_clip: float = DEFAULT_GRADIENT_CLIP
+
+
+@dataclass
+class Outcome:
+    """What the focal tenant's period requests got in one run (dollars, seconds)."""
+
+    spec: Spec
+    paid: float = 0.0  # settled priority charges
+    asked: float = 0.0  # what the engine charged before the budget's cut
+    uncollected: float = 0.0  # cut by the budget
+    consent_cut: float = 0.0  # cut by the requests' consent caps
+    peak: float = 0.0  # the largest spend seen at any settlement
+    cost: float = 0.0  # sum of value x TTFT
+    requests: int = 0
+    settled: int = 0
+    quarters: list[float] = field(default_factory=lambda: [0.0] * 4)  # spend by quarter
+    per_request: dict[str, float] = field(default_factory=dict)  # id -> v x TTFT - paid
+    curve: list[tuple[float, float, float]] = field(default_factory=list)  # (t, spend, mu)
+    mu_end: float = 0.0
+    mu_mean: float = 0.0  # time average of mu over the period's updates
+
+
+@lru_cache(maxsize=4)
+def workload(seed: int, setup: Setup) -> tuple[tuple, ...]:
+    """The seed's requests: (id, tokens, max_new, arrival, tenant, value), by arrival."""
+    span = WARMUP_S + setup.period_s + COOLDOWN_S
+    total = int(setup.rate * span)
     groups = 32
     base = gsp(
         num_groups=groups,
-        prompts_per_group=max(1, requests // groups),
-        output_len=64,
+        prompts_per_group=math.ceil(total / groups),
+        system_prompt_len=1024,
+        question_len=256,
+        output_len=32,
+        popularity="zipf",
         seed=seed,
-    ).at_rate(load_rps, seed)
+    ).at_rate(setup.rate, seed)
     rng = random.Random(f"{seed}:tenants")
     names, weights = list(TRAFFIC), list(TRAFFIC.values())
     out = []
-    for r in base.requests:
+    for r in base.requests[:total]:
         tenant = rng.choices(names, weights)[0]
-        out.append((r, tenant, r.bid * VALUE_SCALE[tenant]))
-    return out
+        out.append(
+            (r.id, r.tokens, r.max_new_tokens, r.arrival, tenant, r.bid * VALUE_SCALE[tenant])
+        )
+    return tuple(out)
 
 
-def simulate(
-    reqs: Sequence[tuple[BenchRequest, str, float]],
-    bidders: dict[str, Bidder],
-    config: EngineConfig,
-) -> dict[str, float]:
-    """One run in virtual time; returns each tenant's sum of value x TTFT (dollars)."""
-    engine = Engine(config, POLICY, knobs=MarketKnobs(book_interval_s=None))
-    owner = {r.id: (tenant, value) for r, tenant, value in reqs}
-    span = max(r.arrival for r, _, _ in reqs)
-    interval = span / STEPS_PER_RUN
-    for b in bidders.values():
-        if b.strategy == "pacing":
-            b.agent = PacingAgent(budget=b.budget, period_s=span, values={"any": 1.0})
-    next_tick = [interval]
-    queue = _BiddingQueue([_sim(r) for r, _, _ in reqs], owner, bidders, engine)
-    cost = dict.fromkeys(bidders, 0.0)
+class _Focal:
+    """The focal tenant's bidder and its books for one run: the safety rule as live."""
+
+    def __init__(self, spec: Spec, setup: Setup, rate: float, value_max: float) -> None:
+        self.spec = spec
+        self.budget = spec.budget
+        self.out = Outcome(spec)
+        self.exposure = Exposure()
+        self.in_flight: dict[str, float] = {}  # id -> worst case (bid x bound)
+        self.caps: dict[str, float] = {}
+        self.interval_spent = 0.0
+        self.agent: PacingAgent | None = None
+        self.mu = 0.0
+        if spec.strategy.startswith("pacing"):  # "pacing-cold": the same, started at mu = 0
+            target_rate = spec.budget / setup.period_s
+            mu_max = mu_max_for(
+                value_max=value_max,
+                arrival_rate=rate,
+                wait_bound_s=MU_MAX_WAIT_BOUND_S,
+                target_rate=target_rate,
+            )
+            self.agent = PacingAgent(
+                budget=spec.budget,
+                period_s=setup.period_s,
+                values={"any": 1.0},
+                updates=setup.updates,
+                eta0=spec.eta0,
+                mu_max=mu_max,
+                mu=min(spec.mu0, mu_max),
+                gradient_clip=spec.gradient_clip,
+            )
+        elif spec.strategy.startswith("mu="):
+            self.mu = float(spec.strategy[3:])
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.budget - self.out.paid)
+
+    def bid(self, rid: str, value: float, bound: float) -> float:
+        s = self.spec.strategy
+        if s == "zero":
+            return 0.0
+        if s == "free":
+            return value
+        mu = self.agent.mu if self.agent is not None else self.mu
+        bid = safe_bid(
+            shaded=value / (1.0 + mu),
+            remaining=self.remaining,
+            in_flight=sum(self.in_flight.values()),
+            factor=self.exposure.factor,
+            wait_bound_s=bound,
+        )
+        if bid > 0:
+            self.in_flight[rid] = bid * bound
+            self.caps[rid] = bid * bound
+        return bid
+
+    def settle(self, rid: str, charge: float, t: float, start: float, period_s: float) -> None:
+        out = self.out
+        out.settled += 1
+        out.asked += charge
+        worst = self.in_flight.pop(rid, None)
+        if worst is not None:
+            self.exposure.observe(charge=charge, worst_case=worst)
+        cap = self.caps.pop(rid, math.inf)
+        consented = min(charge, cap)
+        out.consent_cut += charge - consented
+        paid = min(consented, self.remaining)
+        out.uncollected += consented - paid
+        out.paid += paid
+        out.per_request[rid] = out.per_request.get(rid, 0.0) - paid
+        self.interval_spent += paid
+        out.peak = max(out.peak, out.paid)
+        quarter = min(3, max(0, int(4 * (t - start) / period_s)))
+        out.quarters[quarter] += paid
+
+    def tick(self, t: float, interval_s: float) -> None:
+        if self.agent is not None:
+            self.agent.observe(self.interval_spent, interval_s)
+        self.exposure.update()
+        self.interval_spent = 0.0
+        self.out.curve.append((t, self.out.paid, self.agent.mu if self.agent else self.mu))
+
+
+def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
+    """One run in virtual time: the focal tenant's outcome."""
+    reqs = workload(spec.seed, setup)
+    start, end = WARMUP_S, WARMUP_S + setup.period_s
+    focal_ids = {
+        r[0] for r in reqs if r[4] == spec.tenant and start <= r[3] < end
+    }  # its budgeted requests
+    info = {r[0]: (r[4], r[5]) for r in reqs}
+    # mu_max from what the tenant's warm-up showed: its top value and its arrival rate.
+    seen = [r[5] for r in reqs if r[4] == spec.tenant and r[3] < start]
+    focal = _Focal(spec, setup, len(seen) / start, max(seen, default=1.0))
+    focal.out.requests = len(focal_ids)
+    knobs = MarketKnobs(book_interval_s=None, charge_scope=setup.charge_scope)
+    engine = Engine(EngineConfig(), POLICY, knobs=knobs)
+    interval = setup.period_s / setup.updates
+    next_tick = [start + interval]
+    pending = set(focal_ids)
+
+    class Arrivals(ArrivalQueue):
+        def pop_due(self, now: float) -> list[SimRequest]:
+            due = super().pop_due(now)
+            if due:
+                bound = max(MIN_WAIT_BOUND_S, WAIT_BOUND_FACTOR * engine.queue_drain_s())
+                for req in due:
+                    tenant, value = info[req.id]
+                    req.bid = focal.bid(req.id, value, bound) if req.id in focal_ids else value
+            return due
 
     def on_step(step) -> None:
         if step.record is not None:
             for adm in step.record["admitted"]:
                 rid = adm["request_id"]
-                bidders[owner[rid][0]].pay(adm["charge"], queue.holds.pop(rid))
-        while step.end >= next_tick[0] and next_tick[0] <= span:
-            for b in bidders.values():
-                b.tick(next_tick[0], interval)
+                if rid in focal_ids:
+                    pending.discard(rid)
+                    focal.settle(rid, adm["charge"], step.end, start, setup.period_s)
+        # Pacing runs over the period and on until the last charge settles.
+        while step.end >= next_tick[0] and (next_tick[0] <= end or pending):
+            focal.tick(next_tick[0], interval)
             next_tick[0] += interval
 
     def on_finished(req: SimRequest) -> None:
-        tenant, value = owner[req.id]
-        cost[tenant] += value * req.ttft
+        if req.id in focal_ids:
+            _, value = info[req.id]
+            cost = value * req.ttft
+            focal.out.cost += cost
+            focal.out.per_request[req.id] = focal.out.per_request.get(req.id, 0.0) - cost
 
+    owner = {BACKGROUND: ""}  # background: many small tenants, each its own
+    queue = Arrivals([SimRequest(r[0], r[1], r[2], 0.0, r[3], owner.get(r[4], r[4])) for r in reqs])
     run_virtual(engine, queue, on_step=on_step, on_finished=on_finished)
-    return cost
+    out = focal.out
+    if focal.agent is not None:
+        mus = [mu for _, mu, _ in focal.agent.history[: setup.updates]]
+        out.mu_end = focal.agent.history[min(len(mus), setup.updates) - 1][1] if mus else 0.0
+        out.mu_mean = statistics.fmean(mus) if mus else 0.0
+    else:
+        out.mu_end = out.mu_mean = focal.mu
+    return out
 
 
-class _BiddingQueue(ArrivalQueue):
-    """Arrivals whose bids are decided by their tenant's bidder when they arrive."""
-
-    def __init__(self, requests, owner, bidders, engine: Engine) -> None:
-        super().__init__(requests)
-        self._owner = owner
-        self._bidders = bidders
-        self._engine = engine
-        self.holds: dict[str, float] = {}  # request id -> its hold's priority part, dollars
-
-    def pop_due(self, now: float) -> list[SimRequest]:
-        due = super().pop_due(now)
-        if due:
-            bound = max(MIN_WAIT_BOUND_S, self._engine.queue_drain_s())
-            for req in due:
-                tenant, value = self._owner[req.id]
-                req.bid, self.holds[req.id] = self._bidders[tenant].bid(value, bound)
-        return due
+def _run(args: tuple[Spec, Setup]) -> Outcome:
+    return run(*args)
 
 
-def _sim(r: BenchRequest) -> SimRequest:
-    return SimRequest(r.id, r.tokens, r.max_new_tokens, 0.0, r.arrival)
+@dataclass
+class Scored:
+    """A run's outcome scored against the same seed's zero run."""
+
+    spec: Spec
+    utility: float
+    spend_over_budget: float
+    peak_spend_over_budget: float
+    uncollected_over_budget: float
+    consent_cut_over_budget: float
+    top5_utility_share: float
+    quarters: list[float]
+    mu_end: float
+    mu_mean: float
+    requests: int
+    curve: list[tuple[float, float, float]] = field(repr=False, default_factory=list)
 
 
-def _mean(results: list[TenantResult]) -> TenantResult:
-    n = len(results)
-    return TenantResult(
-        results[0].strategy,
-        sum(r.spent for r in results) / n,
-        sum(r.budget for r in results) / n,
-        max(r.peak_share for r in results),
-        sum(r.cost for r in results) / n,
-        sum(r.utility for r in results) / n,
+def scored(out: Outcome, zero: Outcome) -> Scored:
+    """Utility over bidding 0 (per request: its saved waiting cost less what it paid)."""
+    utility = zero.cost - out.cost - out.paid
+    # per_request holds -(v x TTFT) - paid per request; the zero run's, -(v x TTFT | zero).
+    gains = [v - zero.per_request.get(rid, 0.0) for rid, v in out.per_request.items()]
+    top5 = sum(sorted(gains, reverse=True)[:5])
+    budget = out.spec.budget
+    finite = math.isfinite(budget) and budget > 0
+    spend = sum(out.quarters)
+    return Scored(
+        spec=out.spec,
+        utility=utility,
+        spend_over_budget=out.paid / budget if finite else math.nan,
+        peak_spend_over_budget=out.peak / budget if finite else math.nan,
+        uncollected_over_budget=out.uncollected / budget if finite else math.nan,
+        consent_cut_over_budget=out.consent_cut / budget if finite else math.nan,
+        top5_utility_share=top5 / utility if utility else math.nan,
+        quarters=[q / spend if spend else 0.0 for q in out.quarters],
+        mu_end=out.mu_end,
+        mu_mean=out.mu_mean,
+        requests=out.requests,
+        curve=out.curve,
     )
 
 
-def evaluate_seed(
-    *, requests: int, load_rps: float, seed: int, progress: Callable[[str], None]
-) -> tuple[dict[str, float], dict[str, dict[str, TenantResult]], dict[str, list]]:
-    """One seed: budgets, every budgeted tenant against every strategy, the pacing curves."""
-    config = EngineConfig()
-    reqs = _workload(requests, load_rps, seed)
-    progress(f"seed {seed}: full-value spend")
-    free = {t: Bidder("naive", float("inf")) for t in TENANTS}
-    free[BACKGROUND] = Bidder("value", float("inf"))
-    simulate(reqs, free, config)
-    budgets = {t: free[t].spent * BUDGET_SHARES[t] for t in TENANTS}
-    results: dict[str, dict[str, TenantResult]] = {}
-    curves: dict[str, list[tuple[float, float, float]]] = {}
-    strategies = ["pacing", "naive", "zero", *(f"mu={mu:g}" for mu in MU_GRID)]
-    for tenant in TENANTS:
-        results[tenant] = {}
-        for strategy in strategies:
-            progress(f"seed {seed}: tenant {tenant}, {strategy}")
-            bidders = {t: Bidder("pacing", budgets[t]) for t in TENANTS}
-            bidders[BACKGROUND] = Bidder("value", float("inf"))
-            focal = Bidder(strategy, budgets[tenant])
-            if strategy.startswith("mu="):
-                focal.mu = float(strategy[3:])
-            bidders[tenant] = focal
-            cost = simulate(reqs, bidders, config)
-            results[tenant][strategy] = TenantResult(
-                strategy, focal.spent, focal.budget, focal.peak_share, cost[tenant]
+class Runner:
+    """Runs specs in worker processes, with progress."""
+
+    def __init__(self, setup: Setup, workers: int, progress: Progress) -> None:
+        self.setup = setup
+        self.workers = workers
+        self.progress = progress
+        self._pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None
+
+    def many(self, specs: Iterable[Spec], label: str) -> list[Outcome]:
+        specs = list(specs)
+        self.progress.set_label(label)
+        jobs = [(s, self.setup) for s in specs]
+        out = []
+        it = self._pool.imap(_run, jobs, chunksize=1) if self._pool is not None else map(_run, jobs)
+        for o in it:
+            out.append(o)
+            self.progress.advance()
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool.join()
+
+
+def _bases(runner: Runner, seeds: Sequence[int], tenants: Sequence[str]):
+    """Per (seed, tenant): the free run (its spend sets the budgets) and the zero run."""
+    specs = [Spec(s, t, k) for s in seeds for t in tenants for k in ("free", "zero")]
+    outs = runner.many(specs, "free and zero runs")
+    free = {(o.spec.seed, o.spec.tenant): o for o in outs if o.spec.strategy == "free"}
+    zero = {(o.spec.seed, o.spec.tenant): o for o in outs if o.spec.strategy == "zero"}
+    return free, zero
+
+
+def _budgeted(spec: Spec, free: Outcome, share: float) -> Spec:
+    return replace(spec, budget=free.paid * share, share=share)
+
+
+def train(runner: Runner, *, tenants, shares, seeds, eta0s, grid) -> dict:
+    """The training seeds: the fixed grid (its best mu per tenant and share), eta0 for pacing
+    (the best mean utility ratio over the binding shares, among those that spent 0.95-1.00 of
+    the budget on every training seed), and pacing's warm start (the mean mu it ended at)."""
+    free, zero = _bases(runner, seeds, tenants)
+    specs = []
+    for s in seeds:
+        for t in tenants:
+            for share in shares:
+                for mu in grid:
+                    specs.append(_budgeted(Spec(s, t, f"mu={mu:g}"), free[s, t], share))
+                for eta0 in eta0s:
+                    specs.append(_budgeted(Spec(s, t, "pacing", eta0=eta0), free[s, t], share))
+    runs = [scored(o, zero[o.spec.seed, o.spec.tenant]) for o in runner.many(specs, "training")]
+    best_fixed: dict[tuple[str, float], str] = {}
+    fixed_curve: dict[tuple[str, float], list[tuple[float, float]]] = {}
+    for t in tenants:
+        for share in shares:
+            means = []
+            for mu in grid:
+                name = f"mu={mu:g}"
+                us = [r.utility for r in runs if _is(r, t, share, name)]
+                means.append((mu, statistics.fmean(us)))
+            fixed_curve[t, share] = means
+            best_fixed[t, share] = f"mu={max(means, key=lambda m: m[1])[0]:g}"
+    choices = []
+    for eta0 in eta0s:
+        ratios, ok = [], True
+        for t in tenants:
+            for share in shares:
+                paced = [r for r in runs if _is(r, t, share, "pacing") and r.spec.eta0 == eta0]
+                best = {
+                    r.spec.seed: r.utility for r in runs if _is(r, t, share, best_fixed[t, share])
+                }
+                if share in BINDING:
+                    ratios += [r.utility / best[r.spec.seed] for r in paced if best[r.spec.seed]]
+                    ok &= all(0.95 <= r.spend_over_budget <= 1.0 for r in paced)
+        choices.append((ok, statistics.fmean(ratios) if ratios else -math.inf, eta0))
+    ok_choices = [c for c in choices if c[0]] or choices
+    eta0 = max(ok_choices, key=lambda c: c[1])[2]
+    warm = {}
+    for t in tenants:
+        for share in shares:
+            paced = [r for r in runs if _is(r, t, share, "pacing") and r.spec.eta0 == eta0]
+            warm[t, share] = math.expm1(statistics.fmean(math.log1p(r.mu_mean) for r in paced))
+    return {
+        "best_fixed": best_fixed,
+        "fixed_curve": fixed_curve,
+        "eta0": eta0,
+        "eta0_choices": [{"eta0": e, "spend_ok": o, "mean_ratio": m} for o, m, e in choices],
+        "warm_mu": warm,
+    }
+
+
+def _is(r: Scored, tenant: str, share: float, strategy: str) -> bool:
+    return r.spec.tenant == tenant and r.spec.share == share and r.spec.strategy == strategy
+
+
+def held_out(runner: Runner, trained: dict, *, tenants, shares, seeds) -> dict:
+    """The held-out seeds: pacing (warm-started, and cold), the trained best fixed mu, the full
+    value within the budget, and the free run, scored per tenant and share."""
+    free, zero = _bases(runner, seeds, tenants)
+    specs = []
+    for s in seeds:
+        for t in tenants:
+            for share in shares:
+                b = free[s, t]
+                warm = trained["warm_mu"][t, share]
+                eta0 = trained["eta0"]
+                specs += [
+                    _budgeted(Spec(s, t, "pacing", eta0=eta0, mu0=warm), b, share),
+                    _budgeted(Spec(s, t, "pacing-cold", eta0=eta0), b, share),
+                    _budgeted(Spec(s, t, trained["best_fixed"][t, share]), b, share),
+                ]
+                if trained["best_fixed"][t, share] != "mu=0":
+                    specs.append(_budgeted(Spec(s, t, "mu=0"), b, share))
+    outs = runner.many(specs, "held-out seeds")
+    runs = [scored(o, zero[o.spec.seed, o.spec.tenant]) for o in outs]
+    free_scored = {k: scored(o, zero[k]) for k, o in free.items()}
+    free_paid = {k: o.paid for k, o in free.items()}
+    report = {}
+    for t in tenants:
+        for share in shares:
+            report[f"{t}@{share:g}"] = _summary(t, share, runs, trained, free_scored, seeds)
+            report[f"{t}@{share:g}"]["free_spend_mean"] = statistics.fmean(
+                free_paid[s, t] for s in seeds
             )
-            if strategy == "pacing":
-                curves[tenant] = focal.curve
-        zero_cost = results[tenant]["zero"].cost
-        for name, r in list(results[tenant].items()):
-            results[tenant][name] = replace(r, utility=zero_cost - r.cost - r.spent)
-    return budgets, results, curves
+    return {"summary": report, "runs": runs}
 
 
-def evaluate(
-    *, requests: int, load_rps: float, seeds: int, progress: Callable[[str], None]
-) -> dict[str, object]:
-    """Every budgeted tenant against every strategy, averaged over ``seeds`` seeds."""
-    per_seed = [
-        evaluate_seed(requests=requests, load_rps=load_rps, seed=s, progress=progress)
-        for s in range(seeds)
-    ]
-    budgets = {t: sum(b[t] for b, _, _ in per_seed) / seeds for t in TENANTS}
-    results = {
-        t: {name: _mean([r[t][name] for _, r, _ in per_seed]) for name in per_seed[0][1][t]}
-        for t in TENANTS
+def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
+    best = trained["best_fixed"][t, share]
+    warm = [r for r in runs if _is(r, t, share, "pacing")]
+    cold = [r for r in runs if _is(r, t, share, "pacing-cold")]
+    fixed = {r.spec.seed: r for r in runs if _is(r, t, share, best)}
+    full = {r.spec.seed: r for r in runs if _is(r, t, share, "mu=0")}
+    by_seed = {r.spec.seed: r for r in warm}
+    cold_by_seed = {r.spec.seed: r for r in cold}
+    order = [s for s in seeds if s in by_seed]
+
+    def ratios(mine):
+        return [mine[s].utility / fixed[s].utility for s in order if fixed[s].utility]
+
+    r_warm, r_cold = ratios(by_seed), ratios(cold_by_seed)
+    mean, lo, hi = interval(r_warm)
+    diff = interval([by_seed[s].utility - fixed[s].utility for s in order])
+    free_u = [free_scored[s, t].utility for s in order]
+    out = {
+        "tenant": t,
+        "budget_share": share,
+        "binding": share in BINDING,
+        "best_fixed_on_training": best,
+        "eta0": trained["eta0"],
+        "warm_start_mu": trained["warm_mu"][t, share],
+        "seeds": order,
+        "focal_requests_mean": statistics.fmean(by_seed[s].requests for s in order),
+        "spend_over_budget": [by_seed[s].spend_over_budget for s in order],
+        "peak_spend_over_budget": max(by_seed[s].peak_spend_over_budget for s in order),
+        "utility_ratio": mean,
+        "utility_ratio_lcb": lo,
+        "utility_ratio_ucb": hi,
+        "utility_ratio_per_seed": r_warm,
+        "utility_minus_best_fixed": {"mean": diff[0], "ci95": [diff[1], diff[2]]},
+        "utility_ratio_cold_start": interval(r_cold)[0] if r_cold else math.nan,
+        "spend_over_budget_cold_start": [cold_by_seed[s].spend_over_budget for s in order],
+        "uncollected_over_budget": max(by_seed[s].uncollected_over_budget for s in order),
+        "uncollected_over_budget_mean": statistics.fmean(
+            by_seed[s].uncollected_over_budget for s in order
+        ),
+        "consent_cut_over_budget_mean": statistics.fmean(
+            by_seed[s].consent_cut_over_budget for s in order
+        ),
+        "top5_utility_share": statistics.fmean(by_seed[s].top5_utility_share for s in order),
+        "spend_by_quarter": [
+            statistics.fmean(by_seed[s].quarters[q] for s in order) for q in range(4)
+        ],
+        "mu_end": [by_seed[s].mu_end for s in order],
+        "utility": statistics.fmean(by_seed[s].utility for s in order),
+        "best_fixed_utility": statistics.fmean(fixed[s].utility for s in order),
+        "free_utility": statistics.fmean(free_u),
+        "free_spend_by_quarter": [
+            statistics.fmean(free_scored[s, t].quarters[q] for s in order) for q in range(4)
+        ],
+        "utility_over_free": interval(
+            [by_seed[s].utility / free_scored[s, t].utility for s in order]
+        )[0],
     }
-    # Spend shares per seed (each seed's own budget), for the table's "spend/budget" columns.
-    shares = {
-        t: {
-            name: [r[t][name].spent / r[t][name].budget for _, r, _ in per_seed]
-            for name in per_seed[0][1][t]
-        }
-        for t in TENANTS
-    }
-    return {"budgets": budgets, "results": results, "shares": shares, "curves": per_seed[0][2]}
+    if full:
+        out["full_value_ratio"] = interval(
+            [full[s].utility / fixed[s].utility for s in order if fixed[s].utility]
+        )[0]
+        out["full_value_spend_over_budget"] = [full[s].spend_over_budget for s in order]
+    return out
 
 
-def summary_rows(evaluation: dict[str, object]) -> list[dict[str, object]]:
-    """One row per tenant: pacing vs naive vs the best fixed multiplier in hindsight."""
-    rows = []
-    for tenant, per in evaluation["results"].items():
-        shares = evaluation["shares"][tenant]
-        fixed = [r for name, r in per.items() if name.startswith("mu=")]
-        feasible = [r for r in fixed if r.peak_share <= 1 + 1e-9]
-        best = max(feasible or fixed, key=lambda r: r.utility)
-        pacing, naive = per["pacing"], per["naive"]
-        rows.append(
-            {
-                "tenant": tenant,
-                "budget": pacing.budget,
-                "pacing_spend_share": sum(shares["pacing"]) / len(shares["pacing"]),
-                "pacing_spend_share_min": min(shares["pacing"]),
-                "pacing_spend_share_max": max(shares["pacing"]),
-                "pacing_peak_share": pacing.peak_share,
-                "pacing_utility": pacing.utility,
-                "naive_spend_share": sum(shares["naive"]) / len(shares["naive"]),
-                "naive_utility": naive.utility,
-                "best_fixed": best.strategy,
-                "best_fixed_utility": best.utility,
-                "pacing_vs_best": pacing.utility / best.utility if best.utility else float("nan"),
-                "naive_vs_best": naive.utility / best.utility if best.utility else float("nan"),
-            }
-        )
-    return rows
-
-
-def table(rows: list[dict[str, object]]) -> str:
+def table(summary: dict) -> str:
+    """The held-out figures, one line per tenant and budget share."""
     head = (
-        f"{'tenant':<7}{'budget $':>10}{'spend/budget (min-max)':>24}{'peak':>7}{'utility $':>11}"
-        f"{'naive spend':>13}{'naive util $':>13}{'best fixed':>11}{'best util $':>12}"
-        f"{'pacing/best':>12}{'naive/best':>11}"
+        f"{'tenant@s':<10}{'spend/budget min-max':>22}{'peak':>7}{'U/best':>8}{'LCB':>7}"
+        f"{'cold':>7}{'full/best':>10}{'uncoll':>8}{'top5':>7}{'mu end':>9}{'best':>10}"
+        f"{'U/free':>8}  spend by quarter"
     )
     lines = [head]
-    for r in rows:
+    for key, r in summary.items():
+        spend = r["spend_over_budget"]
         lines.append(
-            f"{r['tenant']:<7}{r['budget']:>10.3f}{r['pacing_spend_share']:>10.3f}"
-            f" ({r['pacing_spend_share_min']:.3f}-{r['pacing_spend_share_max']:.3f})"
-            f"{r['pacing_peak_share']:>7.3f}{r['pacing_utility']:>11.2f}"
-            f"{r['naive_spend_share']:>13.3f}{r['naive_utility']:>13.2f}{r['best_fixed']:>11}"
-            f"{r['best_fixed_utility']:>12.2f}{r['pacing_vs_best']:>12.3f}"
-            f"{r['naive_vs_best']:>11.3f}"
+            f"{key:<10}{min(spend):>11.3f} - {max(spend):.3f}{r['peak_spend_over_budget']:>7.3f}"
+            f"{r['utility_ratio']:>8.3f}{r['utility_ratio_lcb']:>7.3f}"
+            f"{r['utility_ratio_cold_start']:>7.3f}{r.get('full_value_ratio', 1.0):>10.3f}"
+            f"{r['uncollected_over_budget']:>8.4f}{r['top5_utility_share']:>7.3f}"
+            f"{statistics.median(r['mu_end']):>9.3f}{r['best_fixed_on_training']:>10}"
+            f"{r['utility_over_free']:>8.3f}  "
+            + " ".join(f"{q:.2f}" for q in r["spend_by_quarter"])
         )
     return "\n".join(lines)
 
 
-def write_html(evaluation: dict[str, object], rows: list[dict[str, object]], path: str) -> None:
-    """A self-contained Plotly report: spend and multiplier over time, utility against mu."""
+def write_html(result: dict, path: str) -> None:
+    """A self-contained Plotly report of the training grid and the held-out seeds."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    summary, trained = result["held_out"], result["training"]
     fig = make_subplots(
-        rows=3,
+        rows=4,
         cols=1,
         subplot_titles=(
-            "Pacing: cumulative spend / budget over the run",
-            "Pacing: the multiplier mu over the run",
-            "Utility against a fixed multiplier (left: pacing at -1, naive at -0.5)",
+            "Training seeds: mean utility of a fixed multiplier (x: 1 + mu, log)",
+            "Held-out seeds: utility / best fixed multiplier per seed (1 = as good)",
+            "Held-out seeds: spend / budget per seed",
+            "One held-out seed: the multiplier over the period",
         ),
-        vertical_spacing=0.09,
+        vertical_spacing=0.07,
     )
-    budgets = evaluation["budgets"]
-    for tenant, curve in evaluation["curves"].items():
-        t = [c[0] for c in curve]
+    for key, curve in trained["fixed_curve"].items():
         fig.add_trace(
-            go.Scatter(x=t, y=[c[1] / budgets[tenant] for c in curve], name=f"{tenant} spend"),
+            go.Scatter(x=[1 + m for m, _ in curve], y=[u for _, u in curve], name=f"{key} fixed"),
             row=1,
             col=1,
         )
-        fig.add_trace(go.Scatter(x=t, y=[c[2] for c in curve], name=f"{tenant} mu"), row=2, col=1)
-    for tenant, per in evaluation["results"].items():
-        fixed = [(float(n[3:]), r.utility) for n, r in per.items() if n.startswith("mu=")]
+    for key, r in summary.items():
         fig.add_trace(
-            go.Scatter(x=[m for m, _ in fixed], y=[u for _, u in fixed], name=f"{tenant} fixed mu"),
-            row=3,
+            go.Box(y=r["utility_ratio_per_seed"], name=key, boxpoints="all"), row=2, col=1
+        )
+        fig.add_trace(go.Box(y=r["spend_over_budget"], name=key, boxpoints="all"), row=3, col=1)
+    for key, curve in result["curves"].items():
+        fig.add_trace(
+            go.Scatter(x=[c[0] for c in curve], y=[c[2] for c in curve], name=f"{key} mu"),
+            row=4,
             col=1,
         )
-        # The agents sit left of the grid: pacing at -1, naive (full value) at -0.5.
-        for name, symbol, x in (("pacing", "star", -1.0), ("naive", "x", -0.5)):
-            fig.add_trace(
-                go.Scatter(
-                    x=[x],
-                    y=[per[name].utility],
-                    mode="markers",
-                    marker={"symbol": symbol, "size": 12},
-                    name=f"{tenant} {name}",
-                ),
-                row=3,
-                col=1,
-            )
-    fig.add_hline(y=1.0, line_dash="dot", row=1, col=1)
-    fig.update_xaxes(title_text="virtual seconds", row=1, col=1)
-    fig.update_xaxes(title_text="virtual seconds", row=2, col=1)
-    fig.update_xaxes(title_text="fixed multiplier mu", row=3, col=1)
-    fig.update_yaxes(title_text="spend / budget", row=1, col=1)
-    fig.update_yaxes(title_text="mu", row=2, col=1)
-    fig.update_yaxes(title_text="utility, $", row=3, col=1)
-    fig.update_layout(height=1100, title="Autobidder pacing on the simulated engine")
+    fig.update_xaxes(type="log", title_text="1 + mu", row=1, col=1)
+    fig.update_yaxes(title_text="utility, $", row=1, col=1)
+    fig.add_hline(y=0.9, line_dash="dot", row=2, col=1)
+    fig.add_hline(y=1.0, line_dash="dot", row=3, col=1)
+    fig.add_hline(y=0.95, line_dash="dot", row=3, col=1)
+    fig.update_xaxes(title_text="virtual seconds", row=4, col=1)
+    fig.update_yaxes(title_text="mu", type="log", row=4, col=1)
+    fig.update_layout(
+        height=1500, title="Autobidder pacing on the simulated engine", showlegend=True
+    )
     html = fig.to_html(include_plotlyjs=True, full_html=True)
-    table_html = "<pre>" + table(rows) + "</pre>"
     with open(path, "w") as f:
-        f.write(html.replace("<body>", "<body>" + table_html, 1))
+        f.write(html.replace("<body>", "<body><pre>" + table(summary) + "</pre>", 1))
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {
+            (
+                k
+                if isinstance(k, str)
+                else "@".join(f"{p:g}" if isinstance(p, float) else str(p) for p in k)
+            ): _jsonable(v)
+            for k, v in x.items()
+        }
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=4096, help="requests in a run")
-    parser.add_argument("--rate", type=float, default=25.0, help="arrivals per second")
-    parser.add_argument("--seeds", type=int, default=3, help="runs to average over")
-    parser.add_argument("--json", help="write the evaluation to this file")
+    parser.add_argument("--rate", type=float, default=Setup.rate, help="arrivals a second")
+    parser.add_argument("--period", type=float, default=Setup.period_s, help="seconds")
+    parser.add_argument("--updates", type=int, default=UPDATES, help="pacing updates a period")
+    parser.add_argument(
+        "--charge-scope",
+        default=Setup.charge_scope,
+        choices=("tenant", "request"),
+        help="tenant-level charges (the default) or the per-request ones",
+    )
+    parser.add_argument("--tenants", default=",".join(TENANTS))
+    parser.add_argument("--shares", default=",".join(f"{s:g}" for s in BUDGET_SHARES))
+    parser.add_argument("--train-seeds", type=int, default=len(TRAIN_SEEDS))
+    parser.add_argument("--held-out-seeds", type=int, default=len(HELD_OUT_SEEDS))
+    parser.add_argument(
+        "--eta0",
+        default=",".join(f"{e:g}" for e in ETA0_GRID),
+        help="eta0 values tuned over on the training seeds",
+    )
+    parser.add_argument("--grid", type=int, default=len(MU_GRID), help="fixed mu points used")
+    parser.add_argument("--workers", type=int, default=max(1, multiprocessing.cpu_count()))
+    parser.add_argument("--json", help="write the result to this file")
     parser.add_argument("--html", help="write a Plotly report to this file")
     args = parser.parse_args(argv)
-    total = args.seeds * (1 + len(TENANTS) * (3 + len(MU_GRID)))
-    bar = Progress(total, enabled=True)
-
-    def progress(msg: str) -> None:
-        bar.set_label(msg)
-        bar.advance()
-
-    evaluation = evaluate(
-        requests=args.requests, load_rps=args.rate, seeds=args.seeds, progress=progress
+    setup = Setup(
+        rate=args.rate, period_s=args.period, updates=args.updates, charge_scope=args.charge_scope
     )
-    rows = summary_rows(evaluation)
-    print(table(rows))
+    tenants = [t for t in args.tenants.split(",") if t]
+    shares = [float(s) for s in args.shares.split(",")]
+    eta0s = [float(e) for e in args.eta0.split(",")]
+    step = max(1, len(MU_GRID) // args.grid) if args.grid < len(MU_GRID) else 1
+    grid = MU_GRID[::step]
+    train_seeds = TRAIN_SEEDS[: args.train_seeds]
+    held = HELD_OUT_SEEDS[: args.held_out_seeds]
+    n_train = len(train_seeds) * len(tenants) * (2 + len(shares) * (len(grid) + len(eta0s)))
+    n_held = len(held) * len(tenants) * (2 + len(shares) * 4)
+    bar = Progress(n_train + n_held, enabled=True)
+    runner = Runner(setup, args.workers, bar)
+    try:
+        trained = train(
+            runner, tenants=tenants, shares=shares, seeds=train_seeds, eta0s=eta0s, grid=grid
+        )
+        held_result = held_out(runner, trained, tenants=tenants, shares=shares, seeds=held)
+    finally:
+        runner.close()
+        bar.close()
+    first = held[0]
+    curves = {
+        f"{r.spec.tenant}@{r.spec.share:g}": r.curve
+        for r in held_result["runs"]
+        if r.spec.seed == first and r.spec.strategy == "pacing"
+    }
+    result = {
+        "command": "python -m benchmarks.pacing " + " ".join(argv or sys.argv[1:]),
+        "setup": asdict(setup),
+        "train_seeds": list(train_seeds),
+        "held_out_seeds": list(held),
+        "mu_grid": list(grid),
+        "training": {k: v for k, v in trained.items()},
+        "held_out": held_result["summary"],
+        "curves": curves,
+    }
+    print(table(result["held_out"]))
     if args.json:
-        out = {
-            "budgets": evaluation["budgets"],
-            "rows": rows,
-            "results": {
-                t: {name: vars(r) for name, r in per.items()}
-                for t, per in evaluation["results"].items()
-            },
-        }
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+            json.dump(_jsonable(result), f, indent=1)
     if args.html:
-        write_html(evaluation, rows, args.html)
+        write_html(result, args.html)
     return 0
 
 

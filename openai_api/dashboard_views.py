@@ -106,6 +106,7 @@ def tenant_dashboard(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         "role": role_for_user(user=request.user, tenant=tenant),
         "may_manage": can_manage_keys(user=request.user, tenant=tenant),
         "autobidder": autobidder,
+        "autobid_step": autobidder.steps.order_by("-at").first() if autobidder else None,
         "invoices": invoices_for_tenant(tenant=tenant)[:INVOICES_SHOWN],
         "keys": api_keys_for_tenant(tenant=tenant)[:10],
         "batches": batches_for_tenant(tenant=tenant)[:BATCHES_SHOWN],

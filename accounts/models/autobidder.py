@@ -43,9 +43,26 @@ class Autobidder(models.Model):
     max_wait_s = models.FloatField(
         default=60.0, help_text="Bound on a request's planned wait, seconds; holds bid x this."
     )
-    eta = models.FloatField(default=0.5, help_text="Gradient step size (unitless).")
-    mu_max = models.FloatField(default=20.0, help_text="Largest multiplier.")
-    mu = models.FloatField(default=0.0, help_text="Current multiplier: bids are value / (1 + mu).")
+    eta = models.FloatField(
+        default=2.0,
+        help_text="eta0: each pacing step moves log(1 + mu) by eta0 / sqrt(steps per window) x "
+        "the relative overspend (unitless).",
+    )
+    mu_max = models.FloatField(
+        default=1000.0,
+        help_text="Ceiling on the multiplier's bound, which each step derives from the values, "
+        "the request rate and the budget's rate.",
+    )
+    mu = models.FloatField(
+        default=0.0,
+        help_text="Current multiplier: bids are value / (1 + mu). Kept from one window to the "
+        "next (the warm start).",
+    )
+    exposure_factor = models.FloatField(
+        default=1.0,
+        help_text="A high quantile of charge / worst case over recent autobid requests: the "
+        "share of their worst case that the requests in flight are reserved for.",
+    )
     # What its budget has paid in one window, kept as the ledger is written (like a
     # BudgetCounter), so that settlement checks a priority charge against it with the row locked.
     spent_start = models.DateTimeField(default=EPOCH, help_text="Start of the window counted.")
@@ -94,6 +111,14 @@ class AutobidderStep(models.Model):
     spent = MoneyField(help_text="Priority dollars spent by autobid requests in the interval.")
     target = MoneyField(help_text="What the interval should have spent to pace the budget.")
     window_spent = MoneyField(help_text="Spent so far in the budget window, dollars.")
+    exposure_factor = models.FloatField(default=1.0, help_text="The exposure factor after it.")
+    in_flight = MoneyField(
+        default=0, help_text="Worst cases of the autobid requests not settled yet, dollars."
+    )
+    uncollected = MoneyField(
+        default=0,
+        help_text="Priority charges the budget cut in the window so far (given away), dollars.",
+    )
 
     class Meta:
         ordering = ["autobidder", "at"]

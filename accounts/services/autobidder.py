@@ -1,48 +1,77 @@
 """The autobidder's writes: its settings, the bid it makes for a request, its pacing steps.
 
-The state between calls is the multiplier ``mu`` on the tenant's :class:`Autobidder` row; the
-budget window and what was spent in it are read from the clock and the ledger each time, so,
-as for budgets, nothing resets by a job. Bids are quantized to whole nano-dollars per second
-with the money rule.
+The state between calls is on the tenant's :class:`Autobidder` row: the multiplier ``mu`` (kept
+from one window to the next: the warm start) and the exposure factor. The budget window and what
+was spent in it are read from the clock, the row's counter and the ledger each time, so, as for
+budgets, nothing resets by a job. Bids are quantized to whole nano-dollars per second with the
+money rule.
+
+**The safety rule** (DESIGN.md 4.6; the benchmark runs the same functions,
+``market.mechanism.pacing``): settlement writes each priority charge of an autobid request as at
+most what is left of the autobidder's budget, with its row locked (``accounts.ledger``), so the
+budget is never overspent however many requests are in flight. Here, the bid keeps an exposure
+reserve: the exposure factor (a high quantile of charge / worst case over recent requests) times
+the worst cases of the requests whose priority charge has not settled yet; a request is bid 0
+when what is left does not cover it (``safe_bid``). Each request's worst case, bid x
+``max_wait_s``, is still its consent cap (``priority_cap``) and held against the tenant's budget,
+not the autobidder's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from accounts.ledger.rules import AUTOBIDDER_BUDGET
 from accounts.models import (
     Autobidder,
     AutobidderStep,
     AutobidPeriod,
     BidSource,
     ChargeKind,
+    Hold,
+    HoldState,
     LedgerEntry,
+    Request,
     Tenant,
 )
 from accounts.money import QUANTUM as TICK
 from accounts.money import ZERO, money, money_exact
 from accounts.windows import window_for
-from market.mechanism.pacing import PacingAgent
+from market.mechanism.pacing import (
+    DEFAULT_ETA0,
+    EXPOSURE_WINDOW,
+    PacingAgent,
+    exposure_factor,
+    mu_max_for,
+    safe_bid,
+)
+
+DEFAULT_MU_CEILING = 1000.0  # the derived mu_max is never above the row's mu_max
+# The advisory lock space of autobid admissions (PostgreSQL's two-int form: space, tenant id).
+AUTOBID_LOCK_SPACE = 0x61627064  # "abpd"
 
 
 @dataclass(frozen=True)
 class AutoBid:
-    """The autobidder's bid for one request, and the hold it implies."""
+    """The autobidder's bid for one request, and its consent cap."""
 
     bid: Decimal  # dollars per second of waiting
-    max_wait_s: float  # the planned-wait bound the bid was capped for
+    max_wait_s: float  # the planned-wait bound of its consent cap
     mu: float
 
     @property
     def worst_case(self) -> Decimal:
-        """The most its priority charge can be (bid x planned wait bound), dollars."""
+        """The most its priority charge can be (bid x planned wait bound), dollars: the
+        request's ``priority_cap``."""
         return money(self.bid * Decimal(repr(self.max_wait_s)))
 
 
@@ -54,13 +83,15 @@ def autobidder_configure(
     period: str = AutobidPeriod.DAY,
     values: dict[str, Decimal | str],
     max_wait_s: float = 60.0,
-    eta: float = 0.5,
-    mu_max: float = 20.0,
+    eta: float = DEFAULT_ETA0,
+    mu_max: float = DEFAULT_MU_CEILING,
 ) -> Autobidder:
     """Create or change a tenant's autobidder; ValueError naming the bad setting.
 
-    Changing settings keeps the multiplier (clipped to the new ``mu_max``): a change mid-window
-    does not start the pacing over.
+    ``eta`` is the step's eta0 (the step is eta0 / sqrt(updates per window)); ``mu_max`` a
+    ceiling on the multiplier bound each step derives (``mu_max_for``). Changing settings keeps
+    the multiplier (clipped to the new ``mu_max``): a change mid-window does not start the
+    pacing over.
     """
     if period not in AutobidPeriod.values:
         raise ValueError(f"unknown autobidder period {period!r}")
@@ -112,67 +143,162 @@ def _spent(*, tenant_id: int, start: datetime, end: datetime) -> Decimal:
     return total or ZERO
 
 
-def _agent(auto: Autobidder, now: datetime) -> tuple[PacingAgent, Decimal]:
-    window = window_for(period=auto.period, now=now)
-    spent = _spent(
-        tenant_id=auto.tenant_id, start=window.start, end=now + timedelta(microseconds=1)
+def autobid_in_flight(*, tenant_id: int) -> Decimal:
+    """The worst cases (``priority_cap``) of the tenant's autobid requests whose priority charge
+    has not settled: their hold is still open and no priority entry is written, dollars."""
+    open_holds = Hold.objects.filter(tenant_id=tenant_id, state=HoldState.OPEN).values("request_id")
+    total = (
+        Request.objects.filter(
+            tenant_id=tenant_id, bid_source=BidSource.AUTOBID, request_id__in=open_holds
+        )
+        .exclude(ledger_entries__kind=ChargeKind.PRIORITY)
+        .aggregate(total=Sum("priority_cap"))["total"]
     )
-    agent = PacingAgent(
-        budget=float(auto.budget),
-        period_s=(window.end - window.start).total_seconds(),
-        values={k: float(v) for k, v in auto.values.items()},
-        eta=auto.eta,
-        mu_max=auto.mu_max,
-        mu=min(auto.mu, auto.mu_max),
-        spent=float(spent),
-        elapsed_s=(now - window.start).total_seconds(),
-    )
-    return agent, spent
+    return total or ZERO
+
+
+def autobids(*, tenant: Tenant, request_class: str) -> bool:
+    """Whether the tenant's autobidder bids for ``request_class`` (enabled, with a value)."""
+    return Autobidder.objects.filter(
+        tenant=tenant, enabled=True, values__has_key=request_class
+    ).exists()
+
+
+@contextmanager
+def autobid_admission(*, tenant: Tenant) -> Iterator[None]:
+    """One transaction in which a tenant's autobid request is bid (``autobid``) and opened
+    (``request_open``), one such admission of a tenant at a time, so that each sees the requests
+    in flight that the others opened: without it, a burst of concurrent requests all see nothing
+    in flight and all bid as if alone (20 at once gave away 3x the budget in the money test).
+
+    On PostgreSQL a transaction-scoped advisory lock on the tenant: it does not touch the rows
+    settlement locks (request, hold, counters, autobidder, in that order), so the two cannot
+    deadlock. Elsewhere (SQLite) writes are serialized anyway.
+    """
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, %s)", [AUTOBID_LOCK_SPACE, tenant.pk]
+                )
+        yield
 
 
 def autobid(*, tenant: Tenant, request_class: str, now: datetime | None = None) -> AutoBid | None:
     """The autobidder's bid for a request of ``request_class``, or None when it does not bid
-    (disabled, no autobidder, or no value for that class)."""
+    (disabled, no autobidder, or no value for that class): the shaded value within the safety
+    rule's exposure reserve (``safe_bid``, exactly in Decimal), rounded down to the tick."""
     auto = Autobidder.objects.filter(tenant=tenant, enabled=True).first()
     if auto is None or request_class not in auto.values:
         return None
-    agent, spent = _agent(auto, now or timezone.now())
-    # PacingAgent.bid's shading, with its budget bound taken exactly in Decimal: bid x
-    # max_wait_s never exceeds what is left. Both round down to the tick.
-    shaded = Decimal(auto.values[request_class]) / Decimal(repr(1.0 + agent.mu))
-    remaining = max(auto.budget - spent, ZERO)
-    cap = remaining / Decimal(repr(auto.max_wait_s))
-    bid = min(shaded, cap).quantize(TICK, rounding=ROUND_FLOOR)
-    return AutoBid(bid=max(bid, ZERO), max_wait_s=auto.max_wait_s, mu=agent.mu)
+    now = now or timezone.now()
+    shaded = Decimal(auto.values[request_class]) / Decimal(repr(1.0 + auto.mu))
+    bid = safe_bid(
+        shaded=shaded,
+        remaining=max(auto.budget_left(now=now), ZERO),
+        in_flight=autobid_in_flight(tenant_id=tenant.pk),
+        factor=Decimal(repr(auto.exposure_factor)),
+        wait_bound_s=Decimal(repr(auto.max_wait_s)),
+    )
+    bid = Decimal(bid).quantize(TICK, rounding=ROUND_FLOOR)
+    return AutoBid(bid=max(bid, ZERO), max_wait_s=auto.max_wait_s, mu=auto.mu)
+
+
+def autobid_ratios(*, tenant_id: int, limit: int = EXPOSURE_WINDOW) -> list[float]:
+    """Charge asked / worst case of the tenant's last ``limit`` settled autobid requests: what
+    the engine asked (before any cap), over the request's ``priority_cap``."""
+    rows = (
+        LedgerEntry.objects.filter(
+            tenant_id=tenant_id,
+            kind=ChargeKind.PRIORITY,
+            request__bid_source=BidSource.AUTOBID,
+            request__priority_cap__gt=0,
+        )
+        .order_by("-created_at")
+        .values_list("amount", "detail", "request__priority_cap")[:limit]
+    )
+    return [float(Decimal(d.get("uncapped", amount)) / cap) for amount, d, cap in rows]
+
+
+def autobid_uncollected(*, tenant_id: int, start: datetime, end: datetime) -> Decimal:
+    """What the autobidder's budget cut from priority charges in [start, end): the charges the
+    market gave away because the budget ran out, dollars."""
+    rows = LedgerEntry.objects.filter(
+        tenant_id=tenant_id,
+        kind=ChargeKind.PRIORITY,
+        created_at__gte=start,
+        created_at__lt=end,
+        detail__capped_by=AUTOBIDDER_BUDGET,
+    ).values_list("detail", flat=True)
+    return sum((Decimal(d["uncapped"]) - Decimal(d["capped_at"]) for d in rows), ZERO)
+
+
+def _arrival_rate(*, tenant_id: int, start: datetime, now: datetime) -> float | None:
+    """Autobid requests a second since ``start``; None before any."""
+    n = Request.objects.filter(
+        tenant_id=tenant_id, bid_source=BidSource.AUTOBID, created_at__gte=start, created_at__lt=now
+    ).count()
+    seconds = (now - start).total_seconds()
+    return n / seconds if n and seconds > 0 else None
 
 
 def autobidder_step(
-    *, tenant: Tenant, interval_s: float, now: datetime | None = None
+    *, tenant: Tenant, interval_s: float, now: datetime | None = None, every_s: float | None = None
 ) -> AutobidderStep | None:
     """One pacing step: read the spend of the last ``interval_s`` seconds, move mu, record it.
 
-    Returns None when the tenant has no enabled autobidder.
+    ``every_s``: how often steps are taken (default ``interval_s``, which a late step exceeds);
+    the window over it is the steps in a window, T, of the step size eta0 / sqrt(T). mu_max is
+    derived from the values, the arrival rate of autobid requests in the window so far and the
+    target rate (``mu_max_for``), within the row's ``mu_max``. The exposure factor is renewed
+    from the recent settled requests. Returns None when the tenant has no enabled autobidder.
     """
     now = now or timezone.now()
     with transaction.atomic():
         auto = Autobidder.objects.select_for_update().filter(tenant=tenant, enabled=True).first()
         if auto is None:
             return None
-        start = now - timedelta(seconds=interval_s)
         window = window_for(period=auto.period, now=now)
-        start = max(start, window.start)
+        start = max(now - timedelta(seconds=interval_s), window.start)
         interval = max((now - start).total_seconds(), 1e-6)
-        before, window_spent = _agent(auto, start)
+        period_s = (window.end - window.start).total_seconds()
+        before = _spent(tenant_id=tenant.pk, start=window.start, end=start)
         step_spent = _spent(tenant_id=tenant.pk, start=start, end=now)
-        target = before.target(interval)
-        mu = before.observe(float(step_spent), interval)
+        values = {k: float(v) for k, v in auto.values.items()}
+        rate = _arrival_rate(tenant_id=tenant.pk, start=window.start, now=now)
+        mu_max = auto.mu_max
+        if rate is not None:
+            derived = mu_max_for(
+                value_max=max(values.values()),
+                arrival_rate=rate,
+                wait_bound_s=auto.max_wait_s,
+                target_rate=float(auto.budget) / period_s,
+            )
+            mu_max = min(mu_max, derived)
+        agent = PacingAgent(
+            budget=float(auto.budget),
+            period_s=period_s,
+            values=values,
+            updates=max(1, math.ceil(period_s / max(every_s or interval_s, 1e-6))),
+            eta0=auto.eta,
+            mu_max=mu_max,
+            mu=min(auto.mu, mu_max),
+            spent=float(before),
+            elapsed_s=(start - window.start).total_seconds(),
+        )
+        target = agent.target(interval)
+        mu = agent.observe(float(step_spent), interval)
         auto.mu = mu
-        auto.save(update_fields=["mu", "updated_at"])
+        auto.exposure_factor = exposure_factor(autobid_ratios(tenant_id=tenant.pk))
+        auto.save(update_fields=["mu", "exposure_factor", "updated_at"])
         return AutobidderStep.objects.create(
             autobidder=auto,
             at=now,
             mu=mu,
             spent=step_spent,
             target=money(target),
-            window_spent=window_spent + step_spent,
+            window_spent=before + step_spent,
+            exposure_factor=auto.exposure_factor,
+            in_flight=autobid_in_flight(tenant_id=tenant.pk),
+            uncollected=autobid_uncollected(tenant_id=tenant.pk, start=window.start, end=now),
         )

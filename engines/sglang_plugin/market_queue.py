@@ -38,7 +38,7 @@ from market.mechanism import (
 )
 from scheduler_bridge.contract.control import ControlFollower, ControlState
 from scheduler_bridge.contract.records import RoundRecord, auction_fields
-from scheduler_bridge.contract.wire import CUSTOM_PARAMS, bid_read, rid_request_id
+from scheduler_bridge.contract.wire import CUSTOM_PARAMS, bid_read, rid_owner, rid_request_id
 from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder
 
 from . import metrics
@@ -174,6 +174,7 @@ class MarketQueue:
             reserve=cfg.knobs.reserve,
             tokens_per_second=cfg.tokens_per_second,
             overhead_tokens=cfg.knobs.overhead_tokens,
+            charge_scope=cfg.knobs.charge_scope,
         )
 
     def _sync(self, waiting_queue: Sequence[Req]) -> list[Req]:
@@ -214,7 +215,14 @@ class MarketQueue:
                 match_kv_cache(req, cache, tokens)
                 try:
                     tree.insert(
-                        WaitingRequest(rid, tokens, bid, arrival, req.num_matched_prefix_tokens)
+                        WaitingRequest(
+                            rid,
+                            tokens,
+                            bid,
+                            arrival,
+                            req.num_matched_prefix_tokens,
+                            owner=rid_owner(req.rid),
+                        )
                     )
                 except (TypeError, ValueError) as exc:  # e.g. an empty rid, no tokens
                     self._unreadable(req, exc)

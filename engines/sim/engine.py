@@ -56,6 +56,7 @@ class SimRequest:
     max_new_tokens: int
     bid: float = 0.0
     arrival: float = 0.0
+    owner: str = ""  # its tenant, for tenant-level charges ("": a tenant of its own)
     # What happened to it:
     cached_tokens: int = 0  # prompt tokens found in the KV cache at admission
     admitted_at: float | None = None
@@ -197,7 +198,9 @@ class Engine:
             )
         req.tokens = tuple(req.tokens)
         cached = self._cached(req)
-        self.tree.insert(WaitingRequest(req.id, req.tokens, req.bid, req.arrival, cached))
+        self.tree.insert(
+            WaitingRequest(req.id, req.tokens, req.bid, req.arrival, cached, owner=req.owner)
+        )
         self.waiting[req.id] = req
 
     def cancel(self, request_id: str) -> bool:
@@ -299,6 +302,7 @@ class Engine:
             reserve=knobs.reserve,
             tokens_per_second=self.tokens_per_second,
             overhead_tokens=knobs.overhead_tokens,
+            charge_scope=knobs.charge_scope,
         )
         defer = policy in DFS_AUCTIONS and knobs.in_batch_defer_tokens > 0
         batch = self.tree.begin_batch() if defer else None

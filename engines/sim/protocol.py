@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from scheduler_bridge.contract.wire import CUSTOM_PARAMS, BidError, bid_read
+from scheduler_bridge.contract.wire import CUSTOM_PARAMS, BidError, bid_read, rid_owner
 
 from .engine import SimRequest
 
@@ -73,8 +73,8 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A checked ``/generate`` body: ``rid`` the request's id (without the rid's bid part),
-    ``bid`` in dollars per second of waiting."""
+    """A checked ``/generate`` body: ``rid`` the request's id (without the rid's tenant and bid
+    parts), ``bid`` in dollars per second of waiting, ``owner`` its tenant's tag ("": none)."""
 
     rid: str
     text: str | None
@@ -82,6 +82,7 @@ class GenerateRequest:
     max_new_tokens: int
     bid: float
     stream: bool
+    owner: str = ""
 
 
 def loads_json(raw: bytes) -> Any:
@@ -182,7 +183,7 @@ def parse_generate(body: Any) -> GenerateRequest:
         request_id, bid = bid_read(rid, sampling.get(CUSTOM_PARAMS))
     except BidError as exc:
         raise BadRequest(str(exc), exc.param) from None
-    return GenerateRequest(request_id, text, ids, max_new, bid, stream)
+    return GenerateRequest(request_id, text, ids, max_new, bid, stream, rid_owner(rid))
 
 
 # --- responses --------------------------------------------------------------------------------

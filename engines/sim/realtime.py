@@ -145,7 +145,14 @@ class EngineLoop:
     # --- requests in --------------------------------------------------------------------------
 
     def submit(
-        self, rid: str, tokens: Sequence[int], max_new_tokens: int, bid: float, *, stream: bool
+        self,
+        rid: str,
+        tokens: Sequence[int],
+        max_new_tokens: int,
+        bid: float,
+        *,
+        stream: bool,
+        owner: str = "",
     ) -> Ticket:
         """Queue a request for the next round; raises EngineDown, DuplicateRequest, QueueFull,
         or ValueError (from the engine: it can never fit)."""
@@ -156,7 +163,7 @@ class EngineLoop:
         if len(self.engine.waiting) >= self.max_queue:
             raise QueueFull(f"the waiting queue is full ({self.max_queue} requests)")
         now = self.clock.now()
-        req = SimRequest(rid, tuple(tokens), max_new_tokens, bid=bid, arrival=now)
+        req = SimRequest(rid, tuple(tokens), max_new_tokens, bid=bid, arrival=now, owner=owner)
         self.engine.submit(req)
         self.latest_arrival = max(self.latest_arrival, now)
         ticket = Ticket(req, stream)

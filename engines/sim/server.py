@@ -206,7 +206,9 @@ class SimServer:
         g = parse_generate(loads_json(await request.read()))
         tokens = g.input_ids if g.input_ids is not None else tuple(self.tokenizer.encode(g.text))
         try:
-            ticket = self.loop.submit(g.rid, tokens, g.max_new_tokens, g.bid, stream=g.stream)
+            ticket = self.loop.submit(
+                g.rid, tokens, g.max_new_tokens, g.bid, stream=g.stream, owner=g.owner
+            )
         except DuplicateRequest as exc:
             return json_error(400, str(exc), "rid")
         except QueueFull as exc:

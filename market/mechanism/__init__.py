@@ -16,7 +16,7 @@ mechanism written plainly, by brute force, that the tests check this one against
 """
 
 from .clearing import DEFAULT_TOKENS_PER_SECOND, Clearing, clear, clear_tree
-from .pacing import NaiveAgent, PacingAgent
+from .pacing import Exposure, PacingAgent, mu_max_for, safe_bid
 from .policies import (
     BID_POLICIES,
     DFS_AUCTIONS,
@@ -40,7 +40,7 @@ __all__ = [
     "POLICY",
     "Policy",
     "Clearing",
-    "NaiveAgent",
+    "Exposure",
     "PacingAgent",
     "RequestTree",
     "WaitingRequest",
@@ -48,8 +48,10 @@ __all__ = [
     "block_key",
     "clear",
     "clear_tree",
+    "mu_max_for",
     "planned_welfare",
     "policy_checked",
     "realized_welfare",
+    "safe_bid",
     "to_ticks",
 ]

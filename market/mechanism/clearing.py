@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .payments import Charges
+from .payments import Charges, DfsCharges, TenantCharges
 from .plan import Plan
 from .policies import POLICY, policy_checked
 from .requests import BID_SCALE, WaitingRequest, to_ticks
@@ -13,6 +13,9 @@ from .tree import Node, RequestTree
 from .welfare import planned_welfare
 
 DEFAULT_TOKENS_PER_SECOND = 10_000.0
+REQUEST_SCOPE = "request"  # a request pays for the delay it imposes on every other request
+TENANT_SCOPE = "tenant"  # ... on other tenants' requests only
+CHARGE_SCOPES = (REQUEST_SCOPE, TENANT_SCOPE)
 
 
 class Clearing:
@@ -36,8 +39,10 @@ class Clearing:
         tokens_per_second: float,
         overhead_tokens: int,
         plan: Plan,
+        charge_scope: str = REQUEST_SCOPE,
     ) -> None:
         self.policy = policy
+        self.charge_scope = charge_scope
         self._rules = POLICY[policy]
         self.reserve = reserve
         self.tokens_per_second = tokens_per_second
@@ -133,6 +138,8 @@ class Clearing:
             return None
         if self._charges is None:
             key = self._rules.block_key
+            if self.charge_scope == TENANT_SCOPE and rule is DfsCharges:
+                rule = TenantCharges
             self._charges = rule(
                 self._plan,
                 self._cums_upto,
@@ -178,6 +185,13 @@ class Clearing:
         return self._payments
 
 
+def charge_scope_checked(scope: object) -> str:
+    """``scope`` if it names a charge scope (CHARGE_SCOPES), else ValueError."""
+    if scope not in CHARGE_SCOPES:
+        raise ValueError(f"charge scope must be one of {', '.join(CHARGE_SCOPES)}, got {scope!r}")
+    return scope
+
+
 def _params_checked(
     reserve: float, tokens_per_second: float, overhead_tokens: int
 ) -> tuple[float, float, int]:
@@ -203,13 +217,24 @@ def clear_tree(
     reserve: float = 0.0,
     tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND,
     overhead_tokens: int = 0,
+    charge_scope: str = REQUEST_SCOPE,
 ) -> Clearing:
-    """Run one round on a maintained request tree."""
+    """Run one round on a maintained request tree.
+
+    ``charge_scope``: ``"request"`` (each request pays for the delay it imposes on every other
+    request) or ``"tenant"`` (not for its own tenant's, ``payments.TenantCharges``; DFS
+    auctions only, the other policies charge as usual)."""
     rules = POLICY[policy_checked(policy)]
     reserve, tps, overhead = _params_checked(reserve, tokens_per_second, overhead_tokens)
     plan = rules.planner(tree, rules, to_ticks(reserve), overhead)
     return Clearing(
-        tree, policy, reserve=reserve, tokens_per_second=tps, overhead_tokens=overhead, plan=plan
+        tree,
+        policy,
+        reserve=reserve,
+        tokens_per_second=tps,
+        overhead_tokens=overhead,
+        plan=plan,
+        charge_scope=charge_scope_checked(charge_scope),
     )
 
 
@@ -220,6 +245,7 @@ def clear(
     reserve: float = 0.0,
     tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND,
     overhead_tokens: int = 0,
+    charge_scope: str = REQUEST_SCOPE,
 ) -> Clearing:
     """Run one round from scratch on a waiting queue: build the request tree, order, price."""
     policy = policy_checked(policy)
@@ -229,4 +255,5 @@ def clear(
         reserve=reserve,
         tokens_per_second=tokens_per_second,
         overhead_tokens=overhead_tokens,
+        charge_scope=charge_scope,
     )

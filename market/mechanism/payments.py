@@ -156,7 +156,9 @@ def _clamped(total: float, bid: int, saved: int) -> float:
     return min(max(total, 0.0), float(bid * saved))
 
 
-def dfs_payments(plan: Plan, *, density: bool, reserve: int) -> tuple[list[float], list[int]]:
+def dfs_payments(
+    plan: Plan, *, density: bool, reserve: int, owners: list[str] | None = None
+) -> tuple[list[float], list[int]]:
     """Charges and savings of every request, by position in the order.
 
     The same sums as ``dfs_charge``, taken node by node: the requests of a block are a contiguous
@@ -164,12 +166,17 @@ def dfs_payments(plan: Plan, *, density: bool, reserve: int) -> tuple[list[float
     each node's sorted siblings are looked up by all its requests in turn. A request passes the
     next sibling only if, with its bid at 0, its block's key would still be at least that
     sibling's: bids below ``floor`` cannot, and are skipped without a lookup.
+
+    ``owners`` (each request's tenant, by position; "" for none): the charges are tenant-level
+    (``TenantCharges``): what the standard charge bills for the request's own tenant's other
+    requests is taken off (``_Own``).
     """
     inside = plan.inside
     bids = effective_bids(plan.order, reserve)
     n = len(bids)
     pay = [0.0] * n
     saved = [0] * n
+    own = None if owners is None else _Own(owners, bids)
     stack: list[tuple[Node, int]] = [(plan.root, 0)]  # a node and its first position
     while stack:
         x, start = stack.pop()
@@ -181,6 +188,8 @@ def dfs_payments(plan: Plan, *, density: bool, reserve: int) -> tuple[list[float
                 stack.append((inner, start))
             continue
         nks, pw, pwk = _sibling_sums(blocks)
+        if own is not None:
+            own.at_node(start, blocks)
         zero = bisect_left(nks, 0.0)  # blocks from here on have key 0
         for j, block in enumerate(blocks):
             _, tie, bn, bsum, work, inner = block
@@ -207,6 +216,8 @@ def dfs_payments(plan: Plan, *, density: bool, reserve: int) -> tuple[list[float
                 else:
                     pay[first] += size * (pwk[hi] - pwk[lo])
                 saved[first] += pw[hi] - pw[lo]
+                if own is not None:
+                    own.passed(first, first, 1, work, lo, hi, pw)
                 continue
             nxt = blocks[lo]
             # others / size <= next key  <=>  bid >= bsum - size x next key (up to rounding).
@@ -231,12 +242,59 @@ def dfs_payments(plan: Plan, *, density: bool, reserve: int) -> tuple[list[float
                 else:
                     pay[k] += size * (pwk[hi] - pwk[lo]) - others * (pw[hi] - pw[lo])
                 saved[k] += pw[hi] - pw[lo]
-    # The charge lies in [0, bid x saved]; prefix-sum rounding can stray by a few ulps.
+                if own is not None:
+                    own.passed(k, first, bn, work, lo, hi, pw)
+    # The charge lies in [0, bid x saved] (tenant-level: [reserve x saved, bid x saved]);
+    # prefix-sum rounding can stray by a few ulps.
+    if own is not None:
+        for k, amount in enumerate(own.amounts):
+            if amount and pay[k]:
+                pay[k] = max(pay[k] - amount, float(reserve * saved[k]))
     for k, amount in enumerate(pay):
         if amount:
             top = float(bids[k] * saved[k])
             pay[k] = 0.0 if amount < 0.0 else (top if amount > top else amount)
     return pay, saved
+
+
+class _Own:
+    """What a request's standard charge bills for its own tenant's other requests, in bid ticks
+    x tokens: the tenant-level charge (DESIGN.md 4.4, ``charge_scope``) takes it off.
+
+    Passing sibling blocks at a node (bidding b instead of 0) delays every request in them by the
+    work of the request's block, and brings forward the others of its block by the passed work.
+    Of these, the standard charge bills the delay and credits the gain for every other request;
+    the tenant's share is the passed blocks' own-tenant bids x the block's work, less the block's
+    other own-tenant bids x the passed work. A block's requests are a contiguous run of the order,
+    so both sums are differences of one prefix sum of the tenant's bids over the order.
+    """
+
+    def __init__(self, owners: list[str], bids: list[int]) -> None:
+        self.owners = owners
+        self.bids = bids
+        self.amounts = [0.0] * len(bids)
+        self._prefix: dict[str, list[int]] = {}
+        self._starts: list[int] = []  # the current node's blocks' first positions
+
+    def _sums(self, tenant: str) -> list[int]:
+        got = self._prefix.get(tenant)
+        if got is None:
+            mine = (b if o == tenant else 0 for b, o in zip(self.bids, self.owners, strict=True))
+            got = self._prefix[tenant] = [0, *accumulate(mine)]
+        return got
+
+    def at_node(self, start: int, blocks: list[Block]) -> None:
+        self._starts = list(accumulate((b[2] for b in blocks), initial=start))
+
+    def passed(self, k: int, first: int, bn: int, work: int, lo: int, hi: int, pw) -> None:
+        tenant = self.owners[k]
+        if not tenant:
+            return
+        p = self._sums(tenant)
+        starts = self._starts
+        delayed = p[starts[hi]] - p[starts[lo]]  # own bids in the passed blocks
+        along = p[first + bn] - p[first] - self.bids[k]  # own bids beside it in its block
+        self.amounts[k] += work * delayed - along * (pw[hi] - pw[lo])
 
 
 class DfsCharges:
@@ -266,6 +324,41 @@ class DfsCharges:
     def every(self) -> list[float]:
         """Priority charge of every request, by position in the order (``dfs_payments``)."""
         return dfs_payments(self.plan, density=self.density, reserve=self.reserve)[0]
+
+
+class TenantCharges(DfsCharges):
+    """Tenant-level charges for the DFS auctions (the market's ``charge_scope = "tenant"``): a
+    request is not billed for the delay it imposes on its own tenant's other requests, nor
+    credited for what they gain with it (its tenant bears both in its own waiting cost). The
+    standard charge less that (``_Own``), never below reserve x saved time nor above bid x saved
+    time. A request with no tenant (owner "") is charged as usual.
+
+    Every request's charge comes from one pass over the plan (``dfs_payments`` with owners), made
+    the first time any is asked for.
+    """
+
+    def __init__(self, plan: Plan, cums_upto: CumsUpto, reserve: int, per_work: bool) -> None:
+        super().__init__(plan, cums_upto, reserve, per_work)
+        self._all: tuple[list[float], list[int]] | None = None
+        self._positions: dict[str, int] | None = None
+
+    def _every(self) -> tuple[list[float], list[int]]:
+        if self._all is None:
+            owners = [e.req.owner for e in self.plan.order]
+            self._all = dfs_payments(
+                self.plan, density=self.density, reserve=self.reserve, owners=owners
+            )
+        return self._all
+
+    def charge(self, entry: Entry) -> tuple[float, int]:
+        if self._positions is None:
+            self._positions = {e.req.id: i for i, e in enumerate(self.plan.order)}
+        pay, saved = self._every()
+        k = self._positions[entry.req.id]
+        return pay[k], saved[k]
+
+    def every(self) -> list[float]:
+        return self._every()[0]
 
 
 class FlatCharges:

@@ -218,3 +218,39 @@ def vcg_payment(reqs, rid, reserve, overhead, tps) -> float:
         return sum(-eff(r.bid, reserve) * comp[r.id] for r in rs if r.id != rid)
 
     return others_welfare(with_bid(reqs, rid, 0.0)) - others_welfare(reqs)
+
+
+def tenant_payment(reqs, rid, owners: dict[str, str], policy, reserve, overhead, tps) -> float:
+    """The tenant-level charge of ``rid`` (``charge_scope = "tenant"``), by brute force.
+
+    dfs-auction-density without a reserve, where the standard charge is the VCG one: the delay
+    ``rid``'s bid imposes on the *other tenants'* requests, weighted by their bids (re-clearing
+    with ``rid`` at 0 and comparing every completion), within [0, bid x T(bid)]. Otherwise: the
+    Myerson payment (the grid's midpoint) less the same delay on its own tenant's other
+    requests, within [reserve x T(bid), bid x T(bid)]. ``owners`` maps ids to tenants; "" is a
+    tenant of its own.
+    """
+    me = owners.get(rid, "")
+    bid = next(r.bid for r in reqs if r.id == rid)
+    if bid < reserve or bid == 0:
+        return 0.0
+    base = completions(reqs, reference_order(reqs, policy, reserve, overhead), overhead, tps)
+    zeroed = with_bid(reqs, rid, 0.0)
+    at0 = completions(zeroed, reference_order(zeroed, policy, reserve, overhead), overhead, tps)
+    saved = at0[rid] - base[rid]
+
+    def delay_on(same: bool) -> float:
+        return sum(
+            eff(r.bid, reserve) * (base[r.id] - at0[r.id])
+            for r in reqs
+            if r.id != rid and ((owners.get(r.id, "") == me and me != "") == same)
+        )
+
+    if reserve == 0 and policy == "dfs-auction-density":
+        charge = delay_on(False)
+        low = 0.0
+    else:
+        lo, hi, _ = myerson_bounds(reqs, rid, policy, reserve, overhead, tps, steps=400)
+        charge = (lo + hi) / 2 - delay_on(True)
+        low = reserve * saved
+    return min(max(charge, low), bid * saved)

@@ -32,6 +32,9 @@ class WaitingRequest:
     bid: float
     arrival: float
     cached_len: int = 0
+    # The tenant it belongs to, for tenant-level charges (clearing's charge_scope): "" for none,
+    # which counts the request as a tenant of its own.
+    owner: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -48,6 +51,8 @@ class WaitingRequest:
         cached = self.cached_len
         if isinstance(cached, bool) or not isinstance(cached, int):
             raise ValueError(f"request {self.id!r}: cached_len must be an int, got {cached!r}")
+        if not isinstance(self.owner, str):
+            raise ValueError(f"request {self.id!r}: owner must be a string, got {self.owner!r}")
         if not 0 <= cached <= len(self.tokens):
             raise ValueError(
                 f"request {self.id!r}: cached_len {cached} outside 0..{len(self.tokens)}"

@@ -13,7 +13,7 @@ from decimal import Decimal
 from accounts.models import ApiKey, BidSource, Tenant
 from accounts.money import ZERO, money, per_million
 from accounts.services import BudgetExhausted, request_fail, request_open
-from accounts.services.autobidder import autobid
+from accounts.services.autobidder import autobid, autobid_admission, autobids
 from market.mechanism.requests import effective_bid
 from market.models import Market
 from openai_api.gateway import metrics
@@ -44,6 +44,7 @@ class Admitted:
     bid_source: str
     prompt: Prompt
     hold: Decimal
+    owner: str = ""  # the tenant's tag for the engine (tenant-level charges): its id
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -74,41 +75,48 @@ def request_admit_for(
     market = market_for_model(model=params.model)
     if market is None:
         raise ModelNotFound(f"no market serves the model {params.model!r}", param="model")
-    reserve = market.reserve
-    if params.bid is not None:
-        bid, source = params.bid, BidSource.EXPLICIT
-        effective = effective_bid(bid, reserve, zero=ZERO)
-        priority_hold = effective * Decimal(repr(market.max_wait_s))
-    else:
-        auto = autobid(tenant=tenant, request_class=params.request_class)
-        if auto is not None:
-            bid, source = auto.bid, BidSource.AUTOBID
-            effective = effective_bid(bid, reserve, zero=ZERO)
-            priority_hold = auto.worst_case if effective > 0 else ZERO
-        else:
-            bid, source, effective, priority_hold = ZERO, BidSource.NONE, ZERO, ZERO
     prompt = _prompt(params, market)
     if prompt.tokens == 0:
         raise InvalidValue("the prompt has no tokens", param="prompt")
     tokens_hold = per_million(
         tokens=prompt.tokens, price_per_million=market.price_input_per_mtok
     ) + per_million(tokens=params.max_tokens, price_per_million=market.price_output_per_mtok)
-    hold = money(tokens_hold + priority_hold)
-    try:
-        request_open(
-            request_id=request_id,
-            tenant=tenant,
-            api_key=api_key,
-            market=market,
-            bid=bid,
-            hold_amount=hold,
-            request_class=params.request_class,
-            bid_source=source,
-            priority_cap=money(priority_hold),
+
+    def opened(bid: Decimal, source: str, effective: Decimal, priority_hold: Decimal) -> Admitted:
+        hold = money(tokens_hold + priority_hold)
+        try:
+            request_open(
+                request_id=request_id,
+                tenant=tenant,
+                api_key=api_key,
+                market=market,
+                bid=bid,
+                hold_amount=hold,
+                request_class=params.request_class,
+                bid_source=source,
+                priority_cap=money(priority_hold),
+            )
+        except BudgetExhausted as exc:
+            raise BudgetExhaustedError(str(exc)) from None
+        return Admitted(
+            request_id, market, bid, effective, source, prompt, hold, owner=str(tenant.pk)
         )
-    except BudgetExhausted as exc:
-        raise BudgetExhaustedError(str(exc)) from None
-    return Admitted(request_id, market, bid, effective, source, prompt, hold)
+
+    reserve = market.reserve
+    if params.bid is not None:
+        effective = effective_bid(params.bid, reserve, zero=ZERO)
+        hold = effective * Decimal(repr(market.max_wait_s))
+        return opened(params.bid, BidSource.EXPLICIT, effective, hold)
+    if not autobids(tenant=tenant, request_class=params.request_class):
+        return opened(ZERO, BidSource.NONE, ZERO, ZERO)
+    # The autobidder's bid depends on its requests in flight: bid and open as one admission.
+    with autobid_admission(tenant=tenant):
+        auto = autobid(tenant=tenant, request_class=params.request_class)
+        if auto is None:
+            return opened(ZERO, BidSource.NONE, ZERO, ZERO)
+        effective = effective_bid(auto.bid, reserve, zero=ZERO)
+        hold = auto.worst_case if effective > 0 else ZERO
+        return opened(auto.bid, BidSource.AUTOBID, effective, hold)
 
 
 async def admitted_for(params: CompletionParams, key: str | None, trace: Trace) -> Admitted:

@@ -144,6 +144,7 @@ def _body(admitted: Admitted, params: CompletionParams, stream: bool) -> dict:
         input_ids=admitted.prompt.input_ids,
         sampling_params=params.sampling,
         stream=stream,
+        owner=admitted.owner,
     )
 
 

@@ -54,16 +54,17 @@ def generate_body(
     input_ids: list[int] | None = None,
     sampling_params: Mapping[str, Any] | None = None,
     stream: bool = False,
+    owner: str = "",
 ) -> dict[str, Any]:
     """The JSON body of ``POST /generate``: ``rid`` the request's id, ``bid`` in dollars per
-    second of waiting, carried in the rid (the engine contract's one place that survives
-    SGLang's router)."""
+    second of waiting and ``owner`` its tenant's tag, carried in the rid (the engine contract's
+    one place that survives SGLang's router)."""
     if (text is None) == (input_ids is None):
         raise ValueError("give exactly one of text and input_ids")
     sampling = dict(sampling_params or {})
     sampling["max_new_tokens"] = max_new_tokens
     body: dict[str, Any] = {
-        "rid": rid_with_bid(rid, bid),
+        "rid": rid_with_bid(rid, bid, owner),
         "sampling_params": sampling,
         "stream": stream,
     }

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
 from market.mechanism import MAX_BID
+from market.mechanism.clearing import REQUEST_SCOPE, charge_scope_checked
 
 from .records import DEFAULT_STREAM
 
@@ -40,6 +41,9 @@ class MarketKnobs:
     in_batch_defer_tokens: int = 32
     book_interval_s: float | None = 0.5  # subtrees in a record at most this often; None: never
     rounds_stream: str = DEFAULT_STREAM  # the Redis stream of round records
+    # "request": a request pays for the delay it imposes on every other request; "tenant": not
+    # on its own tenant's (mechanism.payments.TenantCharges; needs each request's owner).
+    charge_scope: str = REQUEST_SCOPE
 
     def __post_init__(self) -> None:
         for name in ("market", "rounds_stream"):
@@ -47,6 +51,7 @@ class MarketKnobs:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty string, got {value!r}")
         _number(self.reserve, "reserve", low=0.0, high=MAX_BID)
+        charge_scope_checked(self.charge_scope)
         if self.tokens_per_second is not None:
             _number(self.tokens_per_second, "tokens_per_second", low=0.0, strict=True)
         _integer(self.overhead_tokens, "overhead_tokens")

@@ -10,6 +10,9 @@ engine). Both engines implement it; the engine client and the market's push use 
   put the bid in ``sampling_params.custom_params.bid`` instead; given in both, they must agree.
   Neither means 0. ``bid_read`` is the one reading, used by both engines; the request's id in
   the round records is the rid without its bid part.
+- **The tenant**, for tenant-level charges (``charge_scope``), travels beside it as an opaque
+  tag: ``<request id>~t=<tag>~bid=<bid>`` (``rid_owner`` reads it; "" when absent). The request's
+  id is the rid without both parts.
 - **meta_info**: SGLang's fields (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
   ``finish_reason``, ``ttft``, ...) plus ``AUCTION_META_FIELDS``, the bid the engine read among
   them, so that a client can tell a bid lost on the way from a bid of 0. The simulated engine
@@ -35,6 +38,8 @@ CUSTOM_PARAMS = "custom_params"  # the key in sampling_params
 BID_PARAM = "bid"  # the key in custom_params
 BID_PATH = f"sampling_params.{CUSTOM_PARAMS}.{BID_PARAM}"  # as errors name it
 RID_BID_MARK = "~bid="  # between the request's id and its bid in the rid
+RID_OWNER_MARK = "~t="  # before the bid mark: the request's tenant tag
+_RID_OWNER = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # What may follow the mark: a plain decimal number, as Python's repr writes a float.
 _RID_BID = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?")
 
@@ -62,24 +67,46 @@ class BidError(ValueError):
         self.param = param
 
 
-def rid_with_bid(request_id: str, bid: float) -> str:
-    """The rid that carries ``request_id`` and its ``bid`` ($/s) to an engine."""
-    if not request_id or RID_BID_MARK in request_id:
-        raise ValueError(f"a request id must be non-empty, without {RID_BID_MARK!r}")
-    return f"{request_id}{RID_BID_MARK}{bid_checked(bid, request_id=request_id)!r}"
+def rid_with_bid(request_id: str, bid: float, owner: str = "") -> str:
+    """The rid that carries ``request_id``, its ``bid`` ($/s) and its tenant's tag ``owner``
+    ("": none; letters, digits, ``-`` and ``_``) to an engine."""
+    if not request_id or RID_BID_MARK in request_id or RID_OWNER_MARK in request_id:
+        raise ValueError(
+            f"a request id must be non-empty, without {RID_BID_MARK!r} or {RID_OWNER_MARK!r}"
+        )
+    if owner and not _RID_OWNER.fullmatch(owner):
+        raise ValueError(f"a tenant tag must be 1-64 letters, digits, - or _, got {owner!r}")
+    tag = f"{RID_OWNER_MARK}{owner}" if owner else ""
+    return f"{request_id}{tag}{RID_BID_MARK}{bid_checked(bid, request_id=request_id)!r}"
+
+
+def _split_owner(head: str) -> tuple[str, str]:
+    """(request id, tenant tag) of a rid's part before its bid mark."""
+    request_id, mark, owner = head.rpartition(RID_OWNER_MARK)
+    if mark and request_id and _RID_OWNER.fullmatch(owner):
+        return request_id, owner
+    return head, ""
 
 
 def rid_request_id(rid: str) -> str:
-    """The request's id in a rid: the rid without its bid part."""
-    return rid.rpartition(RID_BID_MARK)[0] or rid
+    """The request's id in a rid: the rid without its tenant and bid parts."""
+    head = rid.rpartition(RID_BID_MARK)[0]
+    return _split_owner(head)[0] if head else rid
+
+
+def rid_owner(rid: str) -> str:
+    """The tenant tag a rid carries, "" when none."""
+    head = rid.rpartition(RID_BID_MARK)[0]
+    return _split_owner(head)[1] if head else ""
 
 
 def rid_read(rid: str) -> tuple[str, float | None]:
     """The request's id and the bid ($/s) of a rid (None: the rid carries no bid); BidError
     when it has the mark but not a valid bid after it (a rid mangled on the way)."""
-    request_id, mark, text = rid.rpartition(RID_BID_MARK)
+    head, mark, text = rid.rpartition(RID_BID_MARK)
     if not mark:
         return rid, None
+    request_id = _split_owner(head)[0] if head else head
     if not request_id or not _RID_BID.fullmatch(text):
         raise BidError(
             f"rid {rid!r} has {RID_BID_MARK!r} but not <request id>{RID_BID_MARK}<decimal $/s>",

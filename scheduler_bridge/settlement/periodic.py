@@ -69,7 +69,7 @@ def autobidders_step_due(*, interval_s: float, now: datetime | None = None) -> P
                     run.skipped += 1
                     continue
                 covered = min(since, interval_s * MAX_LOOKBACK_INTERVALS)
-                autobidder_step(tenant=auto.tenant, interval_s=covered, now=now)
+                autobidder_step(tenant=auto.tenant, interval_s=covered, now=now, every_s=interval_s)
                 run.stepped += 1
         except Exception:
             logger.exception("pacing: the step of %s failed", auto)

@@ -1,37 +1,69 @@
 """The autobidder evaluation's accounting (its figures come from the benchmark, not from here)."""
 
+import math
+
 import pytest
 
 from benchmarks import pacing
 
 
-def test_a_bid_is_funded_by_a_hold_and_never_charged_beyond_it():
-    # Budget $1: a request worth 2 $/s with a 0.5 s wait bound may bid 1 / 0.5 = 2 $/s, holding
-    # the whole dollar; the next one can bid nothing until that hold is settled.  A charge of
-    # $3 is settled at the hold ($1): the budget is spent, not overspent.
-    b = pacing.Bidder("naive", 1.0)
-    assert b.bid(2.0, 0.5) == (2.0, 1.0)
-    assert b.bid(5.0, 0.5) == (0.0, 0.0)
-    b.pay(3.0, 1.0)
-    assert (b.spent, b.held, b.remaining, b.peak_share) == (1.0, 0.0, 0.0, 1.0)
+def focal(strategy: str, budget: float) -> pacing._Focal:
+    spec = pacing.Spec(0, "A", strategy, budget, 0.5)
+    return pacing._Focal(spec, pacing.Setup(period_s=10.0, updates=10), 1.0, 2.0)
+
+
+def test_the_safety_rule_by_hand():
+    # Budget $1, exposure factor 0.1. A request worth 2 $/s with a 0.5 s wait bound (worst case
+    # $1) fits: 1 - 0 >= 0.1 x 1. In flight $1 reserves 0.1; the next fits too (0.9 left, it
+    # costs at most 0.1 x 0.5 per $/s). Charges: 0.8 (paid in full), then 0.7 of which only the
+    # 0.2 left is paid: 0.5 uncollected, and the budget is spent exactly, never overspent.
+    f = focal("mu=0", 1.0)
+    f.exposure.factor = 0.1
+    assert f.bid("r1", 2.0, 0.5) == 2.0
+    assert f.bid("r2", 2.0, 0.5) == 2.0
+    f.settle("r1", 0.8, 1.0, 0.0, 10.0)
+    f.settle("r2", 0.7, 6.0, 0.0, 10.0)
+    out = f.out
+    assert (out.paid, out.uncollected, out.consent_cut) == (1.0, pytest.approx(0.5), 0.0)
+    assert out.peak == 1.0 and out.quarters == [0.8, 0.0, pytest.approx(0.2), 0.0]
+    assert f.bid("r3", 2.0, 0.5) == 0.0  # nothing left
+
+
+def test_a_charge_above_the_consent_cap_is_cut_to_it():
+    # Factor 1 (no history): the bid is capped at 1 / 0.5 = 2 $/s, its worst case the whole
+    # dollar; the next bids nothing until it settles. A $3 charge is cut to the $1 consented.
+    f = focal("mu=0", 1.0)
+    assert f.bid("r1", 5.0, 0.5) == 2.0
+    assert f.bid("r2", 5.0, 0.5) == 0.0
+    f.settle("r1", 3.0, 1.0, 0.0, 10.0)
+    assert (f.out.paid, f.out.consent_cut, f.out.uncollected) == (1.0, 2.0, 0.0)
 
 
 def test_shading_and_the_baselines():
-    b = pacing.Bidder("mu=3", 100.0, mu=3.0)
-    assert b.bid(2.0, 1.0)[0] == pytest.approx(0.5)  # value / (1 + mu)
-    assert pacing.Bidder("zero", 100.0).bid(2.0, 1.0) == (0.0, 0.0)
-    assert pacing.Bidder("value", float("inf")).bid(2.0, 1.0) == (2.0, 0.0)
+    assert focal("mu=3", 100.0).bid("r", 2.0, 1.0) == pytest.approx(0.5)  # value / (1 + mu)
+    assert focal("zero", 100.0).bid("r", 2.0, 1.0) == 0.0
+    assert focal("free", math.inf).bid("r", 2.0, 1.0) == 2.0
 
 
-def test_no_strategy_ever_overspends():
-    budgets, results, curves = pacing.evaluate_seed(
-        requests=192, load_rps=25.0, seed=1, progress=lambda _: None
-    )
-    assert set(results) == set(pacing.TENANTS) and set(curves) == set(pacing.TENANTS)
-    for tenant, per in results.items():
-        assert budgets[tenant] > 0
-        for r in per.values():
-            assert r.spent <= r.budget * (1 + 1e-9), (tenant, r.strategy)
-            assert r.peak_share <= 1 + 1e-9
-        # U(zero) = 0 by definition: the baseline saves nothing and pays nothing.
-        assert per["zero"].utility == pytest.approx(0.0) and per["zero"].spent == 0.0
+def test_the_interval_by_hand():
+    # 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303: 2 -/+ 4.303 / sqrt(3).
+    mean, lo, hi = pacing.interval([1.0, 2.0, 3.0])
+    half = 4.303 / math.sqrt(3)
+    assert (mean, lo, hi) == (2.0, pytest.approx(2 - half), pytest.approx(2 + half))
+    assert pacing.t975(15) == 2.131 and pacing.t975(40) == 1.96
+
+
+def test_no_strategy_ever_overspends_and_zero_saves_nothing():
+    setup = pacing.Setup(period_s=2.0, updates=20)
+    free = pacing.run(pacing.Spec(3, "A", "free"), setup)
+    zero = pacing.run(pacing.Spec(3, "A", "zero"), setup)
+    assert free.requests > 30 and free.paid > 0
+    assert pacing.scored(zero, zero).utility == 0.0 and zero.paid == 0.0
+    for strategy in ("pacing", "mu=0", "mu=2"):
+        spec = pacing.Spec(3, "A", strategy, free.paid * 0.5, 0.5)
+        out = pacing.run(spec, setup)
+        assert out.paid <= spec.budget * (1 + 1e-12) and out.peak <= spec.budget * (1 + 1e-12)
+        assert out.settled == out.requests  # every period request's charge settled
+        r = pacing.scored(out, zero)
+        assert r.utility == pytest.approx(zero.cost - out.cost - out.paid)
+        assert 0 < r.spend_over_budget <= 1 + 1e-12

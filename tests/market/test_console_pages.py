@@ -12,9 +12,11 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
-from accounts.models import Period
+from accounts.models import AutobidderStep, Period
 from accounts.services import budget_set, invoice_generate, month_bounds
+from accounts.services.autobidder import autobidder_configure
 from market.models import Market, ReserveChange
 from tests.accounts.factories import spend
 from tests.personas import PERSONAS, World, logged_in, world_create
@@ -166,3 +168,18 @@ def test_plotly_is_served_from_the_package_to_anyone(client, world, persona) -> 
     assert b"plotly" in response.content[:2000].lower() and len(response.content) > 1_000_000
     etag = response["ETag"]
     assert client.get("/assets/plotly.min.js", HTTP_IF_NONE_MATCH=etag).status_code == 304
+
+
+def test_the_dashboard_shows_what_the_autobidder_reserved_and_gave_away(client, world) -> None:
+    auto = autobidder_configure(
+        tenant=world.a, enabled=True, budget="1", values={"interactive": "0.01"}
+    )
+    AutobidderStep.objects.create(
+        autobidder=auto, at=timezone.now(), mu=0.5, spent=Decimal("0.1"), target=Decimal("0.1"),
+        window_spent=Decimal("0.9"), exposure_factor=0.125, in_flight=Decimal("0.4"),
+        uncollected=Decimal("0.0025"),
+    )  # fmt: skip
+    logged_in(client, world, "a_viewer")
+    page = client.get(DASHBOARD).content.decode()
+    safety = page[page.index('id="autobid-safety"') :]
+    assert "0.125 × $0.400000" in safety and "(given away): $0.002500" in safety

@@ -1,49 +1,85 @@
-"""The pacing agent: the update rule by hand, and its bounds as properties."""
+"""The pacing agent and the safety rule: the update rule by hand, and their bounds as properties."""
+
+import math
+from decimal import Decimal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.mechanism.pacing import NaiveAgent, PacingAgent
+from market.mechanism.pacing import (
+    Exposure,
+    PacingAgent,
+    exposure_factor,
+    mu_max_for,
+    safe_bid,
+)
 
 
 def agent(**kw):
-    base = {"budget": 100.0, "period_s": 1000.0, "values": {"interactive": 2.0, "batch": 0.5}}
+    base = {
+        "budget": 100.0,
+        "period_s": 1000.0,
+        "values": {"interactive": 2.0, "batch": 0.5},
+        "updates": 100,
+        "mu_max": 1000.0,
+    }
     return PacingAgent(**{**base, **kw})
 
 
 def test_a_fresh_agent_bids_its_values():
     a = agent()
-    assert a.bid("interactive", max_wait_s=1.0) == 2.0
-    assert a.bid("batch", max_wait_s=1.0) == 0.5
+    assert a.shaded("interactive") == 2.0
+    assert a.shaded("batch") == 0.5
 
 
 def test_update_rule_by_hand():
-    # Budget 100 over 1000 s: the first 10 s should spend 100 x 10/1000 = 1 dollar.
-    # Spending 1.5: gradient 1.5/1 - 1 = 0.5, mu = 0 + 0.5 x 0.5 = 0.25; bids / 1.25.
-    a = agent(eta=0.5)
-    assert a.observe(1.5, 10.0) == pytest.approx(0.25)
-    assert a.bid("interactive", max_wait_s=1.0) == pytest.approx(2.0 / 1.25)
-    # Next 10 s: 98.5 left over 990 s -> target 98.5 x 10/990 = 0.99495; spending 0: gradient -1,
-    # mu = 0.25 - 0.5 = -0.25 -> projected to 0.
+    # eta = eta0 / sqrt(T) = 1 / sqrt(100) = 0.1. Budget 100 over 1000 s: the first 10 s should
+    # spend 100 x 10 / 1000 = 1 dollar. Spending 3: gradient 3/1 - 1 = 2, so log(1 + mu) goes
+    # from 0 to 0.2: mu = e^0.2 - 1 = 0.2214; bids / 1.2214.
+    a = agent(eta0=1.0)
+    assert a.eta == pytest.approx(0.1)
+    assert a.observe(3.0, 10.0) == pytest.approx(math.exp(0.2) - 1)
+    assert a.shaded("interactive") == pytest.approx(2.0 / math.exp(0.2))
+    # Next 10 s: 97 left over 990 s, target 0.9798; spending 0: gradient -1, log(1 + mu) = 0.1.
+    assert a.observe(0.0, 10.0) == pytest.approx(math.exp(0.1) - 1)
+    assert a.spent == pytest.approx(3.0) and a.elapsed_s == pytest.approx(20.0)
+    # Twice more nothing: down to 0, and it stays there (projected).
+    a.observe(0.0, 10.0)
     assert a.observe(0.0, 10.0) == 0.0
-    assert a.spent == pytest.approx(1.5) and a.elapsed_s == pytest.approx(20.0)
+
+
+def test_a_burst_counts_up_to_the_clip():
+    # 100x the target: the gradient 99 is clipped at 20, log(1 + mu) = 0.1 x 20 = 2.
+    a = agent(eta0=1.0, gradient_clip=20.0)
+    assert a.observe(100.0 * a.target(10.0), 10.0) == pytest.approx(math.exp(2.0) - 1)
+
+
+def test_the_end_guard_limits_the_rise():
+    # In the last tenth of the period a step raises log(1 + mu) by at most eta (0.1).
+    a = agent(eta0=1.0, elapsed_s=950.0, spent=50.0)
+    assert a.observe(10 * a.target(10.0), 10.0) == pytest.approx(math.exp(0.1) - 1)
 
 
 def test_mu_is_clipped_at_mu_max():
-    a = agent(eta=5.0, mu_max=3.0)
-    a.observe(50.0, 10.0)  # 50x the target
-    assert a.mu == 3.0
-    assert a.bid("interactive", max_wait_s=1.0) == pytest.approx(2.0 / 4.0)
+    a = agent(eta0=50.0, mu_max=3.0)
+    a.observe(50.0, 10.0)
+    assert a.mu == pytest.approx(3.0)
+    assert a.shaded("interactive") == pytest.approx(2.0 / 4.0)
 
 
-def test_the_budget_bound_caps_the_bid():
-    # 100 dollars left, planned wait at most 80 s: any bid above 1.25 $/s could cost more than
-    # what is left (charge <= bid x wait).
+def test_mu_max_by_hand():
+    # Value 2 $/s, 5 requests a second, wait bound 4 s, target 0.1 $/s: 1 + mu = 2 x 5 x 4 / 0.1
+    # = 400. At mu = 399 each bid is 0.005 $/s; 5 a second each charged 0.005 x 4 = 0.1 $/s.
+    assert mu_max_for(value_max=2.0, arrival_rate=5.0, wait_bound_s=4.0, target_rate=0.1) == 399.0
+    assert mu_max_for(value_max=0.01, arrival_rate=1.0, wait_bound_s=1.0, target_rate=1.0) == 1.0
+
+
+def test_a_new_period_starts_where_the_last_ended():
     a = agent()
-    assert a.bid("interactive", max_wait_s=80.0) == pytest.approx(1.25)
-    a.observe(100.0, 10.0)
-    assert a.bid("interactive", max_wait_s=1.0) == 0.0  # nothing left: no priority
+    a.observe(5.0, 10.0)
+    b = a.next_period(budget=50.0)
+    assert b.mu == a.mu and b.spent == 0.0 and b.elapsed_s == 0.0 and b.budget == 50.0
 
 
 def test_bad_configuration_and_classes():
@@ -51,36 +87,79 @@ def test_bad_configuration_and_classes():
         agent(budget=-1.0)
     with pytest.raises(ValueError, match="period_s"):
         agent(period_s=0.0)
+    with pytest.raises(ValueError, match="updates"):
+        agent(updates=0)
     with pytest.raises(ValueError, match="value of class 'x'"):
         agent(values={"x": float("nan")})
     with pytest.raises(ValueError, match="'other'"):
-        agent().bid("other", max_wait_s=1.0)
+        agent().shaded("other")
+
+
+def test_exposure_factor_by_hand():
+    # 40 ratios 0.01 .. 0.40: the 95% quantile is the 38th, 0.38; the 99% (the default) the
+    # 40th, 0.40. Fewer than 32: the worst case.
+    ratios = [k / 100 for k in range(1, 41)]
+    assert exposure_factor(ratios, quantile=0.95) == pytest.approx(0.38)
+    assert exposure_factor(ratios) == pytest.approx(0.40)
+    assert exposure_factor(ratios[:31]) == 1.0
+    e = Exposure(window=10, min_samples=5, quantile=0.95)
+    for k in range(1, 21):
+        e.observe(charge=k, worst_case=100.0)
+    assert len(e.ratios) == 10 and e.update() == pytest.approx(0.20)
+
+
+def test_safe_bid_by_hand():
+    # $10 left, $60 of worst cases in flight at factor 0.1: $6 reserved, $4 available; a new
+    # request with a 20 s bound costs at most 0.1 x 20 = 2 per $/s: at most 2 $/s.
+    kw = {"remaining": 10.0, "in_flight": 60.0, "factor": 0.1, "wait_bound_s": 20.0}
+    assert safe_bid(shaded=1.5, **kw) == 1.5
+    assert safe_bid(shaded=3.0, **kw) == pytest.approx(2.0)
+    assert safe_bid(shaded=3.0, **{**kw, "in_flight": 100.0}) == 0.0  # nothing beyond the reserve
+    # The same in Decimal, exactly (the gateway's bids).
+    got = safe_bid(
+        shaded=Decimal("3"),
+        remaining=Decimal("10"),
+        in_flight=Decimal("60"),
+        factor=Decimal("0.1"),
+        wait_bound_s=Decimal("20"),
+    )
+    assert got == Decimal("2")
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.tuples(st.floats(0, 50), st.floats(0.1, 100)), max_size=40),
     st.floats(0.01, 10),
-    st.floats(0.1, 1000),
 )
-def test_bounds_hold_for_any_spending(steps, eta, max_wait):
-    a = agent(eta=eta)
+def test_bounds_hold_for_any_spending(steps, eta0):
+    a = agent(eta0=eta0)
     for spent, interval in steps:
         a.observe(spent, interval)
         assert 0.0 <= a.mu <= a.mu_max
         for cls, value in a.values.items():
-            b = a.bid(cls, max_wait_s=max_wait)
-            assert 0.0 <= b <= value
-            assert b * max_wait <= a.remaining + 1e-9
+            assert 0.0 < a.shaded(cls) <= value
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.floats(0, 10),
+    st.floats(0, 100),
+    st.floats(0, 100),
+    st.floats(0.001, 1),
+    st.floats(0.01, 100),
+)
+def test_a_safe_bid_fits_what_is_left_beyond_the_reserve(shaded, remaining, flight, f, bound):
+    b = safe_bid(shaded=shaded, remaining=remaining, in_flight=flight, factor=f, wait_bound_s=bound)
+    assert 0.0 <= b <= shaded
+    # Its expected worst case plus the reserve fits what is left.
+    assert b == 0.0 or f * (flight + b * bound) <= remaining * (1 + 1e-9) + 1e-12
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.floats(0, 5), st.floats(0, 5))
 def test_a_larger_multiplier_never_bids_more(mu1, mu2):
     lo, hi = sorted((mu1, mu2))
-    assert agent(mu=hi).bid("interactive", max_wait_s=1.0) <= agent(mu=lo).bid(
-        "interactive", max_wait_s=1.0
-    )
+    assert agent(mu=hi).shaded("interactive") <= agent(mu=lo).shaded("interactive")
 
 
 def test_overspending_raises_and_underspending_lowers_the_multiplier():
@@ -91,12 +170,3 @@ def test_overspending_raises_and_underspending_lowers_the_multiplier():
     before = a.mu
     a.observe(0.0, 10.0)
     assert a.mu < before
-
-
-def test_naive_agent_bids_full_value_until_broke():
-    n = NaiveAgent(budget=10.0, values={"interactive": 2.0})
-    assert n.bid("interactive", max_wait_s=1.0) == 2.0
-    n.observe(9.0, 1.0)
-    assert n.bid("interactive", max_wait_s=1.0) == pytest.approx(1.0)
-    n.observe(1.0, 1.0)
-    assert n.bid("interactive", max_wait_s=1.0) == 0.0

@@ -196,3 +196,32 @@ def test_cancel_removes_a_waiting_request():
     e.submit(req("a", [1, 2, 3]))
     assert e.cancel("a") and not e.cancel("a")
     assert e.idle and e.step(0.0) is None
+
+
+def test_tenant_level_charges_need_the_owners_and_match_the_brute_force():
+    # Three prompts arriving together, one round admits all: a and b are tenant x's, c tenant
+    # y's. With charge_scope "tenant", a is not billed for delaying b; the charges equal the
+    # brute-force reference's (delay on the other tenants' requests) at the engine's rate.
+    from market.mechanism import reference as ref
+    from market.mechanism.reference import Req
+    from scheduler_bridge.contract.knobs import MarketKnobs
+
+    spec = [("a", (1, 2, 3), 3.0, "x"), ("b", (4, 5), 2.0, "x"), ("c", (6, 7, 8, 9), 1.0, "y")]
+    charges = {}
+    for scope in ("request", "tenant"):
+        e = Engine(TOY, "dfs-auction-density", knobs=MarketKnobs(charge_scope=scope))
+        records: list = []
+        queue = ArrivalQueue([SimRequest(r, t, 2, b, 0.0, owner=o) for r, t, b, o in spec])
+        run_virtual(e, queue, on_step=lambda s, got=records: s.record and got.append(s.record))
+        (first,) = [r for r in records if r["admitted"]]
+        charges[scope] = {a["request_id"]: a["charge"] for a in first["admitted"]}
+        tps, overhead = e.tokens_per_second, e.knobs.overhead_tokens
+    reqs = [Req(r, t, b, 0.0) for r, t, b, _ in spec]
+    owners = {r: o for r, _, _, o in spec}
+    for rid in owners:
+        expected = ref.tenant_payment(reqs, rid, owners, "dfs-auction-density", 0.0, overhead, tps)
+        assert charges["tenant"][rid] == pytest.approx(expected, abs=1e-12)
+        assert charges["request"][rid] == pytest.approx(
+            ref.vcg_payment(reqs, rid, 0.0, overhead, tps), abs=1e-12
+        )
+    assert charges["tenant"]["a"] < charges["request"]["a"]  # b's delay is no longer billed

@@ -21,6 +21,7 @@ THE_KNOBS = {
     "in_batch_defer_tokens",
     "book_interval_s",
     "rounds_stream",
+    "charge_scope",
 }
 
 
@@ -47,6 +48,7 @@ def test_both_engines_embed_the_one_set_of_knobs() -> None:
         ({"book_interval_s": -1}, "book_interval_s must be >= 0"),
         ({"market": ""}, "market must be a non-empty string"),
         ({"rounds_stream": 3}, "rounds_stream must be a non-empty string"),
+        ({"charge_scope": "account"}, "charge scope must be one of request, tenant"),
     ],
 )
 def test_a_bad_knob_is_refused_the_same_way_by_both_engines(values, message) -> None:

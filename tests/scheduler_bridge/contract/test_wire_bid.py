@@ -10,6 +10,7 @@ from scheduler_bridge.contract.wire import (
     BidError,
     auction_value,
     bid_read,
+    rid_owner,
     rid_read,
     rid_request_id,
     rid_with_bid,
@@ -29,6 +30,34 @@ def test_a_rid_carries_the_id_and_the_bid_and_reads_back(request_id, bid, rid) -
     assert rid_with_bid(request_id, bid) == rid
     assert rid_read(rid) == (request_id, float(bid))
     assert rid_request_id(rid) == request_id
+
+
+@pytest.mark.parametrize(
+    ("request_id", "owner", "rid"),
+    [
+        ("gw-1", "17", "gw-1~t=17~bid=0.5"),
+        ("a~b", "acme_2", "a~b~t=acme_2~bid=0.5"),
+        ("gw-1", "", "gw-1~bid=0.5"),
+    ],
+)
+def test_a_rid_carries_the_tenant_tag_beside_the_bid(request_id, owner, rid) -> None:
+    assert rid_with_bid(request_id, 0.5, owner) == rid
+    assert rid_read(rid) == (request_id, 0.5)
+    assert rid_request_id(rid) == request_id
+    assert rid_owner(rid) == owner
+    assert bid_read(rid, None) == (request_id, 0.5)
+
+
+def test_a_bad_tenant_tag_is_refused_and_a_stray_mark_is_part_of_the_id() -> None:
+    for bad in ("a b", "x~y", "t" * 65):
+        with pytest.raises(ValueError, match="tenant tag"):
+            rid_with_bid("r", 0.5, bad)
+    with pytest.raises(ValueError, match="request id"):
+        rid_with_bid("r~t=1", 0.5)
+    # Not a tag (empty, or characters a tag cannot have): the id keeps it, no tenant.
+    assert rid_read("r~t=~bid=0.5") == ("r~t=", 0.5)
+    assert rid_owner("r~t=a.b~bid=0.5") == ""
+    assert rid_owner("plain") == ""
 
 
 def test_floats_round_trip_exactly() -> None:
@@ -85,3 +114,14 @@ def test_auction_values_read_both_engines_shapes() -> None:
     assert auction_value({"charge": [0.5]}, "charge") == 0.5  # SGLang's customized_info
     assert auction_value({"charge": []}, "charge") is None
     assert auction_value({}, "charge") is None
+
+
+def test_the_simulated_engine_reads_the_tenant_tag_from_the_rid() -> None:
+    from engines.sim.protocol import parse_generate
+
+    got = parse_generate(
+        {"rid": "gw-9~t=42~bid=0.5", "text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    )
+    assert (got.rid, got.bid, got.owner) == ("gw-9", 0.5, "42")
+    got = parse_generate({"rid": "gw-9", "text": "hi", "sampling_params": {"max_new_tokens": 1}})
+    assert (got.rid, got.bid, got.owner) == ("gw-9", 0.0, "")

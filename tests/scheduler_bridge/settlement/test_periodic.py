@@ -1,11 +1,13 @@
 """Periodic work: pacing steps once per interval, invoices once per tenant and month.
 
-Hand-worked numbers; the pacing rule is mu <- clip(mu + eta (spent / target - 1), 0, mu_max) with
-target = remaining budget x interval / seconds left in the day (market.mechanism.pacing).
+Hand-worked numbers; the pacing rule is log(1 + mu) <- clip(log(1 + mu) + eta (spent / target -
+1), 0, log(1 + mu_max)) with eta = eta0 / sqrt(steps in a day) and target = remaining budget x
+interval / seconds left in the day (market.mechanism.pacing).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from datetime import UTC, datetime, timedelta
@@ -42,6 +44,9 @@ def autobid_charge(tenant, market, rid: str, amount: Decimal, *, at: datetime) -
     )  # fmt: skip
 
 
+ETA = 0.5 / math.sqrt(86_400 / 10)  # eta0 0.5, a step every 10 s
+
+
 def configure(slug: str, *, enabled: bool = True):
     tenant = tenant_create(slug)
     autobidder_configure(
@@ -64,14 +69,15 @@ def test_each_enabled_autobidder_steps_once_per_interval() -> None:
     acme, globex, idle = configure("acme"), configure("globex"), configure("idle", enabled=False)
     market = market_create()
     # acme spends twice its target in the 10 s before noon. At 11:59:50, 43,210 s of the day
-    # are left and nothing is spent: target = 86.40 x 10 / 43,210; gradient +1, mu = 0 + 0.5.
+    # are left and nothing is spent: target = 86.40 x 10 / 43,210; gradient +1. A day has 8,640
+    # steps of 10 s: eta = 0.5 / sqrt(8640), and log(1 + mu) = eta.
     target_1 = Decimal("86.40") * 10 / 43_210
     charge_1 = (2 * target_1).quantize(NANO)
     autobid_charge(acme, market, "a1", charge_1, at=NOON - timedelta(seconds=5))
 
     run = autobidders_step_due(interval_s=10, now=NOON)
     assert (run.stepped, run.skipped, run.failed) == (2, 0, 0)  # acme and globex, not idle
-    assert mus(acme) == [pytest.approx(0.5, abs=1e-6)]
+    assert mus(acme) == [pytest.approx(math.expm1(ETA), abs=1e-9)]
     assert mus(globex) == [0.0]  # spent nothing: gradient -1, clipped at 0
     assert mus(idle) == []
 
@@ -88,9 +94,12 @@ def test_each_enabled_autobidder_steps_once_per_interval() -> None:
     )
     step = autobidders_step_due(interval_s=10, now=NOON + timedelta(seconds=7))
     assert step.stepped == 2
-    # Twice the 7-s target: gradient +1 again, mu = 0.5 + 0.5. (Looking back a full 10 s would
-    # have compared the charge with a 10-s target: gradient 2 x 7/10 - 1 = 0.4, mu = 0.7.)
-    assert mus(acme) == [pytest.approx(0.5, abs=1e-6), pytest.approx(1.0, abs=1e-6)]
+    # Twice the 7-s target: gradient +1 again, log(1 + mu) = 2 eta. (Looking back a full 10 s
+    # would have compared the charge with a 10-s target: gradient 2 x 7/10 - 1 = 0.4, 1.4 eta.)
+    assert mus(acme) == [
+        pytest.approx(math.expm1(ETA), abs=1e-9),
+        pytest.approx(math.expm1(2 * ETA), abs=1e-9),
+    ]
     last = AutobidderStep.objects.filter(autobidder__tenant=acme).latest("at")
     assert last.target == pytest.approx(target_2, abs=NANO)
 

@@ -4,45 +4,66 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('accounts', '0007_pending_priority_autobid_counter'),
+        ("accounts", "0007_pending_priority_autobid_counter"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='autobidder',
-            name='exposure_factor',
-            field=models.FloatField(default=1.0, help_text='A high quantile of charge / worst case over recent autobid requests: the share of their worst case that the requests in flight are reserved for.'),
+            model_name="autobidder",
+            name="exposure_factor",
+            field=models.FloatField(
+                default=1.0,
+                help_text="A high quantile of charge / worst case over recent autobid requests: the share of their worst case that the requests in flight are reserved for.",
+            ),
         ),
         migrations.AddField(
-            model_name='autobidderstep',
-            name='exposure_factor',
-            field=models.FloatField(default=1.0, help_text='The exposure factor after it.'),
+            model_name="autobidderstep",
+            name="exposure_factor",
+            field=models.FloatField(default=1.0, help_text="The exposure factor after it."),
         ),
         migrations.AddField(
-            model_name='autobidderstep',
-            name='in_flight',
-            field=models.DecimalField(decimal_places=9, default=0, help_text='Worst cases of the autobid requests not settled yet, dollars.', max_digits=20),
+            model_name="autobidderstep",
+            name="in_flight",
+            field=models.DecimalField(
+                decimal_places=9,
+                default=0,
+                help_text="Worst cases of the autobid requests not settled yet, dollars.",
+                max_digits=20,
+            ),
         ),
         migrations.AddField(
-            model_name='autobidderstep',
-            name='uncollected',
-            field=models.DecimalField(decimal_places=9, default=0, help_text='Priority charges the budget cut in the window so far (given away), dollars.', max_digits=20),
+            model_name="autobidderstep",
+            name="uncollected",
+            field=models.DecimalField(
+                decimal_places=9,
+                default=0,
+                help_text="Priority charges the budget cut in the window so far (given away), dollars.",
+                max_digits=20,
+            ),
         ),
         migrations.AlterField(
-            model_name='autobidder',
-            name='eta',
-            field=models.FloatField(default=2.0, help_text='eta0: each pacing step moves log(1 + mu) by eta0 / sqrt(steps per window) x the relative overspend (unitless).'),
+            model_name="autobidder",
+            name="eta",
+            field=models.FloatField(
+                default=2.0,
+                help_text="eta0: each pacing step moves log(1 + mu) by eta0 / sqrt(steps per window) x the relative overspend (unitless).",
+            ),
         ),
         migrations.AlterField(
-            model_name='autobidder',
-            name='mu',
-            field=models.FloatField(default=0.0, help_text='Current multiplier: bids are value / (1 + mu). Kept from one window to the next (the warm start).'),
+            model_name="autobidder",
+            name="mu",
+            field=models.FloatField(
+                default=0.0,
+                help_text="Current multiplier: bids are value / (1 + mu). Kept from one window to the next (the warm start).",
+            ),
         ),
         migrations.AlterField(
-            model_name='autobidder',
-            name='mu_max',
-            field=models.FloatField(default=1000.0, help_text="Ceiling on the multiplier's bound, which each step derives from the values, the request rate and the budget's rate."),
+            model_name="autobidder",
+            name="mu_max",
+            field=models.FloatField(
+                default=1000.0,
+                help_text="Ceiling on the multiplier's bound, which each step derives from the values, the request rate and the budget's rate.",
+            ),
         ),
     ]

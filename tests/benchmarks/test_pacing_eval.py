@@ -1,5 +1,6 @@
 """The autobidder evaluation's accounting (its figures come from the benchmark, not from here)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -53,7 +54,8 @@ def test_the_interval_by_hand():
     assert pacing.t975(15) == 2.131 and pacing.t975(40) == 1.96
 
 
-def test_no_strategy_ever_overspends_and_zero_saves_nothing():
+def test_no_strategy_ever_overspends_and_zero_saves_nothing(monkeypatch):
+    monkeypatch.setattr(pacing, "WARMUP_S", 10.0)  # a short run: the accounting, not the figures
     setup = pacing.Setup(period_s=2.0, updates=20)
     free = pacing.run(pacing.Spec(3, "A", "free"), setup)
     zero = pacing.run(pacing.Spec(3, "A", "zero"), setup)
@@ -67,3 +69,21 @@ def test_no_strategy_ever_overspends_and_zero_saves_nothing():
         r = pacing.scored(out, zero)
         assert r.utility == pytest.approx(zero.cost - out.cost - out.paid)
         assert 0 < r.spend_over_budget <= 1 + 1e-12
+
+
+def test_the_charge_scope_comparison_scores_both_scopes(monkeypatch):
+    from benchmarks import charge_scope
+    from benchmarks.progress import Progress
+
+    monkeypatch.setattr(pacing, "WARMUP_S", 10.0)
+    monkeypatch.setattr(charge_scope, "MUS", (0.0, 1.0))
+    base = pacing.Setup(period_s=2.0, updates=20)
+    got = charge_scope.compare(
+        seeds=(5,), tenant="A", progress=Progress(4, enabled=False), base=base
+    )
+    for scope in ("request", "tenant"):
+        setup = dataclasses.replace(base, charge_scope=scope)
+        zero = pacing.run(pacing.Spec(5, "A", "zero"), setup)
+        free = pacing.run(pacing.Spec(5, "A", "free"), setup)
+        assert got[scope]["utility_by_mu"][0.0] == pytest.approx(zero.cost - free.cost - free.paid)
+        assert got[scope]["free_paid_mean"] == pytest.approx(free.paid)

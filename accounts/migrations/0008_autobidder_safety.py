@@ -46,7 +46,7 @@ class Migration(migrations.Migration):
             model_name="autobidder",
             name="eta",
             field=models.FloatField(
-                default=2.0,
+                default=1.0,
                 help_text="eta0: each pacing step moves log(1 + mu) by eta0 / sqrt(steps per window) x the relative overspend (unitless).",
             ),
         ),

@@ -44,7 +44,7 @@ class Autobidder(models.Model):
         default=60.0, help_text="Bound on a request's planned wait, seconds; holds bid x this."
     )
     eta = models.FloatField(
-        default=2.0,
+        default=1.0,
         help_text="eta0: each pacing step moves log(1 + mu) by eta0 / sqrt(steps per window) x "
         "the relative overspend (unitless).",
     )

@@ -61,7 +61,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-DEFAULT_ETA0 = 2.0  # tuned on the benchmark's training seeds (benchmarks.pacing)
+DEFAULT_ETA0 = 1.0  # tuned on the benchmark's training seeds (benchmarks.pacing)
 DEFAULT_GRADIENT_CLIP = 20.0  # overspend in one interval: up to 21x the target counts in full
 DEFAULT_END_GUARD_SHARE = 0.1  # the last tenth of a period: mu rises by at most eta a step
 DEFAULT_UPDATES = 400  # updates per period when the caller does not say

@@ -196,8 +196,9 @@ class _Focal:
         self.budget = spec.budget
         self.out = Outcome(spec)
         self.exposure = Exposure()
-        self.in_flight: dict[str, float] = {}  # id -> worst case (bid x bound)
-        self.caps: dict[str, float] = {}
+        # id -> worst case (bid x bound), its consent cap, until its charge settles; and their sum
+        self.in_flight: dict[str, float] = {}
+        self.in_flight_total = 0.0
         self.interval_spent = 0.0
         self.agent: PacingAgent | None = None
         self.mu = 0.0
@@ -236,13 +237,13 @@ class _Focal:
         bid = safe_bid(
             shaded=value / (1.0 + mu),
             remaining=self.remaining,
-            in_flight=sum(self.in_flight.values()),
+            in_flight=self.in_flight_total,
             factor=self.exposure.factor,
             wait_bound_s=bound,
         )
         if bid > 0:
             self.in_flight[rid] = bid * bound
-            self.caps[rid] = bid * bound
+            self.in_flight_total += bid * bound
         return bid
 
     def settle(self, rid: str, charge: float, t: float, start: float, period_s: float) -> None:
@@ -252,8 +253,8 @@ class _Focal:
         worst = self.in_flight.pop(rid, None)
         if worst is not None:
             self.exposure.observe(charge=charge, worst_case=worst)
-        cap = self.caps.pop(rid, math.inf)
-        consented = min(charge, cap)
+            self.in_flight_total = max(0.0, self.in_flight_total - worst)
+        consented = charge if worst is None else min(charge, worst)
         out.consent_cut += charge - consented
         paid = min(consented, self.remaining)
         out.uncollected += consented - paid

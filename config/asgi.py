@@ -1,6 +1,7 @@
 """The ASGI application: HTTP through Django, websockets through Channels.
 
-Run with ``daphne config.asgi:application`` (what ``make run`` does) or ``manage.py runserver``.
+Served by uvicorn, granian or Daphne (``config.serving`` has their command lines; ``make run``
+serves it with uvicorn when Redis is configured, Daphne otherwise), or ``manage.py runserver``.
 """
 
 import os

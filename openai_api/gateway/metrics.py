@@ -14,10 +14,16 @@ Labels: ``market`` (slug; ``-`` before a market is known), ``endpoint`` (``chat`
 | gateway_requests_waiting | gauge | of those, with no byte of the engine's answer yet |
 | gateway_engine_ttft_seconds | histogram | forward to the engine's first byte, seconds |
 | gateway_request_duration_seconds | histogram | a request's time in the gateway, to its last byte |
+
+Served by several worker processes (``config.serving``), each counts its own requests: set
+``PROMETHEUS_MULTIPROC_DIR`` to an empty directory (the same for every worker, emptied before
+the server starts; ``manage.py live_market`` does it) and ``/metrics`` answers the sum over the
+workers (prometheus_client's multiprocess mode; the gauges sum the live workers' values).
 """
 
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 
 from prometheus_client import (
@@ -27,9 +33,12 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# prometheus_client reads the variable when it is imported: what it says then holds.
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 REGISTRY = CollectorRegistry(auto_describe=True)
 NO_MARKET = "-"
 
@@ -71,12 +80,14 @@ IN_FLIGHT = Gauge(
     "Requests forwarded to the engine and not yet answered.",
     ["market"],
     registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
 WAITING = Gauge(
     "gateway_requests_waiting",
     "Requests forwarded with no byte of the engine's answer yet (the queue, as seen here).",
     ["market"],
     registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
 TTFT = Histogram(
     "gateway_engine_ttft_seconds",
@@ -109,5 +120,10 @@ def charged(*, market: str, tokens: Decimal, priority: Decimal | None) -> None:
 
 
 def exposition() -> bytes:
-    """Prometheus text exposition of the gateway's registry."""
+    """Prometheus text exposition of the gateway's registry (of every worker's, in
+    multiprocess mode)."""
+    if MULTIPROCESS:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
     return generate_latest(REGISTRY)

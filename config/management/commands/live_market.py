@@ -7,7 +7,8 @@ Starts, as child processes, and stops them all on Ctrl-C:
   Redis) behind SGLang's router (``engines.router``, ``--router-policy``) on ``--engine-port``,
   the market's entry point; with ``--replicas 1``, one engine there and no router. The replicas
   are the market's (``market.Replica``), so the console's controls and status reach each;
-- the web server: with Redis, Daphne, a Celery worker and celery beat (round records through
+- the web server: with Redis, ``--web-server`` (uvicorn by default, ``config.serving``) with
+  ``--web-workers`` processes (2), a Celery worker and celery beat (round records through
   the Redis stream, pacing and the live publishers on beat); without Redis (the embedded
   defaults), ``manage.py live_serve``, which runs Daphne with the round-record follower and the
   live publishers in the same process, since the in-memory channel layer does not cross
@@ -28,6 +29,7 @@ URLs, the demo logins, and every exit and start of a child.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +46,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from accounts.models import ApiKey, Autobidder, Tenant
 from accounts.services import DEMO_OPERATOR, DEMO_TENANTS, api_key_create, api_key_revoke
 from accounts.services.autobidder import autobidder_configure
+from config.serving import MULTI_WORKER_SERVERS, SERVERS, server_argv
 from config.supervisor import ChildSpec, Process, RestartPolicy, Supervisor
 from engines.router import RouterOptions, router_argv, router_env, router_wait
 from market.models import Market, Replica
@@ -86,6 +89,14 @@ class Command(BaseCommand):
         parser.add_argument("--sessions-per-minute", type=float, default=DEMO_SESSIONS_PER_MINUTE)
         parser.add_argument("--no-agents", action="store_true", help="no load generator")
         parser.add_argument(
+            "--web-server", choices=SERVERS, default="uvicorn",
+            help="the web server with Redis (config.serving); without Redis it is Daphne",
+        )  # fmt: skip
+        parser.add_argument(
+            "--web-workers", type=int, default=2,
+            help="the web server's processes with Redis (uvicorn, granian)",
+        )  # fmt: skip
+        parser.add_argument(
             "--var", type=Path, default=ROOT / "var", help="logs and round records (var/)"
         )
         parser.add_argument(
@@ -103,6 +114,11 @@ class Command(BaseCommand):
         logs.mkdir(parents=True, exist_ok=True)
         if opts["replicas"] < 1:
             raise CommandError("--replicas must be at least 1")
+        if opts["web_workers"] < 1:
+            raise CommandError("--web-workers must be at least 1")
+        if opts["web_server"] not in MULTI_WORKER_SERVERS:
+            opts["web_workers"] = 1
+        self._metrics_dir = var / "prometheus"
         engine_url = f"http://127.0.0.1:{opts['engine_port']}"
         engines = self._engines(opts, var)
         market = self._market(engine_url, engines)
@@ -126,8 +142,8 @@ class Command(BaseCommand):
             children.append(ChildSpec("router", router_argv(router)))
         if redis_url:
             children += [
-                ChildSpec("web", [str(Path(py).parent / "daphne"), "-b", opts["host"], "-p",
-                                  str(opts["port"]), "config.asgi:application"]),
+                ChildSpec("web", server_argv(opts["web_server"], host=opts["host"],
+                                             port=opts["port"], workers=opts["web_workers"])),
                 ChildSpec("worker", [py, "-m", "celery", "-A", "config", "worker",
                                      "--loglevel=WARNING", "--concurrency=2"]),
                 ChildSpec("beat", [py, "-m", "celery", "-A", "config", "beat",
@@ -269,6 +285,12 @@ class Command(BaseCommand):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if name == "router":
             env = router_env(env)
+        if name == "web" and settings.REDIS_URL:
+            # Each worker counts its own requests; /metrics sums them (gateway.metrics). The
+            # files of an earlier run's workers go first.
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
+            self._metrics_dir.mkdir(parents=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(self._metrics_dir)
         # The child writes to its own copy of the descriptor: closing ours after the start keeps
         # a child that is restarted again and again from leaking one per start.
         with open(logs / f"{name}.log", "ab") as log:

@@ -1,0 +1,55 @@
+"""How the ASGI application is served: one place for the command lines of the servers the project
+runs (``manage.py live_market`` with Redis, ``benchmarks.gateway``, the README's production
+recipe), so that what is measured is what is run.
+
+- **uvicorn** (the default in production): uvloop's event loop and httptools' HTTP parser, with
+  ``websockets`` for ``/ws/``. ``--workers N`` forks N processes behind one socket; they share
+  nothing in memory, so several need Redis (``REDIS_URL``: the channel layer, the cache, Celery)
+  and PostgreSQL. Django has no lifespan protocol: ``--lifespan off``.
+- **granian** (Rust's hyper underneath), the ASGI interface without lifespan (``asginl``),
+  uvloop, N worker processes.
+- **daphne**, one process (Twisted): what ``make run`` serves in embedded mode, where the
+  in-memory channel layer needs every websocket in one process.
+
+Access logs are off on every server (a line per request is a tail-latency cost; the gateway's
+Prometheus metrics count the answers).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+APPLICATION = "config.asgi:application"
+SERVERS = ("uvicorn", "granian", "daphne")
+# Servers that fork worker processes (Daphne serves from one).
+MULTI_WORKER_SERVERS = frozenset({"uvicorn", "granian"})
+
+
+def server_argv(
+    server: str, *, host: str, port: int, workers: int = 1, python: str | None = None
+) -> list[str]:
+    """The command line that serves :data:`APPLICATION` on ``host:port`` with ``server``
+    (one of :data:`SERVERS`) and ``workers`` processes; ``python``: the interpreter (this one
+    when None)."""
+    if server not in SERVERS:
+        raise ValueError(f"unknown server {server!r}; choose one of {', '.join(SERVERS)}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers > 1 and server not in MULTI_WORKER_SERVERS:
+        raise ValueError(f"{server} serves from one process: workers must be 1, got {workers}")
+    python = python or sys.executable
+    if server == "uvicorn":
+        return [
+            python, "-m", "uvicorn", APPLICATION, "--host", host, "--port", str(port),
+            "--workers", str(workers), "--loop", "uvloop", "--http", "httptools",
+            "--ws", "websockets-sansio", "--lifespan", "off", "--no-access-log",
+            "--log-level", "warning", "--timeout-graceful-shutdown", "10",
+        ]  # fmt: skip
+    if server == "granian":
+        return [
+            str(Path(python).parent / "granian"), "--interface", "asginl", "--host", host,
+            "--port", str(port), "--workers", str(workers), "--loop", "uvloop",
+            "--no-access-log", "--log-level", "warning", APPLICATION,
+        ]  # fmt: skip
+    return [python, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0", APPLICATION]

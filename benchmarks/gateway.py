@@ -400,7 +400,7 @@ def _point_line(name: str, p: RatePoint) -> str:
 
 async def _warmed(session: aiohttp.ClientSession, paths: Paths, gateway_url: str) -> None:
     await wait_ready(session, gateway_url.replace("/v1/completions", "/v1/models"))
-    for i in range(WARMUP_REQUESTS):
+    for _ in range(WARMUP_REQUESTS):
         await one(session, paths.gateway, paths.gateway.body)
         await one(session, paths.direct, {**paths.direct.body, "rid": f"warm-{uuid.uuid4().hex}"})
 
@@ -754,8 +754,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--server", help="one server (with --workers): instead of --servers")
     p.add_argument("--workers", type=int, default=1, help="workers of --server")
-    p.add_argument("--rates", default="100,150,200,250,300,400,500",
-                   help="offered rates of the sweep, requests per second, comma-separated")  # fmt: skip
+    p.add_argument(
+        "--rates",
+        default="100,150,200,250,300,400,500",
+        help="offered rates of the sweep, requests per second, comma-separated",
+    )
     p.add_argument("--full-sweep", action="store_true",
                    help="measure every rate, also past the first one not carried")  # fmt: skip
     p.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
@@ -766,8 +769,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bid", default="0.001", help="the gateway requests' bid, $/s")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request fails")
     p.add_argument("--db-threads", type=int, default=None, help="the gateway's GATEWAY_DB_THREADS")
-    p.add_argument("--soak", metavar="SERVER:WORKERS",
-                   help="then run this configuration for --soak-s seconds and report its memory")  # fmt: skip
+    p.add_argument(
+        "--soak",
+        metavar="SERVER:WORKERS",
+        help="then run this configuration for --soak-s seconds and report its memory",
+    )
     p.add_argument("--soak-s", type=float, default=300.0)
     p.add_argument("--soak-rate", type=float, default=100.0)
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON")

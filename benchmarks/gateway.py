@@ -26,6 +26,11 @@ other in this run:
 - **CPU per request**: user + system CPU of the gateway's processes (the server and its workers)
   over a point, divided by the requests it answered.
 
+``floor:N`` in ``--servers`` measures the machine's floor instead of a gateway: uvicorn serving
+``benchmarks.gateway_floor``, a bare proxy to the engine that commits N one-row inserts per
+request on PostgreSQL through an async driver (``floor:2``: what two database round trips and an
+HTTP hop cost here, with nothing of the gateway's own work).
+
 ``--soak SERVER:WORKERS`` then runs that configuration at ``--soak-rate`` for ``--soak-s``
 seconds (300 in the issue's check) and reports each gateway process's resident memory, sampled
 every 5 s: growth from the mean of the first minute (after a warm-up) to the mean of the last.
@@ -63,6 +68,8 @@ CARRIED_ADDED_P99_MS = 50.0
 SOAK_SAMPLE_S = 5.0
 SOAK_WARMUP_S = 30.0
 SOAK_WINDOW_S = 60.0
+FLOOR = "floor"  # a pseudo-server: benchmarks.gateway_floor, WORKERS read as commits
+FLOOR_MAX_COMMITS = 8
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -81,7 +88,8 @@ class PathResult:
     sent: int
     ok: int
     errors: int
-    achieved_rate: float
+    offered_rate: float  # what was sent per second of the stream (Poisson: near the rate)
+    achieved_rate: float  # answered per second, to the last answer
     p50_ms: float
     p95_ms: float
     p99_ms: float
@@ -109,9 +117,11 @@ class RatePoint:
 
     @property
     def carried(self) -> bool:
-        """Whether the gateway carried this rate (the saturation point's criteria)."""
+        """Whether the gateway carried this rate (the saturation point's criteria): what it
+        answered per second against what its stream sent per second (a Poisson stream's count
+        is itself a few percent off the rate)."""
         return (
-            self.gateway.achieved_rate >= CARRIED_SHARE * self.rate
+            self.gateway.achieved_rate >= CARRIED_SHARE * self.gateway.offered_rate
             and self.added_p99_ms <= CARRIED_ADDED_P99_MS
         )
 
@@ -142,10 +152,17 @@ def saturation_rate(points: list[RatePoint]) -> float | None:
 
 
 def parse_configs(text: str) -> list[tuple[str, int]]:
-    """``"daphne:1,uvicorn:2"`` -> [("daphne", 1), ("uvicorn", 2)] (``:1`` may be left out)."""
+    """``"daphne:1,uvicorn:2"`` -> [("daphne", 1), ("uvicorn", 2)] (``:1`` may be left out;
+    ``floor:N``: the floor with N commits)."""
     configs = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         server, _, workers = part.partition(":")
+        if server == FLOOR:
+            commits = int(workers or 0)
+            if not 0 <= commits <= FLOOR_MAX_COMMITS:
+                raise ValueError(f"{part}: the floor commits 0 to {FLOOR_MAX_COMMITS} times")
+            configs.append((FLOOR, commits))
+            continue
         if server not in SERVERS:
             raise ValueError(f"unknown server {server!r}; choose from {', '.join(SERVERS)}")
         n = int(workers or 1)
@@ -327,6 +344,7 @@ async def arrivals_stream(
         sent=len(done),
         ok=ok,
         errors=len(done) - ok,
+        offered_rate=len(done) / duration_s,
         achieved_rate=ok / elapsed if elapsed > 0 else 0.0,
         p50_ms=percentile(totals, 50),
         p95_ms=percentile(totals, 95),
@@ -519,16 +537,39 @@ def _gateway_env(db_threads: int | None) -> dict[str, str]:
 
 
 class Gateways:
-    """Starts each configuration's gateway on a fresh port, and stops it after use."""
+    """Starts each configuration's gateway (or the floor) on a fresh port."""
 
-    def __init__(self, logs: Path, db_threads: int | None) -> None:
+    def __init__(self, logs: Path, db_threads: int | None, engine_url: str = "") -> None:
         self.logs, self.env = logs, _gateway_env(db_threads)
+        self.engine_url = engine_url
 
     def started(self, server: str, workers: int) -> tuple[subprocess.Popen, str]:
         port = free_port()
-        argv = server_argv(server, host="127.0.0.1", port=port, workers=workers)
-        proc = start(argv, env=self.env, log=self.logs / f"gateway-{server}-{workers}.log")
+        env = self.env
+        if server == FLOOR:
+            argv = server_argv("uvicorn", host="127.0.0.1", port=port,
+                               application="benchmarks.gateway_floor:app")  # fmt: skip
+            env = {**env, "GATEWAY_FLOOR_COMMITS": str(workers),
+                   "GATEWAY_FLOOR_ENGINE": self.engine_url,
+                   "GATEWAY_FLOOR_DSN": os.environ.get("DATABASE_URL", "")}  # fmt: skip
+        else:
+            argv = server_argv(server, host="127.0.0.1", port=port, workers=workers)
+        proc = start(argv, env=env, log=self.logs / f"gateway-{server}-{workers}.log")
         return proc, f"http://127.0.0.1:{port}"
+
+
+def floor_table(create: bool) -> None:
+    """Create (or drop) the floor's table in the benchmark's database."""
+    from django.db import connection
+
+    from benchmarks.gateway_floor import TABLE
+
+    with connection.cursor() as cursor:
+        if create:
+            cursor.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY)")
+        else:
+            cursor.execute(f"DROP TABLE IF EXISTS {TABLE}")
+    connection.close()
 
 
 def _paths(gateway_base: str, engine_url: str, key: str, model: str, bid: str) -> Paths:
@@ -553,10 +594,12 @@ async def measure(
     timeout = aiohttp.ClientTimeout(total=args.timeout)
     runs: list[ServerRun] = []
     soaked = None
+    todo = [(r, c) for r in range(args.repeat) for c in args.configs]  # interleaved repeats
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await wait_ready(session, f"{engine_url}/health")
-        for i, (server, workers) in enumerate(args.configs, 1):
-            print(f"[{i}/{len(args.configs)}] {server}:{workers}", file=sys.stderr, flush=True)
+        for i, (repeat, (server, workers)) in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] {server}:{workers} (repeat {repeat + 1}/{args.repeat})",
+                  file=sys.stderr, flush=True)  # fmt: skip
             proc, base = gateways.started(server, workers)
             try:
                 paths = _paths(base, engine_url, key, model, args.bid)
@@ -579,6 +622,50 @@ async def measure(
             finally:
                 stop(proc)
     return runs, soaked
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def _median_of(items: list, cls: type):  # type: ignore[no-untyped-def]
+    """A ``cls`` whose every numeric field is the median of that field over ``items``."""
+    fields = {}
+    for name, value in asdict(items[0]).items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            fields[name] = value
+        else:
+            fields[name] = _median([asdict(i)[name] for i in items])
+    return cls(**fields)
+
+
+def _median_point(points: list[RatePoint]) -> RatePoint:
+    point = _median_of(points, RatePoint)
+    point.gateway = _median_of([p.gateway for p in points], PathResult)
+    point.direct = _median_of([p.direct for p in points], PathResult)
+    return point
+
+
+def merged(runs: list[ServerRun]) -> list[ServerRun]:
+    """One run per configuration from its repeats: at each rate every repeat measured, each
+    figure the median over the repeats (the machine is shared: a single repeat can be hit by
+    a neighbour's burst); the saturation point from those medians."""
+    by_config: dict[tuple[str, int], list[ServerRun]] = {}
+    for run in runs:
+        by_config.setdefault((run.server, run.workers), []).append(run)
+    out = []
+    for (server, workers), repeats in by_config.items():
+        result = ServerRun(server=server, workers=workers)
+        rates = sorted(set.intersection(*({p.rate for p in r.sweep} for r in repeats)))
+        for rate in rates:
+            result.sweep.append(_median_point([_at(r, rate) for r in repeats]))  # type: ignore[misc]
+        streams = [r.streaming for r in repeats if r.streaming is not None]
+        result.streaming = _median_point(streams) if streams else None
+        result.saturation_rate = saturation_rate(result.sweep)
+        out.append(result)
+    return out
 
 
 def _baseline(runs: list[ServerRun]) -> ServerRun | None:
@@ -681,7 +768,7 @@ def write_html(runs: list[ServerRun], soaked: Soak | None, path: Path, text: str
         subplot_titles=(
             "added p95 (ms) vs offered rate",
             "added p99 (ms) vs offered rate",
-            "achieved / offered rate",
+            "achieved / offered rate (gateway)",
             "gateway CPU per request (ms)",
         ),
     )
@@ -697,7 +784,8 @@ def write_html(runs: list[ServerRun], soaked: Soak | None, path: Path, text: str
                 row=1, col=col,
             )  # fmt: skip
         fig.add_trace(
-            go.Scatter(x=rates, y=[p.gateway.achieved_rate / p.rate for p in run.sweep],
+            go.Scatter(x=rates,
+                       y=[p.gateway.achieved_rate / p.gateway.offered_rate for p in run.sweep],
                        name=run.name, legendgroup=run.name, showlegend=False,
                        mode="lines+markers"),
             row=2, col=1,
@@ -762,6 +850,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--full-sweep", action="store_true",
                    help="measure every rate, also past the first one not carried")  # fmt: skip
     p.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure every configuration this many times, interleaved; report the medians",
+    )
     p.add_argument("--stream-rate", type=float, default=100.0,
                    help="rate of the streaming point (0: none)")  # fmt: skip
     p.add_argument("--arrivals", choices=["poisson", "fixed"], default="poisson")
@@ -787,12 +881,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as exc:
         p.error(str(exc))
     args.rates = sorted(float(r) for r in args.rates.split(",") if r.strip())
-    if not args.rates or min(args.rates) <= 0 or args.duration <= 0:
-        p.error("rates and duration must be positive")
+    if not args.rates or min(args.rates) <= 0 or args.duration <= 0 or args.repeat < 1:
+        p.error("rates, duration and repeat must be positive")
     return args
 
 
-def _json(runs: list[ServerRun], soaked: Soak | None, args: argparse.Namespace) -> dict:
+def _json(
+    runs: list[ServerRun], repeats: list[ServerRun], soaked: Soak | None, args: argparse.Namespace
+) -> dict:
     def run_dict(run: ServerRun) -> dict:
         return {
             **asdict(run),
@@ -809,9 +905,11 @@ def _json(runs: list[ServerRun], soaked: Soak | None, args: argparse.Namespace) 
             "stream_rate": args.stream_rate,
             "carried": {"share": CARRIED_SHARE, "added_p99_ms": CARRIED_ADDED_P99_MS},
             "cpus": os.cpu_count(),
+            "repeat": args.repeat,
         },
         "summary": summary(runs),
-        "runs": [run_dict(r) for r in runs],
+        "runs": [run_dict(r) for r in runs],  # the medians over the repeats
+        "repeats": [run_dict(r) for r in repeats],  # each repeat as measured
         "soak": None if soaked is None else {**asdict(soaked), "max_growth": soaked.max_growth},
     }
 
@@ -832,14 +930,21 @@ def main(argv: list[str] | None = None) -> None:
          str(args.engine_speed), "--market", "gateway-bench", "--log-level", "WARNING"],
         log=logs / "engine.log",
     )  # fmt: skip
+    floors = any(server == FLOOR and n for server, n in args.configs)
     try:
         key, model = setup_database(engine_url)
-        gateways = Gateways(logs, args.db_threads)
-        runs, soaked = asyncio.run(measure(args, gateways, engine_url, key, model))
+        if floors:
+            floor_table(create=True)
+        gateways = Gateways(logs, args.db_threads, engine_url)
+        repeats, soaked = asyncio.run(measure(args, gateways, engine_url, key, model))
+        runs = merged(repeats)
     finally:
         stop(engine)
+        if floors:
+            floor_table(create=False)
     text = (
-        f"{args.duration:g} s per rate, {args.arrivals} arrivals, engine speed "
+        f"{args.duration:g} s per rate, medians of {args.repeat} interleaved repeat(s), "
+        f"{args.arrivals} arrivals, engine speed "
         f"{args.engine_speed:g}, DEBUG off, GATEWAY_DB_THREADS={args.db_threads or 'default'}, "
         f"{os.cpu_count()} CPUs; latency: send to last byte (stream: to the first), ms; "
         f"carried: achieved >= {CARRIED_SHARE:g} x offered and added p99 <= "
@@ -850,7 +955,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(_json(runs, soaked, args), indent=2))
+        Path(args.json).write_text(json.dumps(_json(runs, repeats, soaked, args), indent=2))
     if args.html:
         write_html(runs, soaked, Path(args.html), text)
 

@@ -27,11 +27,17 @@ MULTI_WORKER_SERVERS = frozenset({"uvicorn", "granian"})
 
 
 def server_argv(
-    server: str, *, host: str, port: int, workers: int = 1, python: str | None = None
+    server: str,
+    *,
+    host: str,
+    port: int,
+    workers: int = 1,
+    python: str | None = None,
+    application: str = APPLICATION,
 ) -> list[str]:
-    """The command line that serves :data:`APPLICATION` on ``host:port`` with ``server``
-    (one of :data:`SERVERS`) and ``workers`` processes; ``python``: the interpreter (this one
-    when None)."""
+    """The command line that serves ``application`` (the project's, :data:`APPLICATION`) on
+    ``host:port`` with ``server`` (one of :data:`SERVERS`) and ``workers`` processes;
+    ``python``: the interpreter (this one when None)."""
     if server not in SERVERS:
         raise ValueError(f"unknown server {server!r}; choose one of {', '.join(SERVERS)}")
     if workers < 1:
@@ -41,7 +47,7 @@ def server_argv(
     python = python or sys.executable
     if server == "uvicorn":
         return [
-            python, "-m", "uvicorn", APPLICATION, "--host", host, "--port", str(port),
+            python, "-m", "uvicorn", application, "--host", host, "--port", str(port),
             "--workers", str(workers), "--loop", "uvloop", "--http", "httptools",
             "--ws", "websockets-sansio", "--lifespan", "off", "--no-access-log",
             "--log-level", "warning", "--timeout-graceful-shutdown", "10",
@@ -50,6 +56,6 @@ def server_argv(
         return [
             str(Path(python).parent / "granian"), "--interface", "asginl", "--host", host,
             "--port", str(port), "--workers", str(workers), "--loop", "uvloop",
-            "--no-access-log", "--log-level", "warning", APPLICATION,
+            "--no-access-log", "--log-level", "warning", application,
         ]  # fmt: skip
-    return [python, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0", APPLICATION]
+    return [python, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0", application]

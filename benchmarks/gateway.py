@@ -18,9 +18,9 @@ other in this run:
   prompts and ``max_tokens`` 1. Arrivals are Poisson (or ``--arrivals fixed``); each request is
   sent at its time whatever the others are doing. Latency: from sending a request to having read
   its whole answer. The gateway's added latency is the difference of the two distributions'
-  percentiles. A configuration's sweep stops at the first rate it cannot carry (``--full-sweep``:
-  never). Its **saturation point** is the highest rate it carried: achieved >= 0.97 x offered and
-  added p99 <= 50 ms.
+  percentiles. A configuration's sweep stops at the first rate it cannot carry (never with
+  ``--full-sweep`` or ``--repeat`` above 1). Its **saturation point** is the highest rate it
+  carried: achieved >= 0.97 x offered and added p99 <= 50 ms.
 - **Streaming** at ``--stream-rate`` (100): the same two streams with ``stream: true``; the
   figure is the time to the first byte of the answer's body, added by the gateway.
 - **CPU per request**: user + system CPU of the gateway's processes (the server and its workers)
@@ -440,7 +440,9 @@ async def server_run(
         result.sweep.append(point)
         print(_point_line(result.name, point), file=sys.stderr, flush=True)
         await asyncio.sleep(1)
-        if not point.carried and not args.full_sweep:
+        # One repeat stops at its first rate not carried; with repeats, every repeat measures
+        # every rate, so that each median is over the same points.
+        if not point.carried and not args.full_sweep and args.repeat == 1:
             break
     result.saturation_rate = saturation_rate(result.sweep)
     if args.stream_rate > 0:

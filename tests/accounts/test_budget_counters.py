@@ -339,6 +339,19 @@ def test_the_hot_path_takes_one_statement_per_step(
     assert counters_mismatches(tenant) == []
 
 
+def test_named_parameters_become_postgresqls_numbered_ones_once_each() -> None:
+    """The statements' cursor sends PostgreSQL's own placeholders (no parse by psycopg): a name
+    used twice keeps its number; numbers follow the order of first use."""
+    from accounts.ledger.statements.sql import numbered
+
+    raw, names = numbered(
+        "SELECT %(b)s::numeric, %(a)s::bigint WHERE x = %(b)s::numeric AND y = %(c)s"
+    )
+    assert raw == "SELECT $1::numeric, $2::bigint WHERE x = $1::numeric AND y = $3"
+    assert names == ("b", "a", "c")
+    assert numbered("SELECT 1") == ("SELECT 1", ())
+
+
 def test_a_token_charge_is_at_the_markets_prices_when_written(tenant, market) -> None:
     open_(tenant, market, "r1", "1")
     open_(tenant, market, "r2", "1")

@@ -63,15 +63,36 @@ def typed(sql: str) -> str:
     return re.sub(r"%\((\w+)\)s", lambda m: f"{m.group(0)}::{PARAM_TYPES[m.group(1)]}", sql)
 
 
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=64)
+def numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its ``%(name)s`` parameters as PostgreSQL's own ``$1, $2, ...`` (one number
+    per name, in order of first use), and the names in that order."""
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${names.setdefault(match.group(1), len(names) + 1)}"
+
+    return _NAMED.sub(number, sql), tuple(names)
+
+
 @functools.cache
 def _prepared_cursor_class() -> type:
-    from django.db.backends.postgresql.base import ServerBindingCursor  # noqa: PLC0415
+    import psycopg  # noqa: PLC0415
+    from django.db.backends.postgresql.base import CursorMixin  # noqa: PLC0415
 
-    class PreparedCursor(ServerBindingCursor):
-        """psycopg's server-side binding cursor, preparing every statement it runs."""
+    class PreparedCursor(CursorMixin, psycopg.RawCursor):
+        """A server-bound cursor preparing every statement it runs, with the statements'
+        named parameters turned into PostgreSQL's numbered ones once per statement
+        (:func:`numbered`). psycopg's raw cursor sends the text as it is: a cursor with named
+        parameters parses the text at every execution unless it is at most 4096 bytes, and the
+        charge statement is over 5,000 (that parse was ~0.3 ms of CPU per charge)."""
 
         def execute(self, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
-            return super().execute(query, params, prepare=True)
+            raw, names = numbered(query)
+            return super().execute(raw, [params[name] for name in names], prepare=True)
 
     return PreparedCursor
 

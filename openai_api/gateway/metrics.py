@@ -18,7 +18,8 @@ Labels: ``market`` (slug; ``-`` before a market is known), ``endpoint`` (``chat`
 Served by several worker processes (``config.serving``), each counts its own requests: set
 ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory (the same for every worker, emptied before
 the server starts; ``manage.py live_market`` does it) and ``/metrics`` answers the sum over the
-workers (prometheus_client's multiprocess mode; the gauges sum the live workers' values).
+workers (prometheus_client's multiprocess mode; the gauges are ``livesum``: a worker that dies
+leaves its last values there until the directory is emptied at the server's next start).
 """
 
 from __future__ import annotations

@@ -416,8 +416,8 @@ def _point_line(name: str, p: RatePoint) -> str:
     )
 
 
-async def _warmed(session: aiohttp.ClientSession, paths: Paths, gateway_url: str) -> None:
-    await wait_ready(session, gateway_url.replace("/v1/completions", "/v1/models"))
+async def _warmed(session: aiohttp.ClientSession, paths: Paths) -> None:
+    await wait_ready(session, paths.gateway.url.replace("/v1/completions", "/v1/models"))
     for _ in range(WARMUP_REQUESTS):
         await one(session, paths.gateway, paths.gateway.body)
         await one(session, paths.direct, {**paths.direct.body, "rid": f"warm-{uuid.uuid4().hex}"})
@@ -433,7 +433,7 @@ async def server_run(
     args: argparse.Namespace,
 ) -> ServerRun:
     result = ServerRun(server=server, workers=workers)
-    await _warmed(session, paths, paths.gateway.url)
+    await _warmed(session, paths)
     procs = processes(proc)
     for rate in args.rates:
         point = await rate_point(session, paths, procs, rate=rate, args=args, stream=False)
@@ -489,7 +489,7 @@ async def soak(
     workers: int,
     args: argparse.Namespace,
 ) -> Soak:
-    await _warmed(session, paths, paths.gateway.url)
+    await _warmed(session, paths)
     # Warm-up at the soak's rate: the first minute's mean is taken after it.
     await arrivals_stream(
         session, paths.gateway, rate=args.soak_rate, duration_s=SOAK_WARMUP_S,
@@ -541,7 +541,7 @@ def _gateway_env(db_threads: int | None) -> dict[str, str]:
 class Gateways:
     """Starts each configuration's gateway (or the floor) on a fresh port."""
 
-    def __init__(self, logs: Path, db_threads: int | None, engine_url: str = "") -> None:
+    def __init__(self, logs: Path, db_threads: int | None, engine_url: str) -> None:
         self.logs, self.env = logs, _gateway_env(db_threads)
         self.engine_url = engine_url
 
@@ -634,12 +634,13 @@ def _median(values: list[float]) -> float:
 
 def _median_of(items: list, cls: type):  # type: ignore[no-untyped-def]
     """A ``cls`` whose every numeric field is the median of that field over ``items``."""
+    rows = [asdict(i) for i in items]
     fields = {}
-    for name, value in asdict(items[0]).items():
+    for name, value in rows[0].items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             fields[name] = value
         else:
-            fields[name] = _median([asdict(i)[name] for i in items])
+            fields[name] = _median([row[name] for row in rows])
     return cls(**fields)
 
 
@@ -685,7 +686,7 @@ def summary(runs: list[ServerRun], *, target_rate: float = 100.0) -> list[dict]:
     base = _baseline(runs)
     rows = []
     for run in runs:
-        at = _at(run, target_rate)
+        at, streamed = _at(run, target_rate), run.streaming
         ratio = None
         if base is not None and base.saturation_rate and run.saturation_rate:
             ratio = run.saturation_rate / base.saturation_rate
@@ -696,15 +697,9 @@ def summary(runs: list[ServerRun], *, target_rate: float = 100.0) -> list[dict]:
                 "added_p95_ms": at.added_p95_ms if at else None,
                 "added_p99_ms": at.added_p99_ms if at else None,
                 "cpu_ms_per_request": at.gateway_cpu_ms_per_request if at else None,
-                "stream_ttfb_added_p50_ms": run.streaming.added_ttfb_p50_ms
-                if run.streaming
-                else None,
-                "stream_ttfb_added_p95_ms": run.streaming.added_ttfb_p95_ms
-                if run.streaming
-                else None,
-                "stream_ttfb_added_p99_ms": run.streaming.added_ttfb_p99_ms
-                if run.streaming
-                else None,
+                "stream_ttfb_added_p50_ms": streamed.added_ttfb_p50_ms if streamed else None,
+                "stream_ttfb_added_p95_ms": streamed.added_ttfb_p95_ms if streamed else None,
+                "stream_ttfb_added_p99_ms": streamed.added_ttfb_p99_ms if streamed else None,
                 "saturation_rate": run.saturation_rate,
                 "saturation_over_daphne": ratio,
             }

@@ -20,16 +20,16 @@ import aiohttp
 import psycopg
 
 TABLE = "benchmark_gateway_floor"  # created and dropped by benchmarks.gateway
+COMMITS = int(os.environ.get("GATEWAY_FLOOR_COMMITS", "0"))
 _state: dict[str, object] = {}
 
 
 async def _connected() -> tuple[aiohttp.ClientSession, psycopg.AsyncConnection | None]:
     if "session" not in _state:
         _state["session"] = aiohttp.ClientSession()
-        commits = int(os.environ.get("GATEWAY_FLOOR_COMMITS", "0"))
         _state["db"] = (
             await psycopg.AsyncConnection.connect(os.environ["GATEWAY_FLOOR_DSN"], autocommit=True)
-            if commits
+            if COMMITS
             else None
         )
     return _state["session"], _state["db"]  # type: ignore[return-value]
@@ -50,9 +50,8 @@ async def app(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-de
         await send({"type": "http.response.body", "body": b"{}"})
         return
     session, db = await _connected()
-    commits = int(os.environ.get("GATEWAY_FLOOR_COMMITS", "0"))
     if db is not None:
-        await _commit(db, commits // 2)
+        await _commit(db, COMMITS // 2)
     body = {
         "rid": "floor-" + uuid.uuid4().hex,
         "text": "Hi there",
@@ -62,7 +61,7 @@ async def app(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-de
         answer = await r.read()
         status = r.status
     if db is not None:
-        await _commit(db, commits - commits // 2)
+        await _commit(db, COMMITS - COMMITS // 2)
     headers = [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": answer})

@@ -4,17 +4,20 @@
 ``waiting_queue`` (a list of SGLang ``Req`` that SGLang appends to and admits from):
 
 - ``order(waiting_queue)`` (one call per prefill attempt, from ``calc_priority``) diffs the queue
-  against the tree by request id: new requests are inserted (their bid read and checked), gone
-  ones removed, and every waiting request is matched against SGLang's KV cache with SGLang's own
-  ``match_kv_cache``, updating its ``cached_len`` where the cache changed. Then one round of
-  ``clear_tree`` orders the queue in place;
+  against the tree by identity (set operations, no Python work per unchanged request): new
+  requests are inserted (their bid read and checked, their prefix matched once with SGLang's
+  own ``match_kv_cache``), gone ones removed. The cached lengths of the requests already
+  waiting follow the radix cache's own changes since the last round (``cache_tracking``), so
+  they are not matched again; with a cache the plugin cannot follow, every waiting request is
+  matched again, as SGLang's cache-aware policies do. Then one round of ``clear_tree`` (which
+  works out again only the subtrees that changed) orders the queue in place;
 - ``finish_round(batch_reqs)`` (after the scheduler admitted) prices the requests of the round's
   order that made it into the prefill batch, from that round's Clearing, and removes them.
 
 The tree changes only in these two calls, so the Clearing of ``order`` is still valid when the
-admitted requests are priced. Requests being aborted (a bad bid, or aborted by SGLang) are kept
-at the front of the queue and out of the market: SGLang runs them as a one-token prefill and
-returns their error to the client.
+admitted requests are priced. Requests being aborted when first seen (a bad bid, or aborted by
+SGLang on arrival) are kept at the front of the queue and out of the market: SGLang runs them as
+a one-token prefill and returns their error to the client.
 """
 
 from __future__ import annotations
@@ -22,12 +25,17 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.mem_cache.common import match_kv_cache
+from sglang.srt.managers.schedule_policy import (
+    WAITING_PREFIX_REFRESH_INTERVAL,
+    WAITING_QUEUE_PREFIX_MATCH_MAX,
+)
+from sglang.srt.mem_cache.common import match_kv_cache, touch_waiting_prefix
 
 from market.mechanism import (
     DFS_AUCTIONS,
@@ -41,7 +49,7 @@ from scheduler_bridge.contract.records import RoundRecord, auction_fields
 from scheduler_bridge.contract.wire import CUSTOM_PARAMS, bid_read, rid_owner, rid_request_id
 from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder
 
-from . import metrics
+from . import cache_tracking, metrics
 from .config import MARKET_POLICIES, PluginConfig
 
 log = logging.getLogger(__name__)
@@ -93,9 +101,20 @@ class MarketQueue:
         self.tree = RequestTree()
         self.recorder = recorder
         self.emit = emit
-        # rid -> (the Req, its queue entry time, its token count): a Req that left the queue
-        # and came back (retracted) has a new entry time and more tokens, and is re-inserted.
+        # rid -> (the Req, its queue entry time, its token count), for the requests in the tree.
         self._known: dict[str, tuple[Req, float, int]] = {}
+        self._members: dict[int, str] = {}  # id() of the same requests: the queue's diff
+        self._outside: dict[int, Req] = {}  # waiting requests kept out of the tree (the front)
+        # The radix cache's changes, followed (None: a cache the plugin cannot follow, whose
+        # waiting requests are all matched every round); each followed request's cap on its
+        # match; the requests matched every round anyway (another cache namespace).
+        why = cache_tracking.supported(tree_cache)
+        self.tracker = cache_tracking.CacheTracker(tree_cache) if why is None else None
+        if why is not None:
+            log.info("market plugin: matching every waiting request every round (%s)", why)
+        self._caps: dict[str, int] = {}
+        self._rematch: set[str] = set()
+        self._orders = 0  # rounds ordered, for the waiting-prefix refresh
         self.clearing: Clearing | None = None
         self._cleared_version = -1
         self.bad_bids = 0  # requests failed for their bid
@@ -112,6 +131,12 @@ class MarketQueue:
         """Forget every request; the next ``order`` rebuilds the tree from the queue."""
         self.tree = RequestTree()
         self._known.clear()
+        self._members.clear()
+        self._outside.clear()
+        self._caps.clear()
+        self._rematch.clear()
+        if self.tracker is not None:
+            self.tracker.changes.clear()  # every request is matched afresh on its way back in
         self.clearing = None
         self._cleared_version = -1
         self.order_errors += 1
@@ -158,12 +183,27 @@ class MarketQueue:
             self.apply_control(state)
         front = self._sync(waiting_queue)
         clearing = self.clear()
-        known = self._known
-        ordered = [known[rid][0] for rid in clearing.order]
+        ordered = clearing.handles()
         waiting_queue[:] = front + ordered if front else ordered
         self.clearing = clearing
         self._cleared_version = self.tree.version
+        self._refresh_head(ordered)
         return clearing
+
+    def _refresh_head(self, ordered: list[Req]) -> None:
+        """Keep the cache's LRU order fresh for the head of the order, as SGLang does for its
+        cache-blind policies (``SchedulePolicy._touch_waiting_prefixes``, on by default): every
+        ``WAITING_PREFIX_REFRESH_INTERVAL`` rounds the first ``WAITING_QUEUE_PREFIX_MATCH_MAX``
+        requests' prefixes are touched, head last, so that eviction takes the prefixes served
+        last first. (Matching every request every round touched them all.)"""
+        if self.tracker is None:
+            return
+        self._orders += 1
+        if self._orders % WAITING_PREFIX_REFRESH_INTERVAL != 1:
+            return
+        cache = self.tree_cache
+        for req in reversed(ordered[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
+            touch_waiting_prefix(req, cache)
 
     def clear(self) -> Clearing:
         """One round on the tree as it is, with the policy and knobs in effect."""
@@ -178,69 +218,128 @@ class MarketQueue:
         )
 
     def _sync(self, waiting_queue: Sequence[Req]) -> list[Req]:
-        """Diff the queue against the tree; returns the requests being aborted, in queue order."""
+        """Diff the queue against the tree; returns the requests kept out of it (being aborted,
+        unreadable), in queue order."""
+        tree = self.tree
+        if self.tracker is not None:
+            self.tracker.apply(tree, self._caps, self._cached_changed)
+        members = self._members
+        outside = self._outside
+        # SGLang only ever appends to the waiting queue (arrivals, retracted requests) and
+        # takes requests out of it (admitted: ``finish_round`` saw them; aborted: popped). So
+        # the requests new since the last round are a tail of the queue, and the rest are all
+        # known unless some left without a round. Both are checked without a pass over the
+        # queue (a pass costs ~0.2 us a request: the objects are large and scattered); the
+        # full diff runs only when the count says a request left unseen.
+        new: list[Req] = []
+        k = len(waiting_queue)
+        while k:
+            req = waiting_queue[k - 1]
+            key = id(req)
+            if key in members or key in outside:
+                break
+            new.append(req)
+            k -= 1
+        if k != len(members) + len(outside):
+            new = self._full_diff(waiting_queue)
+        else:
+            new.reverse()
+        for req in new:
+            self._arrive(req)
+        if self._rematch:
+            self._match_again()
+        if not outside:
+            return []
+        return [req for req in waiting_queue if id(req) in outside]
+
+    def _full_diff(self, waiting_queue: Sequence[Req]) -> list[Req]:
+        """Forget the requests gone from the queue; returns the new ones, in queue order."""
+        members = self._members
+        outside = self._outside
+        ids = list(map(id, waiting_queue))  # by id(): no request object is read
+        present = set(ids)
+        for key in members.keys() - present:  # gone without a round: the client went away
+            self._forget(members[key])
+        for key in outside.keys() - present:
+            del outside[key]
+        fresh = present - members.keys() - outside.keys()
+        return [req for req, key in zip(waiting_queue, ids, strict=True) if key in fresh]
+
+    def _arrive(self, req: Req) -> None:
+        """A request new to the queue: into the tree (matched once), or out of the market."""
+        if not isinstance(req.rid, str):
+            self._unreadable(req, TypeError("its rid is not a string"))
+            self._outside[id(req)] = req
+            return
+        if req.to_finish is not None or req.finished_reason is not None:
+            self._outside[id(req)] = req  # being aborted: SGLang finishes it
+            return
+        try:
+            bid = bid_of(req)
+        except ValueError as exc:
+            self.bad_bids += 1
+            abort_for_bad_bid(req, exc)
+            self._outside[id(req)] = req
+            return
+        rid = rid_request_id(req.rid)
+        output = req.output_ids
+        # A copy (SGLang's arrays are the request's own): array("q") as SGLang keeps them.
+        tokens = req.origin_input_ids + output if output else array("q", req.origin_input_ids)
+        if rid in self._known:  # the same id twice in the queue: the second waits outside
+            self._unreadable(req, ValueError(f"request id {rid!r} is already waiting"))
+            self._outside[id(req)] = req
+            return
+        match_kv_cache(req, self.tree_cache, tokens)
+        arrival = req.time_stats.wait_queue_entry_time
+        try:
+            self.tree.insert(
+                WaitingRequest(
+                    rid,
+                    tokens,
+                    bid,
+                    arrival,
+                    req.num_matched_prefix_tokens,
+                    owner=rid_owner(req.rid),
+                ),
+                handle=req,
+            )
+        except (TypeError, ValueError) as exc:  # e.g. an empty rid, no tokens
+            self._unreadable(req, exc)
+            self._outside[id(req)] = req
+            return
+        self._known[rid] = (req, arrival, len(tokens))
+        self._members[id(req)] = rid
+        if self.tracker is not None and cache_tracking.tracked(req):
+            self._caps[rid] = req._compute_max_prefix_len(len(tokens))
+        else:
+            self._rematch.add(rid)
+
+    def _forget(self, rid: str) -> None:
+        """Take a request out of the tree (admitted, or gone from the queue)."""
+        req = self._known.pop(rid)[0]
+        del self._members[id(req)]
+        self._caps.pop(rid, None)
+        self._rematch.discard(rid)
+        self.tree.remove(rid)
+
+    def _match_again(self) -> None:
+        """Match the requests the cache's changes do not tell about, as SGLang would."""
         tree = self.tree
         entries = tree.entries
         known = self._known
         cache = self.tree_cache
-        front: list[Req] = []
-        present = 0
-        for req in waiting_queue:
-            if not isinstance(req.rid, str):
-                self._unreadable(req, TypeError("its rid is not a string"))
-                front.append(req)
-                continue
-            rid = rid_request_id(req.rid)
-            if req.to_finish is not None or req.finished_reason is not None:
-                front.append(req)
-                if rid in known and known[rid][0] is req:  # aborted while it waited
-                    tree.remove(rid)
-                    del known[rid]
-                continue
+        for rid in self._rematch:
+            req = known[rid][0]
             output = req.output_ids
-            tokens = req.origin_input_ids + output if output else req.origin_input_ids
-            arrival = req.time_stats.wait_queue_entry_time
-            seen = known.get(rid)
-            if seen is None or seen[0] is not req or seen[1] != arrival or seen[2] != len(tokens):
-                if seen is not None:
-                    tree.remove(rid)
-                    del known[rid]
-                try:
-                    bid = bid_of(req)
-                except ValueError as exc:
-                    self.bad_bids += 1
-                    abort_for_bad_bid(req, exc)
-                    front.append(req)
-                    continue
-                match_kv_cache(req, cache, tokens)
-                try:
-                    tree.insert(
-                        WaitingRequest(
-                            rid,
-                            tokens,
-                            bid,
-                            arrival,
-                            req.num_matched_prefix_tokens,
-                            owner=rid_owner(req.rid),
-                        )
-                    )
-                except (TypeError, ValueError) as exc:  # e.g. an empty rid, no tokens
-                    self._unreadable(req, exc)
-                    front.append(req)
-                    continue
-                known[rid] = (req, arrival, len(tokens))
-            else:
-                match_kv_cache(req, cache, tokens)
-                cached = req.num_matched_prefix_tokens
-                if entries[rid].req.cached_len != cached:
-                    tree.update(rid, cached_len=cached)
-            present += 1
-        if present != len(known):
-            waiting = {market_id(req) for req in waiting_queue}
-            for rid in [rid for rid in known if rid not in waiting]:
-                tree.remove(rid)
-                del known[rid]
-        return front
+            match_kv_cache(req, cache, req.origin_input_ids + output if output else None)
+            cached = req.num_matched_prefix_tokens
+            if entries[rid].req.cached_len != cached:
+                tree.update(rid, cached_len=cached)
+
+    def _cached_changed(self, rid: str, cached: int) -> None:
+        """A followed request's cached length changed: SGLang's field for it says so too (its
+        load reports read it)."""
+        self._known[rid][0].num_matched_prefix_tokens = cached
 
     def _unreadable(self, req: Req, exc: Exception) -> None:
         """A request the market cannot place in its tree: SGLang serves it in queue order,
@@ -263,30 +362,37 @@ class MarketQueue:
         ``batch_reqs`` is the new prefill batch; requests in it that were not waiting in that
         round (a continuing chunked request, decoding requests mixed in, aborted ones) are
         not part of the round. Requests re-admitted after a retraction already paid in the
-        round that first admitted them and are not charged again.
+        round that first admitted them and are not charged again; requests aborted in place
+        while they waited (SGLang pops the requests it aborts from the queue; a request aborted
+        otherwise is not looked for every round) are admitted and not charged.
         """
         clearing, self.clearing = self.clearing, None
-        if clearing is None or self._cleared_version != self.tree.version:
-            return
-        known = self._known
+        members = self._members
         admitted: list[tuple[str, Req]] = []  # (the market's id, the request)
         for req in batch_reqs:
-            rid = market_id(req)
-            seen = known.get(rid)
-            if seen is not None and seen[0] is req:
+            rid = members.get(id(req))
+            if rid is not None:
                 admitted.append((rid, req))
         if not admitted:
             return
-        self.rounds += 1
-        try:
-            self._record(clearing, [a for a in admitted if not a[1].retracted_stain], now)
-        except Exception:  # a bug here must not take the scheduler down
-            self.record_errors += 1
-            log.exception("market round record failed")
-        tree = self.tree
-        for rid, _ in admitted:
-            tree.remove(rid)
-            del known[rid]
+        if clearing is not None and self._cleared_version == self.tree.version:
+            self.rounds += 1
+            # Not priced: re-admitted after a retraction (paid when first admitted), or aborted
+            # in place while it waited (SGLang finishes it with its error after this prefill).
+            priced = [
+                a
+                for a in admitted
+                if not a[1].retracted_stain
+                and a[1].to_finish is None
+                and a[1].finished_reason is None
+            ]
+            try:
+                self._record(clearing, priced, now)
+            except Exception:  # a bug here must not take the scheduler down
+                self.record_errors += 1
+                log.exception("market round record failed")
+        for rid, _ in admitted:  # out of the tree whatever happened to the record
+            self._forget(rid)
 
     def _record(
         self, clearing: Clearing, admitted: list[tuple[str, Req]], now: float | None

@@ -309,7 +309,7 @@ class Engine:
         kv = self.kv
         self.rounds += 1
         admitted: list[SimRequest] = []
-        for rid in clearing.order:
+        for rid in clearing.iter_order():
             if len(admitted) >= room or budget <= 0:
                 break
             req = self.waiting[rid]

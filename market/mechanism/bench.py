@@ -4,12 +4,15 @@ Waiting queues shaped like real traffic: G shared system prompts of about 2,000 
 of popularity), each request a distinct suffix of about 128 tokens, half of the system prompts
 already cached. For each queue size and policy it times, on the same queue:
 
-- ``order``: one round on the maintained tree, up to the service order,
+- ``order``: one round on the maintained tree worked out in full (what the DFS auctions keep in
+  the nodes between rounds forgotten first), up to the service order,
 - ``plan``: the same round with the planned completion of every waiting request (the work model
   of DESIGN.md 4.1; bid-blind policies work it out on demand, so only this column charges them
   for it),
 - ``plan+pay``: the plan plus the priority charge of every waiting request,
 - ``clear``: ``clear()`` from scratch (building the tree included), up to the order,
+- ``1% changed``: a round on the maintained tree after 1% of the requests changed their bid
+  since the last one (the DFS auctions work out again only the subtrees that changed),
 
 as the median of several repetitions, and reports each as a ratio to fcfs on the same tree in the
 same run, since the machine is shared and absolute times drift.
@@ -74,7 +77,11 @@ def bench_size(n: int, groups: int, repeat: int, progress) -> dict[str, dict[str
         "plan_s": plan,
         "plan_pay_s": lambda p: plan(p).payments,
         "clear_s": lambda p: clear(reqs, p, reserve=RESERVE).order,
+        "changed_s": lambda p: clear_tree(tree, p, reserve=RESERVE).order,
     }
+    nodes = tree.nodes()
+    rng = random.Random(n)
+    ids = list(tree.entries)
     times: dict[str, dict[str, list[float]]] = {p: {k: [] for k in runs} for p in POLICIES}
     for rep in range(repeat):
         progress(f"n={n:,} repetition {rep + 1}/{repeat}")
@@ -82,6 +89,13 @@ def bench_size(n: int, groups: int, repeat: int, progress) -> dict[str, dict[str
             if kind == "clear_s" and rep >= max(1, repeat // 3):
                 continue
             for policy in POLICIES:
+                if kind == "changed_s":
+                    clear_tree(tree, policy, reserve=RESERVE)  # the last round, then changes
+                    for rid in rng.sample(ids, max(1, n // 100)):
+                        tree.update(rid, bid=rng.lognormvariate(-2, 1))
+                elif kind != "clear_s":
+                    for x in nodes:  # work the round out in full
+                        x.memo = None
                 t0 = time.perf_counter()
                 fn(policy)
                 times[policy][kind].append(time.perf_counter() - t0)
@@ -104,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         repeat = args.repeat if n <= 10_000 else max(1, args.repeat // 2)
         results[n] = bench_size(n, groups, repeat, progress)
 
-    kinds = ("order_s", "plan_s", "plan_pay_s", "clear_s")
-    names = ("order", "plan", "plan+pay", "clear")
+    kinds = ("order_s", "plan_s", "plan_pay_s", "clear_s", "changed_s")
+    names = ("order", "plan", "plan+pay", "clear", "1% changed")
     head = f"{'requests':>9} {'policy':<20}" + "".join(f"{n + ' ms':>12}" for n in names)
     head += "".join(f"{n + '/fcfs':>14}" for n in names)
     print(head)

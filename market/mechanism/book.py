@@ -37,12 +37,22 @@ def subtree_book(
 ) -> list[SubtreeRow]:
     """Subtrees down to ``max_depth``, at most ``limit`` of them, biggest first at each level.
 
-    Works for every policy: aggregates are recomputed from the tree and the round's order
-    (time proportional to the number of nodes); cached depths are the tree's own. Call it
-    before the tree changes.
+    Works for every policy: for the DFS auctions read off the round's plan (time proportional to
+    the blocks shown), for the others recomputed from the tree and the round's order (time
+    proportional to the number of nodes); cached depths are the tree's own. Call it before the
+    tree changes.
     """
     if tree.version != clearing._version:
         raise RuntimeError("the request tree changed since this round was cleared")
+    if clearing._plan.inside is not None:
+        return _dfs_book(tree, clearing, max_depth, limit)
+    return _walked_book(tree, clearing, max_depth, limit)
+
+
+def _walked_book(
+    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int
+) -> list[SubtreeRow]:
+    """``subtree_book`` for any order: every node's totals from its children's."""
     position = {rid: i for i, rid in enumerate(clearing.order)}
     reserve = round(clearing.reserve * BID_SCALE)
     overhead = clearing.overhead_tokens
@@ -91,6 +101,54 @@ def subtree_book(
     return rows[:limit]
 
 
+def _dfs_book(
+    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int
+) -> list[SubtreeRow]:
+    """``subtree_book`` read off a DFS plan: each subtree is a block of the order, with its
+    totals, and its first position is where its block starts. Time proportional to the blocks
+    of the nodes down to ``max_depth``, not to the queue."""
+    inside = clearing._plan.inside
+    found: list[tuple] = []  # (depth, -requests, first position, rank, node, block)
+    level = [(tree.root, 0, 0)]  # a node, its depth, its block's first position
+    while level and len(found) < limit:
+        below = []
+        for node, depth, start in level:
+            if depth >= max_depth:
+                continue
+            rank = 0
+            for block in inside[node]:
+                inner = block[5]
+                n = block[2]
+                c = inner if type(inner) is Node else inner.node
+                if c is not node:  # a child (a request ending at the node itself is not)
+                    found.append((depth + 1, -n, start, rank, c, block))
+                    rank += 1
+                    if type(inner) is Node:
+                        below.append((c, depth + 1, start))
+                start += n
+        level = below
+    found.sort(key=lambda f: f[:3])  # positions are unique: the sort never reaches the nodes
+    rows = []
+    for depth, _, start, rank, c, block in found[:limit]:
+        n, bsum, work = block[2], block[3], block[4]
+        dollars = bsum / BID_SCALE
+        rows.append(
+            SubtreeRow(
+                prefix=c.seq[: c.end],
+                depth=depth,
+                cached_tokens=min(c.cached, c.end),
+                requests=n,
+                bid_sum=dollars,
+                bid_mean=dollars / n,
+                density=dollars / work if work else 0.0,
+                work=work,
+                rank=rank,
+                first_position=start,
+            )
+        )
+    return rows
+
+
 @dataclass(frozen=True, slots=True)
 class BlockSummary:
     """The top-level subtree a request waited in, as its round saw it ("why this rank")."""
@@ -109,8 +167,9 @@ def block_of(
 ) -> BlockSummary:
     """The summary of the root's child whose subtree holds ``request_id``, for this round.
 
-    Time proportional to that subtree's size, once per subtree when a ``cache`` dict is passed
-    for the round; call it before the tree changes.
+    Read from the round's plan for the DFS auctions; for the other policies, time proportional
+    to that subtree's size, once per subtree when a ``cache`` dict is passed for the round; call
+    it before the tree changes.
     """
     if tree.version != clearing._version:
         raise RuntimeError("the request tree changed since this round was cleared")
@@ -119,18 +178,22 @@ def block_of(
         x = x.parent
     if cache is not None and x in cache:
         return cache[x]
-    reserve = round(clearing.reserve * BID_SCALE)
-    overhead = clearing.overhead_tokens
-    n = bsum = work = 0
-    stack = [x]
-    while stack:
-        y = stack.pop()
-        work += y.ew + overhead * len(y.reqs)
-        for e in y.reqs.values():
-            n += 1
-            if e.ticks >= reserve:
-                bsum += e.ticks
-        stack.extend(y.children.values())
+    totals = clearing.block_totals(x)  # a DFS plan has them; otherwise they are counted here
+    if totals is not None:
+        n, bsum, work = totals
+    else:
+        reserve = round(clearing.reserve * BID_SCALE)
+        overhead = clearing.overhead_tokens
+        n = bsum = work = 0
+        stack = [x]
+        while stack:
+            y = stack.pop()
+            work += y.ew + overhead * len(y.reqs)
+            for e in y.reqs.values():
+                n += 1
+                if e.ticks >= reserve:
+                    bsum += e.ticks
+            stack.extend(y.children.values())
     dollars = bsum / BID_SCALE
     summary = BlockSummary(x.end, n, dollars / n, dollars / work if work else 0.0)
     if cache is not None:

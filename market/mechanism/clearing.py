@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from operator import attrgetter
 
 from .payments import Charges, DfsCharges, TenantCharges
 from .plan import Plan
@@ -13,6 +14,7 @@ from .tree import Node, RequestTree
 from .welfare import planned_welfare
 
 DEFAULT_TOKENS_PER_SECOND = 10_000.0
+_handle = attrgetter("handle")
 REQUEST_SCOPE = "request"  # a request pays for the delay it imposes on every other request
 TENANT_SCOPE = "tenant"  # ... on other tenants' requests only
 CHARGE_SCOPES = (REQUEST_SCOPE, TENANT_SCOPE)
@@ -55,14 +57,16 @@ class Clearing:
         self._dollars = 1.0 / (BID_SCALE * tokens_per_second)
         self._seconds = 1.0 / tokens_per_second
         self._entries = plan.order
-        # Cumulative work at each completion: complete for DFS plans, extended on demand by a
-        # marking walk for the others (each node's uncached tokens counted once): ``_counted``
-        # holds the shared nodes counted so far, the root (no edge) from the start.
+        # Cumulative work at each completion, extended on demand by a marking walk (each node's
+        # uncached tokens counted once, on the way to the first request that needs it, which in
+        # a DFS order is where the order enters the node): ``_counted`` holds the shared nodes
+        # counted so far, the root (no edge) from the start.
         self._cums: list[int] = [] if plan.cums is None else plan.cums
         self._counted: set[Node] = {tree.root}
         self._order: list[str] | None = None
         self._charges: Charges | None = None
         self._payments: dict[str, float] | None = None
+        self._priced: dict[str, tuple[float, int]] = {}
 
     def _check(self) -> None:
         if self._tree.version != self._version:
@@ -96,10 +100,51 @@ class Clearing:
 
     @property
     def order(self) -> list[str]:
-        """Request ids in service order."""
+        """Request ids in service order (a list of all of them, made on first use)."""
         if self._order is None:
             self._order = [e.req.id for e in self._entries]
         return self._order
+
+    def iter_order(self) -> Iterator[str]:
+        """Request ids in service order, one at a time: for engines that admit from the front
+        and stop (no list of the whole queue made)."""
+        self._check()
+        return (e.req.id for e in self._entries)
+
+    def handles(self) -> list[object]:
+        """The engine's handles on the requests (``RequestTree.insert``), in service order."""
+        self._check()
+        return list(map(_handle, self._entries))
+
+    def positions(self, request_ids: Iterable[str]) -> dict[str, int]:
+        """The position in the order of each of ``request_ids``, scanning from the front only
+        as far as the last of them (ValueError naming one that is not in the round)."""
+        self._check()
+        want = set(request_ids)
+        found: dict[str, int] = {}
+        if want:
+            for i, e in enumerate(self._entries):
+                rid = e.req.id
+                if rid in want:
+                    found[rid] = i
+                    if len(found) == len(want):
+                        break
+        if len(found) != len(want):
+            missing = sorted(want - found.keys())[0]
+            raise ValueError(f"request {missing!r} was not in this round")
+        return found
+
+    def block_totals(self, node: Node) -> tuple[int, int, int] | None:
+        """A subtree's requests, effective bids (ticks) and work (tokens) as the round's DFS plan
+        has them, or None when the plan keeps none (bid-blind orders, highest-bid)."""
+        self._check()
+        blocks = self._plan.blocks
+        if blocks is None:
+            return None
+        if node.size == 1:
+            return None  # a leaf's block is its request's, kept by its parent
+        block = blocks[node]
+        return block[2], block[3], block[4]
 
     def completion_at(self, position: int) -> float:
         """Planned completion (seconds) of the request at ``position`` of the order."""
@@ -150,13 +195,16 @@ class Clearing:
 
     def _charge_and_saving(self, request_id: str) -> tuple[float, int]:
         self._check()
+        got = self._priced.get(request_id)
+        if got is not None:
+            return got
         entry = self._tree.entries.get(request_id)
         if entry is None:
             raise ValueError(f"request {request_id!r} was not in this round")
         charges = self._charge_rule()
-        if charges is None:
-            return 0.0, 0
-        return charges.charge(entry)
+        got = (0.0, 0) if charges is None else charges.charge(entry)
+        self._priced[request_id] = got  # charge and time_saved ask for the same
+        return got
 
     def charge(self, request_id: str) -> float:
         """The request's priority charge in dollars if it is admitted in this round."""

@@ -94,7 +94,7 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
 
     The node is the request's, or the parent of a leaf that holds only it (that leaf's block is
     the request's, its edge included). The block is found by its key, worked out as the planner
-    does (policies._plan_dfs_auction), so that the planner files nothing per request.
+    does (policies._dfs_states), so that the planner files nothing per request.
     """
     x = entry.node
     b = entry.ticks if entry.ticks >= reserve else 0
@@ -108,7 +108,7 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
         nk = -b
     siblings = plan.inside[x]
     i = bisect_left(siblings, (nk, entry.tie))
-    if i == len(siblings) or type(siblings[i][5]) is not int or siblings[i][1] != entry.tie:
+    if i == len(siblings) or siblings[i][5] is not entry:
         raise RuntimeError(f"request {entry.req.id!r} is not where its round's plan put it")
     return x, i
 

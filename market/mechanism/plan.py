@@ -1,8 +1,10 @@
 """A round's plan: the service order and the per-round scratch that prices it.
 
 A planner (policies.py) returns a ``Plan``; the round's ``Clearing`` keeps it, and the charge
-rules (payments.py) read it. The request tree holds none of it, so every Clearing of one tree has
-its own, and stays valid as long as the tree has not changed, whatever else was cleared since.
+rules (payments.py) read it. A Clearing stays valid as long as the tree has not changed, whatever
+else was cleared since: what the DFS auctions keep in the nodes across rounds depends only on the
+subtree and the planner's settings, and each setting keeps its own (``RequestTree.plan_token``),
+so rounds with other settings do not overwrite it and rounds with the same ones find the same.
 
 A DFS order is a tree of blocks: at each node, its child subtrees and the requests that end there,
 in service order. A block is a plain tuple
@@ -14,23 +16,22 @@ in service order. A block is a plain tuple
 - ``n``: its requests; ``bsum``: their effective bids, in bid ticks (requests.BID_SCALE),
 - ``work``: its uncached tokens and overheads, the edge into it included (tokens),
 - ``inner``: for a block of one request (a request ending at a node with other blocks, or the
-  only request of a leaf), an int, the planner's handle on the request (its tie names it);
-  else the ``Node`` whose blocks are ``inside[node]``.
+  only request of a leaf), its ``Entry``; else the ``Node`` whose blocks are ``inside[node]``.
 
 Ties are unique among siblings (their requests are disjoint), so sibling blocks sort as plain
 tuples, the comparison never going past ``tie``, and a ``(nk, tie)`` pair bisects a node's blocks.
-Tuples rather than objects: a round builds one per request, and a tuple is several times cheaper
-to make than an instance. A block of one request holds only numbers and its tie, no reference to
-its Entry, so that the garbage collector stops tracking it at its first pass instead of carrying
-a round's hundred thousand blocks into its older generations, whose collections walk the whole
-heap, tree included.
+Tuples rather than objects: a tree holds one per request, and a tuple is several times cheaper
+to make than an instance. The DFS auctions keep the blocks at each node across rounds
+(policies._dfs_states) and work out again only those of nodes that changed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .tree import Entry, Node
 
-Block = tuple[float, tuple, int, int, int, Node | int]
+Block = tuple[float, tuple, int, int, int, Node | Entry]
 
 
 class Plan:
@@ -43,8 +44,8 @@ class Plan:
         order: list[Entry],
         overhead: int,
         cums: list[int] | None = None,
-        blocks: dict[Node, Block] | None = None,
-        inside: dict[Node, list[Block]] | None = None,
+        blocks: Mapping[Node, Block] | None = None,
+        inside: Mapping[Node, list[Block]] | None = None,
         root: Node | None = None,
     ) -> None:
         self.order = order  # the service order
@@ -54,8 +55,10 @@ class Plan:
         self.cums = cums
         # DFS orders: the block of each node that holds several blocks. A block of one request
         # is found in its node's (or its leaf's parent's) ``inside`` by its key, so that a round
-        # files nothing per request.
+        # files nothing per request. Read as ``blocks[node]``: a dict, or a view of the state the
+        # planner keeps in the nodes (policies._MemoView).
         self.blocks = blocks
-        # DFS orders: the blocks at each node that holds several (and at the root), in order.
+        # DFS orders: the blocks at each node that holds several (and at the root), in order;
+        # read as ``inside[node]`` likewise.
         self.inside = inside
         self.root = root  # DFS orders: the tree's root, where the blocks start

@@ -28,7 +28,7 @@ from operator import attrgetter
 
 from .payments import ChargeRule, DfsCharges, FlatCharges
 from .plan import Block, Plan
-from .tree import INF, Entry, Node, RequestTree
+from .tree import INF, PLAN_TOKENS, Entry, Node, RequestTree
 
 # Planners take the policy, the reserve in bid ticks and the overhead tokens per request, and
 # return the round's Plan (plan.py); they read the tree and write nothing into it.
@@ -77,84 +77,107 @@ class Policy:
 _by_tie = attrgetter("tie")
 
 
-def _shared_nodes(root: Node) -> list[Node]:
-    """The root and the nodes holding more than one request (so several blocks), parents before
-    children. The others are leaves holding one request."""
-    out = [root]
-    i = 0
-    while i < len(out):
-        for c in out[i].children.values():
-            if c.size > 1:
-                out.append(c)
-        i += 1
-    return out
+class _Memo:
+    """A DFS auction's state at one node holding several requests, kept across rounds.
 
-
-def _auction_blocks(
-    x: Node, density: bool, reserve: int, overhead: int, met: list[Entry]
-) -> tuple[list[Block], int, int, int, tuple | None]:
-    """The requests ending at ``x`` as blocks: (blocks, n, bid sum, work, tie)."""
-    bsum = 0
-    tie = None
-    blocks: list[Block] = []
-    for e in x.reqs.values():
-        b = e.ticks
-        if b < reserve:
-            b = 0
-        if density:
-            nk = -(b / overhead) if overhead else -INF
-        else:
-            nk = -b
-        t = e.tie
-        if tie is None or t < tie:
-            tie = t
-        bsum += b
-        blocks.append((nk, t, 1, b, overhead, len(met)))
-        met.append(e)
-    return blocks, len(blocks), bsum, len(blocks) * overhead, tie
-
-
-def _close_block(
-    x: Node,
-    blocks: list[Block],
-    n: int,
-    bsum: int,
-    work: int,
-    tie,
-    density: bool,
-    blocks_of: dict[Node, Block],
-    inside: dict[Node, list[Block]],
-) -> Block:
-    """A node's block from its totals (its edge's uncached tokens added); sorts its blocks."""
-    work += x.ew
-    if density:
-        nk = -(bsum / work) if work else -INF
-    else:
-        nk = -(bsum / n) if n else 0.0  # n is 0 only at the root of an empty tree
-    if len(blocks) > 1:
-        blocks.sort()  # plain tuple order: (nk, tie), ties being unique among siblings
-    block = (nk, tie, n, bsum, work, x)
-    blocks_of[x] = block
-    inside[x] = blocks
-    return block
-
-
-def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
-    """DFS order with sibling blocks by the policy's ``BlockKey`` (average bid or bid density).
-
-    The key is written out inline, as ``-key`` in a block's ``nk``, so that ascending sorts go
-    first. Children are closed before their parents (reversed breadth-first order).
+    ``built``: the tree's version when it was worked out; it is still right while the node has
+    not changed since (``Node.changed``). ``kids``: the block of each child as of then (a
+    child unchanged since reuses it). ``inside``: the node's blocks in service order. ``block``:
+    the node's own block, its edge included. ``flat``: the requests of the subtree in service
+    order.
     """
-    density = policy.block_key.per_work
-    blocks_of: dict[Node, Block] = {}
-    inside: dict[Node, list[Block]] = {}
-    met: list[Entry] = []  # the requests, as the walk meets them; blocks of one refer by index
-    for x in reversed(_shared_nodes(tree.root)):
-        blocks, n, bsum, work, tie = _auction_blocks(x, density, reserve, overhead, met)
+
+    __slots__ = ("built", "kids", "inside", "block", "flat")
+
+    def __init__(self) -> None:
+        self.built = -1
+        self.kids: dict[Node, Block] = {}
+        self.inside: list[Block] = []
+        self.block: Block | None = None
+        self.flat: list[Entry] = []
+
+
+class _MemoView:
+    """A round's view of the nodes' DFS state under one planner token: ``view[node]`` is that
+    node's ``inside`` list or block (``attr``), as payments.py reads a Plan's dicts."""
+
+    __slots__ = ("token", "attr")
+
+    def __init__(self, token: int, attr: str) -> None:
+        self.token = token
+        self.attr = attr
+
+    def __getitem__(self, node: Node):
+        memo = node.memo
+        state = None if memo is None else memo.get(self.token)
+        if state is None:
+            raise RuntimeError(
+                "the round's planner state is gone (more rounds with other settings cleared "
+                "on this tree since than it keeps); clear the round again"
+            )
+        return getattr(state, self.attr)
+
+
+def _state(x: Node, token: int) -> _Memo | None:
+    memo = x.memo
+    return None if memo is None else memo.get(token)
+
+
+def _new_state(x: Node, token: int, live: Callable[[], set[int]]) -> _Memo:
+    memo = x.memo
+    if memo is None:
+        memo = x.memo = {}
+    elif len(memo) >= PLAN_TOKENS:  # drop the states of planners the tree no longer keeps
+        keep = live()
+        for t in [t for t in memo if t not in keep]:
+            del memo[t]
+    state = memo[token] = _Memo()
+    return state
+
+
+def _dfs_states(tree: RequestTree, density: bool, reserve: int, overhead: int) -> tuple[int, _Memo]:
+    """Bring the DFS auction's state up to date at every node that changed since it was last
+    worked out; returns the planner's token and the root's state.
+
+    Nodes holding one request (leaves, most nodes) keep no state: their block is the request's,
+    worked out by the parent. A node is worked out again only if it changed, from its
+    children's blocks (an unchanged child's kept, a changed one's worked out first): a round
+    costs time proportional to the changed nodes and their children, plus copying the order.
+    """
+    token = tree.plan_token((density, reserve, overhead))
+    root = tree.root
+    rs = _state(root, token)
+    if rs is not None and root.changed <= rs.built:
+        return token, rs
+    # The changed nodes holding several requests, parents before children.
+    todo = [root]
+    i = 0
+    while i < len(todo):
+        x = todo[i]
+        i += 1
+        xs = _state(x, token)
+        built = -1 if xs is None else xs.built
         for c in x.children.values():
-            if c.size == 1:
-                # A leaf holding one request, the common case: the request is its only block, and
-                # the leaf's block is the request's, its edge included (payments.request_block
+            if c.size > 1 and c.changed > built:
+                todo.append(c)
+    version = tree.version
+    live = tree.live_tokens
+    for x in reversed(todo):
+        xs = _state(x, token) or _new_state(x, token, live)
+        built = xs.built
+        old = xs.kids
+        kids: dict[Node, Block] = {}
+        blocks: list[Block] = []
+        bsum = work = 0
+        tie = None
+        for c in x.children.values():
+            if c.changed <= built:
+                block = old[c]
+            elif c.size > 1:
+                block = c.memo[token].block
+            else:
+                # A leaf holding one request, the common case: the request is its only block,
+                # and the leaf's block is the request's, its edge included (payments.request_block
                 # finds it again by the same key).
                 for e in c.reqs.values():
                     b = e.ticks
@@ -165,48 +188,68 @@ def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead:
                         nk = -(b / cw) if cw else -INF
                     else:
                         nk = -b
-                    block = (nk, e.tie, 1, b, cw, len(met))
-                    met.append(e)
-            else:
-                block = blocks_of[c]  # closed already: children come before their parents
-            _, ct, cn, cb, cw, _ = block
-            n += cn
-            bsum += cb
-            work += cw
+                    block = (nk, e.tie, 1, b, cw, e)
+            kids[c] = block
+            blocks.append(block)
+            bsum += block[3]
+            work += block[4]
+            ct = block[1]
             if tie is None or ct < tie:
                 tie = ct
-            blocks.append(block)
-        _close_block(x, blocks, n, bsum, work, tie, density, blocks_of, inside)
-    order, cums = _emit_dfs(inside[tree.root], inside, met)
-    return Plan(order, overhead, cums, blocks_of, inside, tree.root)
-
-
-def _emit_dfs(
-    top: list[Block], inside: dict[Node, list[Block]], met: list[Entry]
-) -> tuple[list[Entry], list[int]]:
-    """Walk the sorted blocks depth-first: the order and the cumulative work at each completion.
-
-    A node's edge is paid on entering it; a block of one request adds its work (its leaf's edge,
-    if any, and the overhead); it refers to its request by index into ``met``.
-    """
-    order: list[Entry] = []
-    cums: list[int] = []
-    cum = 0
-    stack = list(reversed(top))
-    while stack:
-        _, _, _, _, work, inner = stack.pop()
-        if type(inner) is int:
-            cum += work
-            order.append(met[inner])
-            cums.append(cum)
-            continue
-        cum += inner.ew
-        blocks = inside[inner]
-        if len(blocks) == 1:
-            stack.append(blocks[0])
+        for e in x.reqs.values():  # the requests ending here: a block each
+            b = e.ticks
+            if b < reserve:
+                b = 0
+            if density:
+                nk = -(b / overhead) if overhead else -INF
+            else:
+                nk = -b
+            t = e.tie
+            if tie is None or t < tie:
+                tie = t
+            bsum += b
+            work += overhead
+            blocks.append((nk, t, 1, b, overhead, e))
+        work += x.ew
+        n = x.size
+        if density:
+            nk = -(bsum / work) if work else -INF
         else:
-            stack.extend(reversed(blocks))
-    return order, cums
+            nk = -(bsum / n) if n else 0.0  # n is 0 only at the root of an empty tree
+        if len(blocks) > 1:
+            blocks.sort()  # plain tuple order: (nk, tie), ties being unique among siblings
+        flat: list[Entry] = []
+        for block in blocks:
+            inner = block[5]
+            if type(inner) is Node:
+                flat.extend(inner.memo[token].flat)
+            else:
+                flat.append(inner)
+        xs.kids = kids
+        xs.inside = blocks
+        xs.block = (nk, tie, n, bsum, work, x)
+        xs.flat = flat
+        xs.built = version
+    return token, todo[0].memo[token]
+
+
+def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
+    """DFS order with sibling blocks by the policy's ``BlockKey`` (average bid or bid density).
+
+    The key is written out inline, as ``-key`` in a block's ``nk``, so that ascending sorts go
+    first. The state of each node is kept across rounds and worked out again only where the
+    tree changed (``_dfs_states``); the plan reads it through views, and leaves the cumulative
+    work to the Clearing to count for the requests it is asked about.
+    """
+    token, root_state = _dfs_states(tree, policy.block_key.per_work, reserve, overhead)
+    return Plan(
+        root_state.flat,
+        overhead,
+        None,
+        _MemoView(token, "block"),
+        _MemoView(token, "inside"),
+        tree.root,
+    )
 
 
 def _plan_fcfs(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:

@@ -2,12 +2,14 @@
 
 Units: ``bid`` is dollars per second of waiting, ``arrival`` is seconds (any epoch, only the order
 matters), ``tokens`` are prompt token ids and ``cached_len`` is how many leading tokens are already
-in the engine's KV cache.
+in the engine's KV cache. Tokens are kept as a tuple, or as given when they are an
+``array("q")`` (SGLang's own type: no Python int per token, and slices compare in C).
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -39,8 +41,9 @@ class WaitingRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"request id must be a non-empty string, got {self.id!r}")
-        if not isinstance(self.tokens, tuple):
-            object.__setattr__(self, "tokens", tuple(self.tokens))
+        tokens = self.tokens
+        if type(tokens) is not tuple and not (type(tokens) is array and tokens.typecode == "q"):
+            object.__setattr__(self, "tokens", tuple(tokens))
         if not self.tokens:
             raise ValueError(f"request {self.id!r}: empty token list")
         object.__setattr__(self, "bid", bid_checked(self.bid, request_id=self.id))
@@ -57,6 +60,26 @@ class WaitingRequest:
             raise ValueError(
                 f"request {self.id!r}: cached_len {cached} outside 0..{len(self.tokens)}"
             )
+
+    def with_cached_len(self, cached_len: int) -> WaitingRequest:
+        """The same request with another cached length (checked as on construction), made
+        without the dataclass machinery: the engines call it for every change the KV cache
+        makes to a waiting request."""
+        if isinstance(cached_len, bool) or not isinstance(cached_len, int):
+            raise ValueError(f"request {self.id!r}: cached_len must be an int, got {cached_len!r}")
+        if not 0 <= cached_len <= len(self.tokens):
+            raise ValueError(
+                f"request {self.id!r}: cached_len {cached_len} outside 0..{len(self.tokens)}"
+            )
+        new = object.__new__(WaitingRequest)
+        put = object.__setattr__
+        put(new, "id", self.id)
+        put(new, "tokens", self.tokens)
+        put(new, "bid", self.bid)
+        put(new, "arrival", self.arrival)
+        put(new, "cached_len", cached_len)
+        put(new, "owner", self.owner)
+        return new
 
     @property
     def tie(self) -> tuple[float, str]:

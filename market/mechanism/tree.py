@@ -9,11 +9,13 @@ token cached for one request is cached for every request with the same prefix): 
 the deepest cached position below it, updated on the way up by every insert, removal and update.
 
 A scheduling round walks the nodes at most once, so it costs time proportional to the number of
-nodes and requests, not to the number of prompt tokens.
+nodes and requests, not to the number of prompt tokens; the DFS auctions walk only the nodes that
+changed since their last round (each node keeps the tree's version at its last change).
 """
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -22,6 +24,9 @@ from .requests import WaitingRequest, bid_checked, to_ticks
 
 INF = float("inf")
 
+# Incremental planners (settings: policy, reserve, overhead) whose state the nodes keep at once.
+PLAN_TOKENS = 8
+
 # Slices shorter than this are compared token by token; longer ones by bisecting on slice equality.
 _SHORT_EDGE = 16
 
@@ -29,9 +34,9 @@ _SHORT_EDGE = 16
 class Node:
     """A node of the request tree; its edge holds tokens ``seq[start:end]``.
 
-    A node holds the tree's state only. What a round works out about it (its block, its key, its
-    place in the order) lives in that round's Plan (plan.py), so that rounds cleared on one tree
-    do not overwrite each other.
+    A node holds the tree's state, and what incremental planners keep about it between rounds
+    (``memo``, one state per planner setting, so that rounds cleared on one tree with different
+    settings do not overwrite each other); a round's own scratch lives in its Plan (plan.py).
     """
 
     __slots__ = (
@@ -50,6 +55,13 @@ class Node:
         # on the tree and known to no Clearing, so this is tree state, not a round's; rounds
         # never touch it (lpm's in-batch check keeps a set of its own).
         "mark",
+        # The tree's version at the last change in this subtree (a request in or out, a bid or a
+        # cached length changed, the edge cut or merged): what an incremental planner compares
+        # with the version it last planned the node at.
+        "changed",
+        # An incremental planner's state at this node, by planner token (policies._dfs_states);
+        # None until one plans it. It lives and dies with the node.
+        "memo",
     )
 
     def __init__(self, parent: Node | None, seq: Sequence[int], start: int, end: int) -> None:
@@ -63,6 +75,8 @@ class Node:
         self.ew = end - start
         self.size = 0
         self.mark = -1
+        self.changed = 0
+        self.memo: dict | None = None
 
     def set_cached(self, cached: int) -> None:
         """Set the deepest cached position below this node, and so its edge's uncached tokens."""
@@ -84,15 +98,17 @@ class Node:
 
 class Entry:
     """A request in the tree: the request, the node where it ends, its tie-breaking key
-    (arrival, id) and its bid in whole ticks (requests.BID_SCALE), kept up to date by ``update``."""
+    (arrival, id), its bid in whole ticks (requests.BID_SCALE), kept up to date by ``update``,
+    and the engine's own handle on it (``RequestTree.insert``'s ``handle``; None if not given)."""
 
-    __slots__ = ("req", "node", "tie", "ticks")
+    __slots__ = ("req", "node", "tie", "ticks", "handle")
 
-    def __init__(self, req: WaitingRequest, node: Node) -> None:
+    def __init__(self, req: WaitingRequest, node: Node, handle: object = None) -> None:
         self.req = req
         self.node = node
         self.tie = (req.arrival, req.id)
         self.ticks = to_ticks(req.bid)
+        self.handle = handle
 
 
 def common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
@@ -128,6 +144,12 @@ class RequestTree:
         # order without a sort per round): keys and entries side by side.
         self._bid_keys: list[tuple] | None = None
         self._bid_entries: list[Entry] = []
+        # The type of the requests' token sequences (tuple or array("q")), set by the first:
+        # edges are compared as slices, and a tuple slice never equals an array's.
+        self._token_type: type | None = None
+        # Incremental planners' tokens by their key (``plan_token``), the most recent last.
+        self._plan_tokens: dict[tuple, int] = {}
+        self._last_token = 0
         for req in requests:
             self.insert(req)
 
@@ -144,21 +166,30 @@ class RequestTree:
         """The waiting request with this id; KeyError if it is not waiting."""
         return self.entries[request_id].req
 
-    def insert(self, req: WaitingRequest) -> None:
-        """Add a waiting request. Time proportional to its number of tokens."""
+    def insert(self, req: WaitingRequest, handle: object = None) -> None:
+        """Add a waiting request, with the engine's ``handle`` on it (kept in its Entry, for the
+        engine to read back from a round's order). Time proportional to its number of tokens."""
         if not isinstance(req, WaitingRequest):
             raise ValueError(f"expected a WaitingRequest, got {type(req).__name__}")
         if req.id in self.entries:
             raise ValueError(f"duplicate request id {req.id!r}")
         toks = req.tokens
+        if self._token_type is None:
+            self._token_type = type(toks)
+        elif type(toks) is not self._token_type:  # one type per tree: slices compare as equal
+            req = replace(req, tokens=self._tokens(toks))
+            toks = req.tokens
         length = len(toks)
+        v = self.version + 1
         node, depth = self.root, 0
         node.size += 1  # every node entered on the way down holds the request below it
+        node.changed = v
         while depth < length:
             child = node.children.get(toks[depth])
             if child is None:
                 leaf = Node(node, toks, depth, length)
                 leaf.size = 1
+                leaf.changed = v
                 node.children[toks[depth]] = leaf
                 node, depth = leaf, length
                 break
@@ -166,23 +197,53 @@ class RequestTree:
             if depth + k == child.end:
                 node, depth = child, child.end
                 node.size += 1
+                node.changed = v
                 continue
             # The request leaves (or ends inside) the child's edge: split the edge there.
             cut = depth + k
             mid = Node(node, child.seq, depth, cut)
             mid.size = child.size + 1
+            mid.changed = v
             node.children[toks[depth]] = mid
             child.parent, child.start = mid, cut
+            child.changed = v
             child.set_cached(child.cached)
             mid.children[child.seq[cut]] = child
             mid.set_cached(child.cached)
             node, depth = mid, cut
-        entry = Entry(req, node)
+        entry = Entry(req, node, handle)
         node.reqs[req.id] = entry
         self.entries[req.id] = entry
         self._raise_cached(node, req.cached_len)
         self._bid_file(entry)
         self.version += 1
+
+    def _tokens(self, tokens: Sequence[int]) -> Sequence[int]:
+        """``tokens`` as the tree's token type (ValueError if they do not fit one)."""
+        if self._token_type is array:
+            try:
+                return array("q", tokens)
+            except (OverflowError, TypeError) as exc:
+                raise ValueError(f"token ids must be 64-bit integers: {exc}") from None
+        return tuple(tokens)
+
+    def plan_token(self, key: tuple) -> int:
+        """The token under which an incremental planner with settings ``key`` keeps its state
+        in the nodes (``Node.memo``). The tree keeps the ``PLAN_TOKENS`` most recent; an older
+        key gets a new token, so its planner starts over instead of reading stale state."""
+        tokens = self._plan_tokens
+        token = tokens.pop(key, None)
+        if token is None:
+            if len(tokens) >= PLAN_TOKENS:
+                del tokens[next(iter(tokens))]
+            self._last_token += 1
+            token = self._last_token
+        tokens[key] = token  # most recent last
+        return token
+
+    def live_tokens(self) -> set[int]:
+        """The planner tokens in use (``plan_token``); a node's state under another is stale."""
+        return set(self._plan_tokens.values())
 
     def by_bid(self) -> tuple[list[tuple], list[Entry]]:
         """The waiting requests by highest bid, then earliest (arrival, id): their sort keys
@@ -234,9 +295,11 @@ class RequestTree:
         self._bid_unfile(entry)
         node = entry.node
         del node.reqs[request_id]
+        v = self.version + 1
         x = node
         while x is not None:
             x.size -= 1
+            x.changed = v
             x = x.parent
         root = self.root
         gone = entry.req.cached_len
@@ -252,6 +315,7 @@ class RequestTree:
             if len(node.children) == 1:
                 (child,) = node.children.values()
                 child.start, child.parent = node.start, parent
+                child.changed = v
                 child.set_cached(child.cached)
                 parent.children[child.seq[child.start]] = child
                 node = parent
@@ -267,17 +331,26 @@ class RequestTree:
         entry = self.entries.get(request_id)
         if entry is None:
             raise ValueError(f"request {request_id!r} is not waiting")
-        changes: dict[str, object] = {}
-        if bid is not None:
-            changes["bid"] = bid_checked(bid, request_id=request_id)
-        if cached_len is not None:
-            changes["cached_len"] = cached_len
-        old = entry.req.cached_len
-        self._bid_unfile(entry)
-        entry.req = replace(entry.req, **changes)
-        entry.ticks = to_ticks(entry.req.bid)
-        self._bid_file(entry)
-        new = entry.req.cached_len
+        req = entry.req
+        old = req.cached_len
+        if bid is None:  # the cached length alone (the engines' common case): no re-filing
+            req = req.with_cached_len(old if cached_len is None else cached_len)
+        else:
+            changes: dict[str, object] = {"bid": bid_checked(bid, request_id=request_id)}
+            if cached_len is not None:
+                changes["cached_len"] = cached_len
+            req = replace(req, **changes)
+            self._bid_unfile(entry)
+            entry.req = req
+            entry.ticks = to_ticks(req.bid)
+            self._bid_file(entry)
+        entry.req = req
+        v = self.version + 1
+        x = entry.node
+        while x is not None:
+            x.changed = v
+            x = x.parent
+        new = req.cached_len
         if new > old:
             self._raise_cached(entry.node, new)
         elif new < old:
@@ -309,6 +382,47 @@ class RequestTree:
             x.mark = stamp
             x = x.parent
 
+    def sharing(self, tokens: Sequence[int], depth: int) -> list[tuple[Entry, int]]:
+        """The waiting requests whose first ``depth`` tokens are ``tokens[:depth]``, each with
+        the length of its common prefix with ``tokens`` (at least ``depth``).
+
+        Time proportional to the nodes on the way down and the requests found: what an engine
+        needs when a cache insert or eviction along ``tokens`` changes the cached lengths of
+        exactly these requests.
+        """
+        if not self.entries:
+            return []
+        toks = tokens if type(tokens) is self._token_type else self._tokens(tokens)
+        length = len(toks)
+        if depth > length:
+            return []
+        x, pos = self.root, 0  # toks[:pos] is the path down to x's end
+        while pos < depth:
+            child = x.children.get(toks[pos])
+            if child is None:
+                return []
+            k = common_len(child.seq, toks, pos, min(child.end, length))
+            if pos + k < child.end:  # the path leaves toks (or toks ends) inside this edge
+                if pos + k < depth:
+                    return []
+                return [(e, pos + k) for e in _entries_below(child)]
+            x, pos = child, child.end
+        out: list[tuple[Entry, int]] = []
+        stack = [x]  # nodes whose path is a prefix of toks
+        while stack:
+            y = stack.pop()
+            end = y.end
+            for e in y.reqs.values():
+                out.append((e, end))
+            for c in y.children.values():
+                k = common_len(c.seq, toks, c.start, min(c.end, length)) if end < length else 0
+                if c.start + k == c.end:
+                    stack.append(c)
+                else:
+                    m = c.start + k
+                    out.extend((e, m) for e in _entries_below(c))
+        return out
+
     def nodes(self) -> list[Node]:
         """All nodes, parents before children (breadth-first)."""
         out = [self.root]
@@ -327,3 +441,12 @@ class RequestTree:
             node = node.parent
         out.reverse()
         return out
+
+
+def _entries_below(x: Node) -> Iterator[Entry]:
+    """The requests in the subtree of ``x``."""
+    stack = [x]
+    while stack:
+        y = stack.pop()
+        yield from y.reqs.values()
+        stack.extend(y.children.values())

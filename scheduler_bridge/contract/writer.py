@@ -102,13 +102,7 @@ class RoundRecorder:
         while the tree is as the round cleared it."""
         if seq is None:
             seq, _ = self.next_round()
-        want = {a.request_id for a in admitted}
-        position: dict[str, int] = {}
-        for i, rid in enumerate(clearing.order):
-            if rid in want:
-                position[rid] = i
-                if len(position) == len(want):
-                    break
+        position = clearing.positions(a.request_id for a in admitted)
         reserve = clearing.reserve
         blocks: dict = {}  # block_of's cache: one walk per top-level subtree
         entries: list[AdmittedRequest] = []

@@ -121,3 +121,26 @@ def test_long_shared_prefixes_are_compared_in_slices():
     # The system prompt is one edge under the root, each request a leaf below it.
     (shared,) = tree.root.children.values()
     assert (shared.start, shared.end, len(shared.children)) == (0, 5000, 50)
+
+
+def test_a_cached_length_update_keeps_every_other_field_and_is_checked():
+    from dataclasses import fields
+
+    req = WaitingRequest("a", [1, 2, 3], 0.5, 4.0, cached_len=1, owner="acme")
+    new = req.with_cached_len(2)
+    assert new == WaitingRequest("a", [1, 2, 3], 0.5, 4.0, cached_len=2, owner="acme")
+    assert [f.name for f in fields(WaitingRequest)] == [
+        "id",
+        "tokens",
+        "bid",
+        "arrival",
+        "cached_len",
+        "owner",
+    ]  # with_cached_len copies exactly these
+    for bad in (4, -1, True, 1.5):
+        with pytest.raises(ValueError, match="cached_len"):
+            req.with_cached_len(bad)
+    tree = RequestTree([req])
+    with pytest.raises(ValueError, match="cached_len"):
+        tree.update("a", cached_len=9)
+    assert tree.get("a") is req

@@ -1,5 +1,6 @@
 """The plugin's benchmark command runs (``python -m benchmarks.sglang_plugin``): a small size,
-its JSON rows, and a ratio that is the plugin's time over SGLang's, recomputed here."""
+its JSON rows, and ratios that are each contender's time over SGLang's dfs-weight, recomputed
+here from the same row."""
 
 from __future__ import annotations
 
@@ -7,16 +8,23 @@ import json
 
 import pytest
 
-from benchmarks.sglang_plugin import main
+from benchmarks.sglang_plugin import COLUMNS, main
 
 
 def test_the_plugin_benchmark_runs_and_writes_its_rows(tmp_path, capsys) -> None:
     out = tmp_path / "plugin.json"
-    main(["--sizes", "120", "--reps", "1", "--admitted", "8", "--json", str(out)])
+    main(["--sizes", "150", "--churn", "0.05", "--rounds", "2", "--json", str(out)])
     (row,) = json.loads(out.read_text())
-    assert row["requests"] == 120
-    assert row["sglang_dfs_weight_ms"] > 0 and row["plugin_dfs_auction_density_ms"] > 0
-    ratio = row["plugin_dfs_auction_density_ms"] / row["sglang_dfs_weight_ms"]
-    assert row["ratio"] == pytest.approx(ratio)
-    assert 0 < row["auction_ms"] <= row["plugin_dfs_auction_density_ms"] * 1.5
-    assert "SGLang dfs-weight" in capsys.readouterr().out
+    assert (row["requests"], row["churn"], row["admitted_per_round"]) == (150, 0.05, 8)
+    base = row["sglang_dfs_weight_ms"]
+    for name in COLUMNS:
+        assert row[f"{name}_ms"] > 0
+        assert row[f"{name}_ratio"] == pytest.approx(row[f"{name}_ms"] / base)
+    assert row["changes_applied"] > 0  # the plugin followed the cache's inserts
+    printed = capsys.readouterr().out
+    assert "SGLang dfs-weight" in printed and "lpm, no fallback" in printed
+
+
+def test_the_plugin_benchmark_refuses_a_churn_outside_0_to_1() -> None:
+    with pytest.raises(SystemExit):
+        main(["--sizes", "150", "--churn", "1.5"])

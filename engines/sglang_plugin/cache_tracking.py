@@ -1,0 +1,153 @@
+"""The waiting requests' cached lengths, kept up to date from the radix cache's own changes.
+
+SGLang's cache-aware policies match every waiting request against the radix cache in every
+round; at 10,000 waiting requests that matching is most of a round. The plugin matches a request
+once, when it arrives, and then follows the cache: ``CacheTracker`` wraps the ``insert``,
+``_delete_leaf`` and ``reset`` of the one ``RadixCache`` instance the scheduler uses (a thin
+wrapper of that object; SGLang's class and every other cache are left alone), notes what each
+changed, and ``apply`` brings the request tree up to date at the start of the next round:
+
+- an insert of ``t`` that found its first ``p`` tokens cached already adds ``t[p:]``: only the
+  waiting requests that share ``t`` beyond ``p`` (one page at least) gain, each up to its
+  common prefix with ``t`` (rounded down to a page), capped where SGLang caps a match
+  (``Req._compute_max_prefix_len``);
+- an evicted leaf whose parent ends at depth ``d`` takes the cache's paths through it away:
+  the waiting requests that share its path past ``d`` (one page) fall back to ``d``, capped;
+- a reset empties the cache: every cached length is 0.
+
+The request tree finds those requests by walking down the changed path (``RequestTree.sharing``),
+so a change costs the path and the requests whose cached length it changes, not the queue.
+Changes are noted when they happen (during admission, decoding, a finished request's insert)
+and applied only in the next ``order``, so that a round's Clearing stays valid until its
+admitted requests are priced.
+
+Only a plain ``RadixCache`` is followed (paged or not), and only changes and requests in its
+default namespace (no ``extra_key`` or ``cache_salt``, no EAGLE bigram keys): ``supported``
+says why another cache is not, and the plugin then matches every waiting request every round
+as SGLang does; a request in another namespace is matched every round.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from sglang.srt.mem_cache.radix_cache import RadixCache
+
+INSERT, EVICT, RESET = 0, 1, 2
+
+
+def supported(cache: Any) -> str | None:
+    """Why the plugin cannot follow this cache's changes (None: it can)."""
+    if type(cache) is not RadixCache:
+        return f"{type(cache).__name__} is not SGLang's plain RadixCache"
+    if getattr(cache, "disable", False):
+        return "the radix cache is disabled"
+    if getattr(cache, "is_eagle", False):
+        return "EAGLE's bigram keys"
+    try:
+        from sglang.srt.environ import envs
+
+        if envs.SGLANG_RADIX_FORCE_MISS.get():
+            return "SGLANG_RADIX_FORCE_MISS is set"
+    except (ImportError, AttributeError):
+        pass
+    return None
+
+
+def tracked(req: Any) -> bool:
+    """Whether a request's match lives in the cache's default namespace, which is followed."""
+    return req.extra_key is None and req.cache_salt is None
+
+
+class CacheTracker:
+    """Notes the changes of one RadixCache instance, for ``apply`` to bring cached lengths up to
+    date. ``changes`` holds them in the order they happened."""
+
+    def __init__(self, cache: RadixCache) -> None:
+        self.cache = cache
+        self.page = cache.page_size
+        self.changes: list[tuple] = []
+        self.applied = 0  # changes applied so far (for the tests and the metrics)
+        self._wrap(cache)
+
+    def _wrap(self, cache: RadixCache) -> None:
+        insert = cache.insert
+        delete_leaf = cache._delete_leaf
+        reset = cache.reset
+        page = self.page
+        changes = self.changes
+
+        def tracked_insert(params: Any) -> Any:
+            result = insert(params)
+            key = params.key
+            if key.extra_key is None and key.cache_salt is None and not key.is_bigram:
+                length = len(key) // page * page
+                if length > result.prefix_len:
+                    tokens = array("q", key.token_ids[:length])
+                    changes.append((INSERT, tokens, result.prefix_len))
+            return result
+
+        def tracked_delete_leaf(node: Any) -> Any:
+            key = node.key
+            if key.extra_key is None and key.cache_salt is None:
+                # The path to the leaf, up to its first page: the requests sharing it lose it.
+                parts = [key.token_ids[:page]]
+                depth = 0
+                x = node.parent
+                root = cache.root_node
+                while x is not root:
+                    part = x.key.token_ids[: len(x.key)]
+                    parts.append(part)
+                    depth += len(part)
+                    x = x.parent
+                tokens = array("q")
+                for part in reversed(parts):
+                    tokens.extend(part)
+                changes.append((EVICT, tokens, depth))
+            return delete_leaf(node)
+
+        def tracked_reset(*args: Any, **kwargs: Any) -> Any:
+            result = reset(*args, **kwargs)
+            changes.append((RESET,))
+            return result
+
+        cache.insert = tracked_insert
+        cache._delete_leaf = tracked_delete_leaf
+        cache.reset = tracked_reset
+
+    def apply(self, tree: Any, caps: dict[str, int], on_change: Any) -> None:
+        """Apply the noted changes to the request tree, in order: each request whose cached
+        length changes gets ``tree.update`` and ``on_change(request_id, cached)``. ``caps``:
+        each followed request's cap on its match (requests not in it are not followed)."""
+        changes = self.changes
+        if not changes:
+            return
+        page = self.page
+        for change in changes:
+            kind = change[0]
+            if kind == RESET:
+                for rid in list(caps):
+                    if tree.entries[rid].req.cached_len:
+                        tree.update(rid, cached_len=0)
+                        on_change(rid, 0)
+                continue
+            tokens, depth = change[1], change[2]
+            for entry, common in tree.sharing(tokens, depth + page):
+                rid = entry.req.id
+                cap = caps.get(rid)
+                if cap is None:
+                    continue
+                old = entry.req.cached_len
+                if kind == INSERT:
+                    new = min(common // page * page, cap)
+                    if new <= old:
+                        continue
+                else:
+                    new = min(depth, cap)
+                    if new >= old:
+                        continue
+                tree.update(rid, cached_len=new)
+                on_change(rid, new)
+        self.applied += len(changes)
+        changes.clear()

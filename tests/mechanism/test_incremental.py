@@ -1,0 +1,212 @@
+"""The DFS auctions' state kept in the nodes across rounds, and the tree's ``sharing`` walk.
+
+Each round on a maintained tree, after random arrivals, departures and bid or cached-length
+changes, must equal a round on a tree built afresh from the same requests (a from-scratch
+plan, with no state to reuse), exactly: order, completions, charges and savings.
+"""
+
+import random
+
+import pytest
+
+from market.mechanism import DFS_AUCTIONS, RequestTree, WaitingRequest, clear, clear_tree
+
+from .test_tree import check_structure, random_request
+
+SETTINGS = [
+    (policy, reserve, overhead)
+    for policy in sorted(DFS_AUCTIONS)
+    for reserve in (0.0, 1.0)
+    for overhead in (0, 3)
+]
+
+
+def assert_same_round(tree: RequestTree, live: dict[str, WaitingRequest], setting) -> None:
+    policy, reserve, overhead = setting
+    got = clear_tree(tree, policy, reserve=reserve, overhead_tokens=overhead)
+    want = clear(list(live.values()), policy, reserve=reserve, overhead_tokens=overhead)
+    assert got.order == want.order
+    assert got.completion == want.completion
+    assert got.payments == want.payments
+    for rid in want.order[:5]:
+        assert got.time_saved(rid) == want.time_saved(rid)
+        assert got.charge(rid) == want.charge(rid)
+
+
+def churn(rng: random.Random, tree: RequestTree, live: dict, step: int) -> None:
+    action = rng.random()
+    fresh = f"{step}-{rng.randrange(10**9)}"
+    if live and action < 0.35:
+        rid = rng.choice(sorted(live))
+        tree.remove(rid)
+        del live[rid]
+    elif live and action < 0.55:
+        rid = rng.choice(sorted(live))
+        old = live[rid]
+        if rng.random() < 0.5:
+            live[rid] = tree.update(rid, bid=rng.choice([0.0, 0.5, 3.0, 9.5]))
+        else:
+            live[rid] = tree.update(rid, cached_len=rng.randint(0, len(old.tokens)))
+    else:
+        req = random_request(rng, 0)
+        req = WaitingRequest(fresh, req.tokens, req.bid, req.arrival, req.cached_len)
+        tree.insert(req)
+        live[req.id] = req
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_every_round_on_a_changing_tree_equals_a_fresh_round(seed):
+    rng = random.Random(seed)
+    tree = RequestTree()
+    live: dict[str, WaitingRequest] = {}
+    for step in range(250):
+        for _ in range(rng.choice([1, 1, 2, 5])):
+            churn(rng, tree, live, step)
+        # One setting most rounds (as an engine runs), sometimes another in between.
+        setting = SETTINGS[0] if rng.random() < 0.7 else rng.choice(SETTINGS)
+        assert_same_round(tree, live, setting)
+        if step % 25 == 0:
+            check_structure(tree)
+
+
+def test_an_unchanged_tree_reuses_the_round_and_a_change_redoes_only_its_path():
+    tree = RequestTree(
+        [
+            WaitingRequest(f"g{g}-{i}", [g] * 50 + [100 + i, g], 0.5 + i + g, g * 10.0 + i)
+            for g in range(4)
+            for i in range(5)
+        ]
+    )
+    first = clear_tree(tree, "dfs-auction-density").order
+    states = {x: x.memo for x in tree.nodes() if x.memo}
+    kept = {x: next(iter(m.values())) for x, m in states.items()}
+    built = {x: s.built for x, s in kept.items()}
+    assert clear_tree(tree, "dfs-auction-density").order == first
+    assert {x: s.built for x, s in kept.items()} == built  # nothing worked out again
+    tree.update("g2-3", bid=40.0)
+    redone = clear_tree(tree, "dfs-auction-density")
+    changed = {x for x, s in kept.items() if s.built != built[x]}
+    group = tree.entries["g2-3"].node.parent
+    assert changed == {tree.root, group}  # the other groups' blocks were reused
+    assert redone.order[:5] == [f"g2-{i}" for i in (3, 4, 2, 1, 0)]
+
+
+def test_more_settings_than_the_tree_keeps_start_over_and_stay_right():
+    rng = random.Random(7)
+    tree = RequestTree()
+    live: dict[str, WaitingRequest] = {}
+    for step in range(60):
+        churn(rng, tree, live, step)
+    # Twelve reserves: more than the tree keeps states for (PLAN_TOKENS).
+    for round_ in range(3):
+        for k in range(12):
+            assert_same_round(tree, live, ("dfs-auction", k * 0.5, 0))
+        churn(rng, tree, live, 100 + round_)
+    for x in tree.nodes():
+        assert x.memo is None or len(x.memo) <= 9
+
+
+def test_a_round_stays_priced_while_other_settings_clear_the_same_tree():
+    rng = random.Random(3)
+    tree = RequestTree()
+    live: dict[str, WaitingRequest] = {}
+    for step in range(80):
+        churn(rng, tree, live, step)
+    a = clear_tree(tree, "dfs-auction", reserve=1.0)
+    want = dict(a.payments)
+    for setting in SETTINGS:
+        clear_tree(tree, setting[0], reserve=setting[1], overhead_tokens=setting[2])
+    fresh = clear_tree(tree, "dfs-auction", reserve=1.0)
+    a._payments = None  # work them out again from the plan
+    assert a.payments == want == fresh.payments
+
+
+def test_handles_positions_and_the_order_read_lazily():
+    tree = RequestTree()
+    reqs = [WaitingRequest(f"r{i}", [i % 3, i], float(i % 4), float(i)) for i in range(12)]
+    for r in reqs:
+        tree.insert(r, handle=("engine", r.id))
+    c = clear_tree(tree, "dfs-auction")
+    assert c.handles() == [("engine", rid) for rid in c.order]
+    assert list(c.iter_order()) == c.order
+    pick = [c.order[7], c.order[2]]
+    assert c.positions(pick) == {pick[0]: 7, pick[1]: 2}
+    with pytest.raises(ValueError, match="nope"):
+        c.positions(["nope"])
+    tree.remove("r0")
+    with pytest.raises(RuntimeError, match="changed"):
+        c.handles()
+
+
+def brute_sharing(reqs, tokens, depth):
+    tokens = tuple(tokens)
+    out = {}
+    for r in reqs:
+        t = tuple(r.tokens)
+        k = 0
+        while k < min(len(t), len(tokens)) and t[k] == tokens[k]:
+            k += 1
+        if k >= depth:
+            out[r.id] = k
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sharing_finds_the_requests_with_the_prefix_and_their_common_length(seed):
+    rng = random.Random(seed)
+    tree = RequestTree()
+    reqs = []
+    for i in range(120):
+        r = random_request(rng, i)
+        tree.insert(r)
+        reqs.append(r)
+    for _ in range(200):
+        base = rng.choice(reqs).tokens
+        cut = rng.randint(0, len(base))
+        tokens = list(base[:cut]) + [rng.randrange(4) for _ in range(rng.randint(0, 20))]
+        depth = rng.randint(0, len(tokens))
+        got = {e.req.id: k for e, k in tree.sharing(tokens, depth)}
+        assert len(got) == len(tree.sharing(tokens, depth))  # each request once
+        assert got == brute_sharing(reqs, tokens, depth)
+    assert tree.sharing([0, 1], 3) == []  # deeper than the tokens
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_order_book_read_off_a_dfs_plan_equals_the_walked_one(seed):
+    from market.mechanism.book import _dfs_book, _walked_book
+
+    rng = random.Random(seed)
+    tree = RequestTree()
+    live: dict[str, WaitingRequest] = {}
+    for step in range(150):
+        churn(rng, tree, live, step)
+        if step % 30 == 29:
+            for policy in sorted(DFS_AUCTIONS):
+                c = clear_tree(tree, policy, reserve=rng.choice([0.0, 1.0]), overhead_tokens=2)
+                for depth, limit in [(1, 64), (2, 32), (3, 8)]:
+                    assert _dfs_book(tree, c, depth, limit) == _walked_book(tree, c, depth, limit)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_tree_of_array_tokens_clears_as_one_of_tuples(seed):
+    from array import array
+
+    rng = random.Random(seed)
+    reqs = [random_request(rng, i) for i in range(80)]
+    as_arrays = [
+        WaitingRequest(r.id, array("q", r.tokens), r.bid, r.arrival, r.cached_len) for r in reqs
+    ]
+    assert type(as_arrays[0].tokens) is array
+    tree = RequestTree(as_arrays[:40])
+    for r in reqs[40:]:  # tuples into a tree of arrays: converted, compared alike
+        tree.insert(r)
+    for policy in sorted(DFS_AUCTIONS):
+        got = clear_tree(tree, policy, reserve=0.5, overhead_tokens=1)
+        want = clear(reqs, policy, reserve=0.5, overhead_tokens=1)
+        assert got.order == want.order and got.payments == want.payments
+    probe = reqs[3].tokens
+    assert sorted((e.req.id, k) for e, k in tree.sharing(probe, 2)) == sorted(
+        brute_sharing(reqs, probe, 2).items()
+    )
+    with pytest.raises(ValueError, match="64-bit"):
+        tree.insert(WaitingRequest("huge", (2**70,), 1.0, 0.0))

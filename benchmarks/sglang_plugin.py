@@ -7,7 +7,7 @@
 builds one waiting queue of real SGLang requests, shaped like the generated-shared-prefix
 workload (groups sharing a 256-token system prompt, every other group's cached), and runs rounds
 as a busy scheduler sees them: between two rounds ``churn`` x size requests are admitted from
-the front of each policy's order and as many new ones arrive, the admitted prompts are inserted
+the front of the plugin's order (and leave every contender's queue) and as many new ones arrive, the admitted prompts are inserted
 into the cache (as ``cache_finished_req`` does), into a KV pool (a real allocator) with room for
 twice the cached system prompts, so that after a few rounds each insert evicts (SGLang's LRU)
 what it needs room for. Each policy has its own radix cache (matching changes a cache's LRU
@@ -44,7 +44,6 @@ USER_TOKENS = (32, 160)  # per request's own part, min and max
 GROUPS_PER_1000 = 32
 SIZES = (1_000, 10_000, 100_000)
 CHURN = (0.01, 0.1)
-ADMITTED_MAX = 256  # admitted per round at most (a prefill batch), however large the churn
 
 COLUMNS = ("plugin", "plugin_every_match", "sglang_dfs_weight", "sglang_lpm", "sglang_lpm_full")
 NAMES = {
@@ -167,7 +166,7 @@ def bench(n: int, churn: float, *, rounds: int, seed: int, progress) -> dict:
     """Median milliseconds per round of each contender at ``n`` waiting, ``churn`` per round."""
     work = Workload(n, seed)
     step = max(1, round(n * churn))
-    admitted = min(step, ADMITTED_MAX)
+    admitted = step
     # KV room for twice the cached system prompts: full after a few rounds, then each insert
     # evicts (SGLang's LRU) as much as it adds.
     slots = len(work.systems[::2]) * SYSTEM_TOKENS * 2
@@ -180,20 +179,17 @@ def bench(n: int, churn: float, *, rounds: int, seed: int, progress) -> dict:
         c.queue = list(first)
         c.cache_s = 0.0
     times: dict[str, list[float]] = {name: [] for name in COLUMNS}
-    rng = random.Random(seed + 1)
     for r in range(rounds + 1):
         progress(f"n={n:,} churn={churn:g} round {r + 1}/{rounds + 1}")
         for c in contenders:
             elapsed = c.round(admitted)
             if r:  # the first round builds the plugin's tree: a warm-up
                 times[c.name].append(elapsed)
-        # The same requests leave every queue: the plugin's admitted batch, and (churn beyond
-        # one batch) clients that went away; as many arrive. The admitted prompts are cached.
+        # The same requests leave every queue (the plugin's admitted batch) and as many new
+        # ones arrive; the admitted prompts are cached.
         queue = contenders[0].queue
         batch = queue[:admitted]
         leaving = set(batch)
-        rest = queue[admitted:]
-        leaving.update(rng.sample(rest, min(len(rest), step - admitted)))
         arrivals = [work.request() for _ in range(len(leaving))]
         inserted = [list(req.origin_input_ids) for req in batch]
         for c in contenders:

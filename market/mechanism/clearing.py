@@ -112,9 +112,11 @@ class Clearing:
         return (e.req.id for e in self._entries)
 
     def handles(self) -> list[object]:
-        """The engine's handles on the requests (``RequestTree.insert``), in service order."""
+        """The engine's handles on the requests (``RequestTree.insert``), in service order (a
+        list the round may share with the planner's state: do not modify it)."""
         self._check()
-        return list(map(_handle, self._entries))
+        handles = self._plan.handles
+        return list(map(_handle, self._entries)) if handles is None else handles
 
     def positions(self, request_ids: Iterable[str]) -> dict[str, int]:
         """The position in the order of each of ``request_ids``, scanning from the front only

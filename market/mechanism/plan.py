@@ -37,7 +37,7 @@ Block = tuple[float, tuple, int, int, int, Node | Entry]
 class Plan:
     """The plan of one round, as its planner leaves it."""
 
-    __slots__ = ("order", "overhead", "cums", "blocks", "inside", "root")
+    __slots__ = ("order", "overhead", "cums", "blocks", "inside", "root", "handles")
 
     def __init__(
         self,
@@ -47,6 +47,7 @@ class Plan:
         blocks: Mapping[Node, Block] | None = None,
         inside: Mapping[Node, list[Block]] | None = None,
         root: Node | None = None,
+        handles: list[object] | None = None,
     ) -> None:
         self.order = order  # the service order
         self.overhead = overhead  # tokens of work per request besides its prompt
@@ -62,3 +63,6 @@ class Plan:
         # read as ``inside[node]`` likewise.
         self.inside = inside
         self.root = root  # DFS orders: the tree's root, where the blocks start
+        # The engine's handles on the requests of ``order`` (Entry.handle), in the same order,
+        # when the planner keeps them (the DFS auctions); None: read off the entries.
+        self.handles = handles

@@ -21,10 +21,10 @@ visits every node, and most nodes are leaves.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from .payments import ChargeRule, DfsCharges, FlatCharges
 from .plan import Block, Plan
@@ -75,6 +75,11 @@ class Policy:
 
 
 _by_tie = attrgetter("tie")
+_tie_of = itemgetter(1)
+_inner_of = itemgetter(5)
+_handle_of = attrgetter("handle")
+_bsum_of = itemgetter(3)
+_work_of = itemgetter(4)
 
 
 class _Memo:
@@ -82,19 +87,30 @@ class _Memo:
 
     ``built``: the tree's version when it was worked out; it is still right while the node has
     not changed since (``Node.changed``). ``kids``: the block of each child as of then (a
-    child unchanged since reuses it). ``inside``: the node's blocks in service order. ``block``:
-    the node's own block, its edge included. ``flat``: the requests of the subtree in service
-    order.
+    child unchanged since reuses it); ``own``: the blocks of the requests ending here.
+    ``inside``: all of them in service order; ``bsum``, ``work``: their sums; ``tie``: the earliest
+of their ties; ``nested``: how many are nodes' blocks. ``block``: the
+    node's own block, its edge included. ``flat``: the requests of the subtree in service order,
+    and ``handles`` the engine's handles on them (``Entry.handle``), in the same order.
     """
 
-    __slots__ = ("built", "kids", "inside", "block", "flat")
+    __slots__ = (
+        "built", "kids", "own", "inside", "bsum", "work", "tie", "nested", "block", "flat",
+        "handles",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.built = -1
         self.kids: dict[Node, Block] = {}
+        self.own: list[Block] = []
         self.inside: list[Block] = []
+        self.bsum = 0
+        self.work = 0
+        self.tie: tuple | None = None  # the earliest (arrival, id) among the blocks
+        self.nested = 0  # blocks that are nodes' (the others are requests')
         self.block: Block | None = None
         self.flat: list[Entry] = []
+        self.handles: list[object] = []
 
 
 class _MemoView:
@@ -149,88 +165,176 @@ def _dfs_states(tree: RequestTree, density: bool, reserve: int, overhead: int) -
     rs = _state(root, token)
     if rs is not None and root.changed <= rs.built:
         return token, rs
-    # The changed nodes holding several requests, parents before children.
+    # The changed nodes holding several requests, parents before children, each with its
+    # children that changed since it was last worked out.
     todo = [root]
+    changes: list[list[Node]] = []
     i = 0
     while i < len(todo):
         x = todo[i]
         i += 1
         xs = _state(x, token)
         built = -1 if xs is None else xs.built
-        for c in x.children.values():
-            if c.size > 1 and c.changed > built:
+        changed = [c for c in x.children.values() if c.changed > built]
+        changes.append(changed)
+        for c in changed:
+            if c.size > 1:
                 todo.append(c)
     version = tree.version
     live = tree.live_tokens
-    for x in reversed(todo):
+    for x, changed in zip(reversed(todo), reversed(changes), strict=True):
         xs = _state(x, token) or _new_state(x, token, live)
-        built = xs.built
-        old = xs.kids
-        kids: dict[Node, Block] = {}
-        blocks: list[Block] = []
-        bsum = work = 0
-        tie = None
-        for c in x.children.values():
-            if c.changed <= built:
-                block = old[c]
-            elif c.size > 1:
-                block = c.memo[token].block
-            else:
-                # A leaf holding one request, the common case: the request is its only block,
-                # and the leaf's block is the request's, its edge included (payments.request_block
-                # finds it again by the same key).
-                for e in c.reqs.values():
-                    b = e.ticks
-                    if b < reserve:
-                        b = 0
-                    cw = c.ew + overhead
-                    if density:
-                        nk = -(b / cw) if cw else -INF
-                    else:
-                        nk = -b
-                    block = (nk, e.tie, 1, b, cw, e)
-            kids[c] = block
-            blocks.append(block)
-            bsum += block[3]
-            work += block[4]
-            ct = block[1]
-            if tie is None or ct < tie:
-                tie = ct
-        for e in x.reqs.values():  # the requests ending here: a block each
-            b = e.ticks
-            if b < reserve:
-                b = 0
-            if density:
-                nk = -(b / overhead) if overhead else -INF
-            else:
-                nk = -b
-            t = e.tie
-            if tie is None or t < tie:
-                tie = t
-            bsum += b
-            work += overhead
-            blocks.append((nk, t, 1, b, overhead, e))
-        work += x.ew
+        if xs.built < 0 or 4 * len(changed) > len(xs.kids):
+            _rebuild(x, xs, token, density, reserve, overhead)
+        else:
+            _patch(x, xs, changed, token, density, reserve, overhead)
         n = x.size
+        bsum = xs.bsum
+        work = xs.work + x.ew
         if density:
             nk = -(bsum / work) if work else -INF
         else:
             nk = -(bsum / n) if n else 0.0  # n is 0 only at the root of an empty tree
-        if len(blocks) > 1:
-            blocks.sort()  # plain tuple order: (nk, tie), ties being unique among siblings
-        flat: list[Entry] = []
-        for block in blocks:
-            inner = block[5]
-            if type(inner) is Node:
-                flat.extend(inner.memo[token].flat)
-            else:
-                flat.append(inner)
-        xs.kids = kids
-        xs.inside = blocks
-        xs.block = (nk, tie, n, bsum, work, x)
+        blocks = xs.inside
+        if xs.nested:
+            flat: list[Entry] = []
+            handles: list[object] = []
+            for block in blocks:
+                inner = block[5]
+                if type(inner) is Node:
+                    inner_state = inner.memo[token]
+                    flat.extend(inner_state.flat)
+                    handles.extend(inner_state.handles)
+                else:
+                    flat.append(inner)
+                    handles.append(inner.handle)
+        else:  # requests only (a node whose children are all leaves): no loop in Python
+            flat = list(map(_inner_of, blocks))
+            handles = list(map(_handle_of, flat))
+        xs.block = (nk, xs.tie, n, bsum, work, x)
         xs.flat = flat
+        xs.handles = handles
         xs.built = version
     return token, todo[0].memo[token]
+
+
+def _child_block(c: Node, token: int, density: bool, reserve: int, overhead: int) -> Block:
+    """The block of a child: its state's, or for a leaf holding one request (the common case)
+    the request's, the leaf's edge included (payments.request_block finds it by the same key)."""
+    if c.size > 1:
+        return c.memo[token].block
+    for e in c.reqs.values():
+        b = e.ticks
+        if b < reserve:
+            b = 0
+        cw = c.ew + overhead
+        if density:
+            nk = -(b / cw) if cw else -INF
+        else:
+            nk = -b
+        return (nk, e.tie, 1, b, cw, e)
+    raise RuntimeError("a leaf without a request")  # the tree never keeps one
+
+
+def _own_blocks(x: Node, density: bool, reserve: int, overhead: int) -> list[Block]:
+    """The blocks of the requests that end at ``x``, one each."""
+    out = []
+    for e in x.reqs.values():
+        b = e.ticks
+        if b < reserve:
+            b = 0
+        if density:
+            nk = -(b / overhead) if overhead else -INF
+        else:
+            nk = -b
+        out.append((nk, e.tie, 1, b, overhead, e))
+    return out
+
+
+def _rebuild(
+    x: Node, xs: _Memo, token: int, density: bool, reserve: int, overhead: int
+) -> None:
+    """Work a node's blocks out from its children's (an unchanged child's kept) and sort them."""
+    built = xs.built
+    old = xs.kids
+    kids: dict[Node, Block] = {}
+    for c in x.children.values():
+        kids[c] = (
+            old[c] if c.changed <= built else _child_block(c, token, density, reserve, overhead)
+        )
+    own = _own_blocks(x, density, reserve, overhead)
+    blocks = [*kids.values(), *own]
+    blocks.sort()  # plain tuple order: (nk, tie), ties being unique among siblings
+    xs.kids = kids
+    xs.own = own
+    xs.inside = blocks
+    xs.bsum = sum(map(_bsum_of, blocks))
+    xs.work = sum(map(_work_of, blocks))
+    xs.tie = min(map(_tie_of, blocks)) if blocks else None
+    xs.nested = sum(1 for c in kids if c.size > 1)
+
+
+def _patch(
+    x: Node,
+    xs: _Memo,
+    changed: list[Node],
+    token: int,
+    density: bool,
+    reserve: int,
+    overhead: int,
+) -> None:
+    """Replace the blocks that changed in a node's sorted blocks: those of the children that
+    changed, of children gone (cut off or merged away) and of the requests ending here."""
+    kids = xs.kids
+    blocks = xs.inside
+    bsum = xs.bsum
+    work = xs.work
+    tie = xs.tie
+    nested = xs.nested
+    retie = False  # the earliest block went: the node's tie is looked for again
+
+    def drop(block: Block) -> None:
+        nonlocal bsum, work, nested, retie
+        i = bisect_left(blocks, block)
+        if i == len(blocks) or blocks[i][5] is not block[5]:
+            raise RuntimeError("a block went missing from its node's order")
+        del blocks[i]
+        bsum -= block[3]
+        work -= block[4]
+        if type(block[5]) is Node:
+            nested -= 1
+        if block[1] == tie:
+            retie = True
+
+    def add(block: Block) -> None:
+        nonlocal bsum, work, nested, tie
+        insort(blocks, block)
+        bsum += block[3]
+        work += block[4]
+        if type(block[5]) is Node:
+            nested += 1
+        if tie is None or block[1] < tie:
+            tie = block[1]
+
+    for block in xs.own:
+        drop(block)
+    for c in changed:
+        old = kids.get(c)
+        if old is not None:
+            drop(old)
+        kids[c] = block = _child_block(c, token, density, reserve, overhead)
+        add(block)
+    if len(kids) > len(x.children):  # children gone since (cut off, merged away): drop them
+        for c in kids.keys() - set(x.children.values()):
+            drop(kids.pop(c))
+    own = _own_blocks(x, density, reserve, overhead)
+    for block in own:
+        add(block)
+    xs.own = own
+    xs.bsum = bsum
+    xs.work = work
+    xs.nested = nested
+    xs.tie = min(map(_tie_of, blocks)) if retie and blocks else (tie if blocks else None)
 
 
 def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
@@ -249,6 +353,7 @@ def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead:
         _MemoView(token, "block"),
         _MemoView(token, "inside"),
         tree.root,
+        root_state.handles,
     )
 
 

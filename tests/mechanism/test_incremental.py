@@ -210,3 +210,56 @@ def test_a_tree_of_array_tokens_clears_as_one_of_tuples(seed):
     )
     with pytest.raises(ValueError, match="64-bit"):
         tree.insert(WaitingRequest("huge", (2**70,), 1.0, 0.0))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
+    # A few system prompts with many requests each: most rounds change a few of a node's
+    # children, which the planner patches into the node's sorted blocks instead of re-sorting.
+    import market.mechanism.policies as policies
+
+    rng = random.Random(seed)
+    systems = [[s] * 30 for s in range(4)]
+    tree = RequestTree()
+    live: dict[str, WaitingRequest] = {}
+    made = 0
+
+    def arrive():
+        nonlocal made
+        made += 1
+        toks = rng.choice(systems) + [rng.randrange(50) for _ in range(rng.randint(1, 4))]
+        req = WaitingRequest(
+            f"w{made}", toks, rng.choice([0.0, 0.5, 1.0, 4.0]), float(made),
+            cached_len=rng.choice([0, 0, 30]),
+        )  # fmt: skip
+        tree.insert(req)
+        live[req.id] = req
+
+    for _ in range(200):
+        arrive()
+    patched = 0
+    real_patch = policies._patch
+
+    def counting_patch(*args):
+        nonlocal patched
+        patched += 1
+        return real_patch(*args)
+
+    policies._patch = counting_patch
+    try:
+        for _ in range(120):
+            for _ in range(rng.randint(1, 3)):
+                what = rng.random()
+                if what < 0.4:
+                    arrive()
+                elif what < 0.7:
+                    rid = rng.choice(sorted(live))
+                    tree.remove(rid)
+                    del live[rid]
+                else:
+                    rid = rng.choice(sorted(live))
+                    live[rid] = tree.update(rid, bid=rng.choice([0.0, 2.0, 9.0]))
+            assert_same_round(tree, live, rng.choice(SETTINGS[:4]))
+    finally:
+        policies._patch = real_patch
+    assert patched > 100

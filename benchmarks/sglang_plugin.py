@@ -7,11 +7,12 @@
 builds one waiting queue of real SGLang requests, shaped like the generated-shared-prefix
 workload (groups sharing a 256-token system prompt, every other group's cached), and runs rounds
 as a busy scheduler sees them: between two rounds ``churn`` x size requests are admitted from
-the front of the plugin's order (and leave every contender's queue) and as many new ones arrive, the admitted prompts are inserted
-into the cache (as ``cache_finished_req`` does), into a KV pool (a real allocator) with room for
-twice the cached system prompts, so that after a few rounds each insert evicts (SGLang's LRU)
-what it needs room for. Each policy has its own radix cache (matching changes a cache's LRU
-state), driven by the same inserts and evictions. Timed per round, on the same queue:
+the front of the plugin's order (and leave every contender's queue), as many new ones arrive,
+and the admitted prompts are inserted into the cache (as ``cache_finished_req`` does), a KV pool
+(a real allocator) with room for twice the cached system prompts, so that after a few rounds
+each insert evicts (SGLang's LRU) what it needs room for. Each policy has its own radix cache
+(matching changes a cache's LRU state), driven by the same inserts. Timed per round, on the
+same queue:
 
 - ``plugin``: the market's round as the scheduler runs it: ``calc_priority`` (the queue's diff,
   the cache's changes since the last round applied to the tree, one dfs-auction-density round)

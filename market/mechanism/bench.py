@@ -120,16 +120,16 @@ def main(argv: list[str] | None = None) -> int:
 
     kinds = ("order_s", "plan_s", "plan_pay_s", "clear_s", "changed_s")
     names = ("order", "plan", "plan+pay", "clear", "1% changed")
-    head = f"{'requests':>9} {'policy':<20}" + "".join(f"{n + ' ms':>12}" for n in names)
-    head += "".join(f"{n + '/fcfs':>14}" for n in names)
+    head = f"{'requests':>9} {'policy':<20}" + "".join(f"{n + ' ms':>15}" for n in names)
+    head += "".join(f"{n + '/fcfs':>17}" for n in names)
     print(head)
     for n, per in results.items():
         base = per["fcfs"]
         for policy, t in per.items():
             print(
                 f"{n:>9,} {policy:<20}"
-                + "".join(f"{t[k] * 1e3:>12.1f}" for k in kinds)
-                + "".join(f"{t[k] / base[k]:>14.2f}" for k in kinds)
+                + "".join(f"{t[k] * 1e3:>15.1f}" for k in kinds)
+                + "".join(f"{t[k] / base[k]:>17.2f}" for k in kinds)
             )
     sizes = list(results)
     for a, b in zip(sizes, sizes[1:], strict=False):

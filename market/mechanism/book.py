@@ -80,21 +80,7 @@ def _walked_book(
             children = sorted(node.children.values(), key=lambda c: stats[c][3])
             for rank, c in enumerate(children):
                 n, bsum, work, first = stats[c]
-                dollars = bsum / BID_SCALE
-                rows.append(
-                    SubtreeRow(
-                        prefix=c.seq[: c.end],
-                        depth=depth + 1,
-                        cached_tokens=min(c.cached, c.end),
-                        requests=n,
-                        bid_sum=dollars,
-                        bid_mean=dollars / n,
-                        density=dollars / work if work else 0.0,
-                        work=work,
-                        rank=rank,
-                        first_position=first,
-                    )
-                )
+                rows.append(_row(c, depth + 1, n, bsum, work, rank, first))
                 below.append((c, depth + 1))
         level = below
     rows.sort(key=lambda r: (r.depth, -r.requests, r.first_position))
@@ -128,25 +114,27 @@ def _dfs_book(
                 start += n
         level = below
     found.sort(key=lambda f: f[:3])  # positions are unique: the sort never reaches the nodes
-    rows = []
-    for depth, _, start, rank, c, block in found[:limit]:
-        n, bsum, work = block[2], block[3], block[4]
-        dollars = bsum / BID_SCALE
-        rows.append(
-            SubtreeRow(
-                prefix=c.seq[: c.end],
-                depth=depth,
-                cached_tokens=min(c.cached, c.end),
-                requests=n,
-                bid_sum=dollars,
-                bid_mean=dollars / n,
-                density=dollars / work if work else 0.0,
-                work=work,
-                rank=rank,
-                first_position=start,
-            )
-        )
-    return rows
+    return [
+        _row(c, depth, block[2], block[3], block[4], rank, start)
+        for depth, _, start, rank, c, block in found[:limit]
+    ]
+
+
+def _row(c: Node, depth: int, n: int, bsum: int, work: int, rank: int, first: int) -> SubtreeRow:
+    """A subtree's row, from its totals (effective bids in ticks, work in tokens)."""
+    dollars = bsum / BID_SCALE
+    return SubtreeRow(
+        prefix=c.seq[: c.end],
+        depth=depth,
+        cached_tokens=min(c.cached, c.end),
+        requests=n,
+        bid_sum=dollars,
+        bid_mean=dollars / n,
+        density=dollars / work if work else 0.0,
+        work=work,
+        rank=rank,
+        first_position=first,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,10 +88,10 @@ class _Memo:
     ``built``: the tree's version when it was worked out; it is still right while the node has
     not changed since (``Node.changed``). ``kids``: the block of each child as of then (a
     child unchanged since reuses it); ``own``: the blocks of the requests ending here.
-    ``inside``: all of them in service order; ``bsum``, ``work``: their sums; ``tie``: the earliest
-of their ties; ``nested``: how many are nodes' blocks. ``block``: the
-    node's own block, its edge included. ``flat``: the requests of the subtree in service order,
-    and ``handles`` the engine's handles on them (``Entry.handle``), in the same order.
+    ``inside``: all of them in service order; ``bsum``, ``work``: their sums; ``tie``: the
+    earliest of their ties; ``nested``: how many are nodes' blocks. ``block``: the node's own
+    block, its edge included. ``flat``: the requests of the subtree in service order, and
+    ``handles`` the engine's handles on them (``Entry.handle``), in the same order.
     """
 
     __slots__ = (
@@ -251,9 +251,7 @@ def _own_blocks(x: Node, density: bool, reserve: int, overhead: int) -> list[Blo
     return out
 
 
-def _rebuild(
-    x: Node, xs: _Memo, token: int, density: bool, reserve: int, overhead: int
-) -> None:
+def _rebuild(x: Node, xs: _Memo, token: int, density: bool, reserve: int, overhead: int) -> None:
     """Work a node's blocks out from its children's (an unchanged child's kept) and sort them."""
     built = xs.built
     old = xs.kids

@@ -54,6 +54,16 @@ def churn(rng: random.Random, tree: RequestTree, live: dict, step: int) -> None:
         live[req.id] = req
 
 
+def grown(seed: int, steps: int) -> tuple[random.Random, RequestTree, dict]:
+    """A tree after ``steps`` random changes, with its requests by id and the generator."""
+    rng = random.Random(seed)
+    tree = RequestTree()
+    live: dict[str, WaitingRequest] = {}
+    for step in range(steps):
+        churn(rng, tree, live, step)
+    return rng, tree, live
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_every_round_on_a_changing_tree_equals_a_fresh_round(seed):
     rng = random.Random(seed)
@@ -92,11 +102,7 @@ def test_an_unchanged_tree_reuses_the_round_and_a_change_redoes_only_its_path():
 
 
 def test_more_settings_than_the_tree_keeps_start_over_and_stay_right():
-    rng = random.Random(7)
-    tree = RequestTree()
-    live: dict[str, WaitingRequest] = {}
-    for step in range(60):
-        churn(rng, tree, live, step)
+    rng, tree, live = grown(7, 60)
     # Twelve reserves: more than the tree keeps states for (PLAN_TOKENS).
     for round_ in range(3):
         for k in range(12):
@@ -107,11 +113,7 @@ def test_more_settings_than_the_tree_keeps_start_over_and_stay_right():
 
 
 def test_a_round_stays_priced_while_other_settings_clear_the_same_tree():
-    rng = random.Random(3)
-    tree = RequestTree()
-    live: dict[str, WaitingRequest] = {}
-    for step in range(80):
-        churn(rng, tree, live, step)
+    _, tree, live = grown(3, 80)
     a = clear_tree(tree, "dfs-auction", reserve=1.0)
     want = dict(a.payments)
     for setting in SETTINGS:
@@ -175,9 +177,7 @@ def test_sharing_finds_the_requests_with_the_prefix_and_their_common_length(seed
 def test_the_order_book_read_off_a_dfs_plan_equals_the_walked_one(seed):
     from market.mechanism.book import _dfs_book, _walked_book
 
-    rng = random.Random(seed)
-    tree = RequestTree()
-    live: dict[str, WaitingRequest] = {}
+    rng, tree, live = grown(seed, 0)
     for step in range(150):
         churn(rng, tree, live, step)
         if step % 30 == 29:

@@ -4,13 +4,14 @@
 ``waiting_queue`` (a list of SGLang ``Req`` that SGLang appends to and admits from):
 
 - ``order(waiting_queue)`` (one call per prefill attempt, from ``calc_priority``) diffs the queue
-  against the tree by identity (set operations, no Python work per unchanged request): new
-  requests are inserted (their bid read and checked, their prefix matched once with SGLang's
-  own ``match_kv_cache``), gone ones removed. The cached lengths of the requests already
-  waiting follow the radix cache's own changes since the last round (``cache_tracking``), so
-  they are not matched again; with a cache the plugin cannot follow, every waiting request is
-  matched again, as SGLang's cache-aware policies do. Then one round of ``clear_tree`` (which
-  works out again only the subtrees that changed) orders the queue in place;
+  against the tree, looking only at its tail where SGLang appends (a full diff, by identity,
+  only when a request left without a round): new requests are inserted (their bid read and
+  checked, their prefix matched once with SGLang's own ``match_kv_cache``), gone ones removed.
+  The cached lengths of the requests already waiting follow the radix cache's own changes since
+  the last round (``cache_tracking``), so they are not matched again; with a cache the plugin
+  cannot follow, every waiting request is matched again, as SGLang's cache-aware policies do.
+  Then one round of ``clear_tree`` (which works out again only the subtrees that changed)
+  orders the queue in place;
 - ``finish_round(batch_reqs)`` (after the scheduler admitted) prices the requests of the round's
   order that made it into the prefill batch, from that round's Clearing, and removes them.
 
@@ -53,6 +54,16 @@ from . import cache_tracking, metrics
 from .config import MARKET_POLICIES, PluginConfig
 
 log = logging.getLogger(__name__)
+
+
+def _waiting_prefix_refresh() -> bool:
+    """SGLang's switch for refreshing the waiting requests' prefixes (on unless turned off)."""
+    try:
+        from sglang.srt.environ import envs
+
+        return bool(envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get())
+    except (ImportError, AttributeError):
+        return True
 
 
 def bid_of(req: Req) -> float:
@@ -196,7 +207,7 @@ class MarketQueue:
         ``WAITING_PREFIX_REFRESH_INTERVAL`` rounds the first ``WAITING_QUEUE_PREFIX_MATCH_MAX``
         requests' prefixes are touched, head last, so that eviction takes the prefixes served
         last first. (Matching every request every round touched them all.)"""
-        if self.tracker is None:
+        if self.tracker is None or not _waiting_prefix_refresh():
             return
         self._orders += 1
         if self._orders % WAITING_PREFIX_REFRESH_INTERVAL != 1:

@@ -147,3 +147,24 @@ def test_a_cache_it_cannot_follow_is_matched_every_round_as_sglang_does() -> Non
     cache.insert(InsertParams(key=RadixKey(array("q", [1, 2]))))
     pol.calc_priority(queue)
     assert pol.market.tree.get("a").cached_len == 2
+
+
+def test_waiting_prefixes_are_not_matched_each_round_but_the_head_is_touched_every_32() -> None:
+    cache = paged_pool(4096, 1)
+    pol, _ = market_policy("dfs-auction", cache)
+    insert(cache, [1] * 20)  # the prefix of the high bid, first in the order
+    insert(cache, [2] * 20)
+    nodes = {node.key.token_ids[0]: node for node in cache.root_node.children.values()}
+    queue = [
+        make_req("low", [2] * 20 + [7], bid=0.1, arrival=1.0),
+        make_req("high", [1] * 20 + [8], bid=5.0, arrival=2.0),
+    ]
+    pol.calc_priority(queue)  # matched on arrival; the first round refreshes the head
+    assert [r.rid for r in queue] == ["high", "low"]
+    for node in nodes.values():
+        node.last_access_time = 0.0
+    for _ in range(31):  # no request is matched again: the cache is not touched
+        pol.calc_priority(queue)
+    assert [n.last_access_time for n in nodes.values()] == [0.0, 0.0]
+    pol.calc_priority(queue)  # the 33rd round: the head's prefixes touched, the head last
+    assert nodes[1].last_access_time >= nodes[2].last_access_time > 0.0

@@ -248,7 +248,7 @@ def dfs_payments(
     # prefix-sum rounding can stray by a few ulps.
     if own is not None:
         for k, amount in enumerate(own.amounts):
-            if amount and pay[k]:
+            if amount:
                 pay[k] = max(pay[k] - amount, float(reserve * saved[k]))
     for k, amount in enumerate(pay):
         if amount:

@@ -90,3 +90,29 @@ def test_the_myerson_charge_less_the_delay_on_its_own_tenant(reqs, owners, reser
         assert c.payments[r.id] == pytest.approx(expected, abs=(high - low) / 2 + 1e-9)
         if r.bid >= reserve:
             assert c.payments[r.id] >= reserve * saved - 1e-9
+
+
+def test_a_tenant_charge_is_owed_where_the_standard_charge_is_zero():
+    # Worked by hand. Under dfs-auction-density (overhead 0, 1 token/s) the root has two blocks:
+    # [0] = r0 (cached, no work) + r3's leaf (1 token): bids 0.5 over work 1; and
+    # [1] = r1, r2 (cached, no work) + r4's leaf (1 token): bids 0.75 over work 1. [1] goes
+    # first. With r1 at 0, [1] has 0.5 / 1, a tie with [0], which the earlier tie (r0) wins: r1's
+    # bid passes [0] at a critical bid of 0, so its standard charge is 0 (what it delays, r0 and
+    # r3 by 1 token, 0.5 $, its own block gains back). Tenant-level, r0, r2 and r4 are its own
+    # tenant's (x): r1 owes the delay on r3 (tenant y) alone, 0.25 $ x 1 s. Likewise r2 and r4.
+    reqs = [
+        WaitingRequest("r0", (0,), 0.25, 0.0, cached_len=1, owner="x"),
+        WaitingRequest("r1", (1,), 0.25, 0.0, cached_len=1, owner="x"),
+        WaitingRequest("r2", (1,), 0.25, 0.0, owner="x"),
+        WaitingRequest("r3", (0, 0), 0.25, 0.0, owner="y"),
+        WaitingRequest("r4", (1, 0), 0.25, 0.0, owner="x"),
+    ]
+    kw = {"tokens_per_second": 1.0, "overhead_tokens": 0}
+    standard = clear(reqs, "dfs-auction-density", **kw)
+    tenant = clear(reqs, "dfs-auction-density", charge_scope="tenant", **kw)
+    assert standard.order == tenant.order == ["r1", "r2", "r4", "r0", "r3"]
+    assert standard.payments == {"r1": 0.0, "r2": 0.0, "r4": 0.0, "r0": 0.0, "r3": 0.0}
+    assert tenant.payments == pytest.approx(
+        {"r1": 0.25, "r2": 0.25, "r4": 0.25, "r0": 0.0, "r3": 0.0}
+    )
+    assert tenant.charge("r1") == pytest.approx(0.25)

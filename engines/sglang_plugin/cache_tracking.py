@@ -62,7 +62,9 @@ def tracked(req: Any) -> bool:
 
 class CacheTracker:
     """Notes the changes of one RadixCache instance, for ``apply`` to bring cached lengths up to
-    date. ``changes`` holds them in the order they happened."""
+    date. ``changes`` holds them in the order they happened: (INSERT, tokens, cached before),
+    (EVICT, the leaf's path as (token ids, length) pairs from the leaf up, its parent's depth),
+    (RESET,)."""
 
     def __init__(self, cache: RadixCache) -> None:
         self.cache = cache
@@ -91,20 +93,19 @@ class CacheTracker:
         def tracked_delete_leaf(node: Any) -> Any:
             key = node.key
             if key.extra_key is None and key.cache_salt is None:
-                # The path to the leaf, up to its first page: the requests sharing it lose it.
-                parts = [key.token_ids[:page]]
+                # The path to the leaf, up to its first page (the requests sharing it lose it):
+                # the keys, leaf first, joined only when applied. The cache replaces a node's
+                # key when it splits the node and never changes the tokens of one in place.
+                parts = [(key.token_ids, page)]
                 depth = 0
                 x = node.parent
                 root = cache.root_node
                 while x is not root:
-                    part = x.key.token_ids[: len(x.key)]
-                    parts.append(part)
-                    depth += len(part)
+                    n = len(x.key)
+                    parts.append((x.key.token_ids, n))
+                    depth += n
                     x = x.parent
-                tokens = array("q")
-                for part in reversed(parts):
-                    tokens.extend(part)
-                changes.append((EVICT, tokens, depth))
+                changes.append((EVICT, parts, depth))
             return delete_leaf(node)
 
         def tracked_reset(*args: Any, **kwargs: Any) -> Any:
@@ -123,6 +124,10 @@ class CacheTracker:
         changes = self.changes
         if not changes:
             return
+        if not tree.entries:  # nobody waiting: nothing to bring up to date
+            self.applied += len(changes)
+            changes.clear()
+            return
         page = self.page
         for change in changes:
             kind = change[0]
@@ -133,6 +138,11 @@ class CacheTracker:
                         on_change(rid, 0)
                 continue
             tokens, depth = change[1], change[2]
+            if kind == EVICT:
+                path = array("q")
+                for ids, n in reversed(tokens):
+                    path.extend(ids[:n])
+                tokens = path
             for entry, common in tree.sharing(tokens, depth + page):
                 rid = entry.req.id
                 cap = caps.get(rid)

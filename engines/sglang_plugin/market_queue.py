@@ -112,9 +112,9 @@ class MarketQueue:
         self.tree = RequestTree()
         self.recorder = recorder
         self.emit = emit
-        # rid -> (the Req, its queue entry time, its token count), for the requests in the tree.
-        self._known: dict[str, tuple[Req, float, int]] = {}
-        self._members: dict[int, str] = {}  # id() of the same requests: the queue's diff
+        # id() -> market id of the requests in the tree (each Entry's handle is its Req): the
+        # queue's diff.
+        self._members: dict[int, str] = {}
         self._outside: dict[int, Req] = {}  # waiting requests kept out of the tree (the front)
         # The radix cache's changes, followed (None: a cache the plugin cannot follow, whose
         # waiting requests are all matched every round); each followed request's cap on its
@@ -141,7 +141,6 @@ class MarketQueue:
     def reset(self) -> None:
         """Forget every request; the next ``order`` rebuilds the tree from the queue."""
         self.tree = RequestTree()
-        self._known.clear()
         self._members.clear()
         self._outside.clear()
         self._caps.clear()
@@ -296,7 +295,7 @@ class MarketQueue:
         output = req.output_ids
         # A copy (SGLang's arrays are the request's own): array("q") as SGLang keeps them.
         tokens = req.origin_input_ids + output if output else array("q", req.origin_input_ids)
-        if rid in self._known:  # the same id twice in the queue: the second waits outside
+        if rid in self.tree:  # the same id twice in the queue: the second waits outside
             self._unreadable(req, ValueError(f"request id {rid!r} is already waiting"))
             self._outside[id(req)] = req
             return
@@ -318,7 +317,6 @@ class MarketQueue:
             self._unreadable(req, exc)
             self._outside[id(req)] = req
             return
-        self._known[rid] = (req, arrival, len(tokens))
         self._members[id(req)] = rid
         if self.tracker is not None and cache_tracking.tracked(req):
             self._caps[rid] = req._compute_max_prefix_len(len(tokens))
@@ -327,8 +325,7 @@ class MarketQueue:
 
     def _forget(self, rid: str) -> None:
         """Take a request out of the tree (admitted, or gone from the queue)."""
-        req = self._known.pop(rid)[0]
-        del self._members[id(req)]
+        del self._members[id(self.tree.entries[rid].handle)]
         self._caps.pop(rid, None)
         self._rematch.discard(rid)
         self.tree.remove(rid)
@@ -337,12 +334,10 @@ class MarketQueue:
         """Match the requests the cache's changes do not tell about, as SGLang would."""
         tree = self.tree
         entries = tree.entries
-        known = self._known
         cache = self.tree_cache
         for rid in self._rematch:
-            req = known[rid][0]
-            output = req.output_ids
-            match_kv_cache(req, cache, req.origin_input_ids + output if output else None)
+            req = entries[rid].handle
+            match_kv_cache(req, cache)  # its prompt and output, as SGLang matches it
             cached = req.num_matched_prefix_tokens
             if entries[rid].req.cached_len != cached:
                 tree.update(rid, cached_len=cached)
@@ -350,7 +345,7 @@ class MarketQueue:
     def _cached_changed(self, rid: str, cached: int) -> None:
         """A followed request's cached length changed: SGLang's field for it says so too (its
         load reports read it)."""
-        self._known[rid][0].num_matched_prefix_tokens = cached
+        self.tree.entries[rid].handle.num_matched_prefix_tokens = cached
 
     def _unreadable(self, req: Req, exc: Exception) -> None:
         """A request the market cannot place in its tree: SGLang serves it in queue order,
@@ -414,7 +409,7 @@ class MarketQueue:
             return
         infos = []
         for rid, req in admitted:
-            prompt_tokens = self._known[rid][2]
+            prompt_tokens = len(self.tree.get(rid).tokens)
             # SGLang's match at admission (init_next_round_input), at most all but one token.
             cached = min(req.prefix_len, prompt_tokens)
             infos.append(AdmittedInfo(rid, prompt_tokens, cached))

@@ -124,8 +124,7 @@ class _MemoView:
         self.attr = attr
 
     def __getitem__(self, node: Node):
-        memo = node.memo
-        state = None if memo is None else memo.get(self.token)
+        state = _state(node, self.token)
         if state is None:
             raise RuntimeError(
                 "the round's planner state is gone (more rounds with other settings cleared "

@@ -341,7 +341,6 @@ class RequestTree:
                 changes["cached_len"] = cached_len
             req = replace(req, **changes)
             self._bid_unfile(entry)
-            entry.req = req
             entry.ticks = to_ticks(req.bid)
             self._bid_file(entry)
         entry.req = req

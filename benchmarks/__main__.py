@@ -1,13 +1,17 @@
 """``python -m benchmarks``: the policies side by side on the simulated engine.
 
-    python -m benchmarks                         # gsp, load 0.9, all six policies
+    python -m benchmarks                         # gsp 256 x 8, load 1.5, every policy
     python -m benchmarks --load 0.5,0.9,1.5 --html report.html
     python -m benchmarks --workload agents --policies lpm,dfs-auction
     python -m benchmarks --trace requests.jsonl --time-scale 0.5
-    python -m benchmarks --sweep --json sweep.json
+    python -m benchmarks --sweep --json sweep.json --html sweep.html
 
 Every policy runs on a fresh engine over the same arrivals, in virtual time. Load is a fraction
 of the engine's measured capacity on the workload (runner.py says how it is measured).
+
+The default run is one where the policies differ: 256 system prompts of 2048 tokens (524k
+tokens, more than the engine's 400k of KV cache) with 8 requests each, at 1.5 x capacity, so a
+queue forms and prefixes are evicted while requests still wait for them.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from scheduler_bridge.contract.knobs import MarketKnobs
 from . import html as html_report
 from .bids import BID_DISTRIBUTIONS, BidSpec
 from .progress import Progress
-from .report import findings_table, policy_table
+from .report import findings_table, goal_table, point_goals, policy_table
 from .runner import Capacities, Point, run_point
 from .sweep import (
     DEFAULT_GROUPS,
+    DEFAULT_KV_CAPACITIES,
     DEFAULT_LOADS,
     DEFAULT_REQUESTS,
     FINDING_POLICIES,
@@ -75,11 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--load",
         type=_floats,
         default=None,
-        help="arrival rate as a fraction of measured capacity; a list runs each (default 0.9)",
+        help="arrival rate as a fraction of measured capacity; a list runs each (default 1.5)",
     )
     g = p.add_argument_group("gsp (SGLang bench_serving generated-shared-prefix)")
-    g.add_argument("--gsp-num-groups", type=int, default=64)
-    g.add_argument("--gsp-prompts-per-group", type=int, default=16)
+    g.add_argument("--gsp-num-groups", type=int, default=256)
+    g.add_argument("--gsp-prompts-per-group", type=int, default=8)
     g.add_argument("--gsp-system-prompt-len", type=int, default=2048)
     g.add_argument("--gsp-question-len", type=int, default=128)
     g.add_argument("--gsp-output-len", type=int, default=256)
@@ -113,11 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="EngineConfig or MarketKnobs override",
     )
-    s = p.add_argument_group("sweep (gsp: load x sharing, total requests fixed)")
+    s = p.add_argument_group("sweep (gsp: KV capacity x sharing x load, total requests fixed)")
     s.add_argument("--sweep", action="store_true")
     s.add_argument("--sweep-loads", type=_floats, default=DEFAULT_LOADS)
     s.add_argument("--sweep-groups", type=_ints, default=DEFAULT_GROUPS)
     s.add_argument("--sweep-requests", type=int, default=DEFAULT_REQUESTS)
+    s.add_argument(
+        "--sweep-kv",
+        type=_ints,
+        default=DEFAULT_KV_CAPACITIES,
+        metavar="TOKENS",
+        help="KV cache capacities (tokens), comma-separated; replaces kv_capacity_tokens",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="OUT", help="write the metrics as JSON")
     o.add_argument("--html", metavar="OUT", help="write a self-contained Plotly report")
@@ -187,6 +199,7 @@ def _point_json(point: Point) -> dict[str, object]:
         "rate_rps": point.rate_rps,
         "requests": point.workload.requests_total,
         "policies": {name: run.metrics.as_dict() for name, run in point.runs.items()},
+        "goals": {name: g.as_dict() for name, g in point_goals(point).items()},
     }
 
 
@@ -210,6 +223,7 @@ def to_json(
     doc: dict[str, object] = {
         "meta": meta,
         "policies": {name: run.metrics.as_dict() for name, run in first.runs.items()},
+        "goals": {name: g.as_dict() for name, g in point_goals(first).items()},
     }
     extra: dict[str, object] = {}
     if len(main) > 1:
@@ -218,6 +232,7 @@ def to_json(
         extra["grid"] = [
             {
                 **_point_json(sp.point),
+                "kv_capacity_tokens": sp.kv_capacity_tokens,
                 "groups": sp.groups,
                 "prompts_per_group": sp.prompts_per_group,
                 "findings": sp.findings.as_dict(),
@@ -250,11 +265,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload = _workload(args, bids)
     except (ValueError, OSError) as exc:  # TraceError is a ValueError
         parser.error(str(exc))
-    loads: tuple[float | None, ...] = (None,) if args.trace else (args.load or (0.9,))
+    loads: tuple[float | None, ...] = (None,) if args.trace else (args.load or (1.5,))
     total = len(loads) * len(policies) * workload.requests_total
     if args.sweep:
         total += (
-            len(args.sweep_loads)
+            len(args.sweep_kv)
+            * len(args.sweep_loads)
             * len(policies)
             * sweep_requests(args.sweep_groups, args.sweep_requests)
         )
@@ -290,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loads=args.sweep_loads,
                 groups=args.sweep_groups,
                 requests=args.sweep_requests,
+                kv_capacities=args.sweep_kv,
                 knobs=knobs,
                 seed=args.seed,
                 capacities=capacities,
@@ -302,8 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress.close()
     tables = [policy_table(p) for p in main_points]
     print("\n\n".join(tables))
-    findings = findings_table(sweep_points) if sweep_points else None
-    if findings:
+    findings = None
+    if sweep_points:
+        findings = findings_table(sweep_points) + "\n\n" + goal_table(sweep_points)
         print()
         print(findings)
     if args.json:

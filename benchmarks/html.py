@@ -1,7 +1,9 @@
 """``--html OUT``: a self-contained Plotly report (plotly.js inline, no CDN, works offline).
 
 Figures: the TTFT CDF per policy, welfare and cache-hit bars, latency by bid class per policy,
-and for sweeps, mean TTFT / cache hit rate / welfare against load and against sharing.
+the goal's trade-off (TTFT against the best bid-blind policy vs welfare capture, a marker per
+bid-using policy and point), and for sweeps, mean TTFT / cache hit rate / welfare against load
+and against sharing.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from .goal import CAPTURE_MIN, TTFT_SLACK
 from .metrics import by_class
-from .report import point_header
+from .report import point_goals, point_header
 from .runner import Point
 from .sweep import SweepPoint
 
@@ -26,6 +29,7 @@ _COLORS = {
     "highest-bid": "#d62728",
     "dfs-auction": "#2ca02c",
     "dfs-auction-density": "#9467bd",
+    "dfs-auction-kv": "#ff7f0e",
 }
 _SWEEP_METRICS = (
     ("mean_ttft_s", "mean TTFT (s)"),
@@ -104,6 +108,39 @@ def latency_by_class(point: Point) -> go.Figure:
                 col=col,
             )
     fig.update_layout(title="Latency by bid class", barmode="group")
+    return fig
+
+
+def goal_tradeoff(points: list[tuple[str, Point]]) -> go.Figure:
+    """Mean TTFT / the best bid-blind policy's against welfare capture, a marker per bid-using
+    policy and labelled point; the goal is the lower right of the dashed lines."""
+    fig = go.Figure()
+    series: dict[str, tuple[list[float], list[float], list[str]]] = {}
+    for label, point in points:
+        for name, g in point_goals(point).items():
+            xs, ys, texts = series.setdefault(name, ([], [], []))
+            xs.append(g.capture)
+            ys.append(g.ttft_vs_best)
+            texts.append(f"{label}: hit {g.hit_gap_pp:+.2f} pp vs lpm")
+    for name, (xs, ys, texts) in series.items():
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                text=texts,
+                name=name,
+                mode="markers",
+                marker={"color": _color(name), "size": 9},
+                hovertemplate="%{text}<br>capture %{x:.2f}, TTFT %{y:.3f}x<extra></extra>",
+            )
+        )
+    fig.add_hline(y=TTFT_SLACK, line_dash="dash", line_color="#888")
+    fig.add_vline(x=CAPTURE_MIN, line_dash="dash", line_color="#888")
+    fig.update_layout(
+        title="The goal's trade-off: TTFT ratio vs welfare capture",
+        xaxis_title="capture of highest-bid's welfare gain over lpm",
+        yaxis_title="mean TTFT / best of lpm, dfs-weight",
+    )
     return fig
 
 
@@ -188,11 +225,29 @@ def write_report(
     """Write the report for the main run (its first point in detail) and the sweep, if any."""
     first = main[0]
     figures = [ttft_cdf(first), welfare_and_hits(first), latency_by_class(first)]
+    if sweep:
+        figures.append(
+            goal_tradeoff(
+                [
+                    (
+                        f"kv {sp.kv_capacity_tokens // 1000}k, {sp.groups} groups, "
+                        f"load {sp.point.load:g}",
+                        sp.point,
+                    )
+                    for sp in sweep
+                ]
+            )
+        )
+    elif any(point_goals(p) for p in main):
+        figures.append(goal_tradeoff([(point_header(p), p) for p in main]))
     if len(main) > 1:
         figures.append(vs_load([(None, p) for p in main]))
     if sweep:
-        figures.append(vs_load([(sp.groups, sp.point) for sp in sweep]))
-        figures.append(vs_sharing(sweep))
+        for kv in sorted({sp.kv_capacity_tokens for sp in sweep}, reverse=True):
+            at = [sp for sp in sweep if sp.kv_capacity_tokens == kv]
+            for fig in (vs_load([(sp.groups, sp.point) for sp in at]), vs_sharing(at)):
+                fig.update_layout(title=f"{fig.layout.title.text}, KV cache {kv // 1000}k tokens")
+                figures.append(fig)
     divs = [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
     pre = "\n\n".join(html.escape(t) for t in tables + ([findings] if findings else []))
     page = (

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import math
 
+from .goal import (
+    CAPTURE_MIN,
+    HIT_SLACK_PP,
+    NO_GAIN,
+    TTFT_SLACK,
+    Goal,
+    checked_policies,
+    goals,
+)
 from .metrics import METRIC_KEYS, ratio
 from .runner import Point
 from .sweep import SweepPoint
@@ -43,8 +52,23 @@ def point_header(point: Point) -> str:
     return line
 
 
+def _checks(goal: Goal | None) -> str:
+    """The goal's three checks as ``yes/no/yes`` (hit/TTFT/capture); "-" without a goal."""
+    if goal is None:
+        return "-"
+    return "/".join("n/a" if ok is None else "yes" if ok else "no" for ok in goal.passes)
+
+
+def point_goals(point: Point) -> dict[str, Goal]:
+    """The goal's figures of the point's bid-using policies (goal.py); empty without the
+    policies it compares with."""
+    metrics = {name: run.metrics for name, run in point.runs.items()}
+    return goals(metrics, checked_policies(list(metrics)))
+
+
 def policy_table(point: Point, base: str = BASE_POLICY) -> str:
-    """One row per policy: every metric with its ratio to ``base`` (lpm), and the wall time.
+    """One row per policy: every metric with its ratio to ``base`` (lpm), the goal's capture
+    and checks for the bid-using policies (goal.py), and the wall time.
 
     Welfare is a loss (negative), so a welfare ratio below 1 means less waiting cost than lpm.
     Without ``base`` in the run, the ratios are to the first policy.
@@ -53,6 +77,7 @@ def policy_table(point: Point, base: str = BASE_POLICY) -> str:
     if base not in runs:
         base = next(iter(runs))
     ref = runs[base].metrics.as_dict()
+    met = point_goals(point)
     cells: list[list[str]] = []
     for run in runs.values():
         values = run.metrics.as_dict()
@@ -60,13 +85,19 @@ def policy_table(point: Point, base: str = BASE_POLICY) -> str:
         for key in METRIC_KEYS:
             fmt = _COLUMNS[key][1]
             row.append(f"{_num(fmt, values[key])} {_ratio(values[key], ref[key])}")
+        goal = met.get(run.policy)
+        row.append("-" if goal is None else _num("{:.2f}", goal.capture))
+        row.append(_checks(goal))
         row.append(f"{run.wall_s:.1f}")
         cells.append(row)
-    titles = ["policy"] + [_COLUMNS[k][0] for k in METRIC_KEYS] + ["wall s"]
+    titles = (
+        ["policy"] + [_COLUMNS[k][0] for k in METRIC_KEYS] + ["capture", "hit/ttft/cap", "wall s"]
+    )
     widths = [max(len(t), *(len(r[i]) for r in cells)) for i, t in enumerate(titles)]
     lines = [
         point_header(point),
-        f"(each cell: value, then x ratio to {base}; wall s = real seconds of simulation)",
+        f"(each cell: value, then x ratio to {base}; wall s = real seconds of simulation;"
+        f" {GOAL_LEGEND})",
         "  ".join(
             t.ljust(w) if i == 0 else t.rjust(w)
             for i, (t, w) in enumerate(zip(titles, widths, strict=True))
@@ -82,7 +113,15 @@ def policy_table(point: Point, base: str = BASE_POLICY) -> str:
     return "\n".join(lines)
 
 
+GOAL_LEGEND = (
+    "capture = share of highest-bid's welfare gain over lpm; goal checks: hit >= lpm's "
+    f"- {HIT_SLACK_PP:g} pp, mean TTFT <= {TTFT_SLACK:g} x the better of lpm and dfs-weight, "
+    f"capture >= {CAPTURE_MIN:g} (n/a where highest-bid gains under {NO_GAIN:.0%} of lpm's "
+    "welfare loss)"
+)
+
 _FINDING_COLUMNS = (
+    ("kv k", "{:g}"),
     ("load", "{:g}"),
     ("groups", "{}"),
     ("x/group", "{}"),
@@ -106,6 +145,7 @@ def findings_table(points: list[SweepPoint]) -> str:
         f = sp.findings
         holds = "/".join("yes" if h else "no" for h in f.holds)
         values = (
+            sp.kv_capacity_tokens / 1000,
             sp.point.load,
             sp.groups,
             sp.prompts_per_group,
@@ -136,4 +176,35 @@ def findings_table(points: list[SweepPoint]) -> str:
         "  ".join(t.rjust(w) for t, w in zip(titles, widths, strict=True)),
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def goal_table(points: list[SweepPoint]) -> str:
+    """One row per sweep point: for each bid-using policy, its capture, hit gap to lpm, TTFT
+    against the best bid-blind policy and the three checks; then how many points each met."""
+    policies = list(points[0].findings.goals) if points else []
+    titles = ["kv k", "groups", "load"]
+    for p in policies:
+        titles += [f"{p} capture", "hit pp", "TTFT/best", "hit/ttft/cap"]
+    rows = []
+    for sp in points:
+        row = [f"{sp.kv_capacity_tokens / 1000:g}", str(sp.groups), f"{sp.point.load:g}"]
+        for p in policies:
+            g = sp.findings.goals[p]
+            row += [
+                _num("{:.2f}", g.capture),
+                _num("{:+.2f}", g.hit_gap_pp),
+                _num("{:.3f}", g.ttft_vs_best),
+                _checks(g),
+            ]
+        rows.append(row)
+    widths = [max(len(t), *(len(r[i]) for r in rows)) for i, t in enumerate(titles)]
+    lines = [
+        f"goal: {GOAL_LEGEND}",
+        "  ".join(t.rjust(w) for t, w in zip(titles, widths, strict=True)),
+    ]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    for p in policies:
+        met = sum(1 for sp in points if sp.findings.goals[p].met)
+        lines.append(f"{p}: goal met on {met} of {len(points)} points")
     return "\n".join(lines)

@@ -1,8 +1,12 @@
-"""The sweep that tests the paper's findings on the generated-shared-prefix workload.
+"""The sweep that tests the paper's findings, and the market's goal, on the generated-shared-prefix
+workload.
 
-A grid of load (fraction of measured capacity) x sharing (number of groups, the total number of
-requests held fixed, so fewer groups means more requests per shared system prompt). For every
-point it compares, on the same arrivals:
+A grid of KV capacity x sharing (number of groups, the total number of requests held fixed, so
+fewer groups means more requests per shared system prompt) x load (fraction of the capacity
+measured at that point). The default KV capacities are the engine's (400k tokens) and a quarter
+of it, 100k: with 2048-token system prompts, 64 groups' prompts (131k tokens) then no longer
+fit, nor do 256 groups' (524k) at either size: those are the KV-pressure points. For every point
+it compares, on the same arrivals:
 
 - ``hb_ttft_vs_lpm``: mean TTFT of highest-bid / lpm (the paper: up to 12x at high load, as the
   cache hit rate collapses);
@@ -10,18 +14,22 @@ point it compares, on the same arrivals:
   for each metric separately (the strictest comparison): dfs-auction's cache hit rate gap in
   percentage points (the paper: within 1), its mean TTFT ratio (within 5%), and its welfare gain
   in percent of the best's welfare loss (positive: dfs-auction's owners lose less to waiting);
-- dfs-auction-density against dfs-auction: mean TTFT ratio, welfare gain (%), hit rate gap (pp).
+- dfs-auction-density against dfs-auction: mean TTFT ratio, welfare gain (%), hit rate gap (pp);
+- every bid-using policy of the run but highest-bid against the market's goal (goal.py): capture
+  of highest-bid's welfare gain, hit gap to lpm, TTFT against the best bid-blind policy, and the
+  three checks.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from engines.sim import EngineConfig
 from scheduler_bridge.contract.knobs import MarketKnobs
 
+from .goal import Goal, checked_policies, goals
 from .runner import Capacities, Point, run_point
 from .workloads import Workload
 
@@ -30,6 +38,7 @@ BID_BLIND_CACHE_AWARE = ("lpm", "dfs-weight")
 DEFAULT_LOADS = (0.5, 0.8, 0.95, 1.1, 1.5)
 DEFAULT_GROUPS = (8, 64, 256)
 DEFAULT_REQUESTS = 2048
+DEFAULT_KV_CAPACITIES = (400_000, 100_000)
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class Findings:
     density_ttft_vs_dfs: float
     density_welfare_gain_pct: float
     density_hit_gap_pp: float
+    goals: dict[str, Goal]  # the market's goal, per bid-using policy but highest-bid
 
     @property
     def holds(self) -> tuple[bool, bool, bool]:
@@ -55,8 +65,11 @@ class Findings:
             self.welfare_gain_vs_best_pct > 0,
         )
 
-    def as_dict(self) -> dict[str, float | list[bool]]:
-        return {**asdict(self), "holds": list(self.holds)}
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {k: v for k, v in asdict(self).items() if k != "goals"}
+        out["holds"] = list(self.holds)
+        out["goals"] = {p: g.as_dict() for p, g in self.goals.items()}
+        return out
 
 
 def _gain_pct(welfare: float, base: float) -> float:
@@ -87,6 +100,7 @@ def findings(point: Point) -> Findings:
         density_ttft_vs_dfs=density.mean_ttft_s / dfs.mean_ttft_s,
         density_welfare_gain_pct=_gain_pct(density.welfare, dfs.welfare),
         density_hit_gap_pp=(density.cache_hit_rate - dfs.cache_hit_rate) * 100,
+        goals=goals(m, checked_policies(list(m))),
     )
 
 
@@ -96,6 +110,7 @@ class SweepPoint:
 
     groups: int
     prompts_per_group: int
+    kv_capacity_tokens: int
     point: Point
     findings: Findings
 
@@ -108,40 +123,44 @@ def run_sweep(
     loads: tuple[float, ...] = DEFAULT_LOADS,
     groups: tuple[int, ...] = DEFAULT_GROUPS,
     requests: int = DEFAULT_REQUESTS,
+    kv_capacities: tuple[int, ...] = DEFAULT_KV_CAPACITIES,
     knobs: MarketKnobs | None = None,
     seed: int = 0,
     capacities: Capacities | None = None,
     on_served: Callable[[], None] | None = None,
     on_policy: Callable[[str], None] | None = None,
 ) -> list[SweepPoint]:
-    """Every (groups, load) point; ``make_workload(groups, prompts_per_group)`` builds the gsp
-    workload with ``requests`` in all (rounded to a multiple of the groups)."""
+    """Every (KV capacity, groups, load) point; ``make_workload(groups, prompts_per_group)``
+    builds the gsp workload with ``requests`` in all (rounded to a multiple of the groups)."""
     capacities = capacities or Capacities()
     out = []
-    for g in groups:
-        per_group = max(1, round(requests / g))
-        workload = make_workload(g, per_group)
-        for load in loads:
+    for kv in kv_capacities:
+        at_kv = replace(config, kv_capacity_tokens=kv)
+        for g in groups:
+            per_group = max(1, round(requests / g))
+            workload = make_workload(g, per_group)
+            for load in loads:
 
-            def label(policy: str, g: int = g, load: float = load) -> None:
-                if on_policy is not None:
-                    on_policy(f"groups {g} load {load:g} {policy}")
+                def label(policy: str, g: int = g, load: float = load, kv: int = kv) -> None:
+                    if on_policy is not None:
+                        on_policy(f"kv {kv // 1000}k groups {g} load {load:g} {policy}")
 
-            point = run_point(
-                workload,
-                policies,
-                config,
-                knobs=knobs,
-                load=load,
-                seed=seed,
-                capacities=capacities,
-                on_served=on_served,
-                on_policy=label,
-            )
-            out.append(SweepPoint(g, per_group, point, findings(point)))
+                point = run_point(
+                    workload,
+                    policies,
+                    at_kv,
+                    knobs=knobs,
+                    load=load,
+                    seed=seed,
+                    capacities=capacities,
+                    on_served=on_served,
+                    on_policy=label,
+                )
+                out.append(SweepPoint(g, per_group, kv, point, findings(point)))
     return out
 
 
 def sweep_requests(groups: tuple[int, ...], requests: int) -> int:
-    """How many requests the sweep serves per policy, over all its points of one load."""
+    """How many requests the sweep serves per policy, over all its points of one load and KV
+    capacity."""
     return sum(max(1, round(requests / g)) * g for g in groups)

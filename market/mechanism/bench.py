@@ -140,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"scaling {policy} plan+pay {a:,} -> {b:,} requests: {rb / ra:.1f}x time "
                 f"for {b / a:.0f}x requests"
             )
+    for n, per in results.items():
+        kv, density = per["dfs-auction-kv"], per["dfs-auction-density"]
+        print(
+            f"dfs-auction-kv / dfs-auction-density at {n:,} requests: "
+            + ", ".join(
+                f"{name} {kv[k] / density[k]:.2f}x" for k, name in zip(kinds, names, strict=True)
+            )
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({str(n): per for n, per in results.items()}, f, indent=2)

@@ -99,10 +99,15 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
     x = entry.node
     b = entry.ticks if entry.ticks >= reserve else 0
     work = plan.overhead
+    boosted = False
     if x.size == 1:
         work += x.ew
+        boosted = plan.boost != 1.0 and x.ew < x.end - x.start
         x = x.parent
-    if density:
+    if boosted:
+        size = (work if density else 1) / plan.boost
+        nk = -(b / size) if size else -INF
+    elif density:
         nk = -(b / work) if work else -INF
     else:
         nk = -b
@@ -111,6 +116,19 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
     if i == len(siblings) or siblings[i][5] is not entry:
         raise RuntimeError(f"request {entry.req.id!r} is not where its round's plan put it")
     return x, i
+
+
+def key_size(block: Block, density: bool, boost: float) -> float:
+    """What a block's key divides its bid sum by: its work (bid density) or its number of
+    requests, over ``boost`` if its edge is (partly) cached (policies.BlockKey)."""
+    size = block[4] if density else block[2]
+    if boost != 1.0:
+        inner = block[5]
+        x = inner if type(inner) is Node else inner.node
+        # A request's block has an edge only as the one request of a leaf.
+        if (type(inner) is Node or x.size == 1) and x.ew < x.end - x.start:
+            return size / boost
+    return size
 
 
 def dfs_charge(
@@ -129,6 +147,7 @@ def dfs_charge(
     if b < reserve or b <= 0:
         return 0.0, 0
     blocks_of, inside = plan.blocks, plan.inside
+    boost = plan.boost
     x, i = request_block(plan, entry, density=density, reserve=reserve)
     block = inside[x][i]
     total = 0.0
@@ -137,7 +156,7 @@ def dfs_charge(
         siblings = inside[x]
         if len(siblings) > 1:
             nk, tie, n, bsum, work, _ = block
-            size = work if density else n
+            size = key_size(block, density, boost)
             if size > 0:
                 nks, pw, pwk = _sibling_sums(siblings) if sums is None else sums(x)
                 others = bsum - b
@@ -172,6 +191,7 @@ def dfs_payments(
     requests is taken off (``_Own``).
     """
     inside = plan.inside
+    boost = plan.boost
     bids = effective_bids(plan.order, reserve)
     n = len(bids)
     pay = [0.0] * n
@@ -199,7 +219,7 @@ def dfs_payments(
                 stack.append((inner, first))
             if j == last:
                 continue
-            size = work if density else bn
+            size = key_size(block, density, boost)
             if size <= 0:
                 continue
             lo = j + 1

@@ -37,7 +37,7 @@ Block = tuple[float, tuple, int, int, int, Node | Entry]
 class Plan:
     """The plan of one round, as its planner leaves it."""
 
-    __slots__ = ("order", "overhead", "cums", "blocks", "inside", "root", "handles")
+    __slots__ = ("order", "overhead", "cums", "blocks", "inside", "root", "handles", "boost")
 
     def __init__(
         self,
@@ -48,6 +48,7 @@ class Plan:
         inside: Mapping[Node, list[Block]] | None = None,
         root: Node | None = None,
         handles: list[object] | None = None,
+        boost: float = 1.0,
     ) -> None:
         self.order = order  # the service order
         self.overhead = overhead  # tokens of work per request besides its prompt
@@ -66,3 +67,6 @@ class Plan:
         # The engine's handles on the requests of ``order`` (Entry.handle), in the same order,
         # when the planner keeps them (the DFS auctions); None: read off the entries.
         self.handles = handles
+        # DFS orders: a block whose edge is (partly) cached has its key's size divided by this
+        # (policies.BlockKey.cached_boost), 1 for the plain keys; payments.py reads it.
+        self.boost = boost

@@ -1,7 +1,7 @@
 """The mechanism of DESIGN.md section 4, written plainly: a reference to read and to test against.
 
 This is the auction as a specification: the work model (4.1), the orders of fcfs, highest-bid
-and the two DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4),
+and the three DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4),
 each in a few lines, by brute force. It is slow on purpose (exponential in places) and meant for
 queues of a handful of requests; the rest of ``market.mechanism`` computes the same things fast,
 and ``tests/mechanism`` checks that the two agree.
@@ -129,8 +129,16 @@ def _block_work(block, depth, done: set, overhead: int) -> int:
     return len(prefixes - done) + overhead * len(reqs)
 
 
-def dfs_auction_order(reqs: list[Req], density: bool, reserve: float, overhead: int) -> list[str]:
-    """The DFS auctions, by plain recursion over the uncompressed trie."""
+# dfs-auction-kv: a block whose first token is already cached counts its work divided by this.
+KV_CACHED_BOOST = 4.0
+
+
+def dfs_auction_order(
+    reqs: list[Req], density: bool, reserve: float, overhead: int, boost: float = 1.0
+) -> list[str]:
+    """The DFS auctions, by plain recursion over the uncompressed trie. ``boost``: a subtree
+    whose first token is cached (not a request ending at the branch point) has its size (work,
+    or number of requests) divided by it."""
     done = cached_prefixes(reqs)
 
     def rec(group: list[Req], depth: int) -> list[str]:
@@ -141,11 +149,10 @@ def dfs_auction_order(reqs: list[Req], density: bool, reserve: float, overhead: 
         for b in blocks:
             members = b if isinstance(b, list) else [b]
             bsum = sum(eff(r.bid, reserve) for r in members)
-            if density:
-                w = _block_work(b, depth, done, overhead)
-                key = bsum / w if w > 0 else math.inf
-            else:
-                key = bsum / len(members)
+            size = _block_work(b, depth, done, overhead) if density else len(members)
+            if isinstance(b, list) and b[0].tokens[: depth + 1] in done:
+                size = size / boost
+            key = bsum / size if size > 0 else math.inf
             tie = min((r.arrival, r.id) for r in members)
             keyed.append(((-key, tie), b))
         keyed.sort(key=lambda kb: kb[0])
@@ -173,6 +180,8 @@ def reference_order(reqs, policy: str, reserve: float, overhead: int) -> list[st
         return dfs_auction_order(reqs, False, reserve, overhead)
     if policy == "dfs-auction-density":
         return dfs_auction_order(reqs, True, reserve, overhead)
+    if policy == "dfs-auction-kv":
+        return dfs_auction_order(reqs, True, reserve, overhead, KV_CACHED_BOOST)
     if policy == "highest-bid":
         return highest_bid_order(reqs, reserve)
     if policy == "fcfs":

@@ -31,7 +31,7 @@ def test_json_schema_of_a_tiny_run(tmp_path, capsys) -> None:
     out = tmp_path / "out.json"
     assert main([*TINY, "--load", "0.9", "--json", str(out), "--set", "step_fixed_s=0.005"]) == 0
     doc = json.loads(out.read_text())
-    assert set(doc) == {"meta", "policies"}
+    assert set(doc) == {"meta", "policies", "goals"}
     assert list(doc["policies"]) == list(POLICIES)
     for metrics in doc["policies"].values():
         assert set(metrics) == KEYS
@@ -77,7 +77,9 @@ def test_sweep_findings(tmp_path, capsys) -> None:
     assert main(args) == 0
     doc = json.loads(out.read_text())
     grid = doc["sweep"]["grid"]
-    assert [(p["groups"], p["load"]) for p in grid] == [(2, 0.8), (2, 1.5), (4, 0.8), (4, 1.5)]
+    assert [(p["kv_capacity_tokens"], p["groups"], p["load"]) for p in grid] == [
+        (kv, g, load) for kv in (400_000, 100_000) for g in (2, 4) for load in (0.8, 1.5)
+    ]
     assert all(p["requests"] == 24 for p in grid)
     for p in grid:
         f, pol = p["findings"], p["policies"]
@@ -89,9 +91,30 @@ def test_sweep_findings(tmp_path, capsys) -> None:
             100 * (pol["dfs-auction"]["cache_hit_rate"] - best_hit)
         )
         assert len(f["holds"]) == 3
+        # The goal's figures, worked out again from the policies' metrics.
+        lpm, hb = pol["lpm"], pol["highest-bid"]
+        best_ttft = min(lpm["mean_ttft_s"], pol["dfs-weight"]["mean_ttft_s"])
+        assert set(f["goals"]) == {"dfs-auction", "dfs-auction-density", "dfs-auction-kv"}
+        assert f["goals"] == p["goals"]
+        for name, g in f["goals"].items():
+            m = pol[name]
+            assert g["hit_gap_pp"] == pytest.approx(
+                100 * (m["cache_hit_rate"] - lpm["cache_hit_rate"])
+            )
+            assert g["ttft_vs_best"] == pytest.approx(m["mean_ttft_s"] / best_ttft)
+            assert g["hit_ok"] == (g["hit_gap_pp"] >= -1.0)
+            assert g["ttft_ok"] == (g["ttft_vs_best"] <= 1.05)
+            gain = hb["welfare"] - lpm["welfare"]
+            if gain > 0.01 * abs(lpm["welfare"]):
+                assert g["capture"] == pytest.approx((m["welfare"] - lpm["welfare"]) / gain)
+                assert g["capture_ok"] == (g["capture"] >= 0.8)
+            else:
+                assert g["capture"] is None and g["capture_ok"] is None
     printed = capsys.readouterr().out
     assert "findings:" in printed and "hb/lpm TTFT" in printed
-    assert "Against sharing" in html.read_text()
+    assert "goal met on" in printed and "hit/ttft/cap" in printed
+    page = html.read_text()
+    assert "Against sharing" in page and "TTFT ratio vs welfare capture" in page
 
 
 @pytest.mark.parametrize("workload", ["agents", "nosharing"])

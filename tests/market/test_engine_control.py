@@ -96,6 +96,18 @@ def test_a_policy_change_is_validated_logged_and_pushed(
 
 
 @pytest.mark.django_db
+def test_the_kv_pressure_auction_is_chosen_by_name_and_reaches_the_engine(
+    sim: ServerThread, eager, django_capture_on_commit_callbacks
+) -> None:
+    market = market_create()
+    engine_url_set(market, sim.url)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert market_policy_set(market=market, policy="dfs-auction-kv", user=None) is not None
+    assert Market.objects.get(pk=market.pk).policy == "dfs-auction-kv"
+    assert engine_state(sim) == ("dfs-auction-kv", 0.0)
+
+
+@pytest.mark.django_db
 def test_nothing_is_pushed_when_the_change_rolls_back(django_capture_on_commit_callbacks) -> None:
     market = market_create()
     with django_capture_on_commit_callbacks(execute=False) as queued:

@@ -9,8 +9,10 @@ from market.mechanism import reference as ref
 
 from .strategies import queues, to_mechanism
 
-DFS_POLICIES = ("dfs-weight", "dfs-auction", "dfs-auction-density")
-REFERENCED = ("fcfs", "highest-bid", "dfs-auction", "dfs-auction-density")
+DFS_POLICIES = ("dfs-weight", "dfs-auction", "dfs-auction-density", "dfs-auction-kv")
+DFS_AUCTIONS = ("dfs-auction", "dfs-auction-density", "dfs-auction-kv")
+REFERENCED = ("fcfs", "highest-bid", *DFS_AUCTIONS)
+PRICED = ("highest-bid", *DFS_AUCTIONS)
 RESERVES = st.sampled_from([0.0, 0.0, 0.75, 2.0])
 OVERHEADS = st.sampled_from([0, 0, 1, 3])
 
@@ -32,7 +34,7 @@ def test_orders_completions_welfare(reqs, reserve, overhead, tps):
         assert c.welfare == pytest.approx(ref.welfare(reqs, expected, reserve))
         if policy in REFERENCED:
             assert c.order == ref.reference_order(reqs, policy, reserve, overhead), policy
-        if policy in ("dfs-auction", "dfs-auction-density"):
+        if policy in DFS_AUCTIONS:
             assert ref.is_dfs_order(reqs, c.order), policy
 
 
@@ -58,7 +60,7 @@ def test_density_is_the_best_dfs_order(reqs, reserve, overhead):
     queues(max_size=5, max_len=4),
     RESERVES,
     OVERHEADS,
-    st.sampled_from(["highest-bid", "dfs-auction", "dfs-auction-density"]),
+    st.sampled_from(PRICED),
 )
 def test_payments_match_the_myerson_integral(reqs, reserve, overhead, policy):
     c = clear(
@@ -96,7 +98,7 @@ def test_payments_on_random_real_valued_bids():
             )
             for i in range(rng.randint(2, 8))
         ]
-        for policy in ("highest-bid", "dfs-auction", "dfs-auction-density"):
+        for policy in PRICED:
             reserve = rng.choice([0.0, 0.8])
             c = clear(to_mechanism(reqs), policy, reserve=reserve, tokens_per_second=1.0)
             for r in reqs:
@@ -109,7 +111,7 @@ def test_payments_on_random_real_valued_bids():
     queues(max_size=8, max_len=6),
     RESERVES,
     OVERHEADS,
-    st.sampled_from(["highest-bid", "dfs-auction", "dfs-auction-density"]),
+    st.sampled_from(PRICED),
 )
 def test_one_charge_at_a_time_equals_all_at_once(reqs, reserve, overhead, policy):
     """The engine's path (a charge per admitted request) and the batch agree."""

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from market.mechanism import DFS_AUCTIONS, RequestTree, WaitingRequest, clear, clear_tree
+from market.mechanism.tree import PLAN_TOKENS
 
 from .test_tree import check_structure, random_request
 
@@ -116,7 +117,9 @@ def test_a_round_stays_priced_while_other_settings_clear_the_same_tree():
     _, tree, live = grown(3, 80)
     a = clear_tree(tree, "dfs-auction", reserve=1.0)
     want = dict(a.payments)
-    for setting in SETTINGS:
+    # As many other settings as the nodes keep beside this one (PLAN_TOKENS in all).
+    others = [s for s in SETTINGS if s != ("dfs-auction", 1.0, 0)][: PLAN_TOKENS - 1]
+    for setting in others:
         clear_tree(tree, setting[0], reserve=setting[1], overhead_tokens=setting[2])
     fresh = clear_tree(tree, "dfs-auction", reserve=1.0)
     a._payments = None  # work them out again from the plan

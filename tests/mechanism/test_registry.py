@@ -14,10 +14,11 @@ from market.mechanism import (
     policy_checked,
     realized_welfare,
 )
-from market.mechanism.policies import AVERAGE_BID, BID_DENSITY, REGISTRY
+from market.mechanism import reference as ref
+from market.mechanism.policies import AVERAGE_BID, BID_DENSITY, CACHE_KEPT, REGISTRY
 
 
-def test_the_registry_names_the_six_policies_of_the_design_in_order() -> None:
+def test_the_registry_names_the_policies_of_the_design_in_order() -> None:
     assert POLICIES == (
         "fcfs",
         "lpm",
@@ -25,26 +26,32 @@ def test_the_registry_names_the_six_policies_of_the_design_in_order() -> None:
         "highest-bid",
         "dfs-auction",
         "dfs-auction-density",
+        "dfs-auction-kv",
     )
     assert [p.name for p in REGISTRY] == list(POLICIES)
     assert all(POLICY[p.name] is p and str(p) == p.name for p in REGISTRY)
 
 
 def test_the_sets_the_engines_use_are_read_off_the_registry() -> None:
-    assert BID_POLICIES == {"highest-bid", "dfs-auction", "dfs-auction-density"}
-    assert DFS_AUCTIONS == {"dfs-auction", "dfs-auction-density"}
+    assert BID_POLICIES == {"highest-bid", "dfs-auction", "dfs-auction-density", "dfs-auction-kv"}
+    assert DFS_AUCTIONS == {"dfs-auction", "dfs-auction-density", "dfs-auction-kv"}
     for p in REGISTRY:
         # A policy charges for priority exactly when its order uses bids.
         assert (p.charges is not None) == p.uses_bids, p.name
         assert (p.block_key is not None) == (p.name in DFS_AUCTIONS), p.name
     assert POLICY["dfs-auction"].block_key is AVERAGE_BID
     assert POLICY["dfs-auction-density"].block_key is BID_DENSITY
+    assert POLICY["dfs-auction-kv"].block_key is CACHE_KEPT
+    # The reference states the boost on its own; the two must say the same.
+    assert CACHE_KEPT.cached_boost == ref.KV_CACHED_BOOST == 4.0
 
 
 def test_block_keys() -> None:
     assert block_key("dfs-auction", 6.0, 3, 100) == 2.0
     assert block_key("dfs-auction-density", 6.0, 3, 100) == 0.06
     assert block_key("dfs-auction-density", 6.0, 3, 0) == float("inf")
+    assert block_key("dfs-auction-kv", 6.0, 3, 100) == 0.06  # an uncached edge: density
+    assert block_key("dfs-auction-kv", 6.0, 3, 100, cached=True) == 0.24  # 6 / (100 / 4)
     with pytest.raises(ValueError, match="does not order blocks"):
         block_key("fcfs", 6.0, 3, 100)
 
@@ -83,6 +90,7 @@ def test_the_planners_order_blocks_by_the_registrys_block_key(policy, overhead) 
     from market.mechanism import RequestTree, to_ticks
     from market.mechanism.bench import make_queue
     from market.mechanism.payments import request_block
+    from market.mechanism.tree import Node
 
     tree = RequestTree(make_queue(200, 8, seed=3))
     rules = POLICY[policy]
@@ -95,9 +103,16 @@ def test_the_planners_order_blocks_by_the_registrys_block_key(policy, overhead) 
     ]
     assert len(set(found)) == len(tree)
     shared = [x for x in tree.nodes() if x is tree.root or x.size > 1]
+
+    def edge_cached(inner) -> bool:
+        # A request's block has an edge only as the one request of a leaf.
+        node = inner if type(inner) is Node else inner.node
+        has_edge = type(inner) is Node or node.size == 1
+        return has_edge and node is not tree.root and node.cached > node.start
+
     for x in shared:
         blocks = plan.inside[x]
         assert blocks == sorted(blocks, key=lambda b: (b[0], b[1]))
-        for nk, _tie, n, bsum, work, _inner in [*blocks, plan.blocks[x]]:
-            assert -nk == key(bsum, n, work)
+        for nk, _tie, n, bsum, work, inner in [*blocks, plan.blocks[x]]:
+            assert -nk == pytest.approx(key(bsum, n, work, edge_cached(inner)), rel=1e-12)
         assert plan.blocks[x][2] == x.size

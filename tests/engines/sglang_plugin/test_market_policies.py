@@ -29,7 +29,7 @@ from tests.engines.sglang_plugin.helpers import (
     waiting_requests,
 )
 
-MARKET = ("dfs-auction", "dfs-auction-density", "highest-bid")
+MARKET = ("dfs-auction", "dfs-auction-density", "dfs-auction-kv", "highest-bid")
 
 
 def _bid(rng: random.Random) -> object:

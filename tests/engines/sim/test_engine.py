@@ -177,6 +177,36 @@ def test_dfs_auction_defers_a_second_request_sharing_an_uncached_prefix():
     assert naive.prefilled_tokens == 41 + 41
 
 
+@pytest.mark.parametrize(
+    ("policy", "first"), [("dfs-auction-density", "b"), ("dfs-auction-kv", "a")]
+)
+def test_dfs_auction_kv_keeps_a_cached_prefix_ahead_of_a_denser_uncached_request(policy, first):
+    # A warm-up caches the 20-token prefix P. Then, one request running at a time: A = P + 1
+    # token (20 cached, work 1 + 1 overhead = 2) bids 1; B = 21 new tokens (work 22) bids 16.
+    # Densities: A 1/2 = 0.5, B 16/22 = 0.73, so dfs-auction-density admits B first. dfs-auction-kv
+    # counts A's work as 2/4 (its edge is cached): key 2 > 0.73, A first. A then passes B at the
+    # bid z where z / 0.5 = 16/22, z = 8/22 $/s, for B's 22 tokens: it pays 8 tokens' worth.
+    cfg = EngineConfig(**{**TOY.__dict__, "max_running_requests": 1})
+    tps = cfg.prefill_tokens_per_second
+    e = Engine(cfg, policy)
+    prefix = list(range(20))
+    run(e, [req("warm", [*prefix, 9])])
+    got = run(
+        e,
+        [
+            req("a", [*prefix, 7], bid=1.0, arrival=100.0),
+            req("b", range(500, 521), bid=16.0, arrival=100.0),
+        ],
+    )
+    assert got["a"].cached_tokens == 20
+    second = "b" if first == "a" else "a"
+    assert got[first].admitted_at < got[second].admitted_at
+    if policy == "dfs-auction-kv":
+        assert got["a"].charge == pytest.approx(8 / tps)
+        assert got["a"].time_saved_s == pytest.approx(22 / tps)
+        assert got["b"].charge == 0.0
+
+
 def test_bad_requests_are_refused_with_their_id():
     e = Engine(TOY, "fcfs")
     with pytest.raises(ValueError, match="'z'.*bid"):

@@ -102,7 +102,7 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
     boosted = False
     if x.size == 1:
         work += x.ew
-        boosted = plan.boost != 1.0 and x.ew < x.end - x.start
+        boosted = plan.boost != 1.0 and x.edge_cached()
         x = x.parent
     if boosted:
         size = (work if density else 1) / plan.boost
@@ -126,7 +126,7 @@ def key_size(block: Block, density: bool, boost: float) -> float:
         inner = block[5]
         x = inner if type(inner) is Node else inner.node
         # A request's block has an edge only as the one request of a leaf.
-        if (type(inner) is Node or x.size == 1) and x.ew < x.end - x.start:
+        if (type(inner) is Node or x.size == 1) and x.edge_cached():
             return size / boost
     return size
 

@@ -210,10 +210,9 @@ def _dfs_states(
             _patch(x, xs, changed, token, density, reserve, overhead, boost)
         n = x.size
         bsum = xs.bsum
-        ew = x.ew
-        work = xs.work + ew
+        work = xs.work + x.ew
         size = work if density else n
-        if boost != 1.0 and ew < x.end - x.start:  # the edge is (partly) cached
+        if boost != 1.0 and x.edge_cached():
             size /= boost
         if density:
             nk = -(bsum / size) if size else -INF
@@ -255,7 +254,7 @@ def _child_block(
             b = 0
         ew = c.ew
         cw = ew + overhead
-        if boost != 1.0 and ew < c.end - c.start:  # the leaf's edge is (partly) cached
+        if boost != 1.0 and c.edge_cached():  # the leaf's edge
             size = (cw if density else 1) / boost
             nk = -(b / size) if size else -INF
         elif density:

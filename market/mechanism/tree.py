@@ -84,6 +84,11 @@ class Node:
         end = self.end
         self.ew = 0 if cached >= end else end - (cached if cached > self.start else self.start)
 
+    def edge_cached(self) -> bool:
+        """Part of this node's edge is already in the KV cache (what dfs-auction-kv's key
+        boosts; the root has no edge)."""
+        return self.ew < self.end - self.start
+
     def recount_cached(self) -> int:
         """The deepest cached position below, from the requests here and the children."""
         cached = 0

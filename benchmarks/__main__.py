@@ -30,8 +30,9 @@ from scheduler_bridge.contract.knobs import MarketKnobs
 
 from . import html as html_report
 from .bids import BID_DISTRIBUTIONS, BidSpec
+from .goal import point_goals
 from .progress import Progress
-from .report import findings_table, goal_table, point_goals, policy_table
+from .report import findings_table, goal_table, policy_table
 from .runner import Capacities, Point, run_point
 from .sweep import (
     DEFAULT_GROUPS,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from market.mechanism import BID_POLICIES
 
 from .metrics import PolicyMetrics
+from .runner import Point
 
 BASE = "lpm"
 BID_BLIND_CACHE_AWARE = ("lpm", "dfs-weight")
@@ -94,6 +95,13 @@ def goals(metrics: Mapping[str, PolicyMetrics], policies: list[str]) -> dict[str
             ttft_vs_best=m.mean_ttft_s / best_ttft,
         )
     return out
+
+
+def point_goals(point: Point) -> dict[str, Goal]:
+    """The goal's figures of a benchmark point's bid-using policies (but highest-bid); empty
+    without the policies it compares with."""
+    metrics = {name: run.metrics for name, run in point.runs.items()}
+    return goals(metrics, checked_policies(list(metrics)))
 
 
 def checked_policies(names: list[str]) -> list[str]:

@@ -15,9 +15,9 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from .goal import CAPTURE_MIN, TTFT_SLACK
+from .goal import CAPTURE_MIN, TTFT_SLACK, point_goals
 from .metrics import by_class
-from .report import point_goals, point_header
+from .report import point_header
 from .runner import Point
 from .sweep import SweepPoint
 

@@ -10,8 +10,7 @@ from .goal import (
     NO_GAIN,
     TTFT_SLACK,
     Goal,
-    checked_policies,
-    goals,
+    point_goals,
 )
 from .metrics import METRIC_KEYS, ratio
 from .runner import Point
@@ -57,13 +56,6 @@ def _checks(goal: Goal | None) -> str:
     if goal is None:
         return "-"
     return "/".join("n/a" if ok is None else "yes" if ok else "no" for ok in goal.passes)
-
-
-def point_goals(point: Point) -> dict[str, Goal]:
-    """The goal's figures of the point's bid-using policies (goal.py); empty without the
-    policies it compares with."""
-    metrics = {name: run.metrics for name, run in point.runs.items()}
-    return goals(metrics, checked_policies(list(metrics)))
 
 
 def policy_table(point: Point, base: str = BASE_POLICY) -> str:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from engines.sim import EngineConfig
 from scheduler_bridge.contract.knobs import MarketKnobs
 
-from .goal import Goal, checked_policies, goals
+from .goal import Goal, point_goals
 from .runner import Capacities, Point, run_point
 from .workloads import Workload
 
@@ -100,7 +100,7 @@ def findings(point: Point) -> Findings:
         density_ttft_vs_dfs=density.mean_ttft_s / dfs.mean_ttft_s,
         density_welfare_gain_pct=_gain_pct(density.welfare, dfs.welfare),
         density_hit_gap_pp=(density.cache_hit_rate - dfs.cache_hit_rate) * 100,
-        goals=goals(m, checked_policies(list(m))),
+        goals=point_goals(point),
     )
 
 

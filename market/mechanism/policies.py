@@ -214,10 +214,10 @@ def _dfs_states(
         size = work if density else n
         if boost != 1.0 and x.edge_cached():
             size /= boost
-        if density:
-            nk = -(bsum / size) if size else -INF
-        else:
-            nk = -(bsum / size) if size else 0.0  # n is 0 only at the root of an empty tree
+        if size:
+            nk = -(bsum / size)
+        else:  # no work: first whatever its bids; no requests: only the root of an empty tree
+            nk = -INF if density else 0.0
         blocks = xs.inside
         if xs.nested:
             flat: list[Entry] = []

@@ -30,6 +30,7 @@ _COLORS = {
     "dfs-auction": "#2ca02c",
     "dfs-auction-density": "#9467bd",
     "dfs-auction-kv": "#ff7f0e",
+    "dfs-auction-kv-split": "#8c564b",
 }
 _SWEEP_METRICS = (
     ("mean_ttft_s", "mean TTFT (s)"),

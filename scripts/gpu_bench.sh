@@ -22,7 +22,7 @@ GSP_GROUPS=${GSP_GROUPS:-16}  # not GROUPS: bash sets that to the user's group i
 OUTPUT_LEN=${OUTPUT_LEN:-128}
 PORT=${PORT:-30000}
 MODEL_DIR=${MODEL_DIR:-scripts/gpu/tiny-llama}
-POLICIES=${POLICIES:-"fcfs lpm dfs-weight highest-bid dfs-auction dfs-auction-density dfs-auction-kv"}
+POLICIES=${POLICIES:-"fcfs lpm dfs-weight highest-bid dfs-auction dfs-auction-density dfs-auction-kv dfs-auction-kv-split"}
 mkdir -p "$OUT"
 
 if [ -n "${SGLANG_PYTHON:-}" ]; then

@@ -6,7 +6,8 @@ pyproject.toml and calls it. ``register`` only registers hooks with SGLang's ``H
 the loader applies them:
 
 - REPLACE ``sglang.srt.managers.schedule_policy.SchedulePolicy`` by ``AuctionSchedulePolicy``,
-  which adds ``dfs-auction``, ``dfs-auction-density``, ``dfs-auction-kv`` and ``highest-bid``;
+  which adds ``dfs-auction``, ``dfs-auction-density``, ``dfs-auction-kv``,
+  ``dfs-auction-kv-split`` and ``highest-bid``;
 - AFTER ``Scheduler.get_new_batch_prefill``: price the admitted requests, emit the round record;
 - AFTER ``Scheduler.get_prefill_adder_class``: in-batch deferral for the DFS auctions.
 

@@ -141,13 +141,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"for {b / a:.0f}x requests"
             )
     for n, per in results.items():
-        kv, density = per["dfs-auction-kv"], per["dfs-auction-density"]
-        print(
-            f"dfs-auction-kv / dfs-auction-density at {n:,} requests: "
-            + ", ".join(
-                f"{name} {kv[k] / density[k]:.2f}x" for k, name in zip(kinds, names, strict=True)
+        density = per["dfs-auction-density"]
+        for policy in ("dfs-auction-kv", "dfs-auction-kv-split"):
+            kv = per[policy]
+            print(
+                f"{policy} / dfs-auction-density at {n:,} requests: "
+                + ", ".join(
+                    f"{name} {kv[k] / density[k]:.2f}x"
+                    for k, name in zip(kinds, names, strict=True)
+                )
             )
-        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({str(n): per for n, per in results.items()}, f, indent=2)

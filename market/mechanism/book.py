@@ -39,12 +39,15 @@ def subtree_book(
 
     Works for every policy: for the DFS auctions read off the round's plan (time proportional to
     the blocks shown), for the others recomputed from the tree and the round's order (time
-    proportional to the number of nodes); cached depths are the tree's own. Call it before the
-    tree changes.
+    proportional to the number of nodes), and so for dfs-auction-kv-split, whose plan splits
+    fully cached subtrees (a subtree of the book need not be a block there); cached depths are
+    the tree's own. Call it before the tree changes.
     """
     if tree.version != clearing._version:
         raise RuntimeError("the request tree changed since this round was cleared")
-    if clearing._plan.inside is not None:
+    plan = clearing._plan
+    # A split plan (dfs-auction-kv-split) has no block for a fully cached subtree: walked.
+    if plan.inside is not None and not plan.split:
         return _dfs_book(tree, clearing, max_depth, limit)
     return _walked_book(tree, clearing, max_depth, limit)
 

@@ -16,6 +16,12 @@ D (requests, for dfs-auction) or work D (tokens, for dfs-auction-density). Its k
 do not depend on i, and passing a sibling delays i by exactly the sibling's work, since blocks
 are contiguous. Per ancestor this is a bisection and a few prefix sums over the sorted siblings.
 
+The KV auctions divide a block's size by their boost where the block counts as cached
+(plan.block_cached). dfs-auction-kv-split orders the contracted tree (plan.py): a fully cached
+subtree's blocks are siblings among its parent's, and a request's ancestors are the nodes above
+it that are not split. Its blocks are still contiguous and each one's work is what serving it
+computes (a split subtree's edge costs nothing), so the same sums hold over the contracted tree.
+
 highest-bid: lowering i's bid moves i alone later in a flat order; placed right after request m it
 completes when m completes in the actual plan (the same prefix of work is done), so the steps are
 the plan's own completion times, with critical bids the passed requests' bids.
@@ -35,7 +41,7 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import Protocol
 
-from .plan import Block, Plan
+from .plan import Block, Plan, block_cached
 from .tree import INF, Entry, Node
 
 # The cumulative work (tokens) of the first k requests of a round's order, given k.
@@ -93,17 +99,20 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
     its index there.
 
     The node is the request's, or the parent of a leaf that holds only it (that leaf's block is
-    the request's, its edge included). The block is found by its key, worked out as the planner
-    does (policies._dfs_states), so that the planner files nothing per request.
+    the request's, its edge included), or, where the plan splits fully cached subtrees, the
+    nearest ancestor of that node that is not split. The block is found by its key, worked out
+    as the planner does (policies._dfs_states), so that the planner files nothing per request.
     """
     x = entry.node
     b = entry.ticks if entry.ticks >= reserve else 0
     work = plan.overhead
-    boosted = False
+    boosted = plan.boost != 1.0 and block_cached(entry, plan.split)
     if x.size == 1:
         work += x.ew
-        boosted = plan.boost != 1.0 and x.edge_cached()
         x = x.parent
+    if plan.split:
+        while x.fully_cached():
+            x = x.parent
     if boosted:
         size = (work if density else 1) / plan.boost
         nk = -(b / size) if size else -INF
@@ -118,16 +127,12 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
     return x, i
 
 
-def key_size(block: Block, density: bool, boost: float) -> float:
+def key_size(block: Block, density: bool, boost: float, split: bool) -> float:
     """What a block's key divides its bid sum by: its work (bid density) or its number of
-    requests, over ``boost`` if its edge is (partly) cached (policies.BlockKey)."""
+    requests, over ``boost`` if it counts as cached (plan.block_cached; policies.BlockKey)."""
     size = block[4] if density else block[2]
-    if boost != 1.0:
-        inner = block[5]
-        x = inner if type(inner) is Node else inner.node
-        # A request's block has an edge only as the one request of a leaf.
-        if (type(inner) is Node or x.size == 1) and x.edge_cached():
-            return size / boost
+    if boost != 1.0 and block_cached(block[5], split):
+        return size / boost
     return size
 
 
@@ -147,7 +152,7 @@ def dfs_charge(
     if b < reserve or b <= 0:
         return 0.0, 0
     blocks_of, inside = plan.blocks, plan.inside
-    boost = plan.boost
+    boost, split = plan.boost, plan.split
     x, i = request_block(plan, entry, density=density, reserve=reserve)
     block = inside[x][i]
     total = 0.0
@@ -156,7 +161,7 @@ def dfs_charge(
         siblings = inside[x]
         if len(siblings) > 1:
             nk, tie, n, bsum, work, _ = block
-            size = key_size(block, density, boost)
+            size = key_size(block, density, boost, split)
             if size > 0:
                 nks, pw, pwk = _sibling_sums(siblings) if sums is None else sums(x)
                 others = bsum - b
@@ -167,6 +172,9 @@ def dfs_charge(
                     saved += pw[hi] - pw[lo]
         block = blocks_of[x]
         x = x.parent
+        if split:  # a split subtree's blocks are its parent's: its own block is in no order
+            while x is not None and x.fully_cached():
+                x = x.parent
     return _clamped(total, b, saved), saved
 
 
@@ -191,7 +199,7 @@ def dfs_payments(
     requests is taken off (``_Own``).
     """
     inside = plan.inside
-    boost = plan.boost
+    boost, split = plan.boost, plan.split
     bids = effective_bids(plan.order, reserve)
     n = len(bids)
     pay = [0.0] * n
@@ -219,7 +227,7 @@ def dfs_payments(
                 stack.append((inner, first))
             if j == last:
                 continue
-            size = key_size(block, density, boost)
+            size = key_size(block, density, boost, split)
             if size <= 0:
                 continue
             lo = j + 1

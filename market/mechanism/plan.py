@@ -20,6 +20,10 @@ in service order. A block is a plain tuple
 
 Ties are unique among siblings (their requests are disjoint), so sibling blocks sort as plain
 tuples, the comparison never going past ``tie``, and a ``(nk, tie)`` pair bisects a node's blocks.
+dfs-auction-kv-split contracts the tree first: a subtree whose edge is fully cached
+(``Node.fully_cached``) is no block of its own; its blocks sit among its parent's, so
+``inside[parent]`` holds them, and such a node is never a block's ``inner``.
+
 Tuples rather than objects: a tree holds one per request, and a tuple is several times cheaper
 to make than an instance. The DFS auctions keep the blocks at each node across rounds
 (policies._dfs_states) and work out again only those of nodes that changed.
@@ -37,7 +41,9 @@ Block = tuple[float, tuple, int, int, int, Node | Entry]
 class Plan:
     """The plan of one round, as its planner leaves it."""
 
-    __slots__ = ("order", "overhead", "cums", "blocks", "inside", "root", "handles", "boost")
+    __slots__ = (
+        "order", "overhead", "cums", "blocks", "inside", "root", "handles", "boost", "split",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -49,6 +55,7 @@ class Plan:
         root: Node | None = None,
         handles: list[object] | None = None,
         boost: float = 1.0,
+        split: bool = False,
     ) -> None:
         self.order = order  # the service order
         self.overhead = overhead  # tokens of work per request besides its prompt
@@ -70,3 +77,26 @@ class Plan:
         # DFS orders: a block whose edge is (partly) cached has its key's size divided by this
         # (policies.BlockKey.cached_boost), 1 for the plain keys; payments.py reads it.
         self.boost = boost
+        # DFS orders: fully cached subtrees are served as parts of their parents' (dfs-auction-
+        # kv-split; policies.BlockKey.split_cached).
+        self.split = split
+
+
+def block_cached(inner: Node | Entry, split: bool) -> bool:
+    """Whether the KV auctions' boost (policies.BlockKey.cached_boost) applies to a block,
+    given its ``inner``: its edge (the tokens into it from its parent) is partly in the KV
+    cache, or, with ``split``, it is a block of a fully cached subtree (``Node.fully_cached``),
+    so it sits right under a cached prefix. A request that ends at a node with other blocks has
+    no edge of its own; the one request of a leaf has the leaf's."""
+    if type(inner) is Node:
+        x = inner
+    else:
+        x = inner.node
+        if x.size > 1:
+            return split and x.fully_cached()
+    if x.edge_cached():
+        return True
+    if not split:
+        return False
+    parent = x.parent
+    return parent is not None and parent.fully_cached()

@@ -1,5 +1,5 @@
-"""The ordering policies of DESIGN.md 4.2, and dfs-auction-kv, as a registry from name to
-``Policy``.
+"""The ordering policies of DESIGN.md 4.2, and the KV auctions (dfs-auction-kv and
+dfs-auction-kv-split), as a registry from name to ``Policy``.
 
 A ``Policy`` says in one place what the rest of the mechanism and the engines ask about a policy:
 whether its order uses bids (and so charges for priority), whether it is a DFS order of the
@@ -22,6 +22,16 @@ the cache is not pushed back (and evicted, and computed again) by a block that i
 denser. Whether an edge is cached does not depend on any bid, so the order stays monotone in each
 request's bid and the charges are the same crossing points (payments.py, ``key_size``).
 
+dfs-auction-kv-split is dfs-auction-kv on the tree contracted at fully cached subtrees: a subtree
+whose edge is wholly in the KV cache (``Node.fully_cached``) costs no prefill to keep together,
+so it is no block of its own; its blocks go among its parent's, where they count as cached (they
+sit right under a cached prefix). Its urgent requests can then go ahead of other subtrees while
+its background ones wait, as under highest-bid, at no extra work. Which subtrees are split
+depends on the cache alone, not on bids, and each block's work is still exactly what serving it
+computes, so the order stays monotone and the charges are the same crossing points over the
+contracted tree. Its planner (``_split_step``) keeps, at a split node, what changed in its
+blocks since the last round, so that the parent patches its own blocks by that alone.
+
 The loops are written out by hand, leaves (one request, no children) taking a short path: a round
 visits every node, and most nodes are leaves.
 """
@@ -34,7 +44,7 @@ from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 
 from .payments import ChargeRule, DfsCharges, FlatCharges
-from .plan import Block, Plan
+from .plan import Block, Plan, block_cached
 from .tree import INF, PLAN_TOKENS, Entry, Node, RequestTree
 
 # Planners take the policy, the reserve in bid ticks and the overhead tokens per request, and
@@ -50,10 +60,13 @@ class BlockKey:
 
     name: str
     per_work: bool  # size = work (bid density, Smith's rule) rather than number of requests
-    # A block whose edge (the tokens into it from its parent) is already partly in the KV cache
-    # counts its size divided by this: 1 for the plain keys. A request that ends at a node with
-    # other blocks has no edge of its own.
+    # A block that counts as cached (plan.block_cached: its edge, the tokens into it from its
+    # parent, is already partly in the KV cache) counts its size divided by this: 1 for the
+    # plain keys. A request that ends at a node with other blocks has no edge of its own.
     cached_boost: float = 1.0
+    # Fully cached subtrees are no blocks of their own: their blocks go among their parents'
+    # (dfs-auction-kv-split; Node.fully_cached).
+    split_cached: bool = False
 
     def __call__(self, bsum: float, n: int, work: int, cached: bool = False) -> float:
         """The key of a block with ``n`` requests, bid sum ``bsum`` (any unit) and ``work``;
@@ -76,6 +89,9 @@ BID_DENSITY = BlockKey("bid density", per_work=True)
 # density is 4x its own. The factor was chosen on the benchmark's KV-pressure sweep (README).
 KV_CACHED_BOOST = 4.0
 CACHE_KEPT = BlockKey("bid density, cached edges kept", True, KV_CACHED_BOOST)
+# dfs-auction-kv-split: the same, fully cached subtrees split into their blocks.
+CACHE_SPLIT = BlockKey("bid density, cached edges kept, cached subtrees split", True,
+                       KV_CACHED_BOOST, split_cached=True)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +127,16 @@ class _Memo:
     earliest of their ties; ``nested``: how many are nodes' blocks. ``block``: the node's own
     block, its edge included. ``flat``: the requests of the subtree in service order, and
     ``handles`` the engine's handles on them (``Entry.handle``), in the same order.
+
+    dfs-auction-kv-split: a child that is split (``Node.fully_cached``) has its state, not a
+    block, in ``kids``: its blocks are among this node's. ``split``: this node was split when
+    worked out; then ``gone`` and ``came`` are the blocks that left and joined its blocks then
+    (all of them, old and new, after a rebuild), what its parent patches its own by.
     """
 
     __slots__ = (
         "built", "kids", "own", "inside", "bsum", "work", "tie", "nested", "block", "flat",
-        "handles",
+        "handles", "retie", "split", "gone", "came",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -130,6 +151,53 @@ class _Memo:
         self.block: Block | None = None
         self.flat: list[Entry] = []
         self.handles: list[object] = []
+        self.retie = False  # the earliest block went: the tie is looked for again (``settle``)
+        self.split = False
+        self.gone: list[Block] = []
+        self.came: list[Block] = []
+
+    def drop(self, block: Block) -> None:
+        """Take a block out of the sorted blocks and the sums."""
+        blocks = self.inside
+        i = bisect_left(blocks, block)
+        if i == len(blocks) or blocks[i][5] is not block[5]:
+            raise RuntimeError("a block went missing from its node's order")
+        del blocks[i]
+        self.bsum -= block[3]
+        self.work -= block[4]
+        if type(block[5]) is Node:
+            self.nested -= 1
+        if block[1] == self.tie:
+            self.retie = True
+
+    def add(self, block: Block) -> None:
+        """Put a block into the sorted blocks and the sums."""
+        insort(self.inside, block)
+        self.bsum += block[3]
+        self.work += block[4]
+        if type(block[5]) is Node:
+            self.nested += 1
+        if self.tie is None or block[1] < self.tie:
+            self.tie = block[1]
+
+    def settle(self) -> None:
+        """After drops and adds: the tie looked for again if its block went."""
+        blocks = self.inside
+        if not blocks:
+            self.tie = None
+        elif self.retie:
+            self.tie = min(map(_tie_of, blocks))
+        self.retie = False
+
+    def sort_blocks(self, blocks: list[Block]) -> None:
+        """Take ``blocks`` as the node's blocks, sorted, with their sums."""
+        blocks.sort()  # plain tuple order: (nk, tie), ties being unique among siblings
+        self.inside = blocks
+        self.bsum = sum(map(_bsum_of, blocks))
+        self.work = sum(map(_work_of, blocks))
+        self.tie = min(map(_tie_of, blocks)) if blocks else None
+        self.nested = sum(1 for b in blocks if type(b[5]) is Node)
+        self.retie = False
 
 
 class _MemoView:
@@ -170,7 +238,12 @@ def _new_state(x: Node, token: int, live: Callable[[], set[int]]) -> _Memo:
 
 
 def _dfs_states(
-    tree: RequestTree, density: bool, reserve: int, overhead: int, boost: float = 1.0
+    tree: RequestTree,
+    density: bool,
+    reserve: int,
+    overhead: int,
+    boost: float = 1.0,
+    split: bool = False,
 ) -> tuple[int, _Memo]:
     """Bring the DFS auction's state up to date at every node that changed since it was last
     worked out; returns the planner's token and the root's state.
@@ -180,7 +253,7 @@ def _dfs_states(
     children's blocks (an unchanged child's kept, a changed one's worked out first): a round
     costs time proportional to the changed nodes and their children, plus copying the order.
     """
-    token = tree.plan_token((density, boost, reserve, overhead))
+    token = tree.plan_token((density, boost, split, reserve, overhead))
     root = tree.root
     rs = _state(root, token)
     if rs is not None and root.changed <= rs.built:
@@ -204,20 +277,16 @@ def _dfs_states(
     live = tree.live_tokens
     for x, changed in zip(reversed(todo), reversed(changes), strict=True):
         xs = _state(x, token) or _new_state(x, token, live)
-        if xs.built < 0 or 4 * len(changed) > len(xs.kids):
+        if split:
+            _split_step(x, xs, changed, token, density, reserve, overhead, boost)
+        elif xs.built < 0 or 4 * len(changed) > len(xs.kids):
             _rebuild(x, xs, token, density, reserve, overhead, boost)
         else:
             _patch(x, xs, changed, token, density, reserve, overhead, boost)
-        n = x.size
-        bsum = xs.bsum
-        work = xs.work + x.ew
-        size = work if density else n
-        if boost != 1.0 and x.edge_cached():
-            size /= boost
-        if size:
-            nk = -(bsum / size)
-        else:  # no work: first whatever its bids; no requests: only the root of an empty tree
-            nk = -INF if density else 0.0
+        xs.block = _node_block(x, xs, density, boost, split)
+        xs.built = version
+        if xs.split:  # its blocks are its parent's: nothing is served from its own order
+            continue
         blocks = xs.inside
         if xs.nested:
             flat: list[Entry] = []
@@ -234,18 +303,38 @@ def _dfs_states(
         else:  # requests only (a node whose children are all leaves): no loop in Python
             flat = list(map(_inner_of, blocks))
             handles = list(map(_handle_of, flat))
-        xs.block = (nk, xs.tie, n, bsum, work, x)
         xs.flat = flat
         xs.handles = handles
-        xs.built = version
     return token, todo[0].memo[token]
 
 
+def _node_block(x: Node, xs: _Memo, density: bool, boost: float, split: bool) -> Block:
+    """The block of a node holding several requests, from its state's sums, its edge included."""
+    bsum = xs.bsum
+    work = xs.work + x.ew
+    size = work if density else x.size
+    if boost != 1.0 and block_cached(x, split):
+        size /= boost
+    if size:
+        nk = -(bsum / size)
+    else:  # no work: first whatever its bids; no requests: only the root of an empty tree
+        nk = -INF if density else 0.0
+    return (nk, xs.tie, x.size, bsum, work, x)
+
+
 def _child_block(
-    c: Node, token: int, density: bool, reserve: int, overhead: int, boost: float
+    c: Node,
+    token: int,
+    density: bool,
+    reserve: int,
+    overhead: int,
+    boost: float,
+    under: bool = False,
 ) -> Block:
     """The block of a child: its state's, or for a leaf holding one request (the common case)
-    the request's, the leaf's edge included (payments.request_block finds it by the same key)."""
+    the request's, the leaf's edge included (payments.request_block finds it by the same key).
+    ``under``: the parent is a split subtree (dfs-auction-kv-split), so the leaf's block counts
+    as cached whatever its edge (plan.block_cached)."""
     if c.size > 1:
         return c.memo[token].block
     for e in c.reqs.values():
@@ -254,7 +343,7 @@ def _child_block(
             b = 0
         ew = c.ew
         cw = ew + overhead
-        if boost != 1.0 and c.edge_cached():  # the leaf's edge
+        if boost != 1.0 and (under or c.edge_cached()):
             size = (cw if density else 1) / boost
             nk = -(b / size) if size else -INF
         elif density:
@@ -265,14 +354,20 @@ def _child_block(
     raise RuntimeError("a leaf without a request")  # the tree never keeps one
 
 
-def _own_blocks(x: Node, density: bool, reserve: int, overhead: int) -> list[Block]:
-    """The blocks of the requests that end at ``x``, one each."""
+def _own_blocks(
+    x: Node, density: bool, reserve: int, overhead: int, boost: float = 1.0
+) -> list[Block]:
+    """The blocks of the requests that end at ``x``, one each; ``boost``: they count as cached
+    (``x`` is a split subtree, dfs-auction-kv-split), else 1."""
     out = []
     for e in x.reqs.values():
         b = e.ticks
         if b < reserve:
             b = 0
-        if density:
+        if boost != 1.0:
+            size = (overhead if density else 1) / boost
+            nk = -(b / size) if size else -INF
+        elif density:
             nk = -(b / overhead) if overhead else -INF
         else:
             nk = -b
@@ -294,15 +389,9 @@ def _rebuild(
             else _child_block(c, token, density, reserve, overhead, boost)
         )
     own = _own_blocks(x, density, reserve, overhead)
-    blocks = [*kids.values(), *own]
-    blocks.sort()  # plain tuple order: (nk, tie), ties being unique among siblings
     xs.kids = kids
     xs.own = own
-    xs.inside = blocks
-    xs.bsum = sum(map(_bsum_of, blocks))
-    xs.work = sum(map(_work_of, blocks))
-    xs.tie = min(map(_tie_of, blocks)) if blocks else None
-    xs.nested = sum(1 for c in kids if c.size > 1)
+    xs.sort_blocks([*kids.values(), *own])
 
 
 def _patch(
@@ -318,55 +407,151 @@ def _patch(
     """Replace the blocks that changed in a node's sorted blocks: those of the children that
     changed, of children gone (cut off or merged away) and of the requests ending here."""
     kids = xs.kids
-    blocks = xs.inside
-    bsum = xs.bsum
-    work = xs.work
-    tie = xs.tie
-    nested = xs.nested
-    retie = False  # the earliest block went: the node's tie is looked for again
-
-    def drop(block: Block) -> None:
-        nonlocal bsum, work, nested, retie
-        i = bisect_left(blocks, block)
-        if i == len(blocks) or blocks[i][5] is not block[5]:
-            raise RuntimeError("a block went missing from its node's order")
-        del blocks[i]
-        bsum -= block[3]
-        work -= block[4]
-        if type(block[5]) is Node:
-            nested -= 1
-        if block[1] == tie:
-            retie = True
-
-    def add(block: Block) -> None:
-        nonlocal bsum, work, nested, tie
-        insort(blocks, block)
-        bsum += block[3]
-        work += block[4]
-        if type(block[5]) is Node:
-            nested += 1
-        if tie is None or block[1] < tie:
-            tie = block[1]
-
     for block in xs.own:
-        drop(block)
+        xs.drop(block)
     for c in changed:
         old = kids.get(c)
         if old is not None:
-            drop(old)
+            xs.drop(old)
         kids[c] = block = _child_block(c, token, density, reserve, overhead, boost)
-        add(block)
+        xs.add(block)
     if len(kids) > len(x.children):  # children gone since (cut off, merged away): drop them
         for c in kids.keys() - set(x.children.values()):
-            drop(kids.pop(c))
+            xs.drop(kids.pop(c))
     own = _own_blocks(x, density, reserve, overhead)
     for block in own:
-        add(block)
+        xs.add(block)
     xs.own = own
-    xs.bsum = bsum
-    xs.work = work
-    xs.nested = nested
-    xs.tie = min(map(_tie_of, blocks)) if retie and blocks else (tie if blocks else None)
+    xs.settle()
+
+
+def _split_step(
+    x: Node,
+    xs: _Memo,
+    changed: list[Node],
+    token: int,
+    density: bool,
+    reserve: int,
+    overhead: int,
+    boost: float,
+) -> None:
+    """dfs-auction-kv-split's work at a changed node: its blocks patched by what changed (a
+    split child's by what its own blocks gained and lost), or worked out again when that is
+    most of them, or when this node's split, or a child's, changed (the boosts of the blocks
+    below depend on it). A split node keeps what changed (``gone``, ``came``) for its parent."""
+    now = x.fully_cached()
+    old = xs.inside
+    if (
+        xs.built < 0
+        or xs.split != now
+        or not _split_patch(x, xs, changed, token, density, reserve, overhead, boost)
+    ):
+        _split_rebuild(x, xs, token, density, reserve, overhead, boost, now)
+        if now:
+            xs.gone, xs.came = old, xs.inside
+    if not now:
+        xs.gone = xs.came = []
+    xs.split = now
+
+
+def _split_rebuild(
+    x: Node,
+    xs: _Memo,
+    token: int,
+    density: bool,
+    reserve: int,
+    overhead: int,
+    boost: float,
+    now: bool,
+) -> None:
+    """dfs-auction-kv-split: a node's blocks worked out afresh, a split child's blocks taken in
+    as its own, every block keyed for this node's split ``now``."""
+    kids: dict[Node, Block | _Memo] = {}
+    blocks: list[Block] = []
+    for c in x.children.values():
+        if c.size == 1:
+            kids[c] = block = _child_block(c, token, density, reserve, overhead, boost, now)
+            blocks.append(block)
+            continue
+        cs = c.memo[token]
+        if c.fully_cached():
+            kids[c] = cs
+            blocks.extend(cs.inside)
+        else:  # its key depends on whether this node is split: keyed again
+            kids[c] = cs.block = block = _node_block(c, cs, density, boost, True)
+            blocks.append(block)
+    own = _own_blocks(x, density, reserve, overhead, boost if now else 1.0)
+    blocks.extend(own)
+    xs.kids = kids
+    xs.own = own
+    xs.sort_blocks(blocks)
+
+
+def _split_patch(
+    x: Node,
+    xs: _Memo,
+    changed: list[Node],
+    token: int,
+    density: bool,
+    reserve: int,
+    overhead: int,
+    boost: float,
+) -> bool:
+    """dfs-auction-kv-split: patch a node whose split did not change by what changed below it;
+    False, having changed nothing, where it must be worked out afresh instead."""
+    kids = xs.kids
+    under = xs.split
+    gone: list[Block] = []
+    came: list[Block] = []
+    now: dict[Node, Block | _Memo] = {}
+    new_kids = 0
+    for c in changed:
+        old = kids.get(c)
+        if old is None:
+            new_kids += 1
+        was_split = type(old) is _Memo
+        if c.size > 1 and c.fully_cached():
+            cs = c.memo[token]
+            if was_split:
+                gone.extend(cs.gone)
+                came.extend(cs.came)
+            else:
+                if old is not None:
+                    gone.append(old)
+                came.extend(cs.inside)
+            now[c] = cs
+            continue
+        if was_split:  # what it held here is known only as its blocks were
+            return False
+        if old is not None:
+            gone.append(old)
+        now[c] = block = _child_block(c, token, density, reserve, overhead, boost, under)
+        came.append(block)
+    left: list[Node] = []
+    if len(kids) + new_kids > len(x.children):  # children gone since (cut off, merged away)
+        left = list(kids.keys() - set(x.children.values()))
+        for c in left:
+            old = kids[c]
+            if type(old) is _Memo:
+                return False
+            gone.append(old)
+    if 4 * (len(gone) + len(came)) > len(xs.inside) + 4:
+        return False
+    own = _own_blocks(x, density, reserve, overhead, boost if under else 1.0)
+    gone.extend(xs.own)
+    came.extend(own)
+    for block in gone:
+        xs.drop(block)
+    for block in came:
+        xs.add(block)
+    xs.settle()
+    for c in left:
+        del kids[c]
+    kids.update(now)
+    xs.own = own
+    if under:
+        xs.gone, xs.came = gone, came
+    return True
 
 
 def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead: int) -> Plan:
@@ -378,7 +563,9 @@ def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead:
     work to the Clearing to count for the requests it is asked about.
     """
     key = policy.block_key
-    token, root_state = _dfs_states(tree, key.per_work, reserve, overhead, key.cached_boost)
+    token, root_state = _dfs_states(
+        tree, key.per_work, reserve, overhead, key.cached_boost, key.split_cached
+    )
     return Plan(
         root_state.flat,
         overhead,
@@ -388,6 +575,7 @@ def _plan_dfs_auction(tree: RequestTree, policy: Policy, reserve: int, overhead:
         tree.root,
         root_state.handles,
         key.cached_boost,
+        key.split_cached,
     )
 
 
@@ -511,6 +699,7 @@ REGISTRY: tuple[Policy, ...] = (
     Policy("dfs-auction",         True,      True,  AVERAGE_BID, _plan_dfs_auction,  DfsCharges),
     Policy("dfs-auction-density", True,      True,  BID_DENSITY, _plan_dfs_auction,  DfsCharges),
     Policy("dfs-auction-kv",      True,      True,  CACHE_KEPT,  _plan_dfs_auction,  DfsCharges),
+    Policy("dfs-auction-kv-split", True,     True,  CACHE_SPLIT, _plan_dfs_auction,  DfsCharges),
 )
 # fmt: on
 

@@ -1,7 +1,7 @@
 """The mechanism of DESIGN.md section 4, written plainly: a reference to read and to test against.
 
 This is the auction as a specification: the work model (4.1), the orders of fcfs, highest-bid
-and the three DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4),
+and the DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4),
 each in a few lines, by brute force. It is slow on purpose (exponential in places) and meant for
 queues of a handful of requests; the rest of ``market.mechanism`` computes the same things fast,
 and ``tests/mechanism`` checks that the two agree.
@@ -103,9 +103,14 @@ def all_dfs_orders(reqs: list[Req], depth: int = 0):
             yield [rid for part in choice for rid in part]
 
 
-def is_dfs_order(reqs: list[Req], order: list[str]) -> bool:
-    """True if every set of requests sharing a prefix point is contiguous in ``order``."""
+def is_dfs_order(reqs: list[Req], order: list[str], split: bool = False) -> bool:
+    """True if every set of requests sharing a prefix point is contiguous in ``order``.
+
+    ``split`` (dfs-auction-kv-split): except a set of several requests whose tokens are all
+    cached down to the end of their longest common prefix (keeping it together saves nothing).
+    """
     pos = {rid: i for i, rid in enumerate(order)}
+    done = cached_prefixes(reqs)
     seen = set()
     for r in reqs:
         for d in range(1, len(r.tokens) + 1):
@@ -113,7 +118,16 @@ def is_dfs_order(reqs: list[Req], order: list[str]) -> bool:
             if p in seen:
                 continue
             seen.add(p)
-            members = [pos[s.id] for s in reqs if s.tokens[:d] == p]
+            sharing = [s for s in reqs if s.tokens[:d] == p]
+            if split and len(sharing) > 1:
+                common = min(len(s.tokens) for s in sharing)
+                for k in range(d, common):
+                    if any(s.tokens[k] != sharing[0].tokens[k] for s in sharing):
+                        common = k
+                        break
+                if sharing[0].tokens[:common] in done:
+                    continue
+            members = [pos[s.id] for s in sharing]
             if max(members) - min(members) + 1 != len(members):
                 return False
     return True
@@ -134,31 +148,60 @@ KV_CACHED_BOOST = 4.0
 
 
 def dfs_auction_order(
-    reqs: list[Req], density: bool, reserve: float, overhead: int, boost: float = 1.0
+    reqs: list[Req],
+    density: bool,
+    reserve: float,
+    overhead: int,
+    boost: float = 1.0,
+    split: bool = False,
 ) -> list[str]:
     """The DFS auctions, by plain recursion over the uncompressed trie. ``boost``: a subtree
     whose first token is cached (not a request ending at the branch point) has its size (work,
-    or number of requests) divided by it."""
+    or number of requests) divided by it. ``split`` (dfs-auction-kv-split): a subtree of several
+    requests whose tokens are all cached down to where it next branches is no block: its blocks
+    there stand in its place, each with its size divided by ``boost``."""
     done = cached_prefixes(reqs)
+
+    def branch_depth(group: list[Req], depth: int) -> int:
+        """Where a subtree that starts with token ``depth`` next branches or loses a request."""
+        end = depth + 1
+        while True:
+            below = blocks_at(group, end)
+            if len(below) == 1 and isinstance(below[0], list):
+                end += 1
+            else:
+                return end
+
+    def parts(group: list[Req], depth: int, under: bool) -> list[tuple]:
+        """The blocks at a branch point, each with its depth and whether it sits right under a
+        split subtree's cached prefix."""
+        out = []
+        for b in blocks_at(group, depth):
+            if split and isinstance(b, list) and len(b) > 1:
+                end = branch_depth(b, depth)
+                if b[0].tokens[:end] in done:
+                    out.extend(parts(b, end, True))
+                    continue
+            out.append((b, depth, under))
+        return out
 
     def rec(group: list[Req], depth: int) -> list[str]:
         if len(group) == 1 and len(group[0].tokens) == depth:
             return [group[0].id]
-        blocks = blocks_at(group, depth)
         keyed = []
-        for b in blocks:
+        for b, at, under in parts(group, depth, False):
             members = b if isinstance(b, list) else [b]
             bsum = sum(eff(r.bid, reserve) for r in members)
-            size = _block_work(b, depth, done, overhead) if density else len(members)
-            if isinstance(b, list) and b[0].tokens[: depth + 1] in done:
+            size = _block_work(b, at, done, overhead) if density else len(members)
+            if under or (isinstance(b, list) and b[0].tokens[: at + 1] in done):
                 size = size / boost
             key = bsum / size if size > 0 else math.inf
             tie = min((r.arrival, r.id) for r in members)
-            keyed.append(((-key, tie), b))
+            keyed.append(((-key, tie), b, at))
         keyed.sort(key=lambda kb: kb[0])
         out = []
-        for _, b in keyed:
-            out.extend([b.id] if isinstance(b, Req) else rec(b, depth + 1))
+        for _, b, at in keyed:
+            out.extend([b.id] if isinstance(b, Req) else rec(b, at + 1))
         return out
 
     return rec(list(reqs), 0)
@@ -182,6 +225,8 @@ def reference_order(reqs, policy: str, reserve: float, overhead: int) -> list[st
         return dfs_auction_order(reqs, True, reserve, overhead)
     if policy == "dfs-auction-kv":
         return dfs_auction_order(reqs, True, reserve, overhead, KV_CACHED_BOOST)
+    if policy == "dfs-auction-kv-split":
+        return dfs_auction_order(reqs, True, reserve, overhead, KV_CACHED_BOOST, split=True)
     if policy == "highest-bid":
         return highest_bid_order(reqs, reserve)
     if policy == "fcfs":

@@ -85,9 +85,15 @@ class Node:
         self.ew = 0 if cached >= end else end - (cached if cached > self.start else self.start)
 
     def edge_cached(self) -> bool:
-        """Part of this node's edge is already in the KV cache (what dfs-auction-kv's key
-        boosts; the root has no edge)."""
+        """Part of this node's edge is already in the KV cache (what the KV auctions' keys
+        boost, plan.block_cached; the root has no edge)."""
         return self.ew < self.end - self.start
+
+    def fully_cached(self) -> bool:
+        """Its whole edge is in the KV cache, and it holds several requests (not the root):
+        serving its subtree as one block saves no prefill work, so dfs-auction-kv-split serves
+        the blocks inside it as its parent's."""
+        return self.cached >= self.end and self.size > 1 and self.parent is not None
 
     def recount_cached(self) -> int:
         """The deepest cached position below, from the requests here and the children."""

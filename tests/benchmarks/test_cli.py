@@ -94,7 +94,12 @@ def test_sweep_findings(tmp_path, capsys) -> None:
         # The goal's figures, worked out again from the policies' metrics.
         lpm, hb = pol["lpm"], pol["highest-bid"]
         best_ttft = min(lpm["mean_ttft_s"], pol["dfs-weight"]["mean_ttft_s"])
-        assert set(f["goals"]) == {"dfs-auction", "dfs-auction-density", "dfs-auction-kv"}
+        assert set(f["goals"]) == {
+            "dfs-auction",
+            "dfs-auction-density",
+            "dfs-auction-kv",
+            "dfs-auction-kv-split",
+        }
         assert f["goals"] == p["goals"]
         for name, g in f["goals"].items():
             m = pol[name]

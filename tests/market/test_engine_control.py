@@ -96,15 +96,16 @@ def test_a_policy_change_is_validated_logged_and_pushed(
 
 
 @pytest.mark.django_db
-def test_the_kv_pressure_auction_is_chosen_by_name_and_reaches_the_engine(
-    sim: ServerThread, eager, django_capture_on_commit_callbacks
+@pytest.mark.parametrize("policy", ["dfs-auction-kv", "dfs-auction-kv-split"])
+def test_the_kv_pressure_auctions_are_chosen_by_name_and_reach_the_engine(
+    sim: ServerThread, eager, django_capture_on_commit_callbacks, policy
 ) -> None:
     market = market_create()
     engine_url_set(market, sim.url)
     with django_capture_on_commit_callbacks(execute=True):
-        assert market_policy_set(market=market, policy="dfs-auction-kv", user=None) is not None
-    assert Market.objects.get(pk=market.pk).policy == "dfs-auction-kv"
-    assert engine_state(sim) == ("dfs-auction-kv", 0.0)
+        assert market_policy_set(market=market, policy=policy, user=None) is not None
+    assert Market.objects.get(pk=market.pk).policy == policy
+    assert engine_state(sim) == (policy, 0.0)
 
 
 @pytest.mark.django_db

@@ -9,8 +9,14 @@ from market.mechanism import reference as ref
 
 from .strategies import queues, to_mechanism
 
-DFS_POLICIES = ("dfs-weight", "dfs-auction", "dfs-auction-density", "dfs-auction-kv")
-DFS_AUCTIONS = ("dfs-auction", "dfs-auction-density", "dfs-auction-kv")
+DFS_POLICIES = (
+    "dfs-weight",
+    "dfs-auction",
+    "dfs-auction-density",
+    "dfs-auction-kv",
+    "dfs-auction-kv-split",
+)
+DFS_AUCTIONS = ("dfs-auction", "dfs-auction-density", "dfs-auction-kv", "dfs-auction-kv-split")
 REFERENCED = ("fcfs", "highest-bid", *DFS_AUCTIONS)
 PRICED = ("highest-bid", *DFS_AUCTIONS)
 RESERVES = st.sampled_from([0.0, 0.0, 0.75, 2.0])
@@ -35,7 +41,8 @@ def test_orders_completions_welfare(reqs, reserve, overhead, tps):
         if policy in REFERENCED:
             assert c.order == ref.reference_order(reqs, policy, reserve, overhead), policy
         if policy in DFS_AUCTIONS:
-            assert ref.is_dfs_order(reqs, c.order), policy
+            split = policy == "dfs-auction-kv-split"
+            assert ref.is_dfs_order(reqs, c.order, split=split), policy
 
 
 @settings(max_examples=200, deadline=None)

@@ -15,7 +15,7 @@ from market.mechanism import (
     realized_welfare,
 )
 from market.mechanism import reference as ref
-from market.mechanism.policies import AVERAGE_BID, BID_DENSITY, CACHE_KEPT, REGISTRY
+from market.mechanism.policies import AVERAGE_BID, BID_DENSITY, CACHE_KEPT, CACHE_SPLIT, REGISTRY
 
 
 def test_the_registry_names_the_policies_of_the_design_in_order() -> None:
@@ -27,14 +27,16 @@ def test_the_registry_names_the_policies_of_the_design_in_order() -> None:
         "dfs-auction",
         "dfs-auction-density",
         "dfs-auction-kv",
+        "dfs-auction-kv-split",
     )
     assert [p.name for p in REGISTRY] == list(POLICIES)
     assert all(POLICY[p.name] is p and str(p) == p.name for p in REGISTRY)
 
 
 def test_the_sets_the_engines_use_are_read_off_the_registry() -> None:
-    assert BID_POLICIES == {"highest-bid", "dfs-auction", "dfs-auction-density", "dfs-auction-kv"}
-    assert DFS_AUCTIONS == {"dfs-auction", "dfs-auction-density", "dfs-auction-kv"}
+    kv = {"dfs-auction-kv", "dfs-auction-kv-split"}
+    assert BID_POLICIES == {"highest-bid", "dfs-auction", "dfs-auction-density", *kv}
+    assert DFS_AUCTIONS == {"dfs-auction", "dfs-auction-density", *kv}
     for p in REGISTRY:
         # A policy charges for priority exactly when its order uses bids.
         assert (p.charges is not None) == p.uses_bids, p.name
@@ -42,8 +44,10 @@ def test_the_sets_the_engines_use_are_read_off_the_registry() -> None:
     assert POLICY["dfs-auction"].block_key is AVERAGE_BID
     assert POLICY["dfs-auction-density"].block_key is BID_DENSITY
     assert POLICY["dfs-auction-kv"].block_key is CACHE_KEPT
+    assert POLICY["dfs-auction-kv-split"].block_key is CACHE_SPLIT
+    assert CACHE_SPLIT.split_cached and not CACHE_KEPT.split_cached
     # The reference states the boost on its own; the two must say the same.
-    assert CACHE_KEPT.cached_boost == ref.KV_CACHED_BOOST == 4.0
+    assert CACHE_KEPT.cached_boost == CACHE_SPLIT.cached_boost == ref.KV_CACHED_BOOST == 4.0
 
 
 def test_block_keys() -> None:
@@ -104,15 +108,23 @@ def test_the_planners_order_blocks_by_the_registrys_block_key(policy, overhead) 
     assert len(set(found)) == len(tree)
     shared = [x for x in tree.nodes() if x is tree.root or x.size > 1]
 
-    def edge_cached(inner) -> bool:
-        # A request's block has an edge only as the one request of a leaf.
+    def fully_cached(x: Node) -> bool:
+        return x is not tree.root and x.size > 1 and x.cached >= x.end
+
+    def counts_cached(inner) -> bool:
+        # A request's block has an edge only as the one request of a leaf. dfs-auction-kv-split
+        # also boosts every block right under a fully cached node: the block of a child of it,
+        # or of a request ending at it.
         node = inner if type(inner) is Node else inner.node
         has_edge = type(inner) is Node or node.size == 1
-        return has_edge and node is not tree.root and node.cached > node.start
+        if has_edge and node is not tree.root and node.cached > node.start:
+            return True
+        at = node.parent if has_edge else node
+        return key.split_cached and at is not None and fully_cached(at)
 
     for x in shared:
         blocks = plan.inside[x]
         assert blocks == sorted(blocks, key=lambda b: (b[0], b[1]))
         for nk, _tie, n, bsum, work, inner in [*blocks, plan.blocks[x]]:
-            assert -nk == pytest.approx(key(bsum, n, work, edge_cached(inner)), rel=1e-12)
+            assert -nk == pytest.approx(key(bsum, n, work, counts_cached(inner)), rel=1e-12)
         assert plan.blocks[x][2] == x.size

@@ -29,7 +29,13 @@ from tests.engines.sglang_plugin.helpers import (
     waiting_requests,
 )
 
-MARKET = ("dfs-auction", "dfs-auction-density", "dfs-auction-kv", "highest-bid")
+MARKET = (
+    "dfs-auction",
+    "dfs-auction-density",
+    "dfs-auction-kv",
+    "dfs-auction-kv-split",
+    "highest-bid",
+)
 
 
 def _bid(rng: random.Random) -> object:

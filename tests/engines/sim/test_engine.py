@@ -207,6 +207,40 @@ def test_dfs_auction_kv_keeps_a_cached_prefix_ahead_of_a_denser_uncached_request
         assert got["b"].charge == 0.0
 
 
+@pytest.mark.parametrize(
+    ("policy", "second"), [("dfs-auction-kv", "a2"), ("dfs-auction-kv-split", "b")]
+)
+def test_dfs_auction_kv_split_lets_a_cached_groups_background_request_wait(policy, second):
+    # A warm-up caches the 20-token prefix P. Then, two requests running at a time: A1 = P + 1
+    # token bids 1 and A2 = P + 1 other token bids 0.01 (20 cached each, work 1 + 1 overhead =
+    # 2); B = 21 new tokens (work 22) bids 16. dfs-auction-kv keeps P's subtree (fully cached)
+    # together, boosted: key (1.01) / (4 / 4) = 1.01 > B's 16 / 22 = 0.727, so A1 and A2 are
+    # admitted first. dfs-auction-kv-split serves the blocks of P's subtree among the root's,
+    # each boosted: A1 1 / (2 / 4) = 2, B 0.727, A2 0.02: A1 and B first, A2 waits.
+    # Split charges (all three in the first round): A1 passes B at the bid z where 2z = 16/22,
+    # z = 8/22, for B's 22 tokens (8 tokens' worth), and A2 at 2z = 0.02, z = 0.01, for A2's
+    # 2 tokens (0.02 tokens' worth); B passes A2 at z / 22 = 0.02, z = 0.44, for 2 tokens.
+    cfg = EngineConfig(**{**TOY.__dict__, "max_running_requests": 2})
+    tps = cfg.prefill_tokens_per_second
+    e = Engine(cfg, policy)
+    prefix = list(range(20))
+    run(e, [req("warm", [*prefix, 9])])
+    got = run(
+        e,
+        [
+            req("a1", [*prefix, 7], bid=1.0, arrival=100.0),
+            req("a2", [*prefix, 8], bid=0.01, arrival=100.0),
+            req("b", range(500, 521), bid=16.0, arrival=100.0),
+        ],
+    )
+    third = "b" if second == "a2" else "a2"
+    assert got["a1"].admitted_at == got[second].admitted_at < got[third].admitted_at
+    if policy == "dfs-auction-kv-split":
+        assert got["a1"].charge == pytest.approx(8.02 / tps)
+        assert got["b"].charge == pytest.approx(0.88 / tps)
+        assert got["a2"].charge == 0.0
+
+
 def test_bad_requests_are_refused_with_their_id():
     e = Engine(TOY, "fcfs")
     with pytest.raises(ValueError, match="'z'.*bid"):

@@ -110,9 +110,7 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
     if x.size == 1:
         work += x.ew
         x = x.parent
-    if plan.split:
-        while x.fully_cached():
-            x = x.parent
+    x = _unsplit(x, plan.split)
     if boosted:
         size = (work if density else 1) / plan.boost
         nk = -(b / size) if size else -INF
@@ -125,6 +123,15 @@ def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> t
     if i == len(siblings) or siblings[i][5] is not entry:
         raise RuntimeError(f"request {entry.req.id!r} is not where its round's plan put it")
     return x, i
+
+
+def _unsplit(x: Node | None, split: bool) -> Node | None:
+    """``x``, or with ``split`` its nearest ancestor that is not split (``Node.fully_cached``):
+    a split subtree's blocks are its parent's, and its own block is in no order."""
+    if split:
+        while x is not None and x.fully_cached():
+            x = x.parent
+    return x
 
 
 def key_size(block: Block, density: bool, boost: float, split: bool) -> float:
@@ -171,10 +178,7 @@ def dfs_charge(
                     total += _passed(nks, pw, pwk, lo, hi, size, others, reserve)
                     saved += pw[hi] - pw[lo]
         block = blocks_of[x]
-        x = x.parent
-        if split:  # a split subtree's blocks are its parent's: its own block is in no order
-            while x is not None and x.fully_cached():
-                x = x.parent
+        x = _unsplit(x.parent, split)
     return _clamped(total, b, saved), saved
 
 

@@ -39,7 +39,7 @@ visits every node, and most nodes are leaves.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 
@@ -153,8 +153,8 @@ class _Memo:
         self.handles: list[object] = []
         self.retie = False  # the earliest block went: the tie is looked for again (``settle``)
         self.split = False
-        self.gone: list[Block] = []
-        self.came: list[Block] = []
+        self.gone: Sequence[Block] = ()
+        self.came: Sequence[Block] = ()
 
     def drop(self, block: Block) -> None:
         """Take a block out of the sorted blocks and the sums."""
@@ -450,7 +450,7 @@ def _split_step(
         if now:
             xs.gone, xs.came = old, xs.inside
     if not now:
-        xs.gone = xs.came = []
+        xs.gone = xs.came = ()
     xs.split = now
 
 
@@ -503,14 +503,14 @@ def _split_patch(
     under = xs.split
     gone: list[Block] = []
     came: list[Block] = []
-    now: dict[Node, Block | _Memo] = {}
+    records: dict[Node, Block | _Memo] = {}  # the changed children's, once patched
     new_kids = 0
     for c in changed:
         old = kids.get(c)
         if old is None:
             new_kids += 1
         was_split = type(old) is _Memo
-        if c.size > 1 and c.fully_cached():
+        if c.fully_cached():
             cs = c.memo[token]
             if was_split:
                 gone.extend(cs.gone)
@@ -519,13 +519,13 @@ def _split_patch(
                 if old is not None:
                     gone.append(old)
                 came.extend(cs.inside)
-            now[c] = cs
+            records[c] = cs
             continue
         if was_split:  # what it held here is known only as its blocks were
             return False
         if old is not None:
             gone.append(old)
-        now[c] = block = _child_block(c, token, density, reserve, overhead, boost, under)
+        records[c] = block = _child_block(c, token, density, reserve, overhead, boost, under)
         came.append(block)
     left: list[Node] = []
     if len(kids) + new_kids > len(x.children):  # children gone since (cut off, merged away)
@@ -547,7 +547,7 @@ def _split_patch(
     xs.settle()
     for c in left:
         del kids[c]
-    kids.update(now)
+    kids.update(records)
     xs.own = own
     if under:
         xs.gone, xs.came = gone, came

@@ -7,6 +7,10 @@ Everything after that (sums, invoice totals, budgets) is exact ``Decimal`` arith
 
 A float is converted with ``Decimal(float)``, which is exact (the binary value, all its digits),
 so the only rounding is the quantization: ``money(0.1) == Decimal("0.100000000")``.
+
+For people, not the ledger, :func:`cents` rounds an amount to the cent (half up) and
+:func:`cents_str` writes it ("$0.33"): what invoices and the console show. Nothing rounded to
+cents is ever stored or summed.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation, localcontext
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
 from typing import Protocol
 
 from django.db import models
@@ -110,6 +114,54 @@ def per_million(*, tokens: int, price_per_million: Decimal) -> Decimal:
 def money_str(amount: Decimal) -> str:
     """An amount as fixed-point text with its 9 places ("0.000000002", never "2E-9")."""
     return format(amount.quantize(QUANTUM), "f")
+
+
+def money_human(amount: Decimal) -> str:
+    """An amount for a person to read, with a dollar sign: cents from $1 up (thousands
+    separated), 4 places from a cent, 6 from a hundredth of a cent, all 9 below that, so a small
+    amount keeps its significant digits and none reads as a misleading $0.00 (the dashboard's
+    rule, ``fmt.dollars`` in ``static/js/live.js``, in fixed notation). Rounded half to even:
+    for messages (a budget's refusal), never for the ledger. Not to the cent like an invoice's
+    total: a request's worst case and a budget's remainder are often fractions of a cent."""
+    size = abs(amount)
+    if size >= 1 or size == 0:
+        places = 2
+    elif size >= Decimal("0.01"):
+        places = 4
+    elif size >= Decimal("0.0001"):
+        places = 6
+    else:
+        places = MONEY_PLACES
+    shown = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
+    return f"${shown:,f}"
+
+
+CENT = Decimal("0.01")
+
+
+def cents(amount: Decimal) -> Decimal:
+    """Dollars rounded to the cent, half up: an amount for a person to read or pay (an invoice's
+    total due), never one to store or add up (sums are of the exact amounts).
+
+    Half up, not the ledger's half to even: half to even avoids a drift when many rounded
+    amounts are added, which never happens to a display amount (each is rounded once, from an
+    exact sum), and half up is the commercial rule a customer checking a bill by hand expects
+    ($0.125 -> $0.13). An exact half cent is rare anyway: amounts have 9 places.
+    """
+    return Decimal(amount).quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def cents_str(amount: Decimal) -> str:
+    """An amount as a person reads it: rounded by :func:`cents`, "$1,234.57".
+
+    A non-zero amount that rounds to $0.00 reads "< $0.01", so that a small charge is never
+    shown as none; zero reads "$0.00". Amounts are not negative (the ledger refuses them).
+    """
+    amount = Decimal(amount)
+    rounded = cents(amount)
+    if rounded == 0 and amount != 0:
+        return "< $0.01"
+    return f"${rounded:,.2f}"
 
 
 def MoneyField(**kwargs: object) -> models.DecimalField:  # noqa: N802 (reads like a field class)

@@ -9,13 +9,14 @@ leak; a viewer trying to change something of their own tenant gets 403.
 from collections.abc import Callable
 from functools import wraps
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from accounts.exports import invoice_csv, invoice_pdf, market_summaries
+from accounts.exports import invoice_csv, invoice_pdf
 from accounts.forms import ApiKeyCreateForm
 from accounts.models import ApiKey, Invoice, Tenant
 from accounts.selectors import (
@@ -23,8 +24,8 @@ from accounts.selectors import (
     api_keys_for_tenant,
     budget_statuses_for_tenant,
     can_manage_keys,
+    invoice_breakdown,
     invoice_for_tenant,
-    invoice_lines,
     invoices_for_tenant,
     role_for_user,
     tenant_for_user,
@@ -79,12 +80,17 @@ def invoice_list(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 @tenant_page
 def invoice_detail(request: HttpRequest, tenant: Tenant, invoice_id: int) -> HttpResponse:
     invoice = _invoice_or_404(tenant, invoice_id)
-    lines = list(invoice_lines(invoice=invoice))
+    breakdown = invoice_breakdown(invoice=invoice)
     context = {
         "tenant": tenant,
         "invoice": invoice,
-        "lines": lines,
-        "markets": market_summaries(lines),
+        "breakdown": breakdown,
+        "summaries": [
+            ("By day (UTC)", "Date", breakdown.by_day),
+            ("By API key", "API key", breakdown.by_key),
+            ("By market", "Market", breakdown.by_market),
+        ],
+        "issuer_name": settings.INVOICE_ISSUER_NAME,
     }
     return render(request, "accounts/invoice_detail.html", context)
 

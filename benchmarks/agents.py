@@ -9,8 +9,8 @@ then asks questions turn by turn, each turn's prompt holding the conversation so
 sessions are ``interactive`` and bid explicitly (``extra_body={"bid": ...}``, dollars per
 second of waiting); the others are ``background`` and send no bid, so the tenant's autobidder
 (if it has one) bids for them. Arrivals are Poisson; the generator prints a line per minute.
-Errors (402 when a budget is spent, 429, 503) are counted, not fatal: the agent waits and goes
-on, as a program with a retry policy would.
+Errors (429 ``insufficient_quota`` when a budget is spent, 429 ``queue_full``, 503) are counted,
+not fatal: the agent waits and goes on, as a program with a retry policy would.
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ class Tenant:
                     extra_body=extra,
                 )
             except openai.APIStatusError as exc:
-                self.counts[f"http {exc.status_code}"] += 1
-                await asyncio.sleep(5.0 if exc.status_code == 402 else 1.0)
+                spent = exc.code == "insufficient_quota"  # a budget, not a full queue
+                self.counts["budget spent" if spent else f"http {exc.status_code}"] += 1
+                await asyncio.sleep(5.0 if spent else 1.0)
                 return
             except openai.APIConnectionError:
                 self.counts["connection error"] += 1

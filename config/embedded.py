@@ -1,17 +1,18 @@
 """The live publishers inside the web server's process: the embedded mode (no Redis).
 
 Without Redis the channel layer is in memory: only consumers of the same process, on the same
-event loop, receive what is sent. So the web process itself must settle and publish:
+event loop, receive what is sent. So the web process itself must publish:
 
     services = live_services_start(loop=daphne_loop, rounds_jsonl=Path("rounds.jsonl"))
     ...
     services.stop()
 
 starts daemon threads: a JSONL follower per engine's file (``scheduler_bridge.settlement.jsonl``:
-settles the engine's round records and publishes books, round results and spend ticks) and the
-periodic publisher (``market.live.periodic.live_tick`` every ``interval_s``: engine status, spend of
-token charges). Their messages are handed to ``loop``, the loop that serves the websockets
-(``market.live.send.home_loop_set``). ``manage.py live_serve`` runs Daphne with both.
+takes the engine's round records, which move no money, and publishes books, round results and
+spend ticks) and the periodic publisher (``market.live.periodic.live_tick`` every
+``interval_s``: engine status, spend of token charges). Their messages are handed to ``loop``,
+the loop that serves the websockets (``market.live.send.home_loop_set``). ``manage.py
+live_serve`` runs Daphne with both.
 
 With Redis none of this is needed (Celery beat runs ``rounds_consume`` and ``live_publish``
 every second), though it works there too.
@@ -84,7 +85,7 @@ class LiveServices:
             connections.close_all()
 
     def _follow(self, path: Path) -> None:
-        logger.info("live: settling and publishing round records from %s", path)
+        logger.info("live: publishing round records from %s", path)
         rounds_jsonl_follow(
             path=path,
             follow=True,

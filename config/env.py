@@ -26,13 +26,17 @@ Variables:
   ``BATCH_MAX_BYTES``: batch jobs (``openai_api.batches``). Whole numbers through
   :func:`env_int`; defaults in ``config.settings``.
 - ``ROUNDS_STREAM``, ``ENGINE_ADMIN_TOKEN`` (:func:`env_text`), ``AUTOBID_INTERVAL_S``,
-  ``PRIORITY_SETTLE_GRACE_S``, ``STALE_REQUEST_S``: settlement, the console's push to engines and
+  ``STALE_REQUEST_S``: settlement, the console's push to engines and
   the periodic steps; defaults in ``config.settings``.
 - ``MARKET_CONTROL_DIR``: a directory where the market also writes each market's control state
   as ``<slug>.json`` (``scheduler_bridge.contract.control``), for engines that follow a file
   (the embedded mode without Redis). Unset: Redis only (when ``REDIS_URL`` is set).
 - ``METRICS_TOKEN``: the bearer token the gateway's ``/metrics`` asks for. Unset: ``/metrics``
   is off (403), so no deployment publishes its metrics by accident.
+- ``INVOICE_ISSUER_NAME`` (:func:`env_text`), ``INVOICE_ISSUER_ADDRESS`` (lines separated by
+  ``;``, :func:`env_list`), ``INVOICE_DUE_DAYS`` (:func:`env_int`, >= 0): who issues the
+  invoices and how many days after its issue an invoice is due (``accounts.exports``);
+  demo defaults in ``config.settings``.
 """
 
 from __future__ import annotations
@@ -145,12 +149,15 @@ def env_text(environ: Mapping[str, str], name: str) -> str | None:
     return _get(environ, name)
 
 
-def env_list(environ: Mapping[str, str], name: str, *, default: list[str]) -> list[str]:
-    """Parse a comma-separated list; blank items are dropped."""
+def env_list(
+    environ: Mapping[str, str], name: str, *, default: list[str], sep: str = ","
+) -> list[str]:
+    """Parse a list separated by ``sep`` (a comma unless said otherwise); blank items are
+    dropped."""
     value = _get(environ, name)
     if value is None:
         return default
-    return [item.strip() for item in value.split(",") if item.strip()]
+    return [item.strip() for item in value.split(sep) if item.strip()]
 
 
 def secret_key(environ: Mapping[str, str], *, debug: bool) -> str:

@@ -90,7 +90,6 @@ AUTOBID_INTERVAL_S = env.env_seconds(os.environ, "AUTOBID_INTERVAL_S", default=1
 # The sweep of what a lost step left open (accounts.services.settlement.holds_sweep), seconds: a
 # served request's hold still open this long after it finished (its round record was lost) is
 # released; a request still queued this long after it was opened (its gateway is gone) fails.
-PRIORITY_SETTLE_GRACE_S = env.env_seconds(os.environ, "PRIORITY_SETTLE_GRACE_S", default=600.0)
 STALE_REQUEST_S = env.env_seconds(os.environ, "STALE_REQUEST_S", default=3600.0)
 # Sent as `Authorization: Bearer ...` to engines' /admin/market (market.engine_control).
 ENGINE_ADMIN_TOKEN = env.env_text(os.environ, "ENGINE_ADMIN_TOKEN")
@@ -129,6 +128,17 @@ BATCH_CONCURRENCY = env.env_int(os.environ, "BATCH_CONCURRENCY", default=4)
 BATCH_BUSY_RETRIES = env.env_int(os.environ, "BATCH_BUSY_RETRIES", default=20, low=0)
 BATCH_MAX_LINES = env.env_int(os.environ, "BATCH_MAX_LINES", default=10_000)
 BATCH_MAX_BYTES = env.env_int(os.environ, "BATCH_MAX_BYTES", default=20 * 1024 * 1024)
+# Who issues the invoices (their PDF's letterhead; accounts.exports): a name and address lines
+# (separated by ";" in the variable), and the days after its issue date an invoice is due. The
+# defaults are the demo's, plainly not a real company.
+INVOICE_ISSUER_NAME = env.env_text(os.environ, "INVOICE_ISSUER_NAME") or "Inference Market (demo)"
+INVOICE_ISSUER_ADDRESS = env.env_list(
+    os.environ,
+    "INVOICE_ISSUER_ADDRESS",
+    default=["1 Example Street", "Example City, EX 00000", "Demo Land"],
+    sep=";",
+)
+INVOICE_DUE_DAYS = env.env_int(os.environ, "INVOICE_DUE_DAYS", default=30, low=0)
 CELERY_BEAT_SCHEDULE = {
     # Ticks expire rather than pile up while no worker runs; their results are not kept.
     "rounds-consume": {
@@ -144,6 +154,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     "autobidders-step": {
         "task": "scheduler_bridge.autobidders_step",
+        "schedule": AUTOBID_INTERVAL_S,
+        "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
+    },
+    "hold-horizons": {
+        "task": "scheduler_bridge.hold_horizons_renew",
         "schedule": AUTOBID_INTERVAL_S,
         "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
     },

@@ -37,6 +37,7 @@ class MarketAdmin(admin.ModelAdmin):
     list_filter = ["is_active", "policy"]
     search_fields = ["slug", "name", "served_model"]
     prepopulated_fields = {"slug": ["name"]}
+    readonly_fields = ["hold_horizon_s"]  # renewed from the market's charges, not set by hand
     inlines = [ReplicaInline, ReserveChangeInline]
 
     def save_model(self, request, obj: Market, form, change: bool) -> None:

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import models
 
 from accounts.money import MoneyField
+from accounts.rules import HOLD_HORIZON_PRIOR_S
 from market.mechanism import POLICIES
 
 DEFAULT_POLICY = "dfs-auction-density"
@@ -56,7 +57,14 @@ class Market(models.Model):
     )
     max_wait_s = models.FloatField(
         default=60.0,
-        help_text="Bound on a request's planned wait, seconds: an explicit bid holds bid x this.",
+        help_text="Bound on a request's planned wait, seconds: the most a bid consents to pay is "
+        "bid x this (its priority cap).",
+    )
+    hold_horizon_s = models.FloatField(
+        default=HOLD_HORIZON_PRIOR_S,
+        help_text="Seconds of its effective bid a request's priority holds against its budget: "
+        "what recent requests were charged per $/s of bid (a high quantile), renewed by the "
+        "periodic step (accounts.rules.hold_horizon_s).",
     )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)

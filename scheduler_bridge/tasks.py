@@ -1,10 +1,10 @@
 """Celery tasks. Thin wrappers: the work belongs in services.
 
 Scheduled by celery beat (``celery -A config beat``; ``CELERY_BEAT_SCHEDULE`` in
-``config.settings``): ``rounds_consume`` every second, ``autobidders_step`` every
-``AUTOBID_INTERVAL_S`` seconds, ``holds_sweep`` every minute, ``invoices_generate`` daily.
-The other apps' tasks are theirs: ``market.tasks`` (a market's policy and reserve pushed to its
-engine) and ``openai_api.batches.tasks`` (batch runs).
+``config.settings``): ``rounds_consume`` every second, ``autobidders_step`` and
+``hold_horizons_renew`` every ``AUTOBID_INTERVAL_S`` seconds, ``holds_sweep`` every minute,
+``invoices_generate`` daily. The other apps' tasks are theirs: ``market.tasks`` (a market's
+policy and reserve pushed to its engine) and ``openai_api.batches.tasks`` (batch runs).
 """
 
 import logging
@@ -17,6 +17,7 @@ from celery import Task, shared_task
 from django.conf import settings
 
 from accounts.services import settlement
+from market import services as market_services
 from market.live.periodic import live_tick
 from scheduler_bridge.settlement import periodic
 from scheduler_bridge.settlement import stream as rounds
@@ -63,11 +64,13 @@ def rounds_consume(
     claim_min_idle_ms: int = rounds.CLAIM_MIN_IDLE_MS,
     until_idle: bool = False,
 ) -> dict[str, Any]:
-    """Settle round records from the Redis stream for up to ``max_seconds`` (beat: every second).
+    """Take round records from the Redis stream for up to ``max_seconds`` and publish them to
+    the live consoles (beat: every second). They move no money: the gateway settles each
+    request's charges from the engine's answer.
 
     Safe to run anywhere, any number of times, concurrently: the stream's consumer group hands
-    each entry to one consumer, entries are acknowledged after their charges commit, and
-    settlement is idempotent. See ``scheduler_bridge.settlement.stream``.
+    each entry to one consumer, and entries are acknowledged once taken (checked and
+    published). See ``scheduler_bridge.settlement.stream``.
     """
     if not settings.REDIS_URL:
         logger.warning("rounds_consume needs REDIS_URL (use `manage.py rounds_consume --jsonl`)")
@@ -107,16 +110,18 @@ def autobidders_step(self: Task, *, interval_s: float | None = None) -> dict[str
     return periodic.autobidders_step_due(interval_s=interval).as_dict()
 
 
+@shared_task(name="scheduler_bridge.hold_horizons_renew", ignore_result=True)
+def hold_horizons_renew() -> int:
+    """Renew every active market's hold horizon from its recent charges (beat: every
+    ``AUTOBID_INTERVAL_S``, beside the pacing steps); how many markets."""
+    return market_services.hold_horizons_renew()
+
+
 @shared_task(name="scheduler_bridge.holds_sweep", ignore_result=True)
 def holds_sweep() -> dict[str, Any]:
-    """Close what a lost step left open: pending priority charges of served requests, holds
-    whose round record never came, requests whose gateway is gone (beat: every minute)."""
-    return asdict(
-        settlement.holds_sweep(
-            settle_grace_s=settings.PRIORITY_SETTLE_GRACE_S,
-            stale_after_s=settings.STALE_REQUEST_S,
-        )
-    )
+    """Close what a lost gateway left open: requests still queued long after any request is
+    served, failed uncharged (beat: every minute)."""
+    return asdict(settlement.holds_sweep(stale_after_s=settings.STALE_REQUEST_S))
 
 
 @shared_task(bind=True, name="scheduler_bridge.invoices_generate", acks_late=True)

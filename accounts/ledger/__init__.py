@@ -1,8 +1,9 @@
 """The ledger store: every write that moves money or reserves it (DESIGN.md 6).
 
-One interface, :class:`LedgerStore`, with four writes: open a request with its hold (or place a
-hold alone), write a charge, close a hold (a release, or a failed request's), and read a
-request's posted prices. :func:`ledger_store` chooses the implementation once per call site, by
+One interface, :class:`LedgerStore`, with three writes, a two-phase transfer per request: open
+a request with its hold (or place a hold alone), settle it (both its charges, the hold closed),
+or close its hold unsettled (a release, or a failed request's); and a read of a request's
+posted prices. :func:`ledger_store` chooses the implementation once per call site, by
 the database's vendor:
 
 - :class:`~accounts.ledger.orm.OrmLedger`, the reference: the ORM in a transaction, with the
@@ -12,9 +13,9 @@ the database's vendor:
   statement declines (the first request of a tenant or key, a replayed hold, a clock behind the
   counters' window).
 
-Both apply the same rules (``accounts.ledger.rules``: what a charge may be, what a budget has
-left) and give typed results: :class:`Charged` says what a charge did, with its entry when one
-was written. The equivalence and money-invariant tests run both on PostgreSQL
+Both apply the same rules (``accounts.rules``: what a settlement may charge, what a
+budget has left) and give typed results: :class:`Settled` says what a settlement did, with the
+entries it wrote. The equivalence and money-invariant tests run both on PostgreSQL
 (``STATEMENTS = False`` selects the reference there).
 """
 
@@ -24,9 +25,24 @@ from django.db import connection
 
 from accounts.ledger.orm import OrmLedger
 from accounts.ledger.postgres import PostgresLedger
-from accounts.ledger.store import BudgetExhausted, Charged, LedgerStore, Outcome
+from accounts.ledger.store import (
+    BudgetExhausted,
+    LedgerStore,
+    Outcome,
+    PriorityCharge,
+    Settled,
+    Usage,
+)
 
-__all__ = ["BudgetExhausted", "Charged", "LedgerStore", "Outcome", "ledger_store"]
+__all__ = [
+    "BudgetExhausted",
+    "LedgerStore",
+    "Outcome",
+    "PriorityCharge",
+    "Settled",
+    "Usage",
+    "ledger_store",
+]
 
 # False: the reference ORM code on PostgreSQL too (the equivalence tests switch it).
 STATEMENTS = True

@@ -10,10 +10,10 @@ from decimal import Decimal
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q, Sum
 
-from accounts.ledger.rules import budget_left
 from accounts.models import Budget, BudgetCounter, Hold, HoldState, LedgerEntry
 from accounts.models.budgets import WINDOWED_PERIODS
 from accounts.money import ZERO
+from accounts.rules import VALUES, left
 from accounts.windows import window_for
 
 
@@ -101,10 +101,10 @@ def budget_room(
     budgets = Budget.objects.filter(
         Q(api_key__isnull=True) | Q(api_key_id=api_key_id), tenant_id=tenant_id
     )
-    rooms = [
-        budget_left(
-            limit=budget.limit, counter=by_scope[budget.api_key_id], period=budget.period, now=now
-        )
-        for budget in budgets
-    ]
+    rooms = []
+    for budget in budgets:
+        counter = by_scope[budget.api_key_id]
+        start = window_for(period=budget.period, now=now).start
+        spent = counter.spent_in(period=budget.period, window_start=start, at_most=True)
+        rooms.append(left(VALUES, limit=budget.limit, spent=spent, held=counter.held))
     return min(rooms, default=None)

@@ -21,8 +21,7 @@ from accounts.ledger.counters import (
     budget_counters_saved,
     budget_room,
 )
-from accounts.ledger.rules import capped_detail, charge_allowed, hold_after
-from accounts.ledger.store import BudgetExhausted, Charged, Outcome
+from accounts.ledger.store import BudgetExhausted, Outcome, PriorityCharge, Settled, Usage
 from accounts.models import (
     ApiKey,
     Autobidder,
@@ -36,7 +35,8 @@ from accounts.models import (
     RequestStatus,
     Tenant,
 )
-from accounts.money import ZERO, PostedPrices, money_str
+from accounts.money import ZERO, PostedPrices
+from accounts.rules import capped_detail, settlement_allowed
 from accounts.selectors.budgets import budget_usage_counted
 
 
@@ -116,123 +116,92 @@ class OrmLedger:
         budget_counters_saved(counters)
         return hold
 
-    def charge_write(
+    def request_settle(
         self,
         *,
         request_id: str,
-        kind: str,
-        amount: Decimal,
-        round_id: str,
-        detail: dict[str, Any],
+        usage: Usage,
+        tokens: Decimal,
+        priority: PriorityCharge | None,
+        prices: PostedPrices,
         now: datetime,
-        market_slug: str | None = None,
-        request_fields: dict[str, Any] | None = None,
-        priced_by: PostedPrices | None = None,
-    ) -> Charged:
-        if priced_by is not None:
-            return Charged(Outcome.REPRICED)  # the reference reads the prices itself
-        owner = (
-            Request.objects.filter(request_id=request_id)
-            .values("tenant_id", "api_key_id", "market__slug")
-            .first()
-        )
-        if owner is None or (market_slug is not None and owner["market__slug"] != market_slug):
-            return Charged(Outcome.UNKNOWN)
-        completes = kind == ChargeKind.TOKENS
-        scope = {"tenant_id": owner["tenant_id"], "api_key_id": owner["api_key_id"]}
+    ) -> Settled:
+        owner = Request.objects.filter(request_id=request_id).values("tenant_id", "api_key_id")
+        scope = owner.first()
+        if scope is None:
+            return Settled(Outcome.UNKNOWN)
         with transaction.atomic():
             budget_counters_ensure(**scope, now=now)
             # Lock order everywhere: the request, its hold, the counters, the autobidder.
             request = Request.objects.select_for_update().get(pk=request_id)
             if request.status == RequestStatus.FAILED:
-                return Charged(Outcome.NOT_SERVED)
-            if LedgerEntry.objects.filter(request_id=request_id, kind=kind).exists():
-                return Charged(Outcome.DUPLICATE)
-            if not completes and request.status == RequestStatus.QUEUED:
-                if request.priority_pending is not None:
-                    return Charged(Outcome.DUPLICATE)
-                pending = {"amount": money_str(amount), "round_id": round_id, "detail": detail}
-                request.priority_pending = pending
-                request.admitted_at = request.admitted_at or now
-                request.save(update_fields=["priority_pending", "admitted_at"])
-                return Charged(Outcome.PENDING)
-            open_hold = Hold.objects.select_for_update().filter(
-                request_id=request_id, state=HoldState.OPEN
+                return Settled(Outcome.NOT_SERVED)
+            if request.status == RequestStatus.SERVED:
+                return Settled(Outcome.DUPLICATE)
+            if _prices(request.market) != _prices(prices):
+                return Settled(Outcome.REPRICED)
+            hold = (
+                Hold.objects.select_for_update()
+                .filter(request_id=request_id, state=HoldState.OPEN)
+                .first()
             )
-            hold = open_hold.first()
             counters = budget_counters_locked(**scope)
             autobidder = None
-            if not completes and request.bid_source == BidSource.AUTOBID:
+            if priority is not None and request.bid_source == BidSource.AUTOBID:
                 locked = Autobidder.objects.select_for_update()
                 autobidder = locked.filter(tenant_id=scope["tenant_id"]).first()
             remaining = hold.remaining if hold is not None else ZERO
-            allowed = charge_allowed(
-                asked=amount,
-                priority_cap=None if completes else request.priority_cap,
+            allowed = settlement_allowed(
+                tokens=tokens,
+                priority=None if priority is None else priority.amount,
+                priority_cap=request.priority_cap,
                 hold_remaining=remaining,
                 budget_room=budget_room(**scope, counters=counters, now=now),
                 autobidder_room=None if autobidder is None else autobidder.budget_left(now=now),
             )
-            entry = LedgerEntry.objects.create(
-                request_id=request_id,
-                kind=kind,
-                **scope,
-                market_id=request.market_id,
-                round_id=round_id,
-                amount=allowed.amount,
-                detail=capped_detail(detail, allowed=allowed, asked=amount),
+            entry = {**scope, "request_id": request_id, "market_id": request.market_id}
+            written = LedgerEntry.objects.create(
+                **entry,
+                kind=ChargeKind.TOKENS,
+                round_id="",
+                amount=allowed.tokens.amount,
+                detail=capped_detail(usage.tokens_detail(), allowed=allowed.tokens, asked=tokens),
                 created_at=now,
             )
-            pending = request.priority_pending if completes else None
-            if completes:
-                Request.objects.filter(pk=request_id).update(
-                    status=RequestStatus.SERVED, finished_at=now, **(request_fields or detail)
+            charged = allowed.tokens.amount
+            priority_entry = None
+            if priority is not None and allowed.priority is not None:
+                priority_entry = LedgerEntry.objects.create(
+                    **entry,
+                    kind=ChargeKind.PRIORITY,
+                    round_id=priority.round_id,
+                    amount=allowed.priority.amount,
+                    detail=capped_detail(
+                        priority.detail, allowed=allowed.priority, asked=priority.amount
+                    ),
+                    created_at=now,
                 )
-                # The hold keeps the priority part still to come: none when no cap was recorded
-                # or it is 0 (no effective bid) and nothing is pending, or when it is settled.
-                cap = request.priority_cap
-                priority_settled = LedgerEntry.objects.filter(
-                    request_id=request_id, kind=ChargeKind.PRIORITY
-                ).exists()
-                close = priority_settled or (pending is None and (cap is None or cap == 0))
-            else:
-                Request.objects.filter(pk=request_id).update(
-                    admitted_at=request.admitted_at or now, priority_pending=None
-                )
-                close = True
-            released = ZERO
+                charged += allowed.priority.amount
+            Request.objects.filter(pk=request_id).update(
+                status=RequestStatus.SERVED,
+                finished_at=now,
+                prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens,
+                completion_tokens=usage.completion_tokens,
+                ttft_s=usage.ttft_s,
+                e2e_s=usage.e2e_s,
+            )
             if hold is not None:
-                hold.remaining = hold_after(
-                    remaining=remaining,
-                    consumed=min(allowed.amount, remaining),
-                    close=close,
-                    priority_cap=request.priority_cap,
-                )
-                if close:
-                    hold.state, hold.closed_at = HoldState.SETTLED, now
+                hold.state, hold.remaining, hold.closed_at = HoldState.SETTLED, ZERO, now
                 hold.save(update_fields=["remaining", "state", "closed_at"])
-                released = remaining - hold.remaining
             for counter in counters:
-                counter.charge_counted(amount=allowed.amount, at=now)
-                counter.held -= released
+                counter.charge_counted(amount=charged, at=now)
+                counter.held -= remaining
             budget_counters_saved(counters)
-            if autobidder is not None:
-                autobidder.charge_counted(amount=allowed.amount, at=now)
+            if autobidder is not None and priority_entry is not None:
+                autobidder.charge_counted(amount=priority_entry.amount, at=now)
                 autobidder.save(update_fields=["spent_start", "spent_in_window"])
-            if pending is not None:
-                self.pending_write(request_id=request_id, pending=pending, now=now)
-        return Charged(Outcome.WRITTEN, entry)
-
-    def pending_write(self, *, request_id: str, pending: dict[str, Any], now: datetime) -> Charged:
-        """Write the priority charge a served request had pending (its hold reserves it)."""
-        return self.charge_write(
-            request_id=request_id,
-            kind=ChargeKind.PRIORITY,
-            amount=Decimal(pending["amount"]),
-            round_id=pending["round_id"],
-            detail=pending["detail"],
-            now=now,
-        )
+        return Settled(Outcome.WRITTEN, written, priority_entry)
 
     def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
         owner = (
@@ -276,6 +245,14 @@ class OrmLedger:
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
         request = Request.objects.select_related("market").filter(request_id=request_id).first()
         return None if request is None else request.market
+
+
+def _prices(market: PostedPrices) -> tuple[Decimal, Decimal, Decimal]:
+    return (
+        market.price_input_per_mtok,
+        market.price_cached_input_per_mtok,
+        market.price_output_per_mtok,
+    )
 
 
 def _same_owner(hold: Hold, *, tenant: Tenant, api_key: ApiKey | None) -> Hold:

@@ -9,8 +9,7 @@ from typing import Any
 
 from accounts.ledger import statements
 from accounts.ledger.orm import OrmLedger
-from accounts.ledger.rules import Allowed, capped_detail
-from accounts.ledger.store import BudgetExhausted, Charged, Outcome
+from accounts.ledger.store import BudgetExhausted, Outcome, PriorityCharge, Settled, Usage
 from accounts.models import (
     ApiKey,
     Budget,
@@ -23,12 +22,12 @@ from accounts.models import (
     Tenant,
 )
 from accounts.money import PostedPrices, Prices
+from accounts.rules import BUDGET, VALUES, Allowed, capped_detail, fits
 from accounts.selectors.budgets import BudgetStatus, budget_status_of
 from accounts.windows import window_for
 
 # A request's fields that only its settlement fills in (None in a row the statement wrote).
 _UNSET_AT_OPEN = (
-    "admitted_at",
     "finished_at",
     "prompt_tokens",
     "cached_tokens",
@@ -147,73 +146,78 @@ class PostgresLedger(OrmLedger):
             return None  # a replay: the first hold is returned, whatever the budget says now
         raise BudgetExhausted(status=_refusal(fast.budgets, amount=amount, now=now), amount=amount)
 
-    def charge_write(
+    def request_settle(
         self,
         *,
         request_id: str,
-        kind: str,
-        amount: Decimal,
-        round_id: str,
-        detail: dict[str, Any],
+        usage: Usage,
+        tokens: Decimal,
+        priority: PriorityCharge | None,
+        prices: PostedPrices,
         now: datetime,
-        market_slug: str | None = None,
-        request_fields: dict[str, Any] | None = None,
-        priced_by: PostedPrices | None = None,
-    ) -> Charged:
-        tokens = None
-        if kind == ChargeKind.TOKENS:
-            tokens = {"ttft_s": None, "e2e_s": None, **(request_fields or detail)}
-        fast = statements.charge_write(
+    ) -> Settled:
+        fast = statements.request_settle(
             request_id=request_id,
-            kind=kind,
-            amount=amount,
-            round_id=round_id,
-            detail=detail,
-            now=now,
-            market_slug=market_slug,
+            usage={
+                **usage.tokens_detail(),
+                "ttft_s": usage.ttft_s,
+                "e2e_s": usage.e2e_s,
+            },
             tokens=tokens,
-            prices=None if priced_by is None else _prices(priced_by),
+            priority=None if priority is None else priority.amount,
+            round_id="" if priority is None else priority.round_id,
+            priority_detail=None if priority is None else priority.detail,
+            prices=_prices(prices),
+            now=now,
         )
         if fast.status is None:
-            return Charged(Outcome.UNKNOWN)
+            return Settled(Outcome.UNKNOWN)
         if fast.status == RequestStatus.FAILED:
-            return Charged(Outcome.NOT_SERVED)
-        if fast.pending_stored:
-            return Charged(Outcome.PENDING)
-        if fast.entry_id is not None:
-            allowed = Allowed(amount=fast.amount, capped_by=fast.capped_by)
-            entry = statements.model_loaded(
-                LedgerEntry,
-                {
-                    "id": fast.entry_id,
-                    "request_id": request_id,
-                    "kind": kind,
-                    "tenant_id": fast.tenant_id,
-                    "api_key_id": fast.api_key_id,
-                    "market_id": fast.market_id,
-                    "round_id": round_id,
-                    "amount": fast.amount,
-                    "detail": capped_detail(detail, allowed=allowed, asked=amount),
-                    "created_at": now,
-                },
+            return Settled(Outcome.NOT_SERVED)
+        if fast.status == RequestStatus.SERVED:
+            return Settled(Outcome.DUPLICATE)
+        if fast.tokens_id is None:
+            if not fast.priced:
+                return Settled(Outcome.REPRICED)
+            return super().request_settle(  # declined: the reference decides
+                request_id=request_id,
+                usage=usage,
+                tokens=tokens,
+                priority=priority,
+                prices=prices,
+                now=now,
             )
-            if fast.pending is not None:
-                self.pending_write(request_id=request_id, pending=fast.pending, now=now)
-            return Charged(Outcome.WRITTEN, entry)
-        if not fast.priced:
-            return Charged(Outcome.REPRICED)
-        if fast.counted:
-            return Charged(Outcome.DUPLICATE)
-        return super().charge_write(  # declined: the reference decides
-            request_id=request_id,
-            kind=kind,
-            amount=amount,
-            round_id=round_id,
-            detail=detail,
-            now=now,
-            market_slug=market_slug,
-            request_fields=request_fields,
+        owner = {
+            "request_id": request_id,
+            "tenant_id": fast.tenant_id,
+            "api_key_id": fast.api_key_id,
+            "market_id": fast.market_id,
+            "created_at": now,
+        }
+        token_entry = _entry_loaded(
+            owner,
+            entry_id=fast.tokens_id,
+            kind=ChargeKind.TOKENS,
+            round_id="",
+            asked=tokens,
+            allowed=Allowed(
+                amount=fast.tokens_amount,
+                capped_by=None if fast.tokens_amount >= tokens else BUDGET,
+            ),
+            detail=usage.tokens_detail(),
         )
+        priority_entry = None
+        if priority is not None and fast.priority_id is not None:
+            priority_entry = _entry_loaded(
+                owner,
+                entry_id=fast.priority_id,
+                kind=ChargeKind.PRIORITY,
+                round_id=priority.round_id,
+                asked=priority.amount,
+                allowed=Allowed(amount=fast.priority_amount, capped_by=fast.priority_capped_by),
+                detail=priority.detail,
+            )
+        return Settled(Outcome.WRITTEN, token_entry, priority_entry)
 
     def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
         fast = statements.hold_close(request_id=request_id, now=now, fail_request=fail_request)
@@ -234,18 +238,45 @@ class PostgresLedger(OrmLedger):
         )
 
 
-def _prices(market: PostedPrices) -> dict[str, Any]:
-    return {
-        "market": market.pk,
-        "price_input": market.price_input_per_mtok,
-        "price_cached": market.price_cached_input_per_mtok,
-        "price_output": market.price_output_per_mtok,
-    }
+def _prices(market: PostedPrices) -> tuple[Decimal, Decimal, Decimal]:
+    return (
+        market.price_input_per_mtok,
+        market.price_cached_input_per_mtok,
+        market.price_output_per_mtok,
+    )
+
+
+def _entry_loaded(
+    owner: dict[str, Any],
+    *,
+    entry_id: int,
+    kind: str,
+    round_id: str,
+    asked: Decimal,
+    allowed: Allowed,
+    detail: dict[str, Any],
+) -> LedgerEntry:
+    """The entry the settle statement wrote, from what it was given and what it returned."""
+    return statements.model_loaded(
+        LedgerEntry,
+        {
+            **owner,
+            "id": entry_id,
+            "kind": kind,
+            "round_id": round_id,
+            "amount": allowed.amount,
+            "detail": capped_detail(detail, allowed=allowed, asked=asked),
+        },
+    )
 
 
 def _refusal(rows: list[statements.BudgetRow], *, amount: Decimal, now: datetime) -> BudgetStatus:
     """The status of the first budget, in id order, that the hold statement found too full."""
-    row = next(r for r in rows if r.spent + r.held + amount > r.limit)
+    row = next(
+        r
+        for r in rows
+        if not fits(VALUES, limit=r.limit, spent=r.spent, held=r.held, amount=amount)
+    )
     budget = Budget(
         id=row.budget_id,
         api_key_id=row.api_key_id,

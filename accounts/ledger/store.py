@@ -9,31 +9,64 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from accounts.models import ApiKey, Hold, LedgerEntry, Request, Tenant
-from accounts.money import PostedPrices, money_str
+from accounts.money import PostedPrices, money_human
 from accounts.selectors.budgets import BudgetStatus
 
 
 class Outcome(StrEnum):
-    """What a charge did."""
+    """What a settlement did."""
 
-    WRITTEN = "written"  # the entry was written (``Charged.entry``)
-    PENDING = "pending"  # a priority charge of a request still in flight: kept on its row
-    DUPLICATE = "duplicate"  # the entry exists (a replay): nothing written
-    UNKNOWN = "unknown"  # no such request, or not of the record's market
+    WRITTEN = "written"  # the entries were written (``Settled``)
+    DUPLICATE = "duplicate"  # the request was settled already (a replay): nothing written
+    UNKNOWN = "unknown"  # no such request
     NOT_SERVED = "not_served"  # the request failed: never charged
     REPRICED = "repriced"  # the amount came from prices that are no longer the market's
 
 
 @dataclass(frozen=True, slots=True)
-class Charged:
-    """The result of :meth:`LedgerStore.charge_write`."""
+class PriorityCharge:
+    """The priority charge an engine reported for a request, from the round that admitted it
+    (dollars, before any limit), and that round's view of the request."""
+
+    amount: Decimal
+    round_id: str
+    detail: dict[str, Any]  # a PriorityDetail
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a served request used, as its engine reported it: tokens, and latencies in
+    seconds (None: not reported)."""
+
+    prompt_tokens: int  # all of them, cached included
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+
+    def tokens_detail(self) -> dict[str, int]:
+        """The token entry's detail (a TokensDetail)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The result of :meth:`LedgerStore.request_settle`."""
 
     outcome: Outcome
-    entry: LedgerEntry | None = None  # when WRITTEN
+    tokens: LedgerEntry | None = None  # when WRITTEN
+    priority: LedgerEntry | None = None  # when WRITTEN with a priority charge
 
 
 class BudgetExhausted(Exception):
-    """A request does not fit a budget. Carries what the gateway's 402 answer needs."""
+    """A request does not fit a budget. Carries what the gateway's 429 ``insufficient_quota``
+    answer needs; its message is for a person: the budget that refused (scope and period), its
+    spent, held and left, what the request needed, and when it resets, in rounded dollars (the
+    exact figures are on ``status``)."""
 
     def __init__(self, *, status: BudgetStatus, amount: Decimal) -> None:
         self.status = status
@@ -42,15 +75,19 @@ class BudgetExhausted(Exception):
         self.remaining = status.remaining
         self.resets_at = status.resets_at
         self.seconds_until_reset = status.seconds_until_reset
+        whose = "This API key's" if status.scope == "key" else "The tenant's"
+        per = "with no period" if status.period == "none" else f"per {status.period}"
         when = (
-            "never resets"
-            if status.seconds_until_reset is None
-            else f"resets in {status.seconds_until_reset:.0f} s ({status.resets_at.isoformat()})"
+            "It never resets."
+            if status.resets_at is None or status.seconds_until_reset is None
+            else f"It resets at {status.resets_at.isoformat()} "
+            f"(in {status.seconds_until_reset:.0f} s)."
         )
         super().__init__(
-            f"{status.scope} budget exhausted: ${money_str(amount)} needed, "
-            f"${money_str(status.remaining)} left of ${money_str(status.limit)} per "
-            f"{status.period}; {when}"
+            f"{whose} budget of {money_human(status.limit)} {per} is exhausted: "
+            f"{money_human(status.spent)} spent, {money_human(status.held)} held for requests "
+            f"in flight, {money_human(status.remaining)} left; this request needs up to "
+            f"{money_human(amount)}. {when}"
         )
 
 
@@ -85,26 +122,22 @@ class LedgerStore(Protocol):
         together; a replay returns the row as it is."""
         ...
 
-    def charge_write(
+    def request_settle(
         self,
         *,
         request_id: str,
-        kind: str,
-        amount: Decimal,
-        round_id: str,
-        detail: dict[str, Any],
+        usage: Usage,
+        tokens: Decimal,
+        priority: PriorityCharge | None,
+        prices: PostedPrices,
         now: datetime,
-        market_slug: str | None = None,
-        request_fields: dict[str, Any] | None = None,
-        priced_by: PostedPrices | None = None,
-    ) -> Charged:
-        """Write the (request, ``kind``) entry of at most ``amount`` (``rules.charge_allowed``),
-        consume the hold and count the charge, atomically with the request locked.
-        ``market_slug``: only a request of that market; ``request_fields``: what a token charge
-        records on the request (it is then served); ``priced_by``: the market ``amount`` was
-        priced from, written only if its prices are still the request's market's (REPRICED
-        otherwise: the caller prices it again). A token charge that finds a priority charge
-        pending on the request writes it next."""
+    ) -> Settled:
+        """Settle a served request once: write its token entry of at most ``tokens`` dollars
+        and its priority entry (when the engine reported one) of at most ``priority.amount``
+        (``rules.settlement_allowed``), close its hold and count both, atomically with the
+        request locked, and mark it served with its ``usage``. ``tokens`` was priced from
+        ``prices``: written only if they are still the request's market's (REPRICED
+        otherwise: the caller prices it again)."""
         ...
 
     def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:

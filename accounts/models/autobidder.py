@@ -13,6 +13,8 @@ from decimal import Decimal
 from django.db import models
 from django.db.models import Q
 
+from accounts import rules
+from accounts.algebra import VALUES
 from accounts.models.tenants import Tenant
 from accounts.money import ZERO, MoneyField
 from accounts.windows import EPOCH, window_for
@@ -82,24 +84,33 @@ class Autobidder(models.Model):
 
     def window_spent(self, *, now: datetime) -> Decimal:
         """Priority dollars its budget has paid in its window at ``now``: the counted window's
-        spend, 0 when that window has ended, the counted one's when ``now`` lies before it."""
-        start = window_for(period=self.period, now=now).start
-        return ZERO if self.spent_start < start else self.spent_in_window
+        spend, 0 when that window has ended, the counted one's when ``now`` lies before it
+        (``rules.window_spent_at_most``)."""
+
+        return rules.window_spent_at_most(
+            VALUES,
+            kept_start=self.spent_start,
+            kept_spent=self.spent_in_window,
+            start=window_for(period=self.period, now=now).start,
+        )
 
     def budget_left(self, *, now: datetime) -> Decimal:
         """Dollars its budget has left in its window at ``now`` (negative if a limit was
-        lowered below what was spent)."""
-        return self.budget - self.window_spent(now=now)
+        lowered below what was spent; ``rules.left``, nothing held)."""
+
+        return rules.left(VALUES, limit=self.budget, spent=self.window_spent(now=now), held=ZERO)
 
     def charge_counted(self, *, amount: Decimal, at: datetime) -> None:
-        """Count a priority charge of ``amount`` dollars made at ``at`` (BudgetCounter's rule:
-        a newer window starts its sum at this amount, an older one is left alone); the caller
-        saves."""
-        start = window_for(period=self.period, now=at).start
-        if start == self.spent_start:
-            self.spent_in_window += amount
-        elif start > self.spent_start:
-            self.spent_start, self.spent_in_window = start, amount
+        """Count a priority charge of ``amount`` dollars made at ``at`` (``rules.window_counted``,
+        BudgetCounter's rule); the caller saves."""
+
+        self.spent_start, self.spent_in_window = rules.window_counted(
+            VALUES,
+            kept_start=self.spent_start,
+            kept_spent=self.spent_in_window,
+            start=window_for(period=self.period, now=at).start,
+            amount=amount,
+        )
 
 
 class AutobidderStep(models.Model):

@@ -13,9 +13,11 @@ from decimal import Decimal
 from django.db import models
 from django.db.models import Q
 
+from accounts import rules
+from accounts.algebra import VALUES
 from accounts.models.keys import ApiKey
 from accounts.models.tenants import Tenant
-from accounts.money import ZERO, MoneyField, money_str
+from accounts.money import MoneyField, money_str
 from accounts.windows import EPOCH, window_for
 
 
@@ -173,25 +175,36 @@ class BudgetCounter(models.Model):
             f"${money_str(self.held)} held"
         )
 
-    def spent_in(self, *, period: str, window_start: datetime) -> Decimal | None:
+    def spent_in(
+        self, *, period: str, window_start: datetime, at_most: bool = False
+    ) -> Decimal | None:
         """Dollars charged in the ``period`` window that starts at ``window_start``; None when
-        that window is older than the one this row keeps (sum the ledger for it)."""
+        that window is older than the one this row keeps (sum the ledger for it), or with
+        ``at_most`` the row's window's: the most it can have spent (``rules.window_spent``,
+        ``rules.window_spent_at_most``)."""
+
         if period == "none":
             return self.spent_total
-        kept = getattr(self, f"{period}_start")
-        if kept == window_start:
-            return getattr(self, f"{period}_spent")
-        return ZERO if kept < window_start else None
+        rule = rules.window_spent_at_most if at_most else rules.window_spent
+        return rule(
+            VALUES,
+            kept_start=getattr(self, f"{period}_start"),
+            kept_spent=getattr(self, f"{period}_spent"),
+            start=window_start,
+        )
 
     def charge_counted(self, *, amount: Decimal, at: datetime) -> None:
-        """Count a charge of ``amount`` dollars made at ``at`` (its ledger entry's time); the
-        caller saves. The same rule as the SQL of ``accounts.ledger.statements``."""
+        """Count a charge of ``amount`` dollars made at ``at`` (its ledger entry's time) in
+        every window (``rules.window_counted``); the caller saves."""
+
         self.spent_total += amount
         for period in WINDOWED_PERIODS:
-            start = window_for(period=period, now=at).start
-            kept = getattr(self, f"{period}_start")
-            if start == kept:
-                setattr(self, f"{period}_spent", getattr(self, f"{period}_spent") + amount)
-            elif start > kept:  # the first charge of a newer window
-                setattr(self, f"{period}_start", start)
-                setattr(self, f"{period}_spent", amount)
+            start, spent = rules.window_counted(
+                VALUES,
+                kept_start=getattr(self, f"{period}_start"),
+                kept_spent=getattr(self, f"{period}_spent"),
+                start=window_for(period=period, now=at).start,
+                amount=amount,
+            )
+            setattr(self, f"{period}_start", start)
+            setattr(self, f"{period}_spent", spent)

@@ -1,11 +1,15 @@
 """Invoices: a tenant's ledger entries of one period, a line per request with both parts."""
 
+from datetime import UTC, date, timedelta
+from decimal import Decimal
+
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
 from accounts.models.ledger import Request
 from accounts.models.tenants import Tenant
-from accounts.money import MoneyField, money_str
+from accounts.money import MoneyField, cents, money_str
 
 
 class Invoice(models.Model):
@@ -37,6 +41,34 @@ class Invoice(models.Model):
     def number(self) -> str:
         """A readable invoice number."""
         return f"INV-{self.tenant.slug}-{self.period_start:%Y%m%d}-{self.pk}"
+
+    @property
+    def total_due(self) -> Decimal:
+        """What the tenant pays, dollars: the exact total rounded once to the cent, half up
+        (:func:`accounts.money.cents`)."""
+        return cents(self.total)
+
+    @property
+    def period_first_day(self) -> date:
+        """The UTC day the period starts on."""
+        return self.period_start.astimezone(UTC).date()
+
+    @property
+    def period_last_day(self) -> date:
+        """The last UTC day of the period (its end is exclusive: a month ends at the next 1st)."""
+        return (self.period_end.astimezone(UTC) - timedelta(microseconds=1)).date()
+
+    @property
+    def issued_on(self) -> date:
+        """The UTC day the invoice was made."""
+        return self.created_at.astimezone(UTC).date()
+
+    @property
+    def due_on(self) -> date:
+        """The day payment is due: ``INVOICE_DUE_DAYS`` after the issue date. Computed when read,
+        not stored: a PDF already sent keeps the date printed on it, one made after the setting
+        changed shows the new one."""
+        return self.issued_on + timedelta(days=settings.INVOICE_DUE_DAYS)
 
 
 class InvoiceLine(models.Model):

@@ -1,9 +1,9 @@
 """Requests and the ledger: what each served request was charged, exactly (DESIGN.md 4.5, 6).
 
-A request pays two parts, each one :class:`LedgerEntry`: the priority charge, settled from the
-round record of the round that admitted it, and the token charge, settled from its completion
-report at the market's posted prices. The unique key (request, kind) makes replays change
-nothing. Entries are never updated or deleted.
+A request pays two parts, each one :class:`LedgerEntry`, both written when the gateway settles
+it from the engine's answer: the priority charge the engine computed in the round that admitted
+it, and the token charge at the market's posted prices. The unique key (request, kind) makes
+replays change nothing. Entries are never updated or deleted.
 """
 
 from typing import NotRequired, TypedDict
@@ -18,10 +18,8 @@ from accounts.money import MoneyField, money_str
 
 class RequestStatus(models.TextChoices):
     QUEUED = "queued", "Queued"  # sent to the engine, not finished
-    SERVED = "served", "Served"  # completed; its token charge is in the ledger
+    SERVED = "served", "Served"  # completed and settled: its charges are in the ledger
     FAILED = "failed", "Failed"  # not served (engine down, client gone, ...); never charged
-    # A request pays its priority charge only once served: a round record that admits it while
-    # it is queued leaves the charge pending on its row (``priority_pending``) until it is.
 
 
 class BidSource(models.TextChoices):
@@ -47,7 +45,7 @@ class Request(models.Model):
     priority_cap = MoneyField(
         null=True,
         blank=True,
-        help_text="The most its priority charge may be, dollars: the priority part of its hold "
+        help_text="The most its priority charge may be, dollars: what the tenant consented to "
         "(effective bid x the market's max_wait_s, or the autobid's worst case). Empty: no cap.",
     )
     request_class = models.CharField(max_length=50, default="interactive")
@@ -56,20 +54,12 @@ class Request(models.Model):
         max_length=8, choices=RequestStatus.choices, default=RequestStatus.QUEUED
     )
     created_at = models.DateTimeField()
-    admitted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     ttft_s = models.FloatField(null=True, blank=True, help_text="Time to first token, seconds.")
     e2e_s = models.FloatField(null=True, blank=True, help_text="End-to-end latency, seconds.")
-    priority_pending = models.JSONField(
-        null=True,
-        blank=True,
-        help_text="A priority charge settled from a round record while the request was still in "
-        'flight ({"amount", "round_id", "detail"}): written to the ledger when the request is '
-        "served, never if it fails.",
-    )
 
     class Meta:
         ordering = ["-created_at", "-request_id"]
@@ -85,7 +75,7 @@ class ChargeKind(models.TextChoices):
 
 
 class CapDetail(TypedDict, total=False):
-    """What a cap cut from a charge (``accounts.ledger.rules.capped_detail``), amounts as exact
+    """What a cap cut from a charge (``accounts.rules.capped_detail``), amounts as exact
     strings; absent when nothing was cut."""
 
     capped_at: str  # the amount written
@@ -103,7 +93,8 @@ class BlockDetail(TypedDict):
 
 
 class PriorityDetail(CapDetail):
-    """A priority entry's detail: the round record's view of the request."""
+    """A priority entry's detail: the admitting round's view of the request, as the engine
+    reported it in the answer's ``meta_info``."""
 
     bid: float  # $/s, as sent
     effective_bid: float  # 0 under the reserve

@@ -16,6 +16,8 @@ from decimal import Decimal
 from django.db.models import F, Q, Sum
 from django.utils import timezone
 
+from accounts import rules
+from accounts.algebra import VALUES
 from accounts.models import ApiKey, Budget, BudgetCounter, Hold, HoldState, LedgerEntry, Tenant
 from accounts.money import ZERO, money_str
 from accounts.windows import Window, window_for
@@ -38,8 +40,9 @@ class BudgetStatus:
     soft_alert: bool  # spent has reached the soft alert fraction of the limit
 
     def fits(self, amount: Decimal) -> bool:
-        """Whether ``amount`` more can be held: spent + held + amount <= limit."""
-        return self.spent + self.held + amount <= self.limit
+        """Whether ``amount`` more can be held (``rules.fits``)."""
+
+        return rules.fits(VALUES, limit=self.limit, spent=self.spent, held=self.held, amount=amount)
 
     def as_json(self) -> dict[str, object]:
         """JSON-ready: exact amounts as strings, times as ISO 8601."""
@@ -70,7 +73,7 @@ def budget_status_of(
         limit=budget.limit,
         spent=spent,
         held=held,
-        remaining=max(budget.limit - spent - held, ZERO),
+        remaining=max(rules.left(VALUES, limit=budget.limit, spent=spent, held=held), ZERO),
         window_start=window.start,
         resets_at=window.end,
         seconds_until_reset=window.seconds_until_end(now),
@@ -93,26 +96,69 @@ def ledger_spent(*, tenant_id: int, api_key_id: int | None, window: Window) -> D
     return entries.aggregate(total=Sum("amount"))["total"] or ZERO
 
 
+@dataclass(frozen=True)
+class WindowSpend:
+    """What a tenant (or one of its keys) spent in one window, and holds now, in dollars."""
+
+    window: Window
+    spent: Decimal  # ledger entries in ``window``
+    held: Decimal  # open holds, whatever their window
+
+
+def window_spend_counted(
+    *,
+    tenant_id: int,
+    api_key_id: int | None,
+    period: str,
+    counter: BudgetCounter | None,
+    now: datetime,
+) -> WindowSpend:
+    """The spend of a tenant (``api_key_id`` None: all of its requests) or one key in the window
+    of ``period`` at ``now``, and its held, from its counter row (read with it, or locked by the
+    caller); the ledger and the holds are summed only for what the row cannot tell: a window
+    older than the row's, or no row at all (no request since the counters exist)."""
+    window = window_for(period=period, now=now)
+    spent = counter.spent_in(period=period, window_start=window.start) if counter else None
+    if spent is None:
+        spent = ledger_spent(tenant_id=tenant_id, api_key_id=api_key_id, window=window)
+    if counter is not None:
+        held = counter.held
+    else:
+        holds = Hold.objects.filter(tenant_id=tenant_id, state=HoldState.OPEN)
+        if api_key_id is not None:
+            holds = holds.filter(api_key_id=api_key_id)
+        held = holds.aggregate(total=Sum("remaining"))["total"] or ZERO
+    return WindowSpend(window=window, spent=spent, held=held)
+
+
 def budget_usage_counted(
     *, budget: Budget, counter: BudgetCounter | None, now: datetime
 ) -> BudgetStatus:
     """The status of ``budget`` at ``now`` from its counter row (read with it, or locked by
-    the caller); the ledger and the holds are summed only for what the row cannot tell: a
-    window older than the row's, or no row at all (no request since the counters exist)."""
-    window = window_for(period=budget.period, now=now)
-    spent = counter.spent_in(period=budget.period, window_start=window.start) if counter else None
-    if spent is None:
-        spent = ledger_spent(
-            tenant_id=budget.tenant_id, api_key_id=budget.api_key_id, window=window
-        )
-    if counter is not None:
-        held = counter.held
-    else:
-        holds = Hold.objects.filter(tenant_id=budget.tenant_id, state=HoldState.OPEN)
-        if budget.api_key_id is not None:
-            holds = holds.filter(api_key_id=budget.api_key_id)
-        held = holds.aggregate(total=Sum("remaining"))["total"] or ZERO
-    return budget_status_of(budget=budget, spent=spent, held=held, window=window, now=now)
+    the caller; :func:`window_spend_counted`)."""
+    usage = window_spend_counted(
+        tenant_id=budget.tenant_id,
+        api_key_id=budget.api_key_id,
+        period=budget.period,
+        counter=counter,
+        now=now,
+    )
+    return budget_status_of(
+        budget=budget, spent=usage.spent, held=usage.held, window=usage.window, now=now
+    )
+
+
+def tenant_month_spend(*, tenant: Tenant, now: datetime | None = None) -> WindowSpend:
+    """What ``tenant`` spent this UTC calendar month and what its requests in flight hold,
+    whether or not it has a budget (its counter row, as its budgets read it)."""
+    now = now or timezone.now()
+    return window_spend_counted(
+        tenant_id=tenant.pk,
+        api_key_id=None,
+        period="month",
+        counter=budget_counter_for(tenant_id=tenant.pk, api_key_id=None),
+        now=now,
+    )
 
 
 def budget_usage(*, budget: Budget, now: datetime | None = None) -> BudgetStatus:
@@ -160,6 +206,14 @@ def budget_status(
         return None
     # min() keeps the first of equals: the tenant's budget sorts first when created first.
     return min(statuses, key=lambda s: s.remaining)
+
+
+def budget_statuses_for_key(*, api_key: ApiKey, now: datetime | None = None) -> list[BudgetStatus]:
+    """The budgets a request with ``api_key`` must fit, each with its status at ``now``: its
+    tenant's, then its own (never another key's, nor another tenant's)."""
+    now = now or timezone.now()
+    statuses = _usages(budgets_applying(tenant=api_key.tenant, api_key=api_key), now)
+    return sorted(statuses, key=lambda s: s.scope != "tenant")  # stable: the tenant's first
 
 
 def budget_statuses_for_tenant(

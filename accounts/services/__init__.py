@@ -1,17 +1,15 @@
 """Writes of the accounts app, one module per concern; the public ones are re-exported here."""
 
-from accounts.ledger import BudgetExhausted
+from accounts.ledger import BudgetExhausted, PriorityCharge, Settled, Usage
 from accounts.services.budgets import budget_hold, budget_set, hold_release
-from accounts.services.invoices import invoice_generate, month_bounds
+from accounts.services.invoices import invoice_generate, month_bounds, previous_month_bounds
 from accounts.services.keys import api_key_authenticate, api_key_create, api_key_revoke
 from accounts.services.settlement import (
-    SettleResult,
     UnknownRequest,
     holds_sweep,
-    request_complete,
     request_fail,
     request_open,
-    round_record_settle,
+    request_settle,
     token_charge,
 )
 from accounts.services.tenants import (
@@ -28,8 +26,10 @@ __all__ = [
     "DEMO_TENANTS",
     "BudgetExhausted",
     "DemoLogin",
-    "SettleResult",
+    "PriorityCharge",
+    "Settled",
     "UnknownRequest",
+    "Usage",
     "api_key_authenticate",
     "api_key_create",
     "api_key_revoke",
@@ -41,10 +41,10 @@ __all__ = [
     "invoice_generate",
     "membership_ensure",
     "month_bounds",
-    "request_complete",
+    "previous_month_bounds",
     "request_fail",
     "request_open",
-    "round_record_settle",
+    "request_settle",
     "tenant_ensure",
     "token_charge",
 ]

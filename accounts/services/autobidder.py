@@ -30,7 +30,6 @@ from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from accounts.ledger.rules import AUTOBIDDER_BUDGET
 from accounts.models import (
     Autobidder,
     AutobidderStep,
@@ -45,6 +44,7 @@ from accounts.models import (
 )
 from accounts.money import QUANTUM as TICK
 from accounts.money import ZERO, money, money_exact
+from accounts.rules import AUTOBIDDER_BUDGET
 from accounts.windows import window_for
 from market.mechanism.pacing import (
     DEFAULT_ETA0,

@@ -8,7 +8,7 @@ they were charged).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
@@ -34,6 +34,14 @@ def month_bounds(*, year: int, month: int) -> tuple[datetime, datetime]:
     start = datetime(year, month, 1, tzinfo=UTC)
     end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=UTC)
     return start, end
+
+
+def previous_month_bounds(*, now: datetime) -> tuple[datetime, datetime]:
+    """The UTC calendar month before the one ``now`` falls in, ``[start, end)``: the latest
+    month that can be invoiced (it is over)."""
+    first_of_this_month = now.astimezone(UTC).replace(day=1)
+    last_month = first_of_this_month - timedelta(days=1)
+    return month_bounds(year=last_month.year, month=last_month.month)
 
 
 def invoice_generate(

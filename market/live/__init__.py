@@ -2,8 +2,8 @@
 
 - :mod:`market.live.send`: the one way to send a payload to a group, from any thread;
 - :mod:`market.live.book`: order-book rows from round records, keyed diffs, the shared last state;
-- :mod:`market.live.publisher`: round records (as they are settled) to books, round results and
-  spend ticks, throttled per market and per tenant;
+- :mod:`market.live.publisher`: round records (as the consumers take them) to books, round
+  results and spend ticks, throttled per market and per tenant;
 - :mod:`market.live.engine_status`: scraping an engine's Prometheus ``/metrics``;
 - :mod:`market.live.periodic`: the once-a-second work (engine status, spend of token charges);
 - :mod:`config.embedded`: all of it inside the web server's process, for the embedded mode.

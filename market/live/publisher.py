@@ -1,14 +1,16 @@
-"""Round records, once settled, to the consoles: books, round results and spend ticks.
+"""Round records, as the consumers take them, to the consoles: books, round results and spend
+ticks.
 
 ``scheduler_bridge.settlement.stream`` (the Redis stream) and ``scheduler_bridge.settlement.jsonl``
-(the embedded JSONL file) hand each record to :meth:`RoundsPublisher.settled` after its charges have
-committed, call :meth:`~RoundsPublisher.tick` between reads and :meth:`~RoundsPublisher.flush`
-before they return. Per market, at most one book message and one round result every
-``min_interval_s`` (0.5 s): the latest book waits for its turn (an older one waiting is replaced),
-and round results add up until sent. Per tenant, at most one spend tick every ``min_interval_s``,
-with the rows of every request of theirs settled since the previous one.
+(the embedded JSONL file) hand each record to :meth:`RoundsPublisher.settled` once checked (round
+records move no money), call :meth:`~RoundsPublisher.tick` between reads and
+:meth:`~RoundsPublisher.flush` before they return. Per market, at most one book message and one
+round result every ``min_interval_s`` (0.5 s): the latest book waits for its turn (an older one
+waiting is replaced), and round results add up until sent. Per tenant, at most one spend tick
+every ``min_interval_s``, with the rows of every request of theirs admitted since the previous
+one.
 
-Publishing never fails settlement: errors are logged and the next record tries again.
+Publishing never stops the consumers: errors are logged and the next record tries again.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class _Results:
 
 
 class RoundsPublisher:
-    """Turns settled round records into live messages, throttled. Thread-safe."""
+    """Turns round records into live messages, throttled. Thread-safe."""
 
     def __init__(
         self, *, min_interval_s: float = MIN_INTERVAL_S, clock: Callable[[], float] = time.time
@@ -85,7 +87,7 @@ class RoundsPublisher:
         self._spend_sent_at: dict[int, float] = {}
 
     def settled(self, record: RoundRecord) -> None:
-        """Take one record whose charges have committed; publish what is due."""
+        """Take one record (checked by a consumer); publish what is due."""
         try:
             with self._lock:
                 market = record["market"]

@@ -211,11 +211,18 @@ def exposure_factor(
     charge: what the engine asked). The ``quantile`` of them, in [0, 1]; 1 (the worst case) until
     ``min_samples`` are known.
     """
-    values = sorted(min(1.0, max(0.0, r)) for r in ratios)
+    values = [min(1.0, max(0.0, r)) for r in ratios]
     if len(values) < min_samples:
         return 1.0
-    rank = min(len(values) - 1, math.ceil(quantile * len(values)) - 1)
-    return values[max(0, rank)]
+    return high_quantile(values, quantile)
+
+
+def high_quantile(values: Iterable[float], quantile: float) -> float:
+    """The ``quantile`` (in [0, 1]) of ``values`` by the nearest rank: the smallest value with
+    at least that share of them at or below it. ``values`` must not be empty."""
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, math.ceil(quantile * len(ordered)) - 1)
+    return ordered[max(0, rank)]
 
 
 @dataclass

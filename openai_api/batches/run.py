@@ -19,9 +19,10 @@ Exactly once, whatever dies when:
   record was settled before the attempt was released, that attempt keeps its priority charge
   (a real admission); a round record arriving after the release charges nothing.
 
-Refusals are answers, not retries: an exhausted budget fails that item with the 402 body and
-the batch goes on; an engine that is down fails items with the 503 body, uncharged. A full
-engine queue (429) is waited out and retried, up to ``BATCH_BUSY_RETRIES`` times.
+Refusals are answers, not retries: an exhausted budget fails that item with the 429
+``insufficient_quota`` body and the batch goes on (waiting would not refill the budget); an
+engine that is down fails items with the 503 body, uncharged. Only a full engine queue (429
+``queue_full``, ``EngineBusy``) is waited out and retried, up to ``BATCH_BUSY_RETRIES`` times.
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ async def _item_run(batch: BatchJob, item_id: int) -> None:
             )
             return
         except GatewayError as exc:
+            # By type, not by status: an exhausted budget is a 429 too (insufficient_quota),
+            # and is that line's answer.
             if isinstance(exc, EngineBusy) and retries > 0:
                 retries -= 1
                 wait = min(float(exc.headers.get("Retry-After", 1)), MAX_BUSY_WAIT_S)

@@ -1,6 +1,14 @@
 """Admitting a request (the gateway's first step, DESIGN.md 2): authenticate the API key, find
 the market, choose the bid (explicit, else the tenant's autobidder, else 0), render the prompt,
-and hold the worst case with ``request_open`` (``services`` says how it is computed)."""
+and hold what it is likely to cost with ``request_open``.
+
+The hold: the tokens' worst case (prompt tokens x input price + max_tokens x output price, per
+million) plus the priority hold (``accounts.rules.priority_hold``: effective bid x the
+market's hold horizon, at most the request's priority cap). The priority cap is what the tenant
+consents to pay for priority: effective bid x the market's ``max_wait_s`` for an explicit bid,
+the autobid's own worst case for an autobid. A bid under the reserve buys no priority: its
+effective bid, its cap and its priority hold are 0 (the engine gets the raw bid and applies the
+same reserve itself)."""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ from decimal import Decimal
 
 from accounts.models import ApiKey, BidSource, Tenant
 from accounts.money import ZERO, money, per_million
+from accounts.rules import priority_hold
 from accounts.services import BudgetExhausted, request_fail, request_open
 from accounts.services.autobidder import autobid, autobid_admission, autobids
 from market.mechanism.requests import effective_bid
@@ -59,8 +68,9 @@ def _prompt(params: CompletionParams, market: Market) -> Prompt:
 
 
 def request_admit(*, params: CompletionParams, key: str | None, request_id: str) -> Admitted:
-    """Authenticate, find the market, choose the bid, hold the worst case (synchronous: run it
-    on a database thread). GatewayError subclasses say why a request is refused."""
+    """Authenticate, find the market, choose the bid, hold what it is likely to cost
+    (synchronous: run it on a database thread). GatewayError subclasses say why a request is
+    refused."""
     api_key = api_key_authenticated(key=key)
     return request_admit_for(
         params=params, tenant=api_key.tenant, api_key=api_key, request_id=request_id
@@ -82,8 +92,11 @@ def request_admit_for(
         tokens=prompt.tokens, price_per_million=market.price_input_per_mtok
     ) + per_million(tokens=params.max_tokens, price_per_million=market.price_output_per_mtok)
 
-    def opened(bid: Decimal, source: str, effective: Decimal, priority_hold: Decimal) -> Admitted:
-        hold = money(tokens_hold + priority_hold)
+    def opened(bid: Decimal, source: str, effective: Decimal, cap: Decimal) -> Admitted:
+        priority = priority_hold(
+            effective_bid=effective, horizon_s=market.hold_horizon_s, consent_cap=money(cap)
+        )
+        hold = money(tokens_hold + priority)
         try:
             request_open(
                 request_id=request_id,
@@ -94,7 +107,7 @@ def request_admit_for(
                 hold_amount=hold,
                 request_class=params.request_class,
                 bid_source=source,
-                priority_cap=money(priority_hold),
+                priority_cap=money(cap),
             )
         except BudgetExhausted as exc:
             raise BudgetExhaustedError(str(exc)) from None
@@ -105,8 +118,8 @@ def request_admit_for(
     reserve = market.reserve
     if params.bid is not None:
         effective = effective_bid(params.bid, reserve, zero=ZERO)
-        hold = effective * Decimal(repr(market.max_wait_s))
-        return opened(params.bid, BidSource.EXPLICIT, effective, hold)
+        cap = effective * Decimal(repr(market.max_wait_s))
+        return opened(params.bid, BidSource.EXPLICIT, effective, cap)
     if not autobids(tenant=tenant, request_class=params.request_class):
         return opened(ZERO, BidSource.NONE, ZERO, ZERO)
     # The autobidder's bid depends on its requests in flight: bid and open as one admission.
@@ -115,8 +128,8 @@ def request_admit_for(
         if auto is None:
             return opened(ZERO, BidSource.NONE, ZERO, ZERO)
         effective = effective_bid(auto.bid, reserve, zero=ZERO)
-        hold = auto.worst_case if effective > 0 else ZERO
-        return opened(auto.bid, BidSource.AUTOBID, effective, hold)
+        cap = auto.worst_case if effective > 0 else ZERO
+        return opened(auto.bid, BidSource.AUTOBID, effective, cap)
 
 
 async def admitted_for(params: CompletionParams, key: str | None, trace: Trace) -> Admitted:

@@ -2,7 +2,7 @@
 
 ``{"error": {"message", "type", "param", "code"}}``: ``type`` is OpenAI's category
 (``invalid_request_error``, ``authentication_error``, ...), ``code`` a short machine-readable
-reason (``budget_exhausted``, ``model_not_found``, ...), ``param`` the offending field or null.
+reason (``insufficient_quota``, ``model_not_found``, ...), ``param`` the offending field or null.
 Bad input is always a 4xx; a 5xx only ever means the engine (or the gateway's own setup) failed.
 """
 
@@ -77,12 +77,26 @@ class InvalidApiKey(GatewayError):
 
 
 class BudgetExhaustedError(GatewayError):
-    """402: the request's worst case does not fit a budget (the message says what is left and
-    when it resets)."""
+    """429 ``insufficient_quota``, OpenAI's answer to an exhausted quota: the request's worst
+    case does not fit a budget (the message says which budget, its spent, held and left, what
+    the request needed and when it resets). The official clients raise ``RateLimitError`` with
+    ``code == "insufficient_quota"``.
 
-    status = 402
+    Not a transient, so told apart from ``queue_full`` (also 429) by its code (the batch runner
+    waits out only ``EngineBusy``), and sent with ``x-should-retry: false``, the header OpenAI's
+    own clients obey (without it they retry every 429), and no ``Retry-After``: OpenAI sends
+    none for this error, whose remedy is more budget, not a retry; the reset may be days away or
+    never (period "none"), and a retry helper that honours ``Retry-After`` would park its worker
+    that long, while held money may come back much sooner, as requests in flight finish. The
+    reset time is in the message for a person and in ``GET /v1/budgets`` for a program."""
+
+    status = 429
     type = "insufficient_quota"
-    code = "budget_exhausted"
+    code = "insufficient_quota"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("x-should-retry", "false")
 
 
 class Forbidden(GatewayError):

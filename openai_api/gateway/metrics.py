@@ -1,7 +1,8 @@
 """The gateway's Prometheus metrics, in a registry of its own, served at ``GET /metrics``.
 
 Labels: ``market`` (slug; ``-`` before a market is known), ``endpoint`` (``chat``,
-``completions``, ``models``), ``status`` (the HTTP status), ``error`` (the error body's code).
+``completions``, ``models``, ``budgets``), ``status`` (the HTTP status), ``error`` (the error
+body's code).
 
 | metric | kind | meaning |
 |---|---|---|
@@ -113,9 +114,10 @@ def answered(*, market: str, endpoint: str, status: int, error: str | None = Non
         ERRORS.labels(market, endpoint, str(status), error).inc()
 
 
-def charged(*, market: str, tokens: Decimal, priority: Decimal | None) -> None:
-    """Add a served request's charges, dollars."""
-    TOKEN_CHARGES.labels(market).inc(float(tokens))
+def charged(*, market: str, tokens: Decimal | None, priority: Decimal | None) -> None:
+    """Add a served request's charges, dollars (None: not charged now)."""
+    if tokens is not None:
+        TOKEN_CHARGES.labels(market).inc(float(tokens))
     if priority is not None:
         PRIORITY_CHARGES.labels(market).inc(float(priority))
 

@@ -10,10 +10,9 @@ dollars per second of waiting):
   ``reserve``, ``bid_source`` (``explicit``, ``autobid``, ``none``);
 - ``rank``: the request's position in the order of the round that admitted it (0 first), when
   the engine reports it; ``round_id`` likewise;
-- ``priority_charge``: what the engine reported (``priority_charge_status: "reported"``); the
-  ledger's priority entry is written from the round record. Without a report (SGLang does not
-  send one): ``null`` and ``"pending"``;
-- ``token_charge``: the ledger's token entry for this request.
+- ``priority_charge`` and ``token_charge``: the ledger's entries for this request, as settled
+  (a charge the budget could not cover is cut, and says so in ``priority_charge_capped_by``);
+  ``priority_charge`` is ``null`` when the engine reported none.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ import json
 from decimal import Decimal
 from typing import Any
 
-from accounts.money import money, money_str
+from accounts.ledger import Settled
+from accounts.money import money_str
 from openai_api.gateway.validation import CHAT
 from scheduler_bridge.client import EngineMeta
 
@@ -41,13 +41,6 @@ def usage_body(meta: EngineMeta) -> dict[str, Any]:
     }
 
 
-def priority_reported(meta: EngineMeta | None) -> Decimal | None:
-    """The engine's priority charge as a ledger amount (dollars), or None when not reported."""
-    if meta is None or meta.charge is None or meta.charge < 0:
-        return None
-    return money(meta.charge)
-
-
 def auction_body(
     *,
     bid: Decimal,
@@ -55,10 +48,11 @@ def auction_body(
     reserve: Decimal,
     bid_source: str,
     meta: EngineMeta | None,
-    token_charge: Decimal | None,
+    settled: Settled | None,
 ) -> dict[str, Any]:
-    """The ``auction`` object of a response (see the module's docstring)."""
-    priority = priority_reported(meta)
+    """The answer's ``auction`` object (see the module's docstring)."""
+    priority = settled.priority if settled is not None else None
+    tokens = settled.tokens if settled is not None else None
     return {
         "bid": money_str(bid),
         "effective_bid": money_str(effective_bid),
@@ -66,9 +60,9 @@ def auction_body(
         "bid_source": bid_source,
         "rank": meta.position if meta is not None else None,
         "round_id": meta.round_id if meta is not None else None,
-        "priority_charge": None if priority is None else money_str(priority),
-        "priority_charge_status": "pending" if priority is None else "reported",
-        "token_charge": None if token_charge is None else money_str(token_charge),
+        "priority_charge": None if priority is None else money_str(priority.amount),
+        "priority_charge_capped_by": None if priority is None else priority.detail.get("capped_by"),
+        "token_charge": None if tokens is None else money_str(tokens.amount),
     }
 
 

@@ -1,4 +1,5 @@
-"""Reads of the gateway: which market serves a model, which models are served.
+"""Reads of the gateway: which market serves a model, which models are served, the budgets a
+key's requests must fit.
 
 Lookups on the hot path are cached in the process for a few seconds (``GATEWAY_MARKET_CACHE_S``,
 default 2): a reserve or price change reaches the gateway within that time. Every ledger amount
@@ -15,11 +16,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.db.models import Q
+from django.utils import timezone
 
+from accounts.models import ApiKey
+from accounts.money import money_str
+from accounts.selectors import budget_statuses_for_key, tenant_month_spend
 from market.models import Market
 
 K = TypeVar("K")
@@ -104,6 +110,28 @@ def models_served() -> list[dict[str, Any]]:
         }
         for market in Market.objects.filter(is_active=True).order_by("slug")
     ]
+
+
+def budgets_for_key(*, api_key: ApiKey, now: datetime | None = None) -> dict[str, Any]:
+    """``GET /v1/budgets``: the budgets ``api_key``'s requests must fit (its tenant's, then its
+    own; never another key's), as a list in OpenAI's shape, each the budget payload of the
+    tenant JSON API (``BudgetStatus.as_json``), and its tenant's month (UTC calendar month)
+    whether or not a budget applies. Dollars as exact strings (9 places), times ISO 8601 UTC,
+    ``seconds_until_reset`` in seconds (null, with ``resets_at``, for period "none")."""
+    now = now or timezone.now()
+    month = tenant_month_spend(tenant=api_key.tenant, now=now)
+    return {
+        "object": "list",
+        "data": [
+            {"object": "budget", **status.as_json(), "currency": "usd"}
+            for status in budget_statuses_for_key(api_key=api_key, now=now)
+        ],
+        "tenant": {
+            "month_start": month.window.start.isoformat(),
+            "spent_this_month": money_str(month.spent),
+            "held": money_str(month.held),
+        },
+    }
 
 
 def caches_clear() -> None:

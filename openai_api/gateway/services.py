@@ -3,17 +3,15 @@
 1. **Admit** (one step on a database thread, ``request_admit``): authenticate the API key (cached
    for ``GATEWAY_API_KEY_CACHE_S`` seconds, default 5), find the market, choose the bid (explicit,
    else the tenant's autobidder, else 0), render the prompt, and hold the worst case with
-   ``request_open``: prompt tokens x input price + max_tokens x output price (per million), plus
-   effective bid x the market's ``max_wait_s`` for an explicit bid or the autobid's own worst
-   case. A bid under the reserve buys no priority: its effective bid, and its priority hold, is 0
-   (the engine gets the raw bid and applies the same reserve itself). The priority part of the
-   hold is also the request's ``priority_cap``: settlement never charges more than the hold.
+   ``request_open`` (``admission`` says how the hold is sized).
 2. **Forward** through the engine client, with the Request's id as the engine's rid.
-3. **Settle**: served, ``request_complete`` writes the token charge; not served (engine down or
-   silent past its timeouts, queue full, refused, the client gone before any token: a client
-   that disconnects while it waits cancels the engine call), ``request_fail`` releases the hold
-   and nothing is charged. A stream the client leaves half-way is charged the tokens it was sent.
-   The priority charge is settled from the round records by the settlement consumer, not here.
+3. **Settle**: served, ``request_settle`` writes both charges from the engine's answer, the
+   token charge and the priority charge the engine computed in the round that admitted it
+   (its only route to the ledger), and closes the hold; not served (engine down or silent past
+   its timeouts, queue full, refused, the client gone before any token: a client that
+   disconnects while it waits cancels the engine call), ``request_fail`` releases the hold and
+   nothing is charged. A stream the client leaves half-way is charged the tokens it was sent
+   and its priority charge (it was admitted).
 
 Settling runs to the end even when the client goes away (``db.shielded``), and at most once per
 request; the ledger's (request, kind) key makes a replay change nothing anyway.
@@ -26,15 +24,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
 
-from accounts.services import (
-    request_complete,
-    request_fail,
-)
+from accounts.ledger import Outcome
+from accounts.models import PriorityDetail
+from accounts.money import money
+from accounts.services import PriorityCharge, Settled, request_fail, request_settle
 from market.models import Market
 from openai_api.gateway import metrics, responses
 from openai_api.gateway.admission import Admitted, Trace, admitted_for
@@ -66,21 +63,51 @@ from scheduler_bridge.client import (
 logger = logging.getLogger(__name__)
 
 
-def _settle_tokens(*, request_id: str, meta: EngineMeta, market: Market) -> Decimal:
-    """Write the token charge of a served request (dollars) and its engine-side latencies;
-    synchronous. ``market`` (as admitted) only saves reading its prices again while they are
-    unchanged: the charge is at the prices of the market's row when it is written."""
+def _priority_charge(meta: EngineMeta) -> PriorityCharge | None:
+    """The priority charge the engine reported for a request it admitted, with its round's
+    view of the request; None when it reported none (or an unusable one: logged)."""
+    if meta.charge is None or meta.round_id is None:
+        return None
+    if meta.charge < 0:
+        logger.error("the engine reported a negative priority charge (%r): ignored", meta.charge)
+        return None
+    detail: PriorityDetail = {
+        "bid": meta.bid if meta.bid is not None else 0.0,
+        "effective_bid": meta.effective_bid if meta.effective_bid is not None else 0.0,
+        "time_saved_s": meta.time_saved_s if meta.time_saved_s is not None else 0.0,
+        "planned_completion_s": meta.planned_completion_s or 0.0,
+        "position": meta.position if meta.position is not None else 0,
+        "engine_charge": meta.charge,
+        "block": dict(meta.block) if meta.block is not None else {},  # type: ignore[typeddict-item]
+    }
+    if meta.engine is not None:
+        detail["engine"] = meta.engine  # which replica admitted it
+    return PriorityCharge(amount=money(meta.charge), round_id=meta.round_id, detail=dict(detail))
+
+
+def _settle(*, request_id: str, meta: EngineMeta, market: Market) -> Settled:
+    """Settle a served request from its engine's answer (synchronous): its tokens, its priority
+    charge and its engine-side latencies. ``market`` (as admitted) only saves reading its
+    prices again while they are unchanged: the charge is at the prices of the market's row
+    when it is written."""
     e2e = meta.raw.get("e2e_latency")
-    entry = request_complete(
-        market=market,
+    settled = request_settle(
         request_id=request_id,
         prompt_tokens=meta.prompt_tokens,
         cached_tokens=min(meta.cached_tokens, meta.prompt_tokens),
         completion_tokens=meta.completion_tokens,
         ttft_s=meta.ttft_s,
         e2e_s=float(e2e) if isinstance(e2e, int | float) else None,
+        priority=_priority_charge(meta),
+        market=market,
     )
-    return entry.amount
+    if settled.outcome == Outcome.WRITTEN:
+        metrics.charged(
+            market=market.slug,
+            tokens=settled.tokens.amount if settled.tokens is not None else None,
+            priority=settled.priority.amount if settled.priority is not None else None,
+        )
+    return settled
 
 
 def engine_timeouts() -> EngineTimeouts:
@@ -93,14 +120,17 @@ def engine_timeouts() -> EngineTimeouts:
     )
 
 
-def _engine_failure(exc: EngineError, *, charged: Decimal | None = None) -> GatewayError:
-    """The answer for an engine failure; ``charged``: the dollars of the tokens a stream had
-    already sent when it failed (they are charged, so the answer says so, not "not charged")."""
-    if charged is not None:
+def _engine_failure(exc: EngineError, *, charged: Settled | None = None) -> GatewayError:
+    """The answer for an engine failure; ``charged``: the settlement of a stream that failed
+    mid-way (the tokens it had sent, and its priority: the answer says so, not "not
+    charged")."""
+    if charged is not None and charged.tokens is not None:
         error = EngineTimeout if isinstance(exc, EngineTimedOut) else EngineDown
+        priority = charged.priority
+        also = "" if priority is None else f" with the request's priority (${priority.amount:f})"
         return error(
-            f"the engine failed mid-answer; the tokens sent were charged (${charged:f}), the "
-            f"rest of the answer is not: {exc.message}"
+            f"the engine failed mid-answer; the tokens sent were charged "
+            f"(${charged.tokens.amount:f}){also}, the rest of the answer is not: {exc.message}"
         )
     if isinstance(exc, EngineOverloaded):
         seconds = max(1, round(exc.retry_after_s))
@@ -148,14 +178,14 @@ def _body(admitted: Admitted, params: CompletionParams, stream: bool) -> dict:
     )
 
 
-def _auction(admitted: Admitted, meta: EngineMeta | None, token_charge: Decimal | None) -> dict:
+def _auction(admitted: Admitted, meta: EngineMeta | None, settled: Settled | None) -> dict:
     return responses.auction_body(
         bid=admitted.bid,
         effective_bid=admitted.effective_bid,
         reserve=admitted.market.reserve,
         bid_source=admitted.bid_source,
         meta=meta,
-        token_charge=token_charge,
+        settled=settled,
     )
 
 
@@ -204,13 +234,11 @@ async def completion_forward(
         await shielded(db_call(request_fail, request_id=admitted.request_id))
         raise lost
     metrics.TTFT.labels(market).observe(time.perf_counter() - started)
-    body, charge = await shielded(
+    return await shielded(
         db_call(
             _settled_body, params=params, admitted=admitted, output=output, on_settled=on_settled
         )
     )
-    metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(output.meta))
-    return body
 
 
 def _settled_body(
@@ -219,13 +247,11 @@ def _settled_body(
     admitted: Admitted,
     output: EngineOutput,
     on_settled: Callable[[dict], None] | None,
-) -> tuple[dict, Decimal]:
-    """Write the token charge and build the response body (synchronous); with ``on_settled``,
+) -> dict:
+    """Settle the request and build the response body (synchronous); with ``on_settled``,
     both in one transaction with what it writes."""
     with transaction.atomic() if on_settled is not None else contextlib.nullcontext():
-        charge = _settle_tokens(
-            request_id=admitted.request_id, meta=output.meta, market=admitted.market
-        )
+        settled = _settle(request_id=admitted.request_id, meta=output.meta, market=admitted.market)
         body = responses.completion_body(
             endpoint=params.endpoint,
             response_id=_response_id(params, admitted),
@@ -234,11 +260,11 @@ def _settled_body(
             text=output.text,
             finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
             usage=responses.usage_body(output.meta),
-            auction=_auction(admitted, output.meta, charge),
+            auction=_auction(admitted, output.meta, settled),
         )
         if on_settled is not None:
             on_settled(body)
-    return body, charge
+    return body
 
 
 async def completion_stream(
@@ -312,19 +338,15 @@ async def _sse(
     meta: EngineMeta | None = first.meta if first is not None else None
     settled = False
 
-    async def settle() -> Decimal | None:
+    async def settle() -> Settled | None:
         nonlocal settled
         settled = True
         if meta is None or (meta.completion_tokens == 0 and meta.finish_reason is None):
             await shielded(db_call(request_fail, request_id=admitted.request_id))
             return None
-        charge = await shielded(
-            db_call(
-                _settle_tokens, request_id=admitted.request_id, meta=meta, market=admitted.market
-            )
+        return await shielded(
+            db_call(_settle, request_id=admitted.request_id, meta=meta, market=admitted.market)
         )
-        metrics.charged(market=market, tokens=charge, priority=responses.priority_reported(meta))
-        return charge
 
     try:
         # The first event is yielded before anything is awaited (see completion_stream).
@@ -345,8 +367,7 @@ async def _sse(
             metrics.ERRORS.labels(market, params.endpoint, str(error.status), error.code).inc()
             yield responses.sse(error.body())
             return
-        charge = await settle()
-        auction = _auction(admitted, meta, charge)
+        auction = _auction(admitted, meta, await settle())
         finish = responses.finish_reason(meta, max_tokens=params.max_tokens)
         if params.include_usage and meta is not None:
             yield responses.sse(responses.chunk_body(**shape, finish=finish))

@@ -1,9 +1,9 @@
 """The OpenAI-compatible HTTP endpoints (thin: the flow is in ``services``).
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed or not), ``GET /v1/models``,
-authenticated by ``Authorization: Bearer <API key>``; ``GET /metrics`` for Prometheus, with
-``Authorization: Bearer <METRICS_TOKEN>`` (off while that setting is unset). Every error is an
-OpenAI-style JSON body (``errors``).
+``GET /v1/budgets``, authenticated by ``Authorization: Bearer <API key>``; ``GET /metrics`` for
+Prometheus, with ``Authorization: Bearer <METRICS_TOKEN>`` (off while that setting is unset).
+Every error is an OpenAI-style JSON body (``errors``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -18,6 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from openai_api.gateway import metrics, services
+from openai_api.gateway.db import db_call
 from openai_api.gateway.errors import (
     BodyTooLarge,
     Forbidden,
@@ -27,6 +29,8 @@ from openai_api.gateway.errors import (
     ServerError,
     error_response,
 )
+from openai_api.gateway.keys import api_key_authenticated
+from openai_api.gateway.selectors import budgets_for_key
 from openai_api.gateway.validation import CHAT, COMPLETIONS, body_parsed, completion_params
 
 logger = logging.getLogger(__name__)
@@ -104,18 +108,37 @@ async def completions(request: HttpRequest) -> HttpResponse:
     return await _completion(request, COMPLETIONS)
 
 
+async def _key_read(
+    request: HttpRequest, endpoint: str, read: Callable[[str | None], Awaitable[dict]]
+) -> HttpResponse:
+    """A ``GET`` that an API key reads: ``read(key)``'s body, or the error's."""
+    try:
+        _methods(request, "GET")
+        body = await read(_bearer(request))
+    except GatewayError as exc:
+        metrics.answered(market=metrics.NO_MARKET, endpoint=endpoint, status=exc.status,
+                         error=exc.code)  # fmt: skip
+        return _error(exc)
+    metrics.answered(market=metrics.NO_MARKET, endpoint=endpoint, status=200)
+    return JsonResponse(body)
+
+
 @csrf_exempt
 async def models(request: HttpRequest) -> HttpResponse:
     """``GET /v1/models``: the active markets' served models."""
-    try:
-        _methods(request, "GET")
-        body = await services.models_list(key=_bearer(request))
-    except GatewayError as exc:
-        metrics.answered(market=metrics.NO_MARKET, endpoint="models", status=exc.status,
-                         error=exc.code)  # fmt: skip
-        return _error(exc)
-    metrics.answered(market=metrics.NO_MARKET, endpoint="models", status=200)
-    return JsonResponse(body)
+    return await _key_read(request, "models", lambda key: services.models_list(key=key))
+
+
+@csrf_exempt
+async def budgets(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/budgets``: the budgets this key's requests must fit, spent, held and left, and
+    its tenant's month (``selectors.budgets_for_key``)."""
+
+    async def read(key: str | None) -> dict:
+        api_key = await db_call(api_key_authenticated, key=key)
+        return await db_call(budgets_for_key, api_key=api_key)
+
+    return await _key_read(request, "budgets", read)
 
 
 def _metrics_allowed(request: HttpRequest) -> None:

@@ -26,6 +26,11 @@ class EngineMeta:
     round_id: str | None = None
     position: int | None = None
     ttft_s: float | None = None
+    effective_bid: float | None = None
+    planned_completion_s: float | None = None
+    time_saved_s: float | None = None
+    block: Mapping[str, Any] | None = None  # the subtree it waited in (a round record's)
+    engine: str | None = None  # the engine (replica) that admitted it
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -93,6 +98,11 @@ def meta_parsed(data: Mapping[str, Any]) -> EngineMeta:
         round_id=round_id if isinstance(round_id := auction_value(info, "round_id"), str) else None,
         position=position if _is_int(position := auction_value(info, "position")) else None,
         ttft_s=_finite(info.get("ttft")),
+        effective_bid=_finite(auction_value(info, "effective_bid")),
+        planned_completion_s=_finite(auction_value(info, "planned_completion_s")),
+        time_saved_s=_finite(auction_value(info, "time_saved_s")),
+        block=block if isinstance(block := auction_value(info, "block"), dict) else None,
+        engine=engine if isinstance(engine := auction_value(info, "engine"), str) else None,
         raw=info,
     )
 

@@ -1,9 +1,9 @@
 """Round records: what an engine reports about each auction round (DESIGN.md 4.5).
 
 One schema for both engines: the simulated engine and the SGLang plugin emit these, the
-settlement service and the console consume them. Pure Python (no Django), because the plugin
-runs inside SGLang's scheduler process. On the wire a record is JSON, in the field ``record`` of
-a Redis stream entry.
+round-record consumers publish them to the consoles (they move no money). Pure Python (no
+Django), because the plugin runs inside SGLang's scheduler process. On the wire a record is
+JSON, in the field ``record`` of a Redis stream entry.
 
 Units: bids and reserve in dollars per second of waiting, charges in dollars, times in seconds
 (``time`` is the engine's clock: Unix time in real time, seconds from the start in virtual time).
@@ -82,14 +82,18 @@ class RoundRecord(TypedDict):
 
 def auction_fields(record: RoundRecord, entry: AdmittedRequest) -> dict[str, Any]:
     """The auction's ``meta_info`` fields (``wire.AUCTION_META_FIELDS``) of a request that
-    ``record`` admitted (``entry``): what both engines tell the request's client."""
+    ``record`` admitted (``entry``): what both engines tell the request's client, and all that
+    its settlement needs (the priority charge reaches the ledger this way only)."""
     return {
         "bid": entry["bid"],
+        "effective_bid": entry["effective_bid"],
         "charge": entry["charge"],
         "round_id": record["round_id"],
         "position": entry["position"],
         "planned_completion_s": entry["planned_completion_s"],
         "time_saved_s": entry["time_saved_s"],
+        "block": entry["block"],
+        "engine": record["engine"],
     }
 
 

@@ -190,7 +190,7 @@ class QueuedSink(Sink):
 
 class JsonlSink(QueuedSink):
     """Appends each record as one line of JSON to ``path`` (for a machine without Redis;
-    ``manage.py rounds_consume --jsonl PATH`` settles such a file)."""
+    ``manage.py rounds_consume --jsonl PATH`` follows such a file)."""
 
     thread_name = "round-records-jsonl"
 

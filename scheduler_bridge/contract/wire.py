@@ -43,15 +43,20 @@ _RID_OWNER = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # What may follow the mark: a plain decimal number, as Python's repr writes a float.
 _RID_BID = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?")
 
-# The auction's meta_info fields: the bid read ($/s), charge ($), round_id, position (0 first),
-# planned seconds.
+# The auction's meta_info fields: the bid read and the effective bid ($/s), the priority charge
+# ($), round_id, position (0 first), planned seconds, the subtree it waited in (``block``, a
+# round record's) and the engine (replica) that admitted it. The gateway settles the priority
+# charge from these: they are its only route to the ledger.
 AUCTION_META_FIELDS = (
     "bid",
+    "effective_bid",
     "charge",
     "round_id",
     "position",
     "planned_completion_s",
     "time_saved_s",
+    "block",
+    "engine",
 )
 
 CONTROL_PATH = "/admin/market"

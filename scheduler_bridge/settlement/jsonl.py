@@ -1,12 +1,11 @@
-"""Round records from a JSONL file into the ledger: the embedded mode, with no Redis.
+"""Round records from a JSONL file to the live consoles: the embedded mode, with no Redis.
 
 The simulated engine appends one record per line (``--rounds-jsonl PATH``). The follower reads
-complete lines from a byte offset, settles each with ``round_record_settle`` and then saves the
-offset just past it in a small state file (``PATH.offset``, JSON, replaced atomically). A crash
-between the two settles that line again on restart, which charges nothing twice (settlement is
-idempotent per request and kind), so restarts are safe. A line that is not a valid record is
-appended to ``PATH.dead`` with its error and skipped. A file that shrinks or is replaced (another
-inode) is read again from its start. Settled records are published to the consoles
+complete lines from a byte offset, checks each and then saves the offset just past it in a small
+state file (``PATH.offset``, JSON, replaced atomically), so a restart resumes where it stopped.
+Round records move no money (``scheduler_bridge.settlement.stream``). A line that is not a valid
+record is appended to ``PATH.dead`` with its error and skipped. A file that shrinks or is
+replaced (another inode) is read again from its start. Records are published to the consoles
 (``market.live.publisher``), as by the Redis consumer.
 """
 
@@ -20,15 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from accounts.services.settlement import round_record_settle
 from market.live.publisher import RoundsPublisher, default_publisher
 from scheduler_bridge.contract.records import RoundRecord, round_record_loads
-from scheduler_bridge.settlement.stream import TRANSIENT_ERRORS, ConsumeStats, db_connection_reset
+from scheduler_bridge.settlement.stream import ConsumeStats
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often a follower looks for new lines, wall seconds
-RETRY_S = 2.0  # how long it waits after a database outage before trying the line again
 
 
 @dataclass(frozen=True)
@@ -68,11 +65,11 @@ def rounds_jsonl_follow(
     should_stop: Callable[[], bool] = lambda: False,
     publisher: RoundsPublisher | None = None,
 ) -> ConsumeStats:
-    """Settle every complete line after the saved offset; with ``follow``, keep waiting for
+    """Take every complete line after the saved offset; with ``follow``, keep waiting for
     more until ``should_stop()`` (checked every ``poll_s`` seconds when idle).
 
-    Without ``follow`` it returns at the end of the file. The file may not exist yet. Settled
-    records go live through ``publisher`` (this process's by default).
+    Without ``follow`` it returns at the end of the file. The file may not exist yet. Records
+    taken go live through ``publisher`` (this process's by default).
     """
     publisher = publisher or default_publisher()
     path = Path(path)
@@ -107,7 +104,7 @@ def _read_available(
     stats: ConsumeStats,
     publisher: RoundsPublisher,
 ) -> tuple[Position, bool]:
-    """Settle the complete lines there are now; returns the new position and whether any were."""
+    """Take the complete lines there are now; returns the new position and whether any were."""
     try:
         handle = path.open("rb")
     except FileNotFoundError:
@@ -126,42 +123,30 @@ def _read_available(
             if not line.endswith(b"\n"):
                 break  # the engine is still writing it: read it whole next time
             where = f"{path}@{position.offset}"
-            record = _line_settle(line=line, where=where, dead_path=dead_path, stats=stats)
-            if record is False:
-                return position, progressed  # a database outage: try this line again later
+            record = _line_taken(line=line, where=where, dead_path=dead_path, stats=stats)
             position = Position(offset=position.offset + len(line), inode=st.st_ino)
             position_save(state_path, position)
             stats.read += 1
             progressed = True
-            if isinstance(record, dict):
+            if record is not None:
                 publisher.settled(record)
     return position, progressed
 
 
-def _line_settle(
+def _line_taken(
     *, line: bytes, where: str, dead_path: Path, stats: ConsumeStats
-) -> RoundRecord | bool:
-    """Settle one line (or dead-letter it): the settled record, True when there was none to
-    settle (blank, dead-lettered), False when the database is away."""
+) -> RoundRecord | None:
+    """Take one line (or dead-letter it): the record, None when there was none (blank,
+    dead-lettered)."""
     if not line.strip():
-        return True
+        return None
     try:
         record = round_record_loads(line)
-        result = round_record_settle(record=record)
-    except TRANSIENT_ERRORS as exc:
-        logger.warning("rounds: cannot settle %s now (%s); retrying in %g s", where, exc, RETRY_S)
-        stats.stalled = f"{type(exc).__name__}: {exc}"
-        db_connection_reset()
-        time.sleep(RETRY_S)
-        return False
-    except Exception as exc:  # malformed (ValueError), or a record that cannot be settled
-        if not isinstance(exc, ValueError):
-            logger.exception("rounds: line %s failed", where)
-        error = f"{type(exc).__name__}: {exc}"
-        _dead_letter(line=line, where=where, error=error, dead_path=dead_path)
+    except ValueError as exc:  # malformed
+        _dead_letter(line=line, where=where, error=f"ValueError: {exc}", dead_path=dead_path)
         stats.dead += 1
-        return True
-    stats.add_settled(result)
+        return None
+    stats.add_taken(record)
     return record
 
 

@@ -1,4 +1,5 @@
-"""The periodic work celery beat drives: pacing steps and monthly invoices.
+"""The periodic work celery beat drives: pacing steps, the markets' hold horizons and monthly
+invoices.
 
 Both are safe to run again: a pacing step is skipped for an autobidder that stepped less than
 half an interval ago (checked with its row locked, so two workers cannot both step it), and an
@@ -9,14 +10,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Autobidder, AutobidderStep, Invoice, Tenant
-from accounts.services import invoice_generate, month_bounds
+from accounts.services import invoice_generate, previous_month_bounds
 from accounts.services.autobidder import autobidder_step
 
 logger = logging.getLogger(__name__)
@@ -91,15 +92,6 @@ class InvoiceRun:
         return asdict(self)
 
 
-def previous_month(now: datetime) -> tuple[datetime, datetime]:
-    """The UTC calendar month before the one ``now`` falls in, ``[start, end)``."""
-    first_of_this_month = now.astimezone(UTC).replace(
-        day=1, hour=0, minute=0, second=0, microsecond=0
-    )
-    last_month = first_of_this_month - timedelta(days=1)
-    return month_bounds(year=last_month.year, month=last_month.month)
-
-
 def invoices_generate_previous_month(*, now: datetime | None = None) -> InvoiceRun:
     """Every tenant's invoice for the previous UTC month, where it is missing.
 
@@ -107,7 +99,7 @@ def invoices_generate_previous_month(*, now: datetime | None = None) -> InvoiceR
     hand is logged and skipped; the other tenants are still invoiced.
     """
     now = now or timezone.now()
-    start, end = previous_month(now)
+    start, end = previous_month_bounds(now=now)
     run = InvoiceRun(period_start=start.isoformat(), period_end=end.isoformat())
     for tenant in Tenant.objects.filter(created_at__lt=end).order_by("slug"):
         if Invoice.objects.filter(tenant=tenant, period_start=start, period_end=end).exists():

@@ -1,24 +1,25 @@
-"""Round records from a Redis stream into the ledger, exactly once in effect (DESIGN.md 2, 4.5, 6).
+"""Round records from a Redis stream to the live consoles, each taken once (DESIGN.md 2, 4.5).
+
+Round records move no money: a request's priority charge reaches the ledger with its
+settlement by the gateway (``accounts.services.settlement``), from the engine's answer. The
+records feed the order books, the rounds' results and the spend ticks.
 
 Engines XADD each round record to a stream (default ``inference-market:rounds``, field
 ``record``; ``scheduler_bridge.contract.records``). One consumer group (``settlement``) reads it:
 
-- **At least once.** Entries are read with XREADGROUP and acknowledged (XACK) only after
-  :func:`~accounts.services.settlement.round_record_settle` has committed their charges. A
-  consumer that dies between the two leaves its entries in the group's pending list; any other
-  consumer takes them over with XAUTOCLAIM once they have been idle ``claim_min_idle_ms``.
-- **At most once in money.** Settlement writes one ledger entry per (request, kind) under a
-  unique key, so a record settled twice (redelivered, reclaimed, or replayed from the start)
-  charges nothing twice: the second time counts duplicates.
+- **At least once.** Entries are read with XREADGROUP and acknowledged (XACK) only after they
+  were checked and handed to the publisher. A consumer that dies between the two leaves its
+  entries in the group's pending list; any other consumer takes them over with XAUTOCLAIM once
+  they have been idle ``claim_min_idle_ms``.
 - **Nothing blocks.** A malformed record (not JSON, wrong schema, bad amounts) is copied to the
   dead-letter stream ``<stream>:dead`` with its error and acknowledged in one MULTI. A record
-  whose settlement keeps failing for another reason goes there after ``max_deliveries`` tries.
+  that keeps failing for another reason goes there after ``max_deliveries`` tries.
   A database or Redis outage stops the invocation without acknowledging anything: the entries
   are retried later.
 
-- **Live.** Each settled record also goes to the consoles (``market.live.publisher``): the
-  market's order book as a diff, the round's result, and a spend tick for each tenant charged,
-  throttled to two messages a second per market and per tenant, after its charges committed.
+- **Live.** Each record goes to the consoles (``market.live.publisher``): the market's order
+  book as a diff, the round's result, and a spend tick for each tenant with a request admitted,
+  throttled to two messages a second per market and per tenant.
 
 Each call of :func:`rounds_consume` is bounded (``max_seconds``, ``max_records``), so celery
 beat can run it every second (``scheduler_bridge.rounds_consume``), and ``manage.py
@@ -37,9 +38,8 @@ import redis
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
-from accounts.services.settlement import SettleResult, round_record_settle
 from market.live.publisher import RoundsPublisher, default_publisher
-from scheduler_bridge.contract.records import DEFAULT_STREAM, round_record_loads
+from scheduler_bridge.contract.records import DEFAULT_STREAM, RoundRecord, round_record_loads
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +54,11 @@ MAX_DELIVERIES = 5  # tries before a record that keeps failing is dead-lettered
 # A group member with nothing pending and idle this long is a process that is gone (names carry
 # the pid, so they never come back): it is removed from the group, milliseconds.
 PRUNE_IDLE_MS = 24 * 3600 * 1000
-# Called after each record's charges have committed and before its entry is acknowledged: the
-# window in which a crash means a redelivery (settled again as duplicates). Empty in production;
-# the worker tests register one (through a module the worker imports) to kill a worker there.
-AFTER_SETTLE: list[Callable[[], None]] = []
+# Called after each record was checked and before it is published and its entry acknowledged:
+# the window in which a crash means a redelivery (taken again, which moves no money). Empty in
+# production; the worker tests register one (through a module the worker imports) to kill a
+# worker there.
+AFTER_TAKE: list[Callable[[], None]] = []
 
 TRANSIENT_ERRORS = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
 
@@ -68,14 +69,11 @@ class ConsumeStats:
 
     read: int = 0  # entries handled: new ones plus reclaimed ones
     reclaimed: int = 0  # of those, taken over from a consumer that stopped (XAUTOCLAIM)
-    settled: int = 0  # records settled and acknowledged
+    taken: int = 0  # records taken (checked and published) and acknowledged
     dead: int = 0  # records moved to the dead-letter stream
     failed: int = 0  # records left pending after an error (retried after the idle time)
     trimmed: int = 0  # pending entries the stream had already trimmed away (lost upstream)
-    charged: int = 0  # admitted requests charged now
-    duplicates: int = 0  # admitted requests already charged (a redelivery or a replay)
-    unknown: int = 0  # admitted requests the ledger has never heard of
-    not_served: int = 0  # admitted requests that had failed (never charged)
+    admitted: int = 0  # admitted requests in the records taken
     stalled: str = ""  # the transient error that stopped the call early, if any
 
     def add(self, other: ConsumeStats) -> None:
@@ -85,12 +83,9 @@ class ConsumeStats:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         self.stalled = other.stalled or self.stalled
 
-    def add_settled(self, result: SettleResult) -> None:
-        self.settled += 1
-        self.charged += result.charged
-        self.duplicates += result.duplicates
-        self.unknown += result.unknown
-        self.not_served += result.not_served
+    def add_taken(self, record: RoundRecord) -> None:
+        self.taken += 1
+        self.admitted += len(record["admitted"])
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (a Celery task's result)."""
@@ -121,7 +116,7 @@ def rounds_group_ensure(*, sc: StreamConsumer) -> bool:
     """Create the stream (if missing) and the consumer group; True when the group is new.
 
     A new group starts at the stream's first entry, so records written before any consumer
-    existed are settled too (settling old ones again is harmless).
+    existed are taken too (taking old ones again is harmless: they move no money).
     """
     try:
         sc.client.xgroup_create(sc.stream, sc.group, id="0", mkstream=True)
@@ -147,12 +142,12 @@ def rounds_consume(
     should_stop: Callable[[], bool] = lambda: False,
     publisher: RoundsPublisher | None = None,
 ) -> ConsumeStats:
-    """Settle records from the stream for up to ``max_seconds`` (wall) or ``max_records``.
+    """Take records from the stream for up to ``max_seconds`` (wall) or ``max_records``.
 
     Each turn first takes over entries idle for ``claim_min_idle_ms`` in other consumers'
     pending lists, else reads new ones (waiting up to ``block_ms``). With ``until_idle`` it
     returns as soon as a turn finds nothing. Never raises for a bad record; a database or Redis
-    outage ends the call early with ``stalled`` set. Settled records are published live
+    outage ends the call early with ``stalled`` set. Records taken are published live
     through ``publisher`` (this process's by default), flushed before it returns.
     """
     publisher = publisher or default_publisher()
@@ -174,7 +169,7 @@ def rounds_consume(
                 entries = _read_new(sc=sc, count=count, block_ms=wait_ms)
             for entry_id, entry_fields, deliveries in entries:
                 stats.read += 1
-                _entry_settle(
+                _entry_take(
                     sc=sc,
                     entry_id=entry_id,
                     entry_fields=entry_fields,
@@ -258,7 +253,7 @@ def _reclaim(
     return following, [(eid, ef, int(deliveries.get(eid, 1))) for eid, ef in claimed]
 
 
-def _entry_settle(
+def _entry_take(
     *,
     sc: StreamConsumer,
     entry_id: bytes,
@@ -268,15 +263,14 @@ def _entry_settle(
     stats: ConsumeStats,
     publisher: RoundsPublisher,
 ) -> None:
-    """Settle one entry and acknowledge it, or dead-letter it, or leave it pending; publish it
-    once settled."""
+    """Take one entry (check it, publish it) and acknowledge it, or dead-letter it, or leave it
+    pending."""
     try:
         raw = entry_fields.get(RECORD_FIELD)
         if raw is None:
             raise ValueError(f"stream entry has no {RECORD_FIELD.decode()!r} field")
         record = round_record_loads(raw)
-        result = round_record_settle(record=record)
-    except ValueError as exc:  # malformed: it will never settle
+    except ValueError as exc:  # malformed: it will never be taken
         _dead_letter(sc=sc, entry_id=entry_id, entry_fields=entry_fields, error=str(exc))
         stats.dead += 1
         return
@@ -291,13 +285,11 @@ def _entry_settle(
         else:
             stats.failed += 1
         return
-    for hook in AFTER_SETTLE:
+    for hook in AFTER_TAKE:
         hook()
-    # Only now, with the charges committed: a crash before this line means a redelivery, which
-    # settles as duplicates.
-    sc.client.xack(sc.stream, sc.group, entry_id)
-    stats.add_settled(result)
     publisher.settled(record)
+    sc.client.xack(sc.stream, sc.group, entry_id)
+    stats.add_taken(record)
 
 
 def _dead_letter(

@@ -17,7 +17,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
 from django.db import connection
 
+from accounts.ledger import PriorityCharge
 from accounts.models import Membership, Role, Tenant
+from accounts.money import money
 from market.models import Market
 from scheduler_bridge.contract.records import SCHEMA
 
@@ -104,8 +106,8 @@ def spend(
     api_key: Any = None,
 ) -> None:
     """Make ``tenant`` spend ``charge`` dollars at ``at``: a request is opened (holding the
-    charge), admitted in a round that charges it, and completes with no tokens."""
-    from accounts.services import request_complete, request_open, round_record_settle
+    charge) and settled with the priority charge its engine reported, and no tokens."""
+    from accounts.services import request_open, request_settle
 
     request_open(
         request_id=request_id,
@@ -116,12 +118,13 @@ def spend(
         hold_amount=charge,
         now=at,
     )
-    round_record_settle(
-        record=round_record(f"r-{request_id}", [admitted(request_id, charge)], market=market.slug),
+    request_settle(
+        request_id=request_id,
+        prompt_tokens=0,
+        cached_tokens=0,
+        completion_tokens=0,
+        priority=priority_charge(charge, round_id=f"r-{request_id}"),
         now=at,
-    )
-    request_complete(
-        request_id=request_id, prompt_tokens=0, cached_tokens=0, completion_tokens=0, now=at
     )
 
 
@@ -186,3 +189,24 @@ def run_concurrently(jobs: list[Callable[[], object]]) -> list[object]:
 
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         return [r for chunk_results in pool.map(worker, chunks) for r in chunk_results]
+
+
+def priority_charge(
+    charge: float | str, *, round_id: str = "sim:e1:1", bid: float = 0.5, position: int = 0
+) -> PriorityCharge:
+    """The priority charge an engine reports in its answer for a request it admitted (what the
+    gateway settles), with the round's view of the request (the engines' fields)."""
+    return PriorityCharge(
+        amount=money(charge),
+        round_id=round_id,
+        detail={
+            "bid": bid,
+            "effective_bid": bid,
+            "time_saved_s": 0.125,
+            "planned_completion_s": 0.25,
+            "position": position,
+            "engine_charge": float(charge),
+            "block": {"prefix_tokens": 1000, "requests": 4, "bid_mean": bid, "density": 0.002},
+            "engine": "sim",
+        },
+    )

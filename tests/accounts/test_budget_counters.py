@@ -14,6 +14,7 @@ import pytest
 from django.apps import apps
 
 from accounts import ledger as ledger_module
+from accounts.ledger import Settled
 from accounts.models import BudgetCounter, Hold, LedgerEntry, Period, Request
 from accounts.selectors import budget_status
 from accounts.services import (
@@ -22,19 +23,17 @@ from accounts.services import (
     budget_hold,
     budget_set,
     hold_release,
-    request_complete,
     request_fail,
     request_open,
-    round_record_settle,
+    request_settle,
 )
 from market.models import Market
 from tests.accounts.factories import (
     MIDNIGHT,
     NOW,
-    admitted,
     counters_mismatches,
     market_create,
-    round_record,
+    priority_charge,
     spend,
     tenant_create,
 )
@@ -66,21 +65,17 @@ def open_(tenant, market, rid, hold, *, key=None, at=NOW):
     )
 
 
-def settle(rid, charge, *, at=NOW):
-    return round_record_settle(record=round_record(f"rd-{rid}", [admitted(rid, charge)]), now=at)
-
-
 def test_counters_follow_a_requests_life(tenant, market) -> None:
     budget_set(tenant=tenant, limit="10", period=Period.DAY)
     key, _ = api_key_create(tenant=tenant, name="k", created_by=None, budget_limit="5")
     open_(tenant, market, "r1", "1", key=key)
     open_(tenant, market, "r2", "2")
     assert {k: c["held"] for k, c in counters(tenant).items()} == {None: D(3), key.pk: D(1)}
-    settle("r1", 0.25)
     # Tokens: 200 uncached x $3/M + 1000 cached x $0.30/M + 500 output x $15/M = 0.0084.
-    request_complete(
-        request_id="r1", prompt_tokens=1200, cached_tokens=1000, completion_tokens=500, now=NOW
-    )
+    request_settle(
+        request_id="r1", prompt_tokens=1200, cached_tokens=1000, completion_tokens=500,
+        priority=priority_charge(0.25), now=NOW,
+    )  # fmt: skip
     request_fail(request_id="r2", now=NOW)
     # r1 spent 0.25 + 0.0084; its hold closed and r2's was released: nothing held.
     windows = {
@@ -207,47 +202,42 @@ def life(slug: str) -> list:
             result = (result.request_id, result.amount, result.remaining, result.state)
         elif isinstance(result, Request):
             result = (result.request_id, result.bid, result.status, result.created_at)
-        elif isinstance(result, LedgerEntry):
-            result = (result.request_id, result.kind, result.amount, result.created_at)
+        elif isinstance(result, Settled):
+            result = tuple(
+                field
+                for e in (result.tokens, result.priority)
+                if e is not None
+                for field in (e.request_id, e.kind, e.amount, e.created_at)
+            )
         out.append(result)
 
     def opened(rid, hold, key=None, at=NOW):
         call(request_open, request_id=f"{slug}-{rid}", tenant=tenant, api_key=key, market=market,
              bid="0.5", hold_amount=hold, now=at)  # fmt: skip
 
-    def settled(rid, charge, at=NOW):
-        record = round_record(f"rd-{rid}", [admitted(f"{slug}-{rid}", charge)], market=market.slug)
-        call(round_record_settle, record=record, now=at)
-
-    def completed(rid, at=NOW):
-        call(request_complete, request_id=f"{slug}-{rid}", prompt_tokens=1200, cached_tokens=1000,
-             completion_tokens=500, ttft_s=0.5, now=at)  # fmt: skip
+    def completed(rid, charge=None, at=NOW):
+        priority = None if charge is None else priority_charge(charge, round_id=f"rd-{rid}")
+        call(request_settle, request_id=f"{slug}-{rid}", prompt_tokens=1200, cached_tokens=1000,
+             completion_tokens=500, ttft_s=0.5, priority=priority, now=at)  # fmt: skip
 
     opened("a", "0.6", key)
     opened("b", "0.6", key)  # the key's budget refuses: 0.6 + 0.6 > 1
     opened("a", "0.6", key)  # a replay returns the first
     opened("c", "1.2")
     opened("d", "0.3")  # the tenant's refuses: 0.6 + 1.2 + 0.3 > 2
-    settled("a", 0.25)  # in flight: pending until served
-    settled("a", 0.25)  # replayed
-    settled("c", 1.5)
-    completed("a")  # the tokens, then the pending priority charge
-    completed("a")  # replayed
-    completed("c")  # its priority charge, above its hold, fits the budget: charged in full
+    completed("a", 0.25)  # the tokens and the priority charge
+    completed("a", 0.25)  # replayed
+    completed("c", 1.5)  # its priority charge, above its hold, fits the budget: charged in full
     opened("e", "0.1", key)
-    settled("e", 0.05)  # pending
     call(request_fail, request_id=f"{slug}-e", now=NOW)  # admitted, then failed: never charged
-    settled("e", 0.05)
-    completed("e")
+    completed("e", 0.05)
     call(budget_hold, tenant=tenant, api_key=None, request_id=f"{slug}-h", amount="0.01", now=NOW)
     call(hold_release, request_id=f"{slug}-h", now=NOW)
     call(hold_release, request_id=f"{slug}-h", now=NOW)
     opened("f", "0.01", at=MIDNIGHT)  # a new day
-    settled("f", 0.005, at=MIDNIGHT)
-    completed("f", at=MIDNIGHT)
+    completed("f", 0.005, at=MIDNIGHT)
     opened("g", "0.01", at=MIDNIGHT - timedelta(seconds=1))  # a lagging clock
-    completed("g", at=MIDNIGHT - timedelta(seconds=1))  # served before its round record
-    settled("g", 0.005, at=MIDNIGHT - timedelta(seconds=1))
+    completed("g", 0.005, at=MIDNIGHT - timedelta(seconds=1))
     completed("ghost")
     state = {
         "entries": sorted(
@@ -262,7 +252,6 @@ def life(slug: str) -> list:
             (
                 r.request_id.split("-", 1)[1],
                 r.status,
-                r.admitted_at,
                 r.finished_at,
                 r.prompt_tokens,
                 r.cached_tokens,
@@ -323,16 +312,17 @@ def test_the_hot_path_takes_one_statement_per_step(
     open_(tenant, market, "first", "0.1", key=key)  # creates the counter rows
     with django_assert_num_queries(1):
         open_(tenant, market, "r1", "0.1", key=key)
-    with django_assert_num_queries(1):
-        settle("r1", 0.01)
-    # The market's prices, the charge, then the priority charge it had pending.
-    with django_assert_num_queries(3):
-        request_complete(request_id="r1", prompt_tokens=10, cached_tokens=0, completion_tokens=1)
+    with django_assert_num_queries(2):  # the market's prices, then both charges at once
+        request_settle(
+            request_id="r1", prompt_tokens=10, cached_tokens=0, completion_tokens=1,
+            priority=priority_charge(0.01),
+        )  # fmt: skip
     open_(tenant, market, "r3", "0.1", key=key)
     with django_assert_num_queries(1):  # the caller knows the prices: checked as it charges
-        request_complete(
-            request_id="r3", prompt_tokens=10, cached_tokens=0, completion_tokens=1, market=market
-        )
+        request_settle(
+            request_id="r3", prompt_tokens=10, cached_tokens=0, completion_tokens=1,
+            priority=priority_charge(0.01), market=market,
+        )  # fmt: skip
     open_(tenant, market, "r2", "0.1", key=key)
     with django_assert_num_queries(1):
         request_fail(request_id="r2")
@@ -360,9 +350,9 @@ def test_a_token_charge_is_at_the_markets_prices_when_written(tenant, market) ->
     market.price_input_per_mtok = D("4")
     market.save()
     # 1000 uncached input tokens at $4/M = 0.004, not 0.003.
-    entry = request_complete(
+    entry = request_settle(
         request_id="r1", prompt_tokens=1000, cached_tokens=0, completion_tokens=0, market=stale
-    )
+    ).tokens
     assert entry.amount == D("0.004")
     # Another market with the very prices of the request's: its prices are read all the same.
     other = market_create("other")
@@ -370,8 +360,8 @@ def test_a_token_charge_is_at_the_markets_prices_when_written(tenant, market) ->
     other.save()
     market.price_input_per_mtok = D("5")
     market.save()
-    entry = request_complete(
+    entry = request_settle(
         request_id="r2", prompt_tokens=1000, cached_tokens=0, completion_tokens=0, market=other
-    )
+    ).tokens
     assert entry.amount == D("0.005")
     assert counters_mismatches(tenant) == []

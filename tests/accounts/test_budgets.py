@@ -17,15 +17,13 @@ from accounts.services import (
     budget_hold,
     budget_set,
     hold_release,
-    request_complete,
     request_open,
-    round_record_settle,
+    request_settle,
 )
 from tests.accounts.factories import (
     MIDNIGHT,
     NOW,
-    admitted,
-    round_record,
+    priority_charge,
     spend,
     tenant_create,
 )
@@ -268,15 +266,15 @@ def test_settlement_turns_the_hold_into_spend(tenant, market) -> None:
         hold_amount="0.5",
         now=NOW,
     )
-    round_record_settle(record=round_record("rd1", [admitted("r1", 0.1)]), now=NOW)
-    # In flight: the priority charge is pending, the whole hold still reserved.
+    # In flight: the whole hold reserved.
     status = budget_status(tenant=tenant, now=NOW)
     assert (status.spent, status.held) == (D(0), D("0.5"))
     # Tokens: 200 uncached x $3/M + 1000 cached x $0.30/M + 500 output x $15/M
-    #       = 0.0006 + 0.0003 + 0.0075 = 0.0084; then the pending 0.1.
-    request_complete(
-        request_id="r1", prompt_tokens=1200, cached_tokens=1000, completion_tokens=500, now=NOW
-    )
+    #       = 0.0006 + 0.0003 + 0.0075 = 0.0084; then the engine's priority charge 0.1.
+    request_settle(
+        request_id="r1", prompt_tokens=1200, cached_tokens=1000, completion_tokens=500,
+        priority=priority_charge(0.1), now=NOW,
+    )  # fmt: skip
     status = budget_status(tenant=tenant, now=NOW)
     assert (status.spent, status.held, status.remaining) == (D("0.1084"), D(0), D("0.8916"))
     assert Hold.objects.get(request_id="r1").state == HoldState.SETTLED
@@ -295,8 +293,10 @@ def test_a_charge_above_its_hold_is_charged_in_full_while_the_budget_has_room(
         hold_amount="0.01",
         now=NOW,
     )
-    request_complete(request_id="r1", prompt_tokens=0, cached_tokens=0, completion_tokens=0)
-    round_record_settle(record=round_record("rd1", [admitted("r1", 0.25)]), now=NOW)
+    request_settle(
+        request_id="r1", prompt_tokens=0, cached_tokens=0, completion_tokens=0,
+        priority=priority_charge(0.25), now=NOW,
+    )  # fmt: skip
     status = budget_status(tenant=tenant, now=NOW)
     assert (status.spent, status.held) == (D("0.25"), D(0))
     with pytest.raises(BudgetExhausted):
@@ -343,10 +343,38 @@ def test_budget_set_validates(tenant) -> None:
         budget_set(tenant=tenant, limit="0.0000000001")
 
 
-def test_the_402_message_prints_amounts_in_fixed_notation(tenant) -> None:
+def test_the_refusal_prints_amounts_in_fixed_notation(tenant) -> None:
     budget_set(tenant=tenant, limit="0", period=Period.DAY)
     with pytest.raises(BudgetExhausted) as refused:
         hold(tenant, D("0.000000001"), "r1")
     message = str(refused.value)
-    assert "$0.000000001 needed, $0.000000000 left of $0.000000000 per day" in message
+    assert "$0.00 left; this request needs up to $0.000000001." in message
     assert "E-" not in message
+
+
+def test_the_refusal_says_which_budget_its_spent_held_and_left_and_when_it_resets(
+    tenant, market
+) -> None:
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None)
+    budget_set(tenant=tenant, limit="1000", period=Period.MONTH)
+    budget_set(tenant=tenant, limit="2.5", period=Period.WEEK, api_key=key)
+    spend(tenant=tenant, market=market, request_id="s1", charge=1.25, at=NOW, api_key=key)
+    hold(tenant, D("0.75"), "h1", key=key)
+    with pytest.raises(BudgetExhausted) as refused:
+        hold(tenant, D("0.500123456"), "h2", key=key)
+    # The key's week: 2.5 - 1.25 spent - 0.75 held = 0.5 left < 0.500123456 (shown to 4
+    # places). NOW is Wednesday 2026-11-18 15:30 UTC; the week ends Monday 2026-11-23 00:00,
+    # 4 days 8.5 hours later: 4 x 86400 + 8.5 x 3600 = 376200 s.
+    assert str(refused.value) == (
+        "This API key's budget of $2.50 per week is exhausted: $1.25 spent, $0.7500 held for "
+        "requests in flight, $0.5000 left; this request needs up to $0.5001. It resets at "
+        "2026-11-23T00:00:00+00:00 (in 376200 s)."
+    )
+    budget_set(tenant=tenant, limit="1.75", period=Period.NONE)  # the tenant's, now binding
+    with pytest.raises(BudgetExhausted) as refused:
+        hold(tenant, D("0.25"), "h3", key=key)
+    # 1.75 - 1.25 - 0.75 = -0.25: nothing left (the limit was lowered under what is used)
+    assert str(refused.value) == (
+        "The tenant's budget of $1.75 with no period is exhausted: $1.25 spent, $0.7500 held "
+        "for requests in flight, $0.00 left; this request needs up to $0.2500. It never resets."
+    )

@@ -12,24 +12,23 @@ from decimal import Decimal
 import pytest
 
 from accounts import ledger
-from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Period, Request
+from accounts.ledger import Outcome
+from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Period
 from accounts.selectors import budget_status, budget_statuses_for_tenant
 from accounts.services import (
     BudgetExhausted,
     api_key_create,
     budget_hold,
     budget_set,
-    request_complete,
     request_fail,
     request_open,
-    round_record_settle,
+    request_settle,
 )
 from tests.accounts.factories import (
     NOW,
-    admitted,
     counters_mismatches,
     market_create,
-    round_record,
+    priority_charge,
     run_concurrently,
     spend,
     tenant_create,
@@ -111,18 +110,17 @@ def test_the_same_round_settled_by_many_workers_charges_each_request_once() -> N
             priority_cap=Decimal("1"),
             now=NOW,
         )
-    for rid in rids[:10]:  # served (no tokens); the other ten are still in flight
-        request_complete(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
-    record = round_record(
-        "sim:1:1", [admitted(rid, 0.25, position=i) for i, rid in enumerate(rids)]
-    )
-    results = run_concurrently([lambda: round_record_settle(record=record, now=NOW)] * 80)
+    served = rids[:10]  # settled 8 times each at once (no tokens); the other ten in flight
+
+    def settled(rid: str):
+        return request_settle(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0,
+                              priority=priority_charge(0.25), now=NOW)  # fmt: skip
+
+    results = run_concurrently([lambda r=r: settled(r) for r in served for _ in range(8)])
     assert not [r for r in results if isinstance(r, Exception)]
-    assert sum(r.charged for r in results) == 10
-    assert sum(r.pending for r in results) == 10
-    assert sum(r.duplicates for r in results) == 80 * 20 - 20
+    assert sum(r.outcome == Outcome.WRITTEN for r in results) == 10
+    assert sum(r.outcome == Outcome.DUPLICATE for r in results) == 80 - 10
     assert LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY).count() == 10
-    assert Request.objects.exclude(priority_pending=None).count() == 10
     # The served ten: charged 0.25 once each, holds closed; the ten in flight still hold 1 each.
     status = budget_status(tenant=tenant, now=NOW)
     assert (status.spent, status.held) == (Decimal("2.5"), Decimal("10"))
@@ -149,13 +147,13 @@ def test_holds_charges_and_failures_of_one_tenant_at_once_agree_with_the_ledger(
         def run() -> object:
             request_open(request_id=rid, tenant=tenant, api_key=key if i % 2 else None,
                          market=market, bid="0.1", hold_amount="0.02", now=NOW)  # fmt: skip
-            round_record_settle(record=round_record(f"r{i}", [admitted(rid, 0.01)]), now=NOW)
             if i % 3 == 0:
                 return request_fail(request_id=rid, now=NOW)
-            # 100 prompt tokens at $3/M = 0.0003.
-            return request_complete(
-                request_id=rid, prompt_tokens=100, cached_tokens=0, completion_tokens=0, now=NOW
-            )
+            # 100 prompt tokens at $3/M = 0.0003, and a priority charge of 0.01.
+            return request_settle(
+                request_id=rid, prompt_tokens=100, cached_tokens=0, completion_tokens=0,
+                priority=priority_charge(0.01, round_id=f"r{i}"), now=NOW,
+            )  # fmt: skip
 
         return run
 

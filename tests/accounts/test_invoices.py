@@ -13,11 +13,10 @@ from accounts.models import Invoice, InvoiceLine
 from accounts.services import (
     invoice_generate,
     month_bounds,
-    request_complete,
     request_open,
-    round_record_settle,
+    request_settle,
 )
-from tests.accounts.factories import admitted, market_create, round_record, tenant_create
+from tests.accounts.factories import market_create, priority_charge, tenant_create
 
 pytestmark = pytest.mark.django_db
 
@@ -33,15 +32,13 @@ def served(tenant, market, rid, *, priority, tokens, at) -> None:
     request_open(
         request_id=rid, tenant=tenant, api_key=None, market=market, bid="1", hold_amount="5", now=at
     )
-    if priority is not None:
-        record = round_record(f"rd-{rid}", [admitted(rid, priority)], market=market.slug)
-        round_record_settle(record=record, now=at)
     prompt, cached, completion = tokens or (0, 0, 0)
-    request_complete(
+    request_settle(
         request_id=rid,
         prompt_tokens=prompt,
         cached_tokens=cached,
         completion_tokens=completion,
+        priority=None if priority is None else priority_charge(priority, round_id=f"rd-{rid}"),
         now=at,
     )
 
@@ -169,7 +166,7 @@ def test_csv_has_request_lines_market_summaries_and_a_total(november) -> None:
     assert sum(D(r["total_usd"]) for r in requests) == D(totals[0]["total_usd"])
 
 
-def test_pdf_is_a_real_pdf_with_the_totals(november) -> None:
+def test_pdf_is_a_real_pdf_with_the_totals_in_cents(november) -> None:
     invoice = invoice_generate(
         tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
     )
@@ -177,15 +174,22 @@ def test_pdf_is_a_real_pdf_with_the_totals(november) -> None:
     assert data.startswith(b"%PDF-")
     text = "\n".join(page.extract_text() for page in PdfReader(io.BytesIO(data)).pages)
     assert "Tenant ACME" in text
-    assert "Priority total: USD 0.750000000" in text
-    assert "Tokens total: USD 0.058400000" in text
-    assert "Total due: USD 0.808400000" in text
-    for rid in ("a1", "a2", "a3"):
-        assert rid in text
-    assert "g1" not in text and "oct" not in text
+    # priority 0.75; tokens 0.0584 -> $0.06; total 0.8084 -> $0.81
+    assert "Priority charges (the auction) $0.75" in text
+    assert "Token charges (posted prices) $0.06" in text
+    assert "3 requests." in text
+    assert "Total due $0.81" in text
+    assert "Exact total USD 0.808400000" in text
+    # a1, a2, a3 on 10 November, no key: 3 requests, prompt 1200 + 0 + 2000, cached 1000,
+    # completion 500 + 1000
+    assert "2026-11-10 3 3,200 1,000 1,500 $0.75 $0.06 $0.81" in text
+    assert "console / no key 3 3,200 1,000 1,500 $0.75 $0.06 $0.81" in text
+    assert "big-llm 1 2,000 0 1,000 $0.00 $0.05 $0.05" in text
+    assert "test-llm 2 1,200 1,000 500 $0.75 $0.01 $0.76" in text  # tokens 0.0084 -> $0.01
+    assert "g1" not in text and "7.00" not in text and "9.00" not in text
 
 
-def test_pdf_of_many_lines_spans_pages(november) -> None:
+def test_pdf_of_many_requests_summarises_them_on_one_page(november) -> None:
     market = market_create("many-llm")
     at = datetime(2026, 11, 20, tzinfo=UTC)
     for i in range(120):
@@ -193,10 +197,12 @@ def test_pdf_of_many_lines_spans_pages(november) -> None:
     invoice = invoice_generate(
         tenant=november, period_start=NOV_START, period_end=NOV_END, now=AFTER_NOV
     )
-    reader = PdfReader(io.BytesIO(invoice_pdf(invoice)))
-    assert len(reader.pages) > 1
-    # 0.8084 + 120 x 0.001 = 0.9284
-    assert "Total due: USD 0.928400000" in reader.pages[-1].extract_text()
+    (page,) = PdfReader(io.BytesIO(invoice_pdf(invoice))).pages  # a line per day, not request
+    text = page.extract_text()
+    # 0.8084 + 120 x 0.001 = 0.9284 -> $0.93; the 20th: 120 x 0.001 = $0.12
+    assert "Total due $0.93" in text
+    assert "2026-11-20 120 0 0 0 $0.12 $0.00 $0.12" in text
+    assert "Page 1 of 1" in text
 
 
 def test_json_carries_exact_amounts(november) -> None:

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from accounts.money import money, money_exact, money_str, per_million
+from accounts.money import cents, cents_str, money, money_exact, money_str, per_million
 
 
 @pytest.mark.parametrize(
@@ -95,3 +95,27 @@ def test_money_str_is_fixed_point() -> None:
     assert money_str(Decimal("2E-9")) == "0.000000002"
     assert money_str(Decimal("12")) == "12.000000000"
     assert money_str(Decimal("0")) == "0.000000000"
+
+
+@pytest.mark.parametrize(
+    ("amount", "rounded", "shown"),
+    [
+        # Exact half cents go up (the commercial rule), where the ledger's half-even rule would
+        # give 0.12 and 0.42.
+        ("0.125000000", "0.13", "$0.13"),
+        ("0.425000000", "0.43", "$0.43"),
+        # Just below the half: down.
+        ("0.124999999", "0.12", "$0.12"),
+        # Under half a cent but not nothing: rounds to 0, shown as less than a cent.
+        ("0.004999999", "0.00", "< $0.01"),
+        ("0.000000001", "0.00", "< $0.01"),
+        # Half a cent: a cent.
+        ("0.005000000", "0.01", "$0.01"),
+        ("0.000000000", "0.00", "$0.00"),
+        # Thousands separated; 1234.565 is a tie: up.
+        ("1234.565000000", "1234.57", "$1,234.57"),
+    ],
+)
+def test_cents_rounds_half_up_for_people(amount, rounded, shown) -> None:
+    assert cents(Decimal(amount)) == Decimal(rounded)
+    assert cents_str(Decimal(amount)) == shown

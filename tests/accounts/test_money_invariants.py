@@ -38,10 +38,9 @@ from accounts.services import (
     api_key_create,
     budget_set,
     hold_release,
-    request_complete,
     request_fail,
     request_open,
-    round_record_settle,
+    request_settle,
 )
 from accounts.services.autobidder import (
     autobid,
@@ -55,10 +54,9 @@ from openai_api.gateway.selectors import caches_clear
 from openai_api.gateway.validation import CompletionParams
 from tests.accounts.factories import (
     MIDNIGHT,
-    admitted,
     counters_mismatches,
     market_create,
-    round_record,
+    priority_charge,
     run_concurrently,
     tenant_create,
 )
@@ -127,19 +125,17 @@ def test_no_order_or_delay_of_settlement_overspends_a_budget(statements, life) -
                 caps.setdefault(rid, amount)
             except (BudgetExhausted, ValueError):
                 pass  # refused, or the id is held for the other scope: nothing written
-        elif what == "complete":
-            # 100 prompt tokens at $3/M and 10 output at $15/M: 0.00045.
+        elif what in ("complete", "settle"):
+            # 100 prompt tokens at $3/M and 10 output at $15/M: 0.00045; "settle" with a
+            # priority charge too: the engine's figure may be anything, the cap is the rule.
+            priority = priority_charge(float(amount) * 1.5, round_id=f"rd-{rid}-{i}")
             try:
-                request_complete(
+                request_settle(
                     request_id=rid, prompt_tokens=100, cached_tokens=0, completion_tokens=10,
-                    now=now,
+                    priority=priority if what == "settle" else None, now=now,
                 )  # fmt: skip
             except (LookupError, ValueError):
                 pass  # never opened, or failed
-        elif what == "settle":  # the engine's figure may be anything, the cap is the rule
-            record = round_record(f"rd-{rid}-{i}", [admitted(rid, float(amount) * 1.5)],
-                                  market=market.slug, seq=i + 1)  # fmt: skip
-            round_record_settle(record=record, now=now)
         elif what == "fail":
             if request_fail(request_id=rid, now=now):
                 failed.add(rid)
@@ -161,10 +157,9 @@ def test_no_order_or_delay_of_settlement_overspends_a_budget(statements, life) -
 def test_a_charge_after_its_hold_was_released_is_cut_to_what_the_budget_has_left(
     statements, tenant, market
 ) -> None:
-    """A charge can exceed what was reserved for it only when its hold closed before its round
-    record came (released early, or never sized for a priority part). It is then cut to what
-    the budget has left, and the entry says so. Tokens: 100 prompt at $3/M + 10 output at
-    $15/M = 0.00045."""
+    """A charge can exceed what was reserved for it (its hold released early, or sized below
+    the charge). It is then cut to what the budget has left, and the entry says so. Tokens: 100
+    prompt at $3/M + 10 output at $15/M = 0.00045."""
     budget_set(tenant=tenant, limit="0.01", period=Period.DAY)
     now = MIDNIGHT - timedelta(hours=1)
 
@@ -172,31 +167,27 @@ def test_a_charge_after_its_hold_was_released_is_cut_to_what_the_budget_has_left
         request_open(request_id=rid, tenant=tenant, api_key=None, market=market, bid="0.001",
                      hold_amount=hold, priority_cap=cap, now=now)  # fmt: skip
 
-    def completed(rid, prompt=100, completion=10):
-        request_complete(request_id=rid, prompt_tokens=prompt, cached_tokens=0,
-                         completion_tokens=completion, now=now)  # fmt: skip
-
-    def settled(rid, charge) -> LedgerEntry:
-        round_record_settle(record=round_record(f"rd-{rid}", [admitted(rid, charge)]), now=now)
+    def settled(rid, charge, prompt=100, completion=10) -> LedgerEntry:
+        request_settle(request_id=rid, prompt_tokens=prompt, cached_tokens=0,
+                       completion_tokens=completion, priority=priority_charge(charge),
+                       now=now)  # fmt: skip
         return LedgerEntry.objects.get(request_id=rid, kind=ChargeKind.PRIORITY)
 
     opened("a", "0.005", D("0.004"))
     opened("b", "0.005", D("0.004"))  # 0.005 + 0.005 = the whole 0.01
-    completed("a")  # a's hold keeps its 0.004 cap for the priority part
-    hold_release(request_id="a", now=now)  # then is released before the record comes
-    # Spent 0.00045, held 0.005 (b): 0.00455 left, a's 0.004 fits and is charged in full.
+    hold_release(request_id="a", now=now)  # a's hold is released before a is settled
+    # Nothing spent, held 0.005 (b): 0.005 left; a's 0.00045 + 0.004 fit and are charged in full.
     entry = settled("a", 0.004)
     assert entry.amount == D("0.004") and "capped_at" not in entry.detail
-    completed("b")
     hold_release(request_id="b", now=now)
-    # Spent 0.0049, nothing held: 0.0051 left; b asks 0.006 and its cap, 0.004, binds first.
+    # Spent 0.00445, nothing held: 0.00555 left; b's tokens take 0.00045, then it asks 0.006
+    # and its cap, 0.004, binds first.
     entry = settled("b", 0.006)
     assert (entry.amount, entry.detail["capped_by"]) == (D("0.004"), "priority_cap")
-    # c holds the 0.0011 left with no priority cap recorded (opened outside the gateway): its
-    # token charge (none) closes its hold. Spent 0.0089, nothing held: c's 0.003 is cut to 0.0011.
+    # c holds the 0.0011 left with no priority cap recorded (opened outside the gateway). Spent
+    # 0.0089: its room is its hold, 0.0011, and nothing more: its 0.003 is cut to 0.0011.
     opened("c", "0.0011", None)
-    completed("c", prompt=0, completion=0)
-    entry = settled("c", 0.003)
+    entry = settled("c", 0.003, prompt=0, completion=0)
     assert entry.amount == D("0.0011")
     assert entry.detail["capped_at"] == "0.001100000"
     assert (entry.detail["capped_by"], entry.detail["uncapped"]) == ("budget", "0.003000000")
@@ -246,21 +237,22 @@ def test_concurrent_autobid_requests_at_the_edge_of_the_autobidders_budget(state
     # first bids the full 0.001 (worst case 0.06, reserved 0.006); the second may bid
     # (0.01 - 0.006) / (0.1 x 60) = 0.000666666; the third (0.01 - 0.006 - 0.004) = 0: nothing.
     assert sorted(bids) == [D(0)] * 18 + [D("0.000666666"), D("0.001")]
-    for rid in rids:
-        request_complete(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
     bid_of = dict(zip(rids, bids, strict=True))
-    records = [round_record(f"rd-{rid}", [admitted(rid, 0.006)], market=market.slug)
-               for rid in rids if bid_of[rid] > 0]  # fmt: skip
-    results = run_concurrently(
-        [lambda r=r: round_record_settle(record=r) for r in records for _ in range(2)]
-    )
+    priced = [rid for rid in rids if bid_of[rid] > 0]
+
+    def settled(rid: str):  # the engine asks $0.006 of each request that bid
+        charge = priority_charge(0.006, round_id=f"rd-{rid}") if rid in priced else None
+        return request_settle(request_id=rid, prompt_tokens=0, cached_tokens=0,
+                              completion_tokens=0, priority=charge)  # fmt: skip
+
+    results = run_concurrently([lambda r=r: settled(r) for r in rids for _ in range(2)])
     assert not [r for r in results if isinstance(r, Exception)]
     entries = list(
         LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY).values_list(
             "request_id", "amount", "detail"
         )
     )
-    assert len(entries) == len(records)  # each once, whatever was replayed
+    assert len(entries) == len(priced)  # each once, whatever was replayed
     consented = sum(min(D("0.006"), bid_of[r] * 60) for r, _, _ in entries)
     paid = sum(a for _, a, _ in entries)
     # Both asked 0.006 within their caps (0.06, 0.04): 0.012 asked, 0.01 paid, 0.002 cut.

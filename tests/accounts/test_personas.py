@@ -82,9 +82,9 @@ OWN_DATA = {
     "tenant home": "10.000000000",  # A's budget limit
     "key list": "a-key-name",
     "invoice list": "INV-acme",
-    "invoice": "a-req-old",
+    "invoice": "2026-10-15",  # the day of a-req-old's charge: the page and PDF sum by day
     "invoice csv": "a-req-old",
-    "invoice pdf": "a-req-old",
+    "invoice pdf": "2026-10-15",
     "budget json": "10.000000000",
     "usage json": "a-req-1",
     "keys json": "a-key-name",

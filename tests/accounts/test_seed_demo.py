@@ -1,13 +1,36 @@
-"""``seed_demo``: the demo operator and tenants, idempotent, with logins that work."""
+"""``seed_demo``: the demo operator and tenants, idempotent, with logins that work, and a closed
+past month of traffic with its invoice for each tenant."""
 
-from io import StringIO
+from datetime import UTC, date, datetime, timedelta
+from io import BytesIO, StringIO
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from pypdf import PdfReader
 
-from accounts.models import Budget, Membership, Role, Tenant
+from accounts.models import (
+    ApiKey,
+    Budget,
+    BudgetCounter,
+    ChargeKind,
+    Invoice,
+    InvoiceLine,
+    LedgerEntry,
+    Membership,
+    Request,
+    Role,
+    Tenant,
+)
+from accounts.services import (
+    demo_accounts_seed,
+    invoice_generate,
+    month_bounds,
+    request_open,
+    request_settle,
+)
 from market.models import Market
+from market.services import market_demo_seed
 
 pytestmark = pytest.mark.django_db
 
@@ -45,6 +68,20 @@ def database_snapshot() -> dict[str, list[tuple]]:
             Budget.objects.order_by("id").values_list("id", "tenant_id", "limit", "updated_at")
         ),
         "markets": list(Market.objects.order_by("id").values_list("id", "slug", "updated_at")),
+        "keys": list(ApiKey.objects.order_by("id").values_list("id", "name", "prefix")),
+        "requests": list(
+            Request.objects.order_by("request_id").values_list("request_id", "status")
+        ),
+        "entries": list(
+            LedgerEntry.objects.order_by("id").values_list("id", "request_id", "kind", "amount")
+        ),
+        "counters": list(
+            BudgetCounter.objects.order_by("id").values_list("id", "spent_total", "held")
+        ),
+        "invoices": list(
+            Invoice.objects.order_by("id").values_list("id", "tenant_id", "period_start", "total")
+        ),
+        "invoice_lines": list(InvoiceLine.objects.order_by("id").values_list("id", "total")),
     }
 
 
@@ -59,6 +96,8 @@ def test_seed_demo_twice_changes_nothing() -> None:
     assert len(after_first["memberships"]) == 2
     assert len(after_first["budgets"]) == 2
     assert len(after_first["markets"]) == 1
+    assert len(after_first["invoices"]) == 2
+    assert len(after_first["requests"]) > 0 and len(after_first["entries"]) > 0
 
 
 def test_printed_logins_work(client) -> None:
@@ -107,3 +146,90 @@ def test_home_page_shows_the_tenant(client) -> None:
     assert response.status_code == 200
     assert "Acme Corp" in response.content.decode()
     assert "Globex" not in response.content.decode()
+
+
+def previous_month_by_hand(today: date) -> tuple[datetime, datetime]:
+    """The UTC month before ``today``'s, worked out without the code under test."""
+    end = datetime(today.year, today.month, 1, tzinfo=UTC)
+    last_day = end - timedelta(days=1)
+    return datetime(last_day.year, last_day.month, 1, tzinfo=UTC), end
+
+
+def test_seed_demo_gives_each_tenant_an_invoice_of_a_closed_past_month() -> None:
+    output = seed()
+    start, end = previous_month_by_hand(datetime.now(UTC).date())
+    for slug in ["acme", "globex"]:
+        invoice = Invoice.objects.get(tenant__slug=slug)
+        assert (invoice.period_start, invoice.period_end) == (start, end)
+        assert invoice.period_end <= datetime.now(UTC)  # closed
+        assert invoice.number in output
+        # The total is the brute-force sum of the tenant's ledger entries of that month.
+        entries = list(
+            LedgerEntry.objects.filter(tenant__slug=slug, created_at__gte=start, created_at__lt=end)
+        )
+        assert invoice.total == sum(e.amount for e in entries) > 0
+        assert (
+            invoice.priority_total
+            == sum(e.amount for e in entries if e.kind == ChargeKind.PRIORITY)
+            > 0
+        )
+        assert (
+            invoice.tokens_total
+            == sum(e.amount for e in entries if e.kind == ChargeKind.TOKENS)
+            > 0
+        )
+        # Several days, the tenant's keys and requests without a key; a modest number.
+        days = {e.created_at.astimezone(UTC).date() for e in entries}
+        keys = {e.api_key.name if e.api_key else None for e in entries}
+        assert len(days) >= 5 and keys == {"web-app", "nightly-batch", None}
+        assert 10 <= invoice.lines.count() <= 100
+        # Every request was served and settled: its hold is closed, nothing left held.
+        assert set(Request.objects.filter(tenant__slug=slug).values_list("status", flat=True)) == {
+            "served"
+        }
+        assert not BudgetCounter.objects.filter(tenant__slug=slug).exclude(held=0).exists()
+
+
+def test_the_console_shows_the_seeded_invoice_on_first_look(client) -> None:
+    seed()
+    client.login(username="acme-admin", password=EXPECTED_LOGINS["acme-admin"])
+    invoice = Invoice.objects.get(tenant__slug="acme")
+    listing = client.get("/tenants/acme/invoices/").content.decode()
+    assert invoice.number in listing
+    pdf = client.get(f"/tenants/acme/invoices/{invoice.pk}/pdf/")
+    assert pdf.status_code == 200
+    text = "\n".join(p.extract_text() for p in PdfReader(BytesIO(pdf.content)).pages)
+    assert "Acme Corp" in text and "Usage by day (UTC)" in text and "web-app" in text
+    assert "console / no key" in text and "Page 1 of" in text
+    # A total due in cents, never zero: the seeded month's charges are dollars, not nothing.
+    assert "Total due $0.00" not in text and "Total due $" in text
+
+
+def test_seed_demo_leaves_a_tenant_with_invoices_alone() -> None:
+    """Globex already has an invoice (of an older month): no demo traffic is made up for it."""
+    demo_accounts_seed()
+    globex = Tenant.objects.get(slug="globex")
+    old_start, old_end = month_bounds(year=2020, month=1)
+    invoice_generate(tenant=globex, period_start=old_start, period_end=old_end)
+    seed()
+    assert not LedgerEntry.objects.filter(tenant=globex).exists()
+    assert Invoice.objects.filter(tenant=globex).count() == 1
+    assert LedgerEntry.objects.filter(tenant__slug="acme").exists()
+
+
+def test_seed_demo_invoices_real_traffic_of_the_past_month_as_it_is() -> None:
+    """A past month that already has the tenant's charges is invoiced, not seeded again."""
+    demo_accounts_seed()
+    market = market_demo_seed()
+    acme = Tenant.objects.get(slug="acme")
+    start, _ = previous_month_by_hand(datetime.now(UTC).date())
+    at = start + timedelta(days=3)
+    request_open(request_id="real-1", tenant=acme, api_key=None, market=market, bid="0",
+                 hold_amount="1", now=at)  # fmt: skip
+    # demo-llm: 1000 prompt tokens at $0.15 per million, 100 completion at $0.60: $0.00021
+    request_settle(request_id="real-1", prompt_tokens=1000, cached_tokens=0,
+                   completion_tokens=100, now=at)  # fmt: skip
+    seed()
+    invoice = Invoice.objects.get(tenant=acme)
+    assert list(invoice.lines.values_list("request_id", flat=True)) == ["real-1"]
+    assert str(invoice.total) == "0.000210000"

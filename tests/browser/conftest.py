@@ -5,7 +5,7 @@ this process (``asgi_server``) and a live market:
 - a simulated engine in real time, slowed so a queue forms, writing its round records to a
   JSONL file;
 - the live publishers as the embedded mode runs them in the web process
-  (``config.embedded``: the JSONL follower settles and publishes, the periodic publisher
+  (``config.embedded``: the JSONL follower publishes round records, the periodic publisher
   polls the engine's ``/metrics``), sending through the loop that serves the websockets;
 - a load generator: threads of two tenants' programs sending chat completions with bids
   through the gateway.

@@ -112,4 +112,4 @@ def test_live_serve_serves_and_stops_on_ctrl_c(tmp_path) -> None:
             process.communicate()
             raise
     assert f"Serving on http://127.0.0.1:{port}/ (live)" in output
-    assert "settling and publishing round records" in output
+    assert "live: publishing round records from" in output

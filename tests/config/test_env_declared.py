@@ -26,6 +26,7 @@ DECLARED = {
     "AUTOBID_INTERVAL_S": ("10.0", "2.5", "2.5"),
     "ENGINE_ADMIN_TOKEN": ("None", " s3cret ", "s3cret"),
     "MARKET_CONTROL_DIR": ("None", " /tmp/control ", "/tmp/control"),
+    "INVOICE_DUE_DAYS": ("30", "0", "0"),
 }
 SHOW = "from django.conf import settings as s; print(" + ", ".join(f"s.{n}" for n in DECLARED) + ")"
 
@@ -52,6 +53,16 @@ def test_env_seconds_may_allow_zero() -> None:
             env.env_seconds({name: bad}, name, default=2.0, zero=True)
     with pytest.raises(env.EnvironmentVariableError, match="seconds > 0"):
         env.env_seconds({name: "0"}, name, default=2.0)
+
+
+def test_env_list_may_split_on_another_separator() -> None:
+    name = "INVOICE_ISSUER_ADDRESS"
+    given = {name: " 1 Main St, Suite 2 ;; Springfield, IL 62701 ; "}
+    assert env.env_list(given, name, default=[], sep=";") == [
+        "1 Main St, Suite 2",
+        "Springfield, IL 62701",
+    ]
+    assert env.env_list({}, name, default=["x"], sep=";") == ["x"]
 
 
 def test_env_text() -> None:

@@ -176,7 +176,7 @@ def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path, seeded):
         for port in market.replica_ports:
             assert _get(f"http://127.0.0.1:{port}/health") == b""
         # The agents' requests go through the gateway and the router, and each replica records
-        # the rounds it ran (its own file, settled by the web process).
+        # the rounds it ran (its own file, followed by the web process).
         files = [market.var / f"rounds-sim-{i}.jsonl" for i in (1, 2)]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not all(
@@ -254,8 +254,8 @@ def test_embedded_sqlite_answers_concurrent_requests_while_settling_without_5xx(
     n = 240
     try:
         market.up()
-        # Half with explicit bids over the reserve (priority charges settled from the round
-        # records), half through the autobidder; 16 at a time.
+        # Half with explicit bids over the reserve (priority charges settled by the gateway from
+        # the engine's answers), half through the autobidder; 16 at a time.
         bids = [None if i % 2 else 0.002 * (1 + i % 5) for i in range(n)]
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda i: _chat(market.base, key, i, bid=bids[i]), range(n)))
@@ -263,8 +263,8 @@ def test_embedded_sqlite_answers_concurrent_requests_while_settling_without_5xx(
         errors = [body for status, body in answers if status != 200][:3]
         assert statuses == {200: n}, (statuses, errors)
         assert {body["auction"]["bid_source"] for _, body in answers} == {"explicit", "autobid"}
-        # The follower settled the engine's round records meanwhile, and never stalled on a
-        # locked database.
+        # The follower took the engine's round records meanwhile (they move no money), and never
+        # stalled on a locked database.
         rounds = market.var / "rounds.jsonl"
         offset = rounds.with_name(rounds.name + ".offset")
         deadline = time.monotonic() + 20

@@ -1,4 +1,4 @@
-"""Publishing: settled round records (both consumers) and the periodic tick, to the groups."""
+"""Publishing: round records (both consumers) and the periodic tick, to the groups."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from accounts.services import request_complete, request_open
+from accounts.models import LedgerEntry
+from accounts.money import money
+from accounts.services import PriorityCharge, request_open, request_settle
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from market.live import book, periodic, publisher, spend
 from market.live.publisher import RoundsPublisher
 from market.models import Market
+from scheduler_bridge.contract.records import auction_fields
 from scheduler_bridge.settlement import stream as rounds
 from scheduler_bridge.settlement.jsonl import rounds_jsonl_follow
 from tests.accounts.factories import market_create, tenant_create
@@ -52,16 +55,43 @@ def market(unique_slug) -> Market:
     return market_create(unique_slug)
 
 
-def open_requests(market: Market, tenant_slug: str, ids: list[str], *, serve: bool = True) -> None:
-    """Open requests; ``serve``: served (no tokens) before their rounds are settled, so that
-    each record charges them at once."""
+def open_requests(market: Market, tenant_slug: str, ids: list[str]) -> None:
+    """Open requests, as the gateway does before forwarding them (queued, holds open)."""
     tenant = tenant_create(tenant_slug)
     for rid in ids:
         request_open(
             request_id=rid, tenant=tenant, api_key=None, market=market, bid="0.5", hold_amount="1"
         )
-        if serve:
-            request_complete(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
+
+
+def gateway_settles(records: list[dict]) -> None:
+    """Settle every request the records admit as the gateway does from its engine's answer (no
+    tokens here): the priority charge and the round's view of the request are the answer's
+    auction fields, the same as the record's (``auction_fields``)."""
+    for rec in records:
+        for entry in rec["admitted"]:
+            fields = auction_fields(rec, entry)
+            detail = {
+                "bid": fields["bid"],
+                "effective_bid": fields["effective_bid"],
+                "time_saved_s": fields["time_saved_s"],
+                "planned_completion_s": fields["planned_completion_s"],
+                "position": fields["position"],
+                "engine_charge": fields["charge"],
+                "block": fields["block"],
+                "engine": fields["engine"],
+            }
+            request_settle(
+                request_id=entry["request_id"], prompt_tokens=0, cached_tokens=0,
+                completion_tokens=0,
+                priority=PriorityCharge(
+                    amount=money(fields["charge"]), round_id=fields["round_id"], detail=detail
+                ),
+            )  # fmt: skip
+
+
+def ledger() -> list[tuple]:
+    return sorted(LedgerEntry.objects.values_list("request_id", "kind", "amount", "round_id"))
 
 
 def three_rounds(market: str) -> list[dict]:
@@ -72,6 +102,18 @@ def three_rounds(market: str) -> list[dict]:
         record(market, 3, subtrees=[subtree("p", requests=1), subtree("q", position=1)],
                admitted_requests=[admitted("a2", charge=0.004)]),
     ]  # fmt: skip
+
+
+def three_rounds_served(market: Market) -> list[dict]:
+    """:func:`three_rounds`, their requests opened (a1, a2 of acme, b1 of globex) and settled
+    by the gateway before the records are consumed."""
+    rounds_ = three_rounds(market.slug)
+    open_requests(market, "acme", ["a1", "a2"])
+    open_requests(market, "globex", ["b1"])
+    gateway_settles(rounds_)
+    # 0.002 (a1) + 0.002 (b1) + 0.004 (a2), priority charges only.
+    assert sum(amount for _, _, amount, _ in ledger()) == Decimal("0.008")
+    return rounds_
 
 
 def check_published(messages, market: str) -> None:
@@ -99,34 +141,35 @@ def check_published(messages, market: str) -> None:
     )
     assert a2["priority_charge"] == "0.004000000" and a2["block_bid_mean"] == 0.25
     assert a2["position"] == 1 and a2["time_saved_s"] == 0.125 and a2["status"] == "served"
-    assert a2["engine"] == "sim@test"  # the replica that ranked it, from its round record
+    assert a2["engine"] == "sim@test"  # the replica that ranked it, as its answer said
 
 
-def test_the_jsonl_follower_publishes_what_it_settles(sent, market, tmp_path) -> None:
-    open_requests(market, "acme", ["a1", "a2"])
-    open_requests(market, "globex", ["b1"])
+def test_the_jsonl_follower_publishes_what_it_takes(sent, market, tmp_path) -> None:
     path = tmp_path / "rounds.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in three_rounds(market.slug)))
+    path.write_text("".join(json.dumps(r) + "\n" for r in three_rounds_served(market)))
+    before = ledger()
     stats = rounds_jsonl_follow(path=path, publisher=RoundsPublisher())
-    assert stats.charged == 3
+    assert (stats.taken, stats.admitted) == (3, 3)
+    assert ledger() == before  # round records move no money
     check_published(sent, market.slug)
 
 
 @pytest.mark.redis
-def test_the_stream_consumer_publishes_what_it_settles(sent, market) -> None:
-    open_requests(market, "acme", ["a1", "a2"])
-    open_requests(market, "globex", ["b1"])
+def test_the_stream_consumer_publishes_what_it_takes(sent, market) -> None:
+    served = three_rounds_served(market)
+    before = ledger()
     client = rounds.redis_client(settings.REDIS_URL)
     stream = f"test-live:{uuid.uuid4().hex}"
     try:
-        for r in three_rounds(market.slug):
+        for r in served:
             client.xadd(stream, {"record": json.dumps(r)})
         sc = rounds.StreamConsumer(client=client, stream=stream, consumer="t")
         stats = rounds.rounds_consume(sc=sc, until_idle=True, publisher=RoundsPublisher())
     finally:
         client.delete(stream)
         client.close()
-    assert stats.settled == 3 and stats.charged == 3
+    assert (stats.taken, stats.admitted) == (3, 3)
+    assert ledger() == before  # round records move no money
     check_published(sent, market.slug)
 
 
@@ -149,7 +192,7 @@ def test_results_and_ticks_are_throttled_per_market_and_tenant(sent, market) -> 
     assert not pub.pending()
 
 
-def test_a_publishing_failure_never_stops_settlement(monkeypatch, market, tmp_path) -> None:
+def test_a_publishing_failure_never_stops_the_consumer(monkeypatch, market, tmp_path) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("the channel layer is down")
 
@@ -159,7 +202,8 @@ def test_a_publishing_failure_never_stops_settlement(monkeypatch, market, tmp_pa
     open_requests(market, "globex", ["b1"])
     path = tmp_path / "rounds.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in three_rounds(market.slug)))
-    assert rounds_jsonl_follow(path=path, publisher=RoundsPublisher()).charged == 3
+    stats = rounds_jsonl_follow(path=path, publisher=RoundsPublisher())
+    assert (stats.read, stats.taken, stats.admitted) == (3, 3, 3)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -170,8 +214,8 @@ def test_the_periodic_tick_sends_engine_status_idle_books_and_token_spend(sent, 
         rec = record(market.slug, 1, subtrees=[subtree("p")])
         book.book_publish(record=rec, rows=book.book_rows(rec), now=time.time() - 5)
         # A request completes (token charge, in the gateway): its tenant gets a tick.
-        open_requests(market, "acme", ["a1"], serve=False)
-        request_complete(
+        open_requests(market, "acme", ["a1"])
+        request_settle(
             request_id="a1", prompt_tokens=1000, cached_tokens=0, completion_tokens=100,
             ttft_s=0.5, e2e_s=1.5, now=timezone.now(),
         )  # fmt: skip

@@ -1,4 +1,5 @@
-"""Celery: the ping task in-process, and through the Redis broker in a real worker process."""
+"""Celery: the ping task in-process, and through the Redis broker in a real worker process; the
+rounds task's result in-process (its runs by real workers: ``settlement/test_rounds_worker.py``)."""
 
 import os
 import subprocess
@@ -14,7 +15,7 @@ import redis
 from django.conf import settings
 
 from config.celery import app as celery_app
-from scheduler_bridge.tasks import ping
+from scheduler_bridge.tasks import ping, rounds_consume
 from tests.conftest import REPO_ROOT
 
 WORKER_START_TIMEOUT_S = 60
@@ -31,6 +32,30 @@ def test_celery_is_eager_exactly_when_redis_is_unset() -> None:
     if settings.REDIS_URL:
         assert celery_app.conf.broker_url == settings.REDIS_URL
         assert celery_app.conf.result_backend == settings.REDIS_URL
+
+
+@pytest.mark.redis
+def test_the_rounds_task_reports_records_taken_and_no_money() -> None:
+    """In this process, on an empty stream: the result counts records and admitted requests;
+    nothing in it is money (round records move none)."""
+    stream = f"imtest:rounds:{uuid.uuid4().hex[:12]}"
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        kwargs = {"stream": stream, "max_seconds": 5, "until_idle": True}
+        result = rounds_consume.apply(kwargs=kwargs).get()
+    finally:
+        client.delete(stream)
+        client.close()
+    assert result == {
+        "read": 0,
+        "reclaimed": 0,
+        "taken": 0,
+        "dead": 0,
+        "failed": 0,
+        "trimmed": 0,
+        "admitted": 0,
+        "stalled": "",
+    }
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,19 @@ version of a row it waited for, so every check below reads values no one else ca
 the statement commits: concurrent holds cannot overspend a budget. The counters' window rule is
 :meth:`accounts.models.BudgetCounter.charge_counted`'s.
 
-The modules: ``hold`` (a hold placed, a hold closed), ``charge`` (a charge written, a request's
-prices) and ``sql`` (the cursor, parameter types and SQL fragments they share).
+The modules: ``hold`` (a hold placed, a hold closed), ``charge`` (a request settled, a request's
+prices) and ``sql`` (the cursor, parameter types and SQL fragments they share). The money rules
+in them are not written here: each is ``accounts.rules``'s, read as SQL. To read the statements
+as PostgreSQL runs them: ``manage.py ledger_statements``.
 """
 
 from __future__ import annotations
 
-from .charge import CHARGE_SQL, ChargeOutcome, charge_write, request_prices
+from .charge import SETTLE_SQL, SettleOutcome, request_prices, request_settle
 from .hold import (
     HOLD_AND_REQUEST_SQL,
     HOLD_SQL,
+    RELEASE_SQL,
     BudgetRow,
     HoldOutcome,
     ReleaseOutcome,
@@ -33,16 +36,17 @@ from .hold import (
 from .sql import model_loaded
 
 __all__ = [
-    "CHARGE_SQL",
     "HOLD_AND_REQUEST_SQL",
     "HOLD_SQL",
+    "RELEASE_SQL",
     "BudgetRow",
-    "ChargeOutcome",
     "HoldOutcome",
     "ReleaseOutcome",
-    "charge_write",
     "hold_close",
     "hold_place",
     "model_loaded",
+    "SETTLE_SQL",
+    "SettleOutcome",
     "request_prices",
+    "request_settle",
 ]

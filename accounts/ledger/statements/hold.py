@@ -8,7 +8,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from accounts import rules
+from accounts.algebra import SQL
+
 from .sql import COUNTERS_FOUND, COUNTERS_NEEDED, WINDOW_SPENT, prepared_cursor, typed, windows
+
+# Whether the hold fits a budget's usage row (``rules.fits``).
+_FITS = rules.fits(SQL, limit='"limit"', spent="spent", held="held", amount="%(amount)s")
 
 _HOLD_SQL = f"""
 WITH counter AS (
@@ -28,7 +34,7 @@ usage AS (
 verdict AS (
     SELECT (SELECT count(*) FROM counter) = {COUNTERS_NEEDED.format(key="%(key)s")}
                AND NOT EXISTS (SELECT FROM usage WHERE spent IS NULL) AS counted,
-           NOT EXISTS (SELECT FROM usage WHERE spent + held + %(amount)s > "limit") AS fits
+           NOT EXISTS (SELECT FROM usage WHERE NOT {_FITS}) AS fits
 ),
 placed AS (
     INSERT INTO accounts_hold
@@ -166,7 +172,7 @@ counted AS (
 SELECT (SELECT ok FROM go), (SELECT count(*) FROM request), (SELECT count(*) FROM failed),
        (SELECT count(*) FROM released)
 """
-_RELEASE_SQL = typed(_RELEASE_SQL_UNTYPED)
+RELEASE_SQL = typed(_RELEASE_SQL_UNTYPED)
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,7 @@ def hold_close(*, request_id: str, now: datetime, fail_request: bool) -> Release
     mark the request failed if it was still queued."""
     params = {"request_id": request_id, "now": now, "fail": fail_request}
     with prepared_cursor() as cursor:
-        cursor.execute(_RELEASE_SQL, params)
+        cursor.execute(RELEASE_SQL, params)
         counted, found, failed, released = cursor.fetchone()
     return ReleaseOutcome(
         counted=counted, request_found=found > 0, failed=failed > 0, released=released > 0

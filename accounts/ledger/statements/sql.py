@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -13,6 +14,8 @@ from django.db import DEFAULT_DB_ALIAS, connection
 from django.db.backends.utils import CursorWrapper
 from django.db.models import Model
 
+from accounts import rules
+from accounts.algebra import SQL
 from accounts.models.budgets import WINDOWED_PERIODS
 from accounts.windows import window_for
 
@@ -32,11 +35,9 @@ PARAM_TYPES = {
     "tenant": "bigint",
     "key": "bigint",
     "market": "bigint",
-    "market_slug": "varchar",
     "request_id": "varchar",
     "request_class": "varchar",
     "bid_source": "varchar",
-    "kind": "varchar",
     "round_id": "varchar",
     "amount": "numeric",
     "bid": "numeric",
@@ -44,7 +45,10 @@ PARAM_TYPES = {
     "price_input": "numeric",
     "price_cached": "numeric",
     "price_output": "numeric",
-    "detail": "jsonb",
+    "tokens": "numeric",
+    "priority": "numeric",
+    "tokens_detail": "jsonb",
+    "priority_detail": "jsonb",
     "now": "timestamptz",
     "day": "timestamptz",
     "week": "timestamptz",
@@ -124,14 +128,30 @@ COUNTERS_NEEDED = "CASE WHEN {key} IS NULL THEN 1 ELSE 2 END"
 COUNTERS_FOUND = """(SELECT count(*) FROM accounts_budgetcounter c
       WHERE c.tenant_id = {tenant} AND (c.api_key_id IS NULL OR c.api_key_id = {key}))"""
 
-# The spend of a budget's window at the statement's time, from its counter row ``c``: NULL when
-# that window is older than the row's (then the reference code sums the ledger).
-WINDOW_SPENT = """CASE b.period
-    WHEN 'none' THEN c.spent_total
-    WHEN 'day' THEN CASE WHEN c.day_start = %(day)s THEN c.day_spent
-                         WHEN c.day_start < %(day)s THEN 0 END
-    WHEN 'week' THEN CASE WHEN c.week_start = %(week)s THEN c.week_spent
-                          WHEN c.week_start < %(week)s THEN 0 END
-    WHEN 'month' THEN CASE WHEN c.month_start = %(month)s THEN c.month_spent
-                           WHEN c.month_start < %(month)s THEN 0 END
-END"""
+
+def _by_period(rule: Callable[..., str]) -> str:
+    """A budget ``b``'s spend in its window at the statement's time from its counter row ``c``:
+    ``rule`` (``rules.window_spent`` or ``rules.window_spent_at_most``) over the row's columns of
+    the budget's period and the window's start (a parameter per period, :func:`windows`); the
+    total for a budget of no period."""
+    whens = " ".join(
+        f"WHEN '{p}' THEN "
+        + rule(SQL, kept_start=f"c.{p}_start", kept_spent=f"c.{p}_spent", start=f"%({p})s")
+        for p in WINDOWED_PERIODS
+    )
+    return f"CASE b.period WHEN 'none' THEN c.spent_total {whens} END"
+
+
+# The spend of a budget's window (``rules.window_spent``): NULL when that window is older than
+# the row's (then the statements decline, and the reference code sums the ledger).
+WINDOW_SPENT = _by_period(rules.window_spent)
+# The spend of a budget's window read for what it has left (``rules.window_spent_at_most``).
+WINDOW_SPENT_AT_MOST = _by_period(rules.window_spent_at_most)
+
+
+def window_counted(row: str, *, start: str, spent: str, window: str, amount: str) -> str:
+    """The SET clause counting ``amount`` in a row's window columns (``rules.window_counted``)
+    for the window starting at ``window``."""
+    kept = {"kept_start": f"{row}.{start}", "kept_spent": f"{row}.{spent}"}
+    new_start, new_spent = rules.window_counted(SQL, **kept, start=window, amount=amount)
+    return f"{spent} = {new_spent}, {start} = {new_start}"

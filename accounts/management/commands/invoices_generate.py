@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.models import Tenant
 from accounts.money import money_str
-from accounts.services import invoice_generate, month_bounds
+from accounts.services import invoice_generate, month_bounds, previous_month_bounds
 
 
 class Command(BaseCommand):
@@ -23,11 +23,9 @@ class Command(BaseCommand):
                 when = datetime.strptime(options["month"], "%Y-%m")
             except ValueError as exc:
                 raise CommandError("--month must look like 2026-11") from exc
-            year, month = when.year, when.month
+            start, end = month_bounds(year=when.year, month=when.month)
         else:
-            today = datetime.now(UTC)
-            year, month = (today.year, today.month - 1) if today.month > 1 else (today.year - 1, 12)
-        start, end = month_bounds(year=year, month=month)
+            start, end = previous_month_bounds(now=datetime.now(UTC))
         for tenant in Tenant.objects.order_by("slug"):
             try:
                 invoice = invoice_generate(tenant=tenant, period_start=start, period_end=end)

@@ -318,9 +318,10 @@ class Command(BaseCommand):
             raise CommandError(f"{exc}; see var/logs/router.log") from None
 
     def _pace(self, stop: threading.Event) -> None:
-        """Embedded mode: the autobidders' pacing steps and the holds sweep (celery beat's
-        jobs with Redis)."""
+        """Embedded mode: the autobidders' pacing steps, the markets' hold horizons and the
+        holds sweep (celery beat's jobs with Redis)."""
         from accounts.services import holds_sweep
+        from market.services import hold_horizons_renew
         from scheduler_bridge.settlement.periodic import autobidders_step_due
 
         interval = settings.AUTOBID_INTERVAL_S
@@ -328,6 +329,7 @@ class Command(BaseCommand):
         while not stop.wait(interval):
             try:
                 autobidders_step_due(interval_s=interval)
+                hold_horizons_renew()
             except Exception as exc:  # noqa: BLE001 (a failed step is retried next interval)
                 self.stderr.write(f"pacing step failed: {exc}")
             if time.monotonic() - swept < SWEEP_INTERVAL_S:
@@ -335,7 +337,6 @@ class Command(BaseCommand):
             swept = time.monotonic()
             try:
                 holds_sweep(
-                    settle_grace_s=settings.PRIORITY_SETTLE_GRACE_S,
                     stale_after_s=settings.STALE_REQUEST_S,
                 )
             except Exception as exc:  # noqa: BLE001 (swept again next time)

@@ -3,7 +3,7 @@
     manage.py live_serve [--host 127.0.0.1] [--port 8000] [--rounds-jsonl PATH ...] [--no-periodic]
 
 Serves ``config.asgi:application`` like ``daphne -b HOST -p PORT``, and once the server's event
-loop runs starts ``config.embedded``: with ``--rounds-jsonl`` the follower that settles the
+loop runs starts ``config.embedded``: with ``--rounds-jsonl`` the follower that takes the
 simulated engine's round records (``--rounds-jsonl`` of ``engines.sim.server``) and
 publishes the books, round results and spend ticks; and the periodic publisher (engine status,
 token-charge spend ticks, every second). Without Redis this is the only way the in-memory
@@ -30,7 +30,7 @@ class Command(BaseCommand):
             action="append",
             default=[],
             metavar="PATH",
-            help="settle and publish the round records an engine appends to PATH (repeat it "
+            help="publish the round records an engine appends to PATH (repeat it "
             "for each replica's file)",
         )
         parser.add_argument(

@@ -1,4 +1,4 @@
-"""``manage.py rounds_consume``: settle round records in the foreground until Ctrl-C.
+"""``manage.py rounds_consume``: take round records in the foreground until Ctrl-C.
 
     manage.py rounds_consume [--stream NAME] [--group NAME] [--once]   # the Redis stream
     manage.py rounds_consume --jsonl PATH [--follow] [--state PATH]   # embedded mode, no Redis
@@ -6,8 +6,9 @@
 The first runs the same loop as the Celery task ``scheduler_bridge.rounds_consume``
 (``scheduler_bridge.settlement.stream``), as one more consumer of the group; the second tails the
 JSONL file the simulated engine writes with ``--rounds-jsonl``
-(``scheduler_bridge.settlement.jsonl``), keeping its byte offset in ``PATH.offset``. Both are safe
-to stop and restart at any moment.
+(``scheduler_bridge.settlement.jsonl``), keeping its byte offset in ``PATH.offset``. Both check
+each record and publish it to the live consoles; neither moves money (the gateway settles each
+request's charges). Both are safe to stop and restart at any moment.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Command(BaseCommand):
-    help = "Settle round records from the Redis stream, or from a JSONL file (--jsonl)."
+    help = (
+        "Take round records from the Redis stream, or from a JSONL file (--jsonl), and publish "
+        "them to the live consoles (they move no money)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--stream", help="Redis stream (default: the ROUNDS_STREAM setting)")
@@ -45,7 +49,7 @@ class Command(BaseCommand):
             help="take over other consumers' entries pending this long (milliseconds)",
         )
         parser.add_argument(
-            "--once", action="store_true", help="stop when there is nothing left to settle"
+            "--once", action="store_true", help="stop when there is nothing left to take"
         )
         parser.add_argument("--jsonl", type=Path, metavar="PATH", help="read a JSONL file instead")
         parser.add_argument("--follow", action="store_true", help="with --jsonl: keep tailing")
@@ -71,7 +75,7 @@ class Command(BaseCommand):
 
     def _jsonl(self, options: dict[str, Any]) -> None:
         path: Path = options["jsonl"]
-        self.stdout.write(f"settling round records from {path} (follow: {options['follow']})")
+        self.stdout.write(f"taking round records from {path} (follow: {options['follow']})")
         stats = rounds_jsonl_follow(
             path=path,
             state_path=options["state"],
@@ -89,7 +93,7 @@ class Command(BaseCommand):
             group=options["group"],
             consumer=options["consumer"] or f"{socket.gethostname()}:{os.getpid()}",
         )
-        self.stdout.write(f"settling round records from {sc.stream} as {sc.group}/{sc.consumer}")
+        self.stdout.write(f"taking round records from {sc.stream} as {sc.group}/{sc.consumer}")
         total = rounds.ConsumeStats()
         printed = time.monotonic()
         try:
@@ -117,10 +121,9 @@ class Command(BaseCommand):
 
 
 def _summary(stats: rounds.ConsumeStats) -> str:
-    """One line: records handled and what their admitted requests came to."""
+    """One line: records handled, and the admitted requests in those taken."""
     return (
-        f"records: {stats.read} read, {stats.settled} settled, {stats.reclaimed} reclaimed, "
-        f"{stats.dead} dead-lettered, {stats.failed} failed; requests: {stats.charged} charged, "
-        f"{stats.duplicates} already charged, {stats.unknown} unknown, "
-        f"{stats.not_served} not served"
+        f"records: {stats.read} read, {stats.taken} taken, {stats.reclaimed} reclaimed, "
+        f"{stats.dead} dead-lettered, {stats.failed} failed, {stats.trimmed} trimmed; "
+        f"{stats.admitted} admitted requests"
     )

@@ -104,10 +104,10 @@ def finished_batch(world) -> BatchJob:
     )  # fmt: skip
     body = {"id": "cmpl-r1", "object": "text_completion", "usage": {"prompt_tokens": 3}}
     error = {"error": {"message": "no", "type": "insufficient_quota", "param": None,
-                       "code": "budget_exhausted"}}  # fmt: skip
+                       "code": "insufficient_quota"}}  # fmt: skip
     rows = [
         ("a", ItemStatus.COMPLETED, 200, body, None, "r1"),
-        ("b", ItemStatus.FAILED, 402, error, {"code": "budget_exhausted", "message": "no"}, "r2"),
+        ("b", ItemStatus.FAILED, 429, error, {"code": "insufficient_quota", "message": "no"}, "r2"),
         ("c", ItemStatus.CANCELLED, None, None, None, ""),
     ]
     for line, (cid, status, code, response, err, rid) in enumerate(rows, start=1):
@@ -130,14 +130,14 @@ def test_members_download_output_and_errors(client, world, persona) -> None:
     rows = [json.loads(line) for line in output.content.decode().splitlines()]
     assert [(r["custom_id"], r["response"]["status_code"]) for r in rows] == [
         ("a", 200),
-        ("b", 402),
+        ("b", 429),
     ]
     assert rows[0]["response"]["body"]["id"] == "cmpl-r1" and rows[0]["error"] is None
     assert rows[0]["response"]["request_id"] == "r1"
     errors = client.get(f"/tenants/acme/batches/{batch.public_id}/errors/")
     rows = [json.loads(line) for line in errors.content.decode().splitlines()]
     assert [(r["custom_id"], r["error"]["code"]) for r in rows] == [
-        ("b", "budget_exhausted"),
+        ("b", "insufficient_quota"),
         ("c", "batch_cancelled"),
     ]
     assert rows[1]["response"] is None

@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 
 from accounts.models import BudgetCounter, ChargeKind, Hold, HoldState, LedgerEntry, Request
+from accounts.money import money
 from accounts.services import budget_set
 from openai_api.batches.tasks import batch_run
 from openai_api.models import BatchItem, ItemStatus
@@ -90,33 +91,33 @@ def test_a_batch_runs_end_to_end_and_each_line_is_charged_once(gateway, acme, ma
         assert Decimal(auction["bid"]) == Decimal(str(line["body"]["bid"]))
         assert auction["bid_source"] == "explicit"
         assert Decimal(auction["token_charge"]) == expected[line["custom_id"]]
-        (entry,) = LedgerEntry.objects.filter(request_id=rid)  # the token charge, once
-        assert (entry.kind, entry.amount) == (ChargeKind.TOKENS, expected[line["custom_id"]])
+        # The token charge and the priority charge, once each, settled with the answer.
+        entry, priority = (
+            LedgerEntry.objects.get(request_id=rid, kind=kind)
+            for kind in (ChargeKind.TOKENS, ChargeKind.PRIORITY)
+        )
+        assert entry.amount == expected[line["custom_id"]]
         assert (entry.tenant, entry.api_key) == (acme.tenant, acme.api_key)
+        assert Decimal(auction["priority_charge"]) == priority.amount
+        assert priority.amount == money(priority.detail["engine_charge"])  # its rounding, once
         request = Request.objects.get(request_id=rid)
         assert (request.status, request.bid) == ("served", Decimal(str(line["body"]["bid"])))
-    assert LedgerEntry.objects.count() == 7
-    assert sum(e.amount for e in LedgerEntry.objects.all()) == sum(expected.values())
-    # Served, each line's hold keeps its priority part (bid x the market's 60 s) for the round
-    # record still to come (none is settled here); q0 bid nothing, so its hold closed.
-    waiting = {
-        output[line["custom_id"]]["response"]["request_id"]: Decimal(str(line["body"]["bid"])) * 60
-        for line in [*lines, chat]
-        if Decimal(str(line["body"]["bid"])) > 0
-    }
-    assert dict(
-        Hold.objects.filter(state=HoldState.OPEN).values_list("request_id", "remaining")
-    ) == (waiting)
-    assert Hold.objects.filter(state=HoldState.SETTLED).count() == 7 - len(waiting) == 1
+    assert LedgerEntry.objects.count() == 14
+    tokens = LedgerEntry.objects.filter(kind=ChargeKind.TOKENS)
+    assert sum(e.amount for e in tokens) == sum(expected.values())
+    # Served, every line's hold is settled: nothing stays reserved.
+    assert not Hold.objects.filter(state=HoldState.OPEN).exists()
+    assert Hold.objects.filter(state=HoldState.SETTLED).count() == 7
     counter = BudgetCounter.objects.get(tenant=acme.tenant, api_key=None)
-    assert (counter.held, counter.spent_total) == (sum(waiting.values()), sum(expected.values()))
+    spent = sum(e.amount for e in LedgerEntry.objects.all())
+    assert (counter.held, counter.spent_total) == (0, spent)
 
     # Run again (a redelivered task): every item is finished, nothing more is charged.
     assert run(public_id)["skipped"]
-    assert LedgerEntry.objects.count() == 7
+    assert LedgerEntry.objects.count() == 14
 
 
-def test_an_exhausted_budget_fails_that_line_with_a_402_and_the_batch_goes_on(
+def test_an_exhausted_budget_fails_that_line_with_a_429_and_the_batch_goes_on(
     gateway, acme, market, settings
 ):
     settings.BATCH_CONCURRENCY = 1  # one line at a time: which line meets the limit is known
@@ -139,16 +140,69 @@ def test_an_exhausted_budget_fails_that_line_with_a_402_and_the_batch_goes_on(
     assert (outcome["status"], outcome["completed"], outcome["failed"]) == ("completed", 3, 1)
     assert list(errors) == ["c"]
     refused = output["c"]
-    assert refused["response"]["status_code"] == 402
-    assert refused["response"]["body"]["error"]["code"] == "budget_exhausted"
-    assert refused["error"]["code"] == "budget_exhausted"
+    assert refused["response"]["status_code"] == 429
+    assert refused["response"]["body"]["error"]["code"] == "insufficient_quota"
+    assert refused["error"]["code"] == "insufficient_quota"
+    # A 429 like a full queue's, but the line's answer: tried once, not waited out.
+    assert BatchItem.objects.get(custom_id="c").attempts == 1
     assert not Request.objects.filter(request_id=refused["response"]["request_id"]).exists()
     charged = {cid: Decimal(output[cid]["response"]["body"]["auction"]["token_charge"])
                for cid in "abd"}  # fmt: skip
     assert charged == {"a": Decimal("0.000042"), "b": Decimal("0.000042"), "d": Decimal("0.000018")}
-    assert sorted(LedgerEntry.objects.values_list("amount", flat=True)) == sorted(charged.values())
+    tokens = LedgerEntry.objects.filter(kind=ChargeKind.TOKENS)
+    assert sorted(tokens.values_list("amount", flat=True)) == sorted(charged.values())
+    # No bid: each served line's priority charge is 0.
+    priority = LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY)
+    assert list(priority.values_list("amount", flat=True)) == [Decimal(0)] * 3
     counter = BudgetCounter.objects.get(tenant=acme.tenant, api_key=None)
     assert (counter.held, counter.spent_total) == (0, Decimal("0.000102"))
+
+
+@pytest.mark.parametrize("refusal", ["queue_full", "insufficient_quota"])
+def test_a_full_queue_is_waited_out_and_an_exhausted_budget_is_the_lines_answer(
+    gateway, acme, market, monkeypatch, refusal
+):
+    """Both are 429s. The first attempt is refused after its admission (its hold placed, then
+    released as the gateway does); a full queue (Retry-After 0 here) is retried as the line's
+    next attempt and served, an exhausted budget is the line's answer at once."""
+    from accounts.services import request_fail
+    from openai_api.batches import run as batches_run
+    from openai_api.gateway.db import db_call
+    from openai_api.gateway.errors import BudgetExhaustedError, EngineBusy
+
+    forward = batches_run.services.completion_forward
+    calls: list[str] = []
+
+    async def refused_once(*, admitted, **kwargs):
+        calls.append(admitted.request_id)
+        if len(calls) > 1:
+            return await forward(admitted=admitted, **kwargs)
+        await db_call(request_fail, request_id=admitted.request_id)
+        if refusal == "queue_full":
+            raise EngineBusy("the engine's queue is full", headers={"Retry-After": "0"})
+        raise BudgetExhaustedError("The tenant's budget is exhausted")
+
+    monkeypatch.setattr(batches_run.services, "completion_forward", refused_once)
+    line = completion_line("q", market.served_model, prompt=prompt_of(1, 4), max_tokens=2)
+    with acme.http(gateway) as http:
+        outcome = run(submit(http, [line]))
+    item = BatchItem.objects.get()
+    first = Request.objects.get(request_id=calls[0])
+    assert first.status == "failed"  # the refused attempt: released, never charged
+    assert Hold.objects.get(request_id=calls[0]).state == HoldState.RELEASED
+    if refusal == "queue_full":
+        assert (outcome["completed"], outcome["failed"]) == (1, 0)
+        assert (item.status, item.status_code, item.attempts) == (ItemStatus.COMPLETED, 200, 2)
+        assert len(calls) == 2 and item.request_id == calls[1] != calls[0]
+        # 4 x $3 + 2 x $15 per million, once, for the attempt served
+        (entry,) = LedgerEntry.objects.filter(kind=ChargeKind.TOKENS)
+        assert (entry.request_id, entry.amount) == (calls[1], Decimal("0.000042"))
+    else:
+        assert (outcome["completed"], outcome["failed"]) == (0, 1)
+        assert (item.status, item.status_code, item.attempts) == (ItemStatus.FAILED, 429, 1)
+        assert item.error["code"] == item.response["error"]["code"] == "insufficient_quota"
+        assert calls == [item.request_id]
+        assert not LedgerEntry.objects.exists()  # nothing at all: never served
 
 
 def test_an_engine_that_is_down_fails_lines_with_a_503_and_charges_nothing(gateway, acme):
@@ -230,7 +284,9 @@ def test_cancel_mid_run_cancels_pending_lines_and_lets_the_one_in_flight_finish(
     assert final["request_counts"] == {"total": 4, "completed": 1, "failed": 0, "cancelled": 3}
     assert outcome["status"] == "cancelled"
     assert list(output) == ["q0"] and sorted(errors) == ["q1", "q2", "q3"]
-    (entry,) = LedgerEntry.objects.all()  # the line in flight, and only it, was charged
+    # The line in flight, and only it, was charged (its tokens, and its priority: no bid, 0).
+    (entry,) = LedgerEntry.objects.filter(kind=ChargeKind.TOKENS)
+    assert LedgerEntry.objects.count() == 2
     assert entry.amount == charge_of(lines[0])
 
 

@@ -72,7 +72,7 @@ def test_killing_the_worker_mid_batch_serves_and_charges_every_line_exactly_once
         assert Hold.objects.filter(state=HoldState.OPEN, request_id__in=queued).count() == (
             CONCURRENCY
         )
-        assert LedgerEntry.objects.count() == LET_THROUGH
+        assert LedgerEntry.objects.count() == 2 * LET_THROUGH  # tokens and priority, each
         first.kill()
     assert first.process.returncode == -signal.SIGKILL
     pause.unlink()
@@ -107,27 +107,24 @@ def test_killing_the_worker_mid_batch_serves_and_charges_every_line_exactly_once
         assert Hold.objects.get(request_id=rid).state == HoldState.RELEASED
     assert not LedgerEntry.objects.filter(request_id__in=stranded).exists()
 
-    # One token charge per line, for its served request, at prices x tokens.
+    # One token charge and one priority charge per line, for its served request, the token
+    # charge at prices x tokens.
     expected = {line["custom_id"]: charge_of(line) for line in lines}
-    assert LedgerEntry.objects.count() == LINES
+    assert LedgerEntry.objects.count() == 2 * LINES
     for item in items:
-        (entry,) = LedgerEntry.objects.filter(request_id=item.request_id)
-        assert (entry.kind, entry.amount) == (ChargeKind.TOKENS, expected[item.custom_id])
+        entry = LedgerEntry.objects.get(request_id=item.request_id, kind=ChargeKind.TOKENS)
+        assert entry.amount == expected[item.custom_id]
+        assert LedgerEntry.objects.filter(
+            request_id=item.request_id, kind=ChargeKind.PRIORITY
+        ).exists()
         assert Request.objects.get(request_id=item.request_id).status == "served"
-    total = sum(expected.values())
-    assert sum(LedgerEntry.objects.values_list("amount", flat=True)) == total
-    # What stays held: each served line's priority part (bid x the market's 60 s), for its
-    # round record still to come; line 0 bid nothing.
-    waiting = {
-        item.request_id: Decimal(str(line["body"]["bid"])) * 60
-        for item, line in zip(items, lines, strict=True)
-        if Decimal(str(line["body"]["bid"])) > 0
-    }
-    open_holds = Hold.objects.filter(state=HoldState.OPEN)
-    assert dict(open_holds.values_list("request_id", "remaining")) == waiting
-    assert len(waiting) == LINES - 1
+    tokens = LedgerEntry.objects.filter(kind=ChargeKind.TOKENS)
+    assert sum(tokens.values_list("amount", flat=True)) == sum(expected.values())
+    # Every hold is settled or released: nothing stays reserved.
+    assert not Hold.objects.filter(state=HoldState.OPEN).exists()
     counter = BudgetCounter.objects.get(tenant=acme.tenant, api_key=None)
-    assert (counter.held, counter.spent_total) == (sum(waiting.values()), total)
+    spent = sum(LedgerEntry.objects.values_list("amount", flat=True))
+    assert (counter.held, counter.spent_total) == (0, spent)
 
     with acme.http(gateway) as http:
         output = results(http.get(f"/v1/batches/{batch.public_id}/output").text)

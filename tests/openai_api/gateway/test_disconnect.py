@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from accounts.models import HoldState, Request, RequestStatus
+from accounts.models import ChargeKind, HoldState, Request, RequestStatus
 from openai_api.gateway import db as gateway_db
 from openai_api.gateway import services
 from openai_api.gateway.validation import CHAT, completion_params
@@ -23,6 +23,7 @@ from tests.openai_api.helpers import (
     request_id_of,
     request_row,
     token_charge_by_hand,
+    token_entry,
     wait_until,
 )
 
@@ -47,7 +48,8 @@ def test_leaving_mid_stream_charges_the_tokens_sent_once(
     row = wait_until(lambda: (r := request_row(rid)).status != RequestStatus.QUEUED and r)
     assert row.status == RequestStatus.SERVED
     assert 3 <= row.completion_tokens < 200
-    (entry,) = entries(rid)
+    entry = token_entry(rid)  # and its priority charge (no bid: 0), settled with it
+    assert {e.kind for e in entries(rid)} == {ChargeKind.TOKENS, ChargeKind.PRIORITY}
     assert entry.amount == token_charge_by_hand(
         prompt=16, cached=0, completion=row.completion_tokens
     )
@@ -103,4 +105,6 @@ async def test_a_stream_dropped_before_its_first_byte_is_settled_anyway(acme, ma
     assert row.status in (RequestStatus.SERVED, RequestStatus.FAILED)
     held = await gateway_db.db_call(hold, request_id=row.request_id)
     assert held.state != HoldState.OPEN
-    assert len(await gateway_db.db_call(entries, request_id=row.request_id)) <= 1
+    # Served, its two charges once each; failed, none.
+    settled = await gateway_db.db_call(entries, request_id=row.request_id)
+    assert len(settled) == (2 if row.status == RequestStatus.SERVED else 0)

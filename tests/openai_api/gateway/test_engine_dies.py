@@ -3,8 +3,9 @@
 Issue 12: the gateway answered 503 "not charged" while the round record of the round that
 admitted the request still charged its priority. The engine here is a real TCP server that
 reads the request, writes the round record it would have sent (its own charge for the request
-in it), then drops the connection: the gateway answers 503, and settling that record afterwards
-charges nothing, because a request pays its priority charge only once served.
+in it), then drops the connection: the gateway answers 503 and nothing is charged, since a
+priority charge reaches the ledger only with the settlement of a served request (round records
+move no money), and a failed request is never settled.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from decimal import Decimal
 
 import openai
 import pytest
-from django.db import connection
 
 from accounts.models import Hold, HoldState, LedgerEntry, Request, RequestStatus
-from accounts.services import SettleResult, round_record_settle
+from accounts.services import request_settle
 from scheduler_bridge.contract.wire import rid_request_id
-from tests.accounts.factories import admitted, round_record
+from tests.accounts.factories import admitted, priority_charge, round_record
 from tests.openai_api.conftest import market_create
 from tests.openai_api.helpers import HELLO
 
@@ -29,13 +29,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class DyingEngine:
-    """Reads each /generate, settles a round record admitting its rid, then resets the
+    """Reads each /generate, writes a round record admitting its rid, then resets the
     connection (an engine process killed mid-request)."""
 
     def __init__(self, market: str) -> None:
         self.market = market
         self.records: list[dict] = []
-        self.settled: list[SettleResult] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
@@ -65,15 +64,7 @@ class DyingEngine:
             record = round_record(f"dying:1:{seq}", [admitted(rid_request_id(body["rid"]), 0.125)],
                                   market=self.market, seq=seq)  # fmt: skip
             self.records.append(record)
-            self.settled.append(await asyncio.to_thread(self._settle, record))
         writer.transport.abort()
-
-    @staticmethod
-    def _settle(record: dict) -> SettleResult:
-        try:
-            return round_record_settle(record=record)
-        finally:
-            connection.close()
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -93,13 +84,14 @@ def test_a_request_whose_engine_dies_after_admitting_it_is_never_charged(
     assert "not charged" in caught.value.body["message"]
     (request,) = Request.objects.all()
     assert request.status == RequestStatus.FAILED
-    # The round record the engine wrote before it died was settled while the request was in
-    # flight: its charge was kept pending, then dropped with the failure. Redelivered: nothing.
+    # The engine admitted it (its round record says so, with a charge), then died: the request
+    # failed, and a settlement that comes late anyway (an answer after all) charges nothing.
     (record,) = engine.records
     assert record["admitted"][0]["request_id"] == request.request_id
-    assert engine.settled == [SettleResult(pending=1)]
     for _ in range(2):
-        assert round_record_settle(record=record) == SettleResult(not_served=1)
+        with pytest.raises(ValueError, match="not charged"):
+            request_settle(request_id=request.request_id, prompt_tokens=1, cached_tokens=0,
+                           completion_tokens=1, priority=priority_charge(0.125))  # fmt: skip
     assert not LedgerEntry.objects.exists()
     hold = Hold.objects.get(request_id=request.request_id)
     assert (hold.state, hold.remaining) == (HoldState.RELEASED, Decimal(0))

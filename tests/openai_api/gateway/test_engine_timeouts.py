@@ -129,7 +129,7 @@ def test_an_engine_that_stalls_mid_stream_ends_the_stream_with_a_timeout(
         assert "not charged" not in error["message"]
         rid = request_id_of(events[0]["id"])
         # The one token it was sent is charged, once (as for any stream cut mid-way), no more.
-        (entry,) = wait_until(lambda: entries(rid))
+        (entry,) = wait_until(lambda: entries(rid))  # no priority: the engine reported none
         assert entry.amount == token_charge_by_hand(prompt=16, cached=0, completion=1)
         assert hold(rid).state == HoldState.SETTLED
         wait_until(lambda: engine.generate_closed == 1)
@@ -171,7 +171,7 @@ def test_a_busy_engine_is_waited_for_longer_than_the_silence(
     assert time.monotonic() - started > 3 * 0.2  # it did wait past several silences
     rid = only_request_id()
     assert request_row(rid).status == RequestStatus.SERVED
-    assert len(entries(rid)) == 1
+    assert len(entries(rid)) == 2  # its tokens and its priority, once each
     occupied.join(timeout=15)
 
 

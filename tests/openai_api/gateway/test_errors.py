@@ -3,7 +3,9 @@ what each leaves behind: no charge, no open hold."""
 
 from __future__ import annotations
 
+import re
 import threading
+from datetime import UTC, datetime, time, timedelta
 
 import httpx
 import openai
@@ -163,21 +165,30 @@ def test_400_with_the_engines_message_when_the_engine_refuses(
     assert_nothing_charged_or_held()
 
 
-# --- 402, 404, 405 ----------------------------------------------------------------------------
+# --- 404, 405 ---------------------------------------------------------------------------------
 
 
-def test_402_when_the_budget_is_exhausted(gateway, acme, market):
-    budget_set(tenant=acme.tenant, limit="0.5", period="day")
-    with pytest.raises(openai.APIStatusError) as caught:
-        acme.client(gateway).chat.completions.create(
-            model=market.served_model, messages=HELLO, max_tokens=2, extra_body={"bid": "0.01"}
-        )
-    assert caught.value.status_code == 402
-    error = caught.value.body
-    assert (error["code"], error["type"]) == ("budget_exhausted", "insufficient_quota")
-    # the worst case: $0.01/s x 60 s + tokens > $0.50 left of the day's budget
-    assert "$0.500000000 left" in error["message"]
-    assert "resets in" in error["message"]
+def test_429_insufficient_quota_when_the_budget_is_exhausted(gateway, acme, market):
+    budget_set(tenant=acme.tenant, limit="0.0003", period="day")
+    with acme.http(gateway) as http:
+        answer = chat(http, market, max_tokens=20)  # no bid: a hold of its tokens only
+    error = error_of(answer, 429)
+    assert (error["code"], error["type"]) == ("insufficient_quota", "insufficient_quota")
+    # Not a transient: OpenAI's clients are told not to retry, and no Retry-After invites it.
+    assert answer.headers["x-should-retry"] == "false"
+    assert "Retry-After" not in answer.headers
+    # The worst case: 16 x $3 + 20 x $15 per million = $0.000348 > the $0.0003 left of the
+    # day's budget (amounts under a cent shown to 6 places); it resets at the next 00:00 UTC.
+    now = datetime.now(UTC)
+    midnight = datetime.combine(now.date() + timedelta(days=1), time(), tzinfo=UTC)
+    message = error["message"]
+    assert message.startswith(
+        "The tenant's budget of $0.000300 per day is exhausted: $0.00 spent, $0.00 held for "
+        "requests in flight, $0.000300 left; this request needs up to $0.000348. "
+        f"It resets at {midnight.isoformat()} (in "
+    )
+    seconds = int(re.search(r"\(in (\d+) s\)\.$", message).group(1))
+    assert abs(seconds - (midnight - now).total_seconds()) < 5
     assert not Request.objects.exists()
     assert not Hold.objects.exists()
 

@@ -11,8 +11,14 @@ from __future__ import annotations
 import threading
 from decimal import Decimal
 
-from accounts.models import BidSource, ChargeKind, HoldState, RequestStatus
+import openai
+import pytest
+from django.utils import timezone
+
+from accounts.models import BidSource, ChargeKind, HoldState, Request, RequestStatus
+from accounts.services import budget_hold, budget_set
 from accounts.services.autobidder import autobidder_configure
+from tests.accounts.factories import spend
 from tests.openai_api.conftest import market_create
 from tests.openai_api.helpers import (
     HELLO,
@@ -51,7 +57,7 @@ def test_chat_with_a_bid_in_extra_body(gateway, acme, market):
     assert auction["rank"] == 0  # alone in its round
     assert auction["round_id"]
     assert auction["priority_charge"] == "0.000000000"  # nobody else was waiting
-    assert auction["priority_charge_status"] == "reported"
+    assert auction["priority_charge_capped_by"] is None
 
     rid = request_id_of(reply.id)
     row = request_row(rid)
@@ -63,15 +69,18 @@ def test_chat_with_a_bid_in_extra_body(gateway, acme, market):
     assert row.request_class == "interactive"
     # The engine's latencies are kept for the tenant's dashboard: first token before the end.
     assert 0 < row.ttft_s <= row.e2e_s
-    (entry,) = entries(rid)  # one entry: the priority one comes from the round record
-    assert (entry.kind, entry.amount) == (ChargeKind.TOKENS, Decimal("0.000123"))
+    # Both charges were settled with the answer: the tokens and the engine's priority charge.
+    assert sorted((e.kind, e.amount) for e in entries(rid)) == [
+        (ChargeKind.PRIORITY, Decimal(0)),
+        (ChargeKind.TOKENS, Decimal("0.000123")),
+    ]
     placed = hold(rid)
-    # worst case: 16 x $3 + 5 x $15 per million + $0.01/s x 60 s = $0.600123
-    assert placed.amount == Decimal("0.600123")
-    # The priority part of the hold caps the priority charge settled later: $0.01/s x 60 s,
-    # and stays reserved until the round record settles it.
+    # The tokens' worst case, 16 x $3 + 5 x $15 per million = $0.000123, plus the priority
+    # hold: $0.01/s x the market's hold horizon (1 s, the floor: no history yet) = $0.010123.
+    assert placed.amount == Decimal("0.010123")
+    # The priority cap, what the tenant consented to, is $0.01/s x 60 s (max_wait_s).
     assert row.priority_cap == Decimal("0.6")
-    assert (placed.state, placed.remaining) == (HoldState.OPEN, Decimal("0.6"))
+    assert (placed.state, placed.remaining) == (HoldState.SETTLED, Decimal(0))
 
 
 def test_completion_with_an_x_bid_header_and_request_class(gateway, acme, market):
@@ -127,9 +136,9 @@ def test_chat_stream_with_usage(gateway, acme, market):
     assert auction["token_charge"] == "0.000108000"
     assert auction["bid"] == "0.500000000"
     rid = request_id_of(last.id)
-    assert [e.amount for e in entries(rid)] == [Decimal("0.000108")]
-    # Its priority part ($0.5/s x 60 s) waits for the round record.
-    assert (hold(rid).state, hold(rid).remaining) == (HoldState.OPEN, Decimal("30"))
+    assert token_entry(rid).amount == Decimal("0.000108")
+    # Settled with its answer: both charges written, the hold closed.
+    assert (hold(rid).state, hold(rid).remaining) == (HoldState.SETTLED, Decimal(0))
 
 
 def test_completion_stream_without_usage_still_ends_with_the_auction(gateway, acme, market):
@@ -144,7 +153,9 @@ def test_completion_stream_without_usage_still_ends_with_the_auction(gateway, ac
     assert auction["bid_source"] == "none"
     # 1 x $3 + 3 x $15 per million = $0.000048
     assert auction["token_charge"] == "0.000048000"
-    assert len(entries(request_id_of(last.id))) == 1
+    # Charged once: its tokens and its priority (0: no bid), both with the answer.
+    kinds = sorted(e.kind for e in entries(request_id_of(last.id)))
+    assert kinds == [ChargeKind.PRIORITY, ChargeKind.TOKENS]
 
 
 def test_a_second_identical_prompt_is_cached_and_charged_at_the_cached_price(gateway, acme, market):
@@ -178,8 +189,9 @@ def test_autobidder_bids_when_the_request_has_no_bid(gateway, acme, market):
     assert (auction["bid"], auction["bid_source"]) == ("0.050000000", "autobid")
     rid = request_id_of(reply.id)
     assert request_row(rid).bid_source == BidSource.AUTOBID
-    # 16 x $3 + 2 x $15 per million + $0.05/s x 30 s = $1.500078
-    assert hold(rid).amount == Decimal("1.500078")
+    # 16 x $3 + 2 x $15 per million + $0.05/s x the hold horizon (1 s) = $0.050078; the
+    # priority cap, the autobid's worst case, is $0.05/s x 30 s = $1.5.
+    assert hold(rid).amount == Decimal("0.050078")
     assert request_row(rid).priority_cap == Decimal("1.5")
 
 
@@ -260,6 +272,46 @@ def test_models_lists_the_active_markets(gateway, acme, market, transactional_db
     assert market.served_model in listed
     assert "org/closed-market" not in listed
     assert listed[market.served_model].model_extra["market"] == market.slug
+
+
+def test_an_exhausted_key_raises_rate_limit_error_insufficient_quota_and_is_not_retried(
+    gateway, acme, market, settings
+):
+    settings.METRICS_TOKEN = "scrape-token"
+    now = timezone.now()
+    budget_set(tenant=acme.tenant, api_key=acme.api_key, limit="0.001", period="day")
+    spend(tenant=acme.tenant, market=market, request_id="spent", charge=0.0004, at=now,
+          api_key=acme.api_key)  # fmt: skip
+    budget_hold(tenant=acme.tenant, api_key=acme.api_key, request_id="in-flight",
+                amount="0.0003", now=now)  # fmt: skip
+    sent: list[object] = []
+    client = openai.OpenAI(
+        base_url=f"{gateway.url}/v1",
+        api_key=acme.key,
+        max_retries=2,  # the client's default: it retries a 429 unless told not to
+        timeout=30,
+        http_client=openai.DefaultHttpxClient(event_hooks={"request": [sent.append]}),
+    )
+    with pytest.raises(openai.RateLimitError) as caught:
+        # 16 x $3 + 20 x $15 per million = $0.000348 > 0.001 - 0.0004 - 0.0003 = $0.0003 left
+        client.chat.completions.create(model=market.served_model, messages=HELLO, max_tokens=20)
+    assert len(sent) == 1  # x-should-retry: false, obeyed
+    error = caught.value
+    assert (error.status_code, error.code, error.type) == (
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+    )
+    assert error.body["message"].startswith(
+        "This API key's budget of $0.001000 per day is exhausted: $0.000400 spent, $0.000300 "
+        "held for requests in flight, $0.000300 left; this request needs up to $0.000348. "
+        "It resets at "
+    )
+    assert Request.objects.filter(tenant=acme.tenant).count() == 1  # "spent"'s, no other
+    with acme.http(gateway) as http:
+        text = http.get("/metrics", headers={"Authorization": "Bearer scrape-token"}).text
+    # Refused at admission, before a market is known: market "-".
+    assert 'endpoint="chat",error="insufficient_quota",market="-",status="429"' in text
 
 
 def test_metrics_count_requests_ttft_and_charges(gateway, acme, market, settings):

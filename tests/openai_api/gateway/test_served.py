@@ -129,17 +129,18 @@ def test_concurrent_requests_at_the_edge_of_a_budget_are_never_overspent(served,
     """40 requests at once, spread over the two workers, against a budget that fits about 6 of
     their worst cases: HELLO is 16 prompt tokens (x $3/M) and max_tokens 100 (x $15/M), a hold
     of $0.001548 each, $0.0619 for all 40 against $0.01. Each served request is charged once,
-    exactly its tokens; the refused are 402 and leave nothing; spent <= the limit."""
+    exactly its tokens; the refused are 429 insufficient_quota and leave nothing; spent <= the
+    limit."""
     market = market_create(engine_url=sim.url)
     program = program_create("edge", budget="0.01")
     bodies = [_chat(100, model=market.served_model) for _ in range(40)]
     answers = asyncio.run(_post_all(served, program.key, bodies))
     statuses = sorted({status for status, _ in answers})
-    assert set(statuses) <= {200, 402}, answers
+    assert set(statuses) <= {200, 429}, answers
     served_ids = [body["id"].removeprefix("chatcmpl-") for status, body in answers if status == 200]
-    refused = [body for status, body in answers if status == 402]
+    refused = [body for status, body in answers if status == 429]
     assert served_ids and refused  # both sides of the edge were reached
-    assert {b["error"]["code"] for b in refused} == {"budget_exhausted"}
+    assert {b["error"]["code"] for b in refused} == {"insufficient_quota"}
     # By hand: every served request's token entry is its usage at the posted prices, once.
     tokens = {r: list(LedgerEntry.objects.filter(request_id=r, kind=ChargeKind.TOKENS))
               for r in served_ids}  # fmt: skip
@@ -153,7 +154,10 @@ def test_concurrent_requests_at_the_edge_of_a_budget_are_never_overspent(served,
         )
     spent = sum(e.amount for e in LedgerEntry.objects.filter(tenant=program.tenant))
     assert spent <= Decimal("0.01")
-    assert LedgerEntry.objects.filter(tenant=program.tenant).count() == len(served_ids)
+    # Two entries a served request, settled together: its tokens and its priority (0: no bid).
+    assert LedgerEntry.objects.filter(tenant=program.tenant).count() == 2 * len(served_ids)
+    priority = LedgerEntry.objects.filter(tenant=program.tenant, kind=ChargeKind.PRIORITY)
+    assert set(priority.values_list("amount", flat=True)) == {Decimal(0)}
     # Nothing is left held, and the tenant's counter agrees with the ledger.
     assert not Hold.objects.filter(tenant=program.tenant, state=HoldState.OPEN).exists()
     counter = BudgetCounter.objects.get(tenant=program.tenant, api_key=None)
@@ -198,8 +202,11 @@ def test_a_streamed_completion_is_charged_once_its_tokens(served, sim) -> None:
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert usage["completion_tokens"] == 7 and text
     rid = chunks[0]["id"].removeprefix("chatcmpl-")
-    (entry,) = LedgerEntry.objects.filter(request_id=rid)
-    assert entry.kind == ChargeKind.TOKENS
+    entry, priority = (
+        LedgerEntry.objects.get(request_id=rid, kind=kind)
+        for kind in (ChargeKind.TOKENS, ChargeKind.PRIORITY)
+    )
+    assert priority.amount == 0  # no bid; settled with the tokens
     assert entry.amount == token_charge_by_hand(
         prompt=usage["prompt_tokens"],
         cached=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),

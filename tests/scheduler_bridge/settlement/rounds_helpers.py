@@ -1,25 +1,29 @@
 """Round records on real Redis streams for the consumption tests: unique names, cleaned up after.
 
-Charges are powers of two over a few dollars, so every sum in the tests is exact and easy to
-check by hand.
+Round records move no money: the consumers check them, publish them and acknowledge them. The
+tests observe what the consumers do (their stats, the pending list, the dead letters, what a
+:class:`RecordingPublisher` was handed) and that the ledger, the holds and the budget counters
+stay as the gateway left them (:func:`assert_no_money_moved`, :func:`money_state`).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
+from typing import Any
 
 import redis
 from django.conf import settings
 
-from accounts.models import ChargeKind, LedgerEntry
-from accounts.services import request_complete, request_open
+from accounts.models import BudgetCounter, Hold, HoldState, LedgerEntry, Request, RequestStatus
+from accounts.services import request_open
 from scheduler_bridge.settlement.stream import DEAD_SUFFIX
 from tests.accounts.factories import admitted, round_record
 
-# Four rounds of two admitted requests each: request -> its priority charge, dollars.
+# Four rounds of two admitted requests each: request -> the priority charge its round record
+# reports, dollars (what the gateway settles from the engine's answer, never the consumers).
 CHARGES: dict[str, str] = {
     "r0": "0.25",
     "r1": "0.125",
@@ -30,12 +34,14 @@ CHARGES: dict[str, str] = {
     "r6": "1",
     "r7": "0.015625",
 }
-CHARGES_TOTAL = Decimal("2.734375")  # 0.25 + 0.125 + 0.5 + 0.0625 + 0.75 + 0.03125 + 1 + 0.015625
 HOLD = "1"  # dollars held per request when it is opened
+COUNTER_FIELDS = ("tenant_id", "api_key_id", "held", "spent_total") + tuple(
+    f"{period}_spent" for period in ("day", "week", "month")
+)
 
 
 def records(market_slug: str = "test-llm", rounds: int = 4) -> list[dict]:
-    """Round k admits r(2k) and r(2k+1) with the charges above."""
+    """Round k (``sim:1:k``) admits r(2k) and r(2k+1) with the charges above."""
     return [
         round_record(
             f"sim:1:{k}",
@@ -50,30 +56,73 @@ def records(market_slug: str = "test-llm", rounds: int = 4) -> list[dict]:
     ]
 
 
+def round_ids(*rounds: int) -> list[str]:
+    """The round ids of :func:`records`' rounds ``rounds``, in that order."""
+    return [f"sim:1:{k}" for k in rounds]
+
+
 def requests_open(tenant, market, count: int = 8) -> None:
-    """Open r0 .. r(count-1) as the gateway would, each holding ``HOLD`` dollars, and serve
-    them (no tokens): a record's charges are then written as it is settled, not left pending
-    until the requests complete."""
+    """Open r0 .. r(count-1) as the gateway would, each holding ``HOLD`` dollars, and leave
+    them queued (their engine has not answered yet): their holds stay open."""
     for i in range(count):
         request_open(
             request_id=f"r{i}", tenant=tenant, api_key=None, market=market, bid="0.5",
             hold_amount=HOLD, priority_cap=Decimal(HOLD),
         )  # fmt: skip
-        request_complete(request_id=f"r{i}", prompt_tokens=0, cached_tokens=0, completion_tokens=0)
 
 
-def priority_charges() -> dict[str, Decimal]:
-    """request id -> its priority charge, asserting there is at most one per request."""
-    rows = list(
-        LedgerEntry.objects.filter(kind=ChargeKind.PRIORITY).values_list("request_id", "amount")
-    )
-    ids = [rid for rid, _ in rows]
-    assert len(ids) == len(set(ids)), f"a request was charged twice: {sorted(ids)}"
-    return dict(rows)
+def money_state() -> dict[str, Any]:
+    """Everything that is money: ledger entries, requests' status, holds, budget counters (to
+    compare the state before consuming records with the state after)."""
+    return {
+        "entries": sorted(LedgerEntry.objects.values_list("request_id", "kind", "amount")),
+        "requests": sorted(Request.objects.values_list("request_id", "status")),
+        "holds": sorted(Hold.objects.values_list("request_id", "state", "amount", "remaining")),
+        "counters": sorted(BudgetCounter.objects.values_list(*COUNTER_FIELDS), key=str),
+    }
 
 
-def expected(*ids: str) -> dict[str, Decimal]:
-    return {rid: Decimal(CHARGES[rid]) for rid in ids}
+def assert_no_money_moved(count: int = 8) -> None:
+    """r0 .. r(count-1), opened by :func:`requests_open`, are as the gateway left them although
+    records admitting them were consumed: no ledger entry, each still queued with its hold open
+    for all of ``HOLD``, and the tenant's counter holding count x ``HOLD``, nothing spent."""
+    assert not LedgerEntry.objects.exists()
+    ids = sorted(f"r{i}" for i in range(count))
+    assert sorted(Request.objects.values_list("request_id", "status")) == [
+        (rid, RequestStatus.QUEUED) for rid in ids
+    ]
+    holds = Hold.objects.values_list("request_id", "state", "remaining")
+    assert sorted(holds) == [(rid, HoldState.OPEN, Decimal(HOLD)) for rid in ids]
+    counter = BudgetCounter.objects.get(api_key=None)
+    assert counter.held == Decimal(HOLD) * count
+    spent = (counter.spent_total, counter.day_spent, counter.week_spent, counter.month_spent)
+    assert spent == (0, 0, 0, 0)
+
+
+class RecordingPublisher:
+    """Stands in for ``market.live.publisher.RoundsPublisher``: keeps the records it is handed
+    and, with ``probe``, what ``probe()`` said as each came (e.g. the stream's pending count)."""
+
+    def __init__(self, probe: Callable[[], object] | None = None) -> None:
+        self.records: list[dict] = []
+        self.probed: list[object] = []
+        self.flushes = 0
+        self._probe = probe
+
+    def settled(self, record: dict) -> None:
+        self.records.append(record)
+        if self._probe is not None:
+            self.probed.append(self._probe())
+
+    def tick(self, *, force: bool = False) -> None:
+        pass
+
+    def flush(self, **kwargs: object) -> None:
+        self.flushes += 1
+
+    @property
+    def round_ids(self) -> list[str]:
+        return [r["round_id"] for r in self.records]
 
 
 class Streams:

@@ -19,11 +19,11 @@ from django.conf import settings
 
 from accounts.models import AutobidderStep, BidSource, ChargeKind, Invoice, LedgerEntry, Request
 from accounts.models import Tenant as TenantModel
+from accounts.services import previous_month_bounds
 from accounts.services.autobidder import autobidder_configure
 from scheduler_bridge.settlement.periodic import (
     autobidders_step_due,
     invoices_generate_previous_month,
-    previous_month,
 )
 from scheduler_bridge.tasks import autobidders_step, invoices_generate
 from tests.accounts.factories import market_create, spend, tenant_create
@@ -119,11 +119,11 @@ def test_the_pacing_task_uses_the_configured_interval(settings) -> None:
 
 
 def test_the_previous_month() -> None:
-    assert previous_month(datetime(2026, 1, 1, 0, 30, tzinfo=UTC)) == (
+    assert previous_month_bounds(now=datetime(2026, 1, 1, 0, 30, tzinfo=UTC)) == (
         datetime(2025, 12, 1, tzinfo=UTC),
         datetime(2026, 1, 1, tzinfo=UTC),
     )
-    assert previous_month(datetime(2026, 3, 31, 23, 59, tzinfo=UTC)) == (
+    assert previous_month_bounds(now=datetime(2026, 3, 31, 23, 59, tzinfo=UTC)) == (
         datetime(2026, 2, 1, tzinfo=UTC),
         datetime(2026, 3, 1, tzinfo=UTC),
     )

@@ -1,27 +1,27 @@
-"""Round records from a real Redis stream into the ledger, in this process (``rounds.py``).
+"""Round records from a real Redis stream to the live consoles, in this process (``stream.py``).
 
-Acknowledged only after settlement, malformed records dead-lettered, pending entries of a dead
-consumer reclaimed, replays charging nothing, outages leaving everything pending.
+Published, then acknowledged; malformed records dead-lettered; pending entries of a dead
+consumer reclaimed; replays taken again; outages leaving everything pending. Round records move
+no money: the requests they admit stay as the gateway left them (queued, holds open).
 """
 
 from __future__ import annotations
 
 import pytest
+import redis
 from django.core.management import call_command
 from django.db import OperationalError
 
-from accounts.models import BudgetCounter, Hold, HoldState
 from scheduler_bridge.settlement import stream as rounds
 from scheduler_bridge.settlement.stream import StreamConsumer, rounds_consume
 from tests.accounts.factories import market_create, tenant_create
 from tests.scheduler_bridge.settlement.rounds_helpers import (
-    CHARGES,
-    CHARGES_TOTAL,
+    RecordingPublisher,
     Streams,
-    expected,
-    priority_charges,
+    assert_no_money_moved,
     records,
     requests_open,
+    round_ids,
     streams_fixture,
 )
 
@@ -41,44 +41,50 @@ def consumer(s: Streams, name: str = "alive") -> StreamConsumer:
     return StreamConsumer(client=s.client, stream=s.name, consumer=name)
 
 
-def drain(s: Streams, name: str = "alive", **kwargs) -> rounds.ConsumeStats:
+def drain(
+    s: Streams, name: str = "alive", *, publisher: RecordingPublisher | None = None, **kwargs
+) -> rounds.ConsumeStats:
     kwargs = {"max_seconds": 10, "until_idle": True, "block_ms": 20} | kwargs
-    return rounds_consume(sc=consumer(s, name), **kwargs)
+    return rounds_consume(
+        sc=consumer(s, name), publisher=publisher or RecordingPublisher(), **kwargs
+    )
 
 
-def test_records_are_settled_then_acknowledged(streams: Streams, opened) -> None:
+def test_records_are_published_then_acknowledged_and_move_no_money(
+    streams: Streams, opened
+) -> None:
     # Written before any consumer group exists: the new group starts at the stream's start.
     for record in records():
         streams.add(record)
-    stats = drain(streams)
-    assert (stats.read, stats.settled, stats.charged, stats.duplicates, stats.dead) == (
-        4,
-        4,
-        8,
-        0,
-        0,
-    )
-    assert priority_charges() == expected(*CHARGES)
-    assert sum(priority_charges().values()) == CHARGES_TOTAL
+    publisher = RecordingPublisher(probe=streams.pending)
+    stats = drain(streams, publisher=publisher)
+    # 4 records of 2 admitted requests each.
+    assert (stats.read, stats.taken, stats.admitted, stats.dead, stats.failed) == (4, 4, 8, 0, 0)
+    assert publisher.round_ids == round_ids(0, 1, 2, 3)
+    # The four came in one read; each was published while its own entry (and the later ones)
+    # was still pending: acknowledged only after it was taken.
+    assert publisher.probed == [4, 3, 2, 1]
+    assert publisher.flushes == 1
     assert streams.pending() == 0
-    # The requests were served before their records came: each hold closed with its priority
-    # charge, and the budget counted each charge once.
-    assert set(Hold.objects.values_list("state", "remaining")) == {(HoldState.SETTLED, 0)}
-    assert BudgetCounter.objects.get(api_key=None).spent_total == CHARGES_TOTAL
+    # The requests they admit are still queued, holds open, nothing charged nor spent.
+    assert_no_money_moved()
 
 
 def test_a_call_is_bounded_by_max_records(streams: Streams, opened) -> None:
     for record in records():
         streams.add(record)
-    first = drain(streams, max_records=3)
-    assert (first.read, first.settled) == (3, 3)
-    assert priority_charges() == expected("r0", "r1", "r2", "r3", "r4", "r5")
-    second = drain(streams)
-    assert (second.read, second.charged) == (1, 2)
-    assert priority_charges() == expected(*CHARGES)
+    publisher = RecordingPublisher()
+    first = drain(streams, max_records=3, publisher=publisher)
+    assert (first.read, first.taken, first.admitted) == (3, 3, 6)
+    assert publisher.round_ids == round_ids(0, 1, 2)
+    assert streams.pending() == 0  # the three taken are acknowledged; the fourth is unread
+    second = drain(streams, publisher=publisher)
+    assert (second.read, second.taken, second.admitted) == (1, 1, 2)
+    assert publisher.round_ids == round_ids(0, 1, 2, 3)
+    assert_no_money_moved()
 
 
-def test_malformed_records_go_to_the_dead_letter_stream_and_the_rest_are_settled(
+def test_malformed_records_go_to_the_dead_letter_stream_and_the_rest_are_taken(
     streams: Streams, opened
 ) -> None:
     good = records()
@@ -93,9 +99,10 @@ def test_malformed_records_go_to_the_dead_letter_stream_and_the_rest_are_settled
         streams.client.xadd(streams.name, {"something": "else"}),  # no record field
     ]
     streams.add(good[3])
-    stats = drain(streams)
-    assert (stats.read, stats.settled, stats.dead, stats.charged) == (7, 2, 5, 4)
-    assert priority_charges() == expected("r0", "r1", "r6", "r7")
+    publisher = RecordingPublisher()
+    stats = drain(streams, publisher=publisher)
+    assert (stats.read, stats.taken, stats.dead, stats.admitted) == (7, 2, 5, 4)
+    assert publisher.round_ids == round_ids(0, 3)  # no malformed record reaches the consoles
     assert streams.pending() == 0  # the dead ones are acknowledged too: nothing blocks
     dead = streams.client.xrange(streams.dead)
     assert [entry[b"dead_source_id"] for _, entry in dead] == bad_ids
@@ -104,6 +111,7 @@ def test_malformed_records_go_to_the_dead_letter_stream_and_the_rest_are_settled
     assert "unknown schema" in errors[2] and "negative amount" in errors[3]
     assert "no 'record' field" in errors[4]
     assert dead[1][1][b"record"] == b"\xff\xfe not utf-8"  # kept as it came, for inspection
+    assert_no_money_moved()
 
 
 def test_entries_a_dead_consumer_left_pending_are_reclaimed(streams: Streams, opened) -> None:
@@ -114,13 +122,16 @@ def test_entries_a_dead_consumer_left_pending_are_reclaimed(streams: Streams, op
     streams.client.xreadgroup("settlement", "dead", {streams.name: ">"}, count=3)
     assert streams.pending() == 3
     # Not idle long enough: another consumer leaves them alone and takes the fourth.
-    stats = drain(streams, claim_min_idle_ms=60_000)
-    assert (stats.read, stats.reclaimed, stats.charged) == (1, 0, 2)
+    publisher = RecordingPublisher()
+    stats = drain(streams, claim_min_idle_ms=60_000, publisher=publisher)
+    assert (stats.read, stats.reclaimed, stats.taken, stats.admitted) == (1, 0, 1, 2)
+    assert publisher.round_ids == round_ids(3)
     assert streams.pending() == 3
-    stats = drain(streams, claim_min_idle_ms=0)
-    assert (stats.read, stats.reclaimed, stats.charged) == (3, 3, 6)
+    stats = drain(streams, claim_min_idle_ms=0, publisher=publisher)
+    assert (stats.read, stats.reclaimed, stats.taken, stats.admitted) == (3, 3, 3, 6)
+    assert publisher.round_ids == round_ids(3, 0, 1, 2)
     assert streams.pending() == 0
-    assert priority_charges() == expected(*CHARGES)
+    assert_no_money_moved()
 
     # The dead consumer has nothing pending any more: it is removed once idle long enough.
     def members() -> set[bytes]:
@@ -131,43 +142,58 @@ def test_entries_a_dead_consumer_left_pending_are_reclaimed(streams: Streams, op
     assert members() == {b"alive"}
 
 
-def test_replaying_the_whole_stream_charges_nothing_twice(streams: Streams, opened) -> None:
+def test_a_replayed_stream_is_taken_again_and_moves_no_money(streams: Streams, opened) -> None:
     entries = records()
     for record in entries:
         streams.add(record)
-    assert drain(streams).charged == 8
+    assert (drain(streams).taken, streams.pending()) == (4, 0)
     # A second group reads the same stream from its start; then the same records arrive again.
+    publisher = RecordingPublisher()
     replay = rounds_consume(
         sc=StreamConsumer(client=streams.client, stream=streams.name, group="replay"),
         max_seconds=10,
         until_idle=True,
         block_ms=20,
+        publisher=publisher,
     )
     for record in entries:
         streams.add(record)
-    again = drain(streams)
+    again = drain(streams, publisher=publisher)
     for stats in (replay, again):
-        assert (stats.settled, stats.charged, stats.duplicates) == (4, 0, 8)
-    assert sum(priority_charges().values()) == CHARGES_TOTAL
+        assert (stats.read, stats.taken, stats.admitted, stats.dead) == (4, 4, 8, 0)
+    assert publisher.round_ids == round_ids(0, 1, 2, 3) * 2
+    assert (streams.pending(), streams.pending("replay")) == (0, 0)
+    assert_no_money_moved()
 
 
-def test_a_database_outage_leaves_the_records_pending(
-    streams: Streams, opened, monkeypatch
+@pytest.mark.parametrize(
+    "error",
+    [OperationalError("connection refused"), redis.ConnectionError("Connection refused")],
+    ids=["database", "redis"],
+)
+def test_an_outage_leaves_the_records_pending(
+    streams: Streams, opened, monkeypatch, error: Exception
 ) -> None:
     for record in records(rounds=2):
         streams.add(record)
 
-    def down(**kwargs):
-        raise OperationalError("connection refused")
+    def down(raw):
+        raise error
 
-    monkeypatch.setattr(rounds, "round_record_settle", down)
-    stats = drain(streams)
-    assert stats.stalled.startswith("OperationalError") and (stats.settled, stats.dead) == (0, 0)
+    monkeypatch.setattr(rounds, "round_record_loads", down)
+    publisher = RecordingPublisher()
+    stats = drain(streams, publisher=publisher)
+    assert stats.stalled.startswith(f"{type(error).__name__}: ")
+    assert (stats.taken, stats.dead, stats.failed) == (0, 0, 0)
+    assert publisher.records == []
     assert streams.pending() == 2  # read, not acknowledged, not dead-lettered
+    assert streams.client.xlen(streams.dead) == 0
     monkeypatch.undo()
-    stats = drain(streams, claim_min_idle_ms=0)
-    assert (stats.reclaimed, stats.settled, stats.charged) == (2, 2, 4)
-    assert priority_charges() == expected("r0", "r1", "r2", "r3")
+    stats = drain(streams, claim_min_idle_ms=0, publisher=publisher)
+    assert (stats.reclaimed, stats.taken, stats.admitted, stats.stalled) == (2, 2, 4, "")
+    assert publisher.round_ids == round_ids(0, 1)
+    assert streams.pending() == 0
+    assert_no_money_moved()
 
 
 def test_a_record_that_keeps_failing_is_set_aside_after_max_deliveries(
@@ -175,25 +201,29 @@ def test_a_record_that_keeps_failing_is_set_aside_after_max_deliveries(
 ) -> None:
     streams.add(records()[0])
     poison = streams.add(records()[1])
-    real = rounds.round_record_settle
+    real = rounds.round_record_loads
 
-    def flaky(*, record):
+    def flaky(raw):
+        record = real(raw)
         if record["round_id"] == "sim:1:1":
             raise RuntimeError("a bug")
-        return real(record=record)
+        return record
 
-    monkeypatch.setattr(rounds, "round_record_settle", flaky)
-    first = drain(streams, max_deliveries=3)
-    assert (first.settled, first.failed, first.dead) == (1, 1, 0)
-    second = drain(streams, max_deliveries=3, claim_min_idle_ms=0)  # delivery 2
-    assert (second.reclaimed, second.failed, second.dead) == (1, 1, 0)
-    third = drain(streams, max_deliveries=3, claim_min_idle_ms=0)  # delivery 3: set aside
-    assert (third.reclaimed, third.failed, third.dead) == (1, 0, 1)
+    monkeypatch.setattr(rounds, "round_record_loads", flaky)
+    publisher = RecordingPublisher()
+    first = drain(streams, max_deliveries=3, publisher=publisher)
+    assert (first.taken, first.failed, first.dead) == (1, 1, 0)
+    assert streams.pending() == 1  # the poison, left for a retry
+    second = drain(streams, max_deliveries=3, claim_min_idle_ms=0, publisher=publisher)
+    assert (second.reclaimed, second.failed, second.dead) == (1, 1, 0)  # delivery 2
+    third = drain(streams, max_deliveries=3, claim_min_idle_ms=0, publisher=publisher)
+    assert (third.reclaimed, third.failed, third.dead) == (1, 0, 1)  # delivery 3: set aside
     assert streams.pending() == 0
     ((_, dead),) = streams.client.xrange(streams.dead)
     assert dead[b"dead_source_id"] == poison
     assert dead[b"dead_error"].startswith(b"failed 3 times, last: RuntimeError: a bug")
-    assert priority_charges() == expected("r0", "r1")
+    assert publisher.round_ids == round_ids(0)
+    assert_no_money_moved()
 
 
 def test_the_command_drains_the_stream_once(streams: Streams, opened, capsys) -> None:
@@ -202,6 +232,8 @@ def test_the_command_drains_the_stream_once(streams: Streams, opened, capsys) ->
     streams.add("{malformed")
     call_command("rounds_consume", "--stream", streams.name, "--once")
     out = capsys.readouterr().out
-    assert "5 read, 4 settled, 0 reclaimed, 1 dead-lettered" in out
-    assert "8 charged, 0 already charged" in out
-    assert priority_charges() == expected(*CHARGES)
+    assert "records: 5 read, 4 taken, 0 reclaimed, 1 dead-lettered, 0 failed" in out
+    assert "; 8 admitted requests" in out  # 4 records x 2
+    assert "charged" not in out
+    assert streams.pending() == 0
+    assert_no_money_moved()

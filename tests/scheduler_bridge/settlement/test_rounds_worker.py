@@ -1,9 +1,11 @@
-"""Round records settled by REAL Celery workers into the real PostgreSQL ledger.
+"""Round records taken by REAL Celery workers, beside the real PostgreSQL ledger.
 
 The workers are subprocesses on the test database (tests/scheduler_bridge/workers.py), so these
 tests commit what they write (``transactional_db``). The kill tests are deterministic: a test
-hook (``tests.pause_hooks``) holds the worker after a record's charges have committed
-and before its acknowledgement, the test sees the charges land, then SIGKILLs the worker there.
+hook (``tests.pause_hooks``) holds the worker after a record was checked and before it is
+published and acknowledged, the test sees it get there, then SIGKILLs the worker there. Round
+records move no money: whatever the workers do, the ledger, the holds and the budgets stay as
+the gateway left them.
 """
 
 from __future__ import annotations
@@ -19,19 +21,23 @@ import httpx
 import pytest
 from django.conf import settings
 
-from accounts.models import BudgetCounter, Hold, HoldState
-from accounts.services import request_complete, request_open
+from accounts.models import HoldState, LedgerEntry
+from accounts.services import request_open, request_settle
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from scheduler_bridge.tasks import rounds_consume
-from tests.accounts.factories import admitted, market_create, round_record, tenant_create
-from tests.pause_hooks import ROUNDS_PAUSE_FILE_ENV
+from tests.accounts.factories import (
+    admitted,
+    market_create,
+    priority_charge,
+    round_record,
+    tenant_create,
+)
+from tests.pause_hooks import ROUNDS_PAUSE_FILE_ENV, rounds_pause_reached
 from tests.scheduler_bridge.settlement.rounds_helpers import (
-    CHARGES,
-    CHARGES_TOTAL,
     Streams,
-    expected,
-    priority_charges,
+    assert_no_money_moved,
+    money_state,
     records,
     requests_open,
     streams_fixture,
@@ -47,6 +53,7 @@ pytestmark = [
 
 streams = pytest.fixture(streams_fixture, name="streams")
 RESULT_TIMEOUT_S = 60
+STATS = {"read", "reclaimed", "taken", "dead", "failed", "trimmed", "admitted", "stalled"}
 
 
 @pytest.fixture
@@ -60,7 +67,7 @@ def consume(worker, streams: Streams, **kwargs):
     return rounds_consume.apply_async(kwargs=kwargs, queue=worker.queue)
 
 
-def test_a_worker_settles_the_stream_and_a_replay_charges_nothing_twice(
+def test_a_worker_takes_the_stream_and_a_replay_again(
     streams: Streams, opened, tmp_path: Path
 ) -> None:
     entries = records()
@@ -70,18 +77,20 @@ def test_a_worker_settles_the_stream_and_a_replay_charges_nothing_twice(
         streams.add(record)
     with celery_worker(tmp_path) as worker:
         stats = consume(worker, streams).get(timeout=RESULT_TIMEOUT_S)
-        assert (stats["read"], stats["settled"], stats["dead"], stats["charged"]) == (5, 4, 1, 8)
-        assert priority_charges() == expected(*CHARGES)
+        assert set(stats) == STATS
+        # 5 entries: 4 records of 2 admitted requests each, 1 malformed.
+        assert (stats["read"], stats["taken"], stats["dead"], stats["admitted"]) == (5, 4, 1, 8)
         assert streams.pending() == 0 and streams.client.xlen(streams.dead) == 1
-        # The engine sends the whole history again: every request is already charged.
+        # The engine sends the whole history again: taken again, harmlessly.
         for record in entries:
             streams.add(record)
         again = consume(worker, streams).get(timeout=RESULT_TIMEOUT_S)
-    assert (again["settled"], again["charged"], again["duplicates"]) == (4, 0, 8)
-    assert sum(priority_charges().values()) == CHARGES_TOTAL
+    assert (again["read"], again["taken"], again["dead"], again["admitted"]) == (4, 4, 0, 8)
+    assert streams.pending() == 0 and streams.client.xlen(streams.dead) == 1
+    assert_no_money_moved()
 
 
-def test_killing_the_worker_mid_batch_loses_nothing_and_charges_nothing_twice(
+def test_killing_the_worker_mid_batch_loses_nothing(
     streams: Streams, opened, tmp_path: Path
 ) -> None:
     for record in records():
@@ -90,15 +99,14 @@ def test_killing_the_worker_mid_batch_loses_nothing_and_charges_nothing_twice(
     pause.touch()
     with celery_worker(tmp_path, env={ROUNDS_PAUSE_FILE_ENV: str(pause)}) as first:
         consume(first, streams)
-        # It read all four entries in one batch, settled the first round (r0, r1: committed),
-        # and now waits before acknowledging it.
-        wait_until(lambda: len(priority_charges()) == 2, what="the first round's charges")
-        assert priority_charges() == expected("r0", "r1")
+        # It read all four entries in one batch, checked the first (round 0), and now waits
+        # before publishing and acknowledging it.
+        wait_until(rounds_pause_reached(pause).exists, what="the worker to take round 0")
         assert streams.pending() == 4
         first.kill()
     assert first.process.returncode == -signal.SIGKILL
     pause.unlink()
-    assert priority_charges() == expected("r0", "r1") and streams.pending() == 4
+    assert streams.pending() == 4  # nothing acknowledged, so nothing lost
 
     with celery_worker(tmp_path) as second:
         # The dead consumer's entries are taken over once idle for 500 ms.
@@ -106,19 +114,10 @@ def test_killing_the_worker_mid_batch_loses_nothing_and_charges_nothing_twice(
             lambda: min_idle_ms(streams) >= 500, what="the dead consumer's entries to go idle"
         )
         stats = consume(second, streams, claim_min_idle_ms=500).get(timeout=RESULT_TIMEOUT_S)
-    # Round 0 again (settled, never acknowledged): 2 duplicates; rounds 1-3: 6 new charges.
-    assert (stats["reclaimed"], stats["settled"], stats["charged"], stats["duplicates"]) == (
-        4,
-        4,
-        6,
-        2,
-    )
-    assert priority_charges() == expected(*CHARGES)
-    assert sum(priority_charges().values()) == CHARGES_TOTAL
+    # All four taken over (round 0 a second time: it was never acknowledged), 4 x 2 admitted.
+    assert (stats["reclaimed"], stats["taken"], stats["admitted"], stats["dead"]) == (4, 4, 8, 0)
     assert streams.pending() == 0
-    # Each charge was counted exactly once, and every hold closed with it.
-    assert BudgetCounter.objects.get(api_key=None).spent_total == CHARGES_TOTAL
-    assert set(Hold.objects.values_list("state", "remaining")) == {(HoldState.SETTLED, 0)}
+    assert_no_money_moved()
 
 
 def test_a_pool_process_killed_mid_task_is_replaced_and_the_task_redelivered(
@@ -132,24 +131,27 @@ def test_a_pool_process_killed_mid_task_is_replaced_and_the_task_redelivered(
     pause.touch()
     with celery_worker(tmp_path, pool="prefork", env={ROUNDS_PAUSE_FILE_ENV: str(pause)}) as worker:
         result = consume(worker, streams, claim_min_idle_ms=0)
-        wait_until(lambda: len(priority_charges()) == 2, what="the first round's charges")
+        wait_until(rounds_pause_reached(pause).exists, what="the pool process to take round 0")
+        assert streams.pending() == 2
         (child,) = worker.children()
         os.kill(child, signal.SIGKILL)
         wait_until(lambda: child not in worker.children(), what="the pool process to go")
         pause.unlink()
         stats = result.get(timeout=RESULT_TIMEOUT_S)  # the same task, run again
         assert worker.process.poll() is None  # the worker itself lives on
-    assert (stats["reclaimed"], stats["charged"], stats["duplicates"]) == (2, 2, 2)
-    assert priority_charges() == expected("r0", "r1", "r2", "r3")
+    # Both entries the dead process had read, taken over: 2 records x 2 admitted.
+    assert (stats["reclaimed"], stats["taken"], stats["admitted"], stats["dead"]) == (2, 2, 4, 0)
     assert streams.pending() == 0
     assert "WorkerLostError" in worker.log.read_text()
+    assert_no_money_moved()
 
 
-def test_records_an_engine_writes_to_redis_are_settled_by_a_worker(
+def test_records_an_engine_writes_to_redis_are_taken_by_a_worker(
     streams: Streams, tmp_path: Path
 ) -> None:
-    """End to end: the simulated engine admits requests the ledger knows, writes its rounds to
-    a real stream, and a worker charges each request what its round record says."""
+    """End to end: the simulated engine admits requests the ledger knows and writes its rounds
+    to a real stream; a worker takes every round, and the requests stay as the gateway left
+    them (queued here, their holds open: the gateway settles them from the engine's answers)."""
     market, tenant = market_create(), tenant_create("acme")
     bids = {"e0": 0.5, "e1": 0.25, "e2": 0.125, "e3": 0.05, "e4": 0.02, "e5": 0.0}
     for rid, bid in bids.items():
@@ -173,19 +175,22 @@ def test_records_an_engine_writes_to_redis_are_settled_by_a_worker(
     with ServerThread(options) as sim, ThreadPoolExecutor(len(bids)) as pool:
         assert list(pool.map(lambda rid: generate(sim.url, rid), bids)) == [200] * len(bids)
         wait_until(lambda: sim.server.redis_sink.pending == 0, what="the sink to drain")
-    for rid in bids:  # served, as the gateway records it (here without a token charge)
-        request_complete(request_id=rid, prompt_tokens=0, cached_tokens=0, completion_tokens=0)
-    written = {
-        adm["request_id"]: adm["charge"]
+    written = [
+        adm["request_id"]
         for _, entry in streams.client.xrange(streams.name)
         for adm in json.loads(entry[b"record"])["admitted"]
-    }
-    assert set(written) >= set(bids)
+    ]
+    assert sorted(written) == sorted(bids)  # each of the six admitted in one round
+    before = money_state()
     with celery_worker(tmp_path) as worker:
         stats = consume(worker, streams).get(timeout=RESULT_TIMEOUT_S)
-    assert stats["charged"] == len(bids) and stats["dead"] == 0
-    nano = Decimal("1E-9")  # the ledger's rounding: exact float value, to 9 places, half-even
-    assert priority_charges() == {rid: Decimal(written[rid]).quantize(nano) for rid in bids}
+    rounds_written = streams.client.xlen(streams.name)
+    assert (stats["taken"], stats["admitted"], stats["dead"]) == (rounds_written, 6, 0)
+    assert streams.pending() == 0
+    assert money_state() == before
+    assert not LedgerEntry.objects.exists()
+    ten = Decimal("10")
+    assert before["holds"] == [(rid, HoldState.OPEN, ten, ten) for rid in sorted(bids)]
 
 
 def min_idle_ms(streams: Streams) -> int:
@@ -197,16 +202,14 @@ def min_idle_ms(streams: Streams) -> int:
 def test_a_lagging_worker_never_lets_a_budget_be_overspent(
     streams: Streams, tmp_path: Path
 ) -> None:
-    """Issue 12's overspend: the gateway keeps admitting and completing requests while their
-    round records wait in the stream (no worker running), then a worker settles them late, in
-    reverse order and twice. The key's budget ($0.003 a day) holds throughout.
+    """Issue 12's overspend came from round records settled late. Now the gateway settles both
+    charges of each request at once, and round records that reach a worker late, in reverse
+    order and twice change nothing: the key's budget ($0.003 a day) holds throughout.
 
     Each request holds 0.0006 as the gateway would (tokens 0.0001 + priority cap 0.0005) and is
-    served with 20 prompt tokens ($3/M: 0.00006); the engine then reports 0.0009 for each, over
-    its cap. A served request keeps its cap reserved until its priority charge settles, so
-    after n requests 0.00056 n is spent or held, and the next fits while 0.00056 n + 0.0006 <=
-    0.003: n = 0..4, five requests. (When the token charge closed the hold, all 30 went through
-    and their late priority charges made 30 x 0.0005 + 30 x 0.00006 = 0.0168, 5.6x the budget.)
+    settled with 20 prompt tokens ($3/M: 0.00006) and the 0.0009 its engine reported, over its
+    cap: 0.0005 is written, 0.00056 in all, and its hold closes. After n requests 0.00056 n is
+    spent, and the next fits while 0.00056 n + 0.0006 <= 0.003: n = 0..4, five requests.
     """
     from accounts.selectors import budget_status
     from accounts.services import BudgetExhausted, api_key_create, budget_set
@@ -226,20 +229,25 @@ def test_a_lagging_worker_never_lets_a_budget_be_overspent(
             refused += 1
             continue
         admitted_ids.append(rid)
-        request_complete(request_id=rid, prompt_tokens=20, cached_tokens=0, completion_tokens=0)
+        request_settle(
+            request_id=rid, prompt_tokens=20, cached_tokens=0, completion_tokens=0,
+            priority=priority_charge(0.0009, round_id=f"sim:9:{len(admitted_ids)}"),
+        )  # fmt: skip
     assert (len(admitted_ids), refused) == (5, 25)
+    status = budget_status(tenant=tenant, api_key=key)
+    assert (status.spent, status.held) == (Decimal("0.0028"), Decimal(0))  # 5 x 0.00056
+    before = money_state()
     lagging = [
-        round_record(f"sim:9:{i}", [admitted(rid, 0.0009)], market=market.slug, seq=i + 1)
+        round_record(f"sim:9:{i + 1}", [admitted(rid, 0.0009)], market=market.slug, seq=i + 1)
         for i, rid in enumerate(admitted_ids)
     ]
     for record in [*reversed(lagging), *lagging]:  # late, reordered, replayed
         streams.add(record)
     with celery_worker(tmp_path) as worker:
         stats = consume(worker, streams).get(timeout=RESULT_TIMEOUT_S)
-    assert (stats["charged"], stats["duplicates"]) == (5, 5)
-    # Each priority charge is its cap, with the engine's figure kept; 5 x 0.00056 = 0.0028.
-    assert priority_charges() == dict.fromkeys(admitted_ids, Decimal("0.0005"))
+    # 5 records of 1 admitted request, each sent twice.
+    assert (stats["taken"], stats["admitted"], stats["dead"]) == (10, 10, 0)
+    assert money_state() == before
     status = budget_status(tenant=tenant, api_key=key)
     assert (status.spent, status.held) == (Decimal("0.0028"), Decimal(0))
     assert status.spent <= Decimal("0.003")
-    assert set(Hold.objects.values_list("state", flat=True)) == {HoldState.SETTLED}

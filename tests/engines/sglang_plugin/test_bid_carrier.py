@@ -74,6 +74,10 @@ def test_the_bid_in_the_rid_orders_and_prices_the_request(policy: str) -> None:
             "position": [position],
             "planned_completion_s": [entry["planned_completion_s"]],
             "time_saved_s": [entry["time_saved_s"]],
+            # What the gateway's settlement keeps of the round (the reserve is 0 here).
+            "effective_bid": [BIDS[name]],
+            "block": [entry["block"]],
+            "engine": [record["engine"]],
         }
     assert expected.charge("hi") > 0  # the test prices something
 

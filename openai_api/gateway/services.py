@@ -2,8 +2,8 @@
 
 1. **Admit** (one step on a database thread, ``request_admit``): authenticate the API key (cached
    for ``GATEWAY_API_KEY_CACHE_S`` seconds, default 5), find the market, choose the bid (explicit,
-   else the tenant's autobidder, else 0), render the prompt, and hold the worst case with
-   ``request_open`` (``admission`` says how the hold is sized).
+   else the tenant's autobidder, else 0), render the prompt, and hold what it is likely to cost
+   with ``request_open`` (``admission`` says how the hold is sized).
 2. **Forward** through the engine client, with the Request's id as the engine's rid.
 3. **Settle**: served, ``request_settle`` writes both charges from the engine's answer, the
    token charge and the priority charge the engine computed in the round that admitted it

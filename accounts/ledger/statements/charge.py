@@ -102,7 +102,7 @@ budget AS (
     WHERE b.tenant_id = (SELECT tenant_id FROM live)
       AND (b.api_key_id IS NULL OR b.api_key_id = (SELECT api_key_id FROM live))
 ),
-inputs AS (  -- rules.settlement's operands (NULL: none)
+inputs AS MATERIALIZED (  -- rules.settlement's operands, once (NULL: none)
     SELECT %(tokens)s AS tokens, %(priority)s AS priority, live.priority_cap AS cap,
            COALESCE((SELECT remaining FROM hold), 0) AS hold, budget.room AS budget_room,
            (SELECT a.room FROM autobidder a) AS autobid_room

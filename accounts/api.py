@@ -32,7 +32,7 @@ from accounts.selectors import (
     top_requests_by_priority,
 )
 from accounts.services import api_key_create, api_key_revoke
-from accounts.text import json_problem
+from accounts.text import json_problem, whole_number
 
 MAX_USAGE_HOURS = 24 * 31
 
@@ -161,12 +161,10 @@ def budget(request: HttpRequest, tenant: Tenant) -> JsonResponse:
 def usage(request: HttpRequest, tenant: Tenant) -> JsonResponse:
     """Dashboard data: spend per hour, charges by market and the top priority charges over the
     last ``hours`` hours (default 24)."""
-    text = request.GET.get("hours", "24")
-    if not (text.isascii() and text.isdigit()):  # int() also reads "1_0" and other digits
-        return _error(400, "hours must be an integer")
-    hours = int(text)
-    if not 1 <= hours <= MAX_USAGE_HOURS:
-        return _error(400, f"hours must be between 1 and {MAX_USAGE_HOURS}")
+    try:
+        hours = whole_number(request.GET.get("hours", "24"), low=1, high=MAX_USAGE_HOURS)
+    except ValueError as exc:
+        return _error(400, f"hours {exc}")
     now = timezone.now()
     since = now - timedelta(hours=hours)
     return JsonResponse(

@@ -57,3 +57,18 @@ def json_problem(value: Any, *, path: str = "") -> tuple[str, str] | None:
                     children.append((v, f"{where}.{key}" if where else str(key)))
             stack.extend((v, w, depth + 1) for v, w in reversed(children))
     return None
+
+
+def whole_number(text: str, *, low: int, high: int) -> int:
+    """``text`` as a whole number in ``low..high``; ValueError saying what is wrong.
+
+    ASCII digits only: ``int()`` also reads ``"1_0"``, spaces and other scripts' digits. A number
+    of more digits than ``high`` has is out of range before it is converted (Python refuses to
+    convert more than 4,300 digits, a 500 if it were let through).
+    """
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError("must be an integer (ASCII digits)")
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(high)) or not low <= int(digits) <= high:
+        raise ValueError(f"must be in {low}..{high}")
+    return int(digits)

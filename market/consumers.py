@@ -95,6 +95,18 @@ class _GroupConsumer(AsyncJsonWebsocketConsumer):
             self._rechecks.cancel()
         await self._groups_left()
 
+    async def receive(self, text_data=None, bytes_data=None, **kwargs: Any) -> None:  # type: ignore[override]
+        """A frame from the browser: JSON text goes to ``receive_json``; anything else (not
+        JSON, binary) is dropped. A stray frame is no reason to close the live feed, nor to log
+        a traceback."""
+        if text_data is None:
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except (ValueError, RecursionError):
+            return
+        await self.receive_json(content, **kwargs)
+
     async def send(self, text_data=None, bytes_data=None, close=False) -> None:  # type: ignore[override]
         if self.revoked:
             return  # a message that was on its way when access ended
@@ -219,3 +231,11 @@ class TenantConsumer(_GroupConsumer):
     async def spend_tick(self, message: LayerMessage) -> None:
         payload: SpendTick = message["payload"]  # type: ignore[assignment]
         await self.send_json(payload)
+
+
+class UnknownPath(AsyncJsonWebsocketConsumer):
+    """Any other websocket path: refused (the handshake's answer is 403), not a 500 and a
+    traceback for each probe."""
+
+    async def connect(self) -> None:
+        await self.close(code=NOT_FOUND)

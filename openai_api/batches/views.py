@@ -20,6 +20,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from accounts.text import whole_number
 from openai_api.batches import selectors, tasks
 from openai_api.batches.input import BatchTooLarge, input_decoded, max_bytes
 from openai_api.batches.services import BatchNotFound, batch_cancel, batch_create
@@ -81,11 +82,12 @@ def _create(*, key: str | None, text: str, metadata: Any) -> dict[str, Any]:
 
 def _list(*, key: str | None, limit: str | None, after: str | None) -> dict[str, Any]:
     api_key = api_key_authenticated(key=key)
-    if limit is not None and not (limit.isascii() and limit.isdigit()):
-        raise MalformedRequest("limit must be an integer (ASCII digits)", param="limit")
-    count = int(limit) if limit is not None else DEFAULT_LIST_LIMIT
-    if not 1 <= count <= MAX_LIST_LIMIT:
-        raise MalformedRequest(f"limit must be in 1..{MAX_LIST_LIMIT}", param="limit")
+    try:
+        count = (
+            DEFAULT_LIST_LIMIT if limit is None else whole_number(limit, low=1, high=MAX_LIST_LIMIT)
+        )
+    except ValueError as exc:
+        raise MalformedRequest(f"limit {exc}", param="limit") from None
     batches = selectors.batches_for_tenant(tenant=api_key.tenant)
     if after:
         cursor = _batch(api_key.tenant, after, param="after")

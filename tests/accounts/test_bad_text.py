@@ -104,10 +104,16 @@ def test_the_key_page_shows_a_form_error_for_a_nul(admin_client):
     assert not ApiKey.objects.exists()
 
 
-@pytest.mark.parametrize("hours", ["١٢", "1_2", "１２", "%00", "12%00"])
+# 4,301 digits: past Python's integer-conversion limit (issue 30: a 500 as an HTML page).
+@pytest.mark.parametrize("hours", ["١٢", "1_2", "１２", "%00", "12%00", "9" * 4301])
 def test_usage_hours_are_ascii_digits_only(admin_client, hours):
     body = json_error(admin_client.get(f"/api/tenants/acme/usage/?hours={hours}"), 400)
     assert "hours" in body["error"]
+
+
+def test_usage_hours_may_be_zero_padded(admin_client):
+    usage = admin_client.get("/api/tenants/acme/usage/?hours=" + "0" * 4300 + "2").json()
+    assert len(usage["spend_per_hour"]) == 2
 
 
 def test_usage_amounts_are_fixed_point_even_when_zero(admin_client):

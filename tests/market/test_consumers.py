@@ -186,3 +186,30 @@ def _now():
     from django.utils import timezone
 
     return timezone.now()
+
+
+async def test_a_frame_that_is_not_json_is_dropped_and_the_feed_goes_on(client, world) -> None:
+    """Issue 30: one non-JSON text frame closed the sender's socket with a traceback."""
+    slug = world.market.slug
+    first = record(slug, 1, subtrees=[subtree("a")])
+    await sync_to_async(book.book_publish)(record=first, rows=book.book_rows(first), now=1.0)
+    communicator, connected = await as_persona(client, world, "operator", f"/ws/markets/{slug}/")
+    assert connected
+    assert (await communicator.receive_json_from(timeout=5))["kind"] == "book.snapshot"
+    await communicator.send_to(text_data="not json {")
+    await communicator.send_to(bytes_data=b"\x00\xff")
+    await communicator.send_to(text_data="[" * 100_000)  # deeper than the decoder goes
+    # Still open and answering: a resync is a fresh snapshot.
+    await communicator.send_json_to({"type": "book.resync"})
+    again = await communicator.receive_json_from(timeout=5)
+    assert again["kind"] == "book.snapshot" and again["version"] == 1
+    await communicator.disconnect()
+
+
+@pytest.mark.parametrize("path", ["/ws/nope/", "/ws/markets/", "/elsewhere", "/ws/markets/a/b/"])
+async def test_an_unknown_websocket_path_is_refused_not_a_500(client, world, path) -> None:
+    """Issue 30: a handshake to an unknown path raised "No route found" (an HTTP 500)."""
+    await sync_to_async(logged_in)(client, world, "operator")
+    communicator = WebsocketCommunicator(application, path, headers=session_cookie(client))
+    connected, code = await communicator.connect(timeout=5)
+    assert (connected, code) == (False, 4404)

@@ -57,7 +57,9 @@ class Values:
 
     def capped(self, asked: Any, limits: Sequence[tuple[Any, str]]) -> tuple[Any, str | None]:
         """``asked`` cut to the least of ``limits`` (None: no limit), and the name of the first
-        limit it was cut to (None: not cut)."""
+        limit it was cut to (None: not cut); nothing asked (None), nothing allowed."""
+        if asked is None:
+            return None, None
         amount = self.least(asked, *(limit for limit, _ in limits))
         if amount >= asked:
             return asked, None

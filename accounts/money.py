@@ -179,6 +179,16 @@ class PostedPrices(Protocol):
     price_output_per_mtok: Decimal
 
 
+def prices_of(market: PostedPrices) -> tuple[Decimal, Decimal, Decimal]:
+    """A market's posted prices (input, cached input, output, dollars per million tokens): what
+    a token charge was priced from, to compare with the market's prices when it is written."""
+    return (
+        market.price_input_per_mtok,
+        market.price_cached_input_per_mtok,
+        market.price_output_per_mtok,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Prices:
     """Posted prices read without the market's row (the PostgreSQL fast path's one query)."""

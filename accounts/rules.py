@@ -203,7 +203,7 @@ def settlement_allowed(
     taken, tokens_cut, paid, priority_cut = settlement(
         VALUES,
         tokens=tokens,
-        priority=tokens if priority is None else priority,  # any amount: dropped below
+        priority=priority,
         priority_cap=priority_cap,
         hold_remaining=hold_remaining,
         budget_room=budget_room,
@@ -211,7 +211,7 @@ def settlement_allowed(
     )
     return Settlement(
         tokens=Allowed(amount=taken, capped_by=tokens_cut),
-        priority=None if priority is None else Allowed(amount=paid, capped_by=priority_cut),
+        priority=None if paid is None else Allowed(amount=paid, capped_by=priority_cut),
     )
 
 

@@ -44,7 +44,7 @@ from accounts.rules import HOLD_HORIZON_FLOOR_S, HOLD_HORIZON_PRIOR_S, HOLD_MARG
 ENGINE_SETTINGS = ("max_running_requests=4", "step_fixed_s=0.03")  # the demo's engine
 SYSTEM_PREFIX = tuple(range(1000, 1300))  # 300 shared prompt tokens
 MAX_WAIT_S = 60.0
-REFUSED = ("insufficient_quota", "budget_exhausted")  # a budget's refusal (and its older code)
+REFUSED = "insufficient_quota"  # a budget's refusal
 
 
 @dataclass
@@ -142,7 +142,7 @@ async def run_rule(
             try:
                 await completion_create(params=params, key=key, trace=Trace("completions"))
             except GatewayError as exc:
-                return "refused" if exc.code in REFUSED else f"error {exc.status} {exc.code}"
+                return "refused" if exc.code == REFUSED else f"error {exc.status} {exc.code}"
             return "served"
 
         results = await asyncio.gather(

@@ -35,7 +35,7 @@ from accounts.models import (
     RequestStatus,
     Tenant,
 )
-from accounts.money import ZERO, PostedPrices
+from accounts.money import ZERO, PostedPrices, prices_of
 from accounts.rules import capped_detail, settlement_allowed
 from accounts.selectors.budgets import budget_usage_counted
 
@@ -138,7 +138,7 @@ class OrmLedger:
                 return Settled(Outcome.NOT_SERVED)
             if request.status == RequestStatus.SERVED:
                 return Settled(Outcome.DUPLICATE)
-            if _prices(request.market) != _prices(prices):
+            if prices_of(request.market) != prices_of(prices):
                 return Settled(Outcome.REPRICED)
             hold = (
                 Hold.objects.select_for_update()
@@ -245,14 +245,6 @@ class OrmLedger:
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
         request = Request.objects.select_related("market").filter(request_id=request_id).first()
         return None if request is None else request.market
-
-
-def _prices(market: PostedPrices) -> tuple[Decimal, Decimal, Decimal]:
-    return (
-        market.price_input_per_mtok,
-        market.price_cached_input_per_mtok,
-        market.price_output_per_mtok,
-    )
 
 
 def _same_owner(hold: Hold, *, tenant: Tenant, api_key: ApiKey | None) -> Hold:

@@ -21,7 +21,7 @@ from accounts.models import (
     RequestStatus,
     Tenant,
 )
-from accounts.money import PostedPrices, Prices
+from accounts.money import PostedPrices, Prices, prices_of
 from accounts.rules import BUDGET, VALUES, Allowed, capped_detail, fits
 from accounts.selectors.budgets import BudgetStatus, budget_status_of
 from accounts.windows import window_for
@@ -167,7 +167,7 @@ class PostgresLedger(OrmLedger):
             priority=None if priority is None else priority.amount,
             round_id="" if priority is None else priority.round_id,
             priority_detail=None if priority is None else priority.detail,
-            prices=_prices(prices),
+            prices=prices_of(prices),
             now=now,
         )
         if fast.status is None:
@@ -236,14 +236,6 @@ class PostgresLedger(OrmLedger):
             price_cached_input_per_mtok=prices[1],
             price_output_per_mtok=prices[2],
         )
-
-
-def _prices(market: PostedPrices) -> tuple[Decimal, Decimal, Decimal]:
-    return (
-        market.price_input_per_mtok,
-        market.price_cached_input_per_mtok,
-        market.price_output_per_mtok,
-    )
 
 
 def _entry_loaded(

@@ -135,7 +135,7 @@ def request_settle(
     usage = Usage(prompt_tokens, cached_tokens, completion_tokens, ttft_s, e2e_s)
     store = ledger_store()
     prices = market
-    for _ in range(2):
+    while True:  # until written at the prices it was priced from
         if prices is None:
             prices = store.posted_prices(request_id=request_id)
             if prices is None:

@@ -7,22 +7,31 @@ and back to 0.5 s once a child has stayed up ``stable_s`` seconds. Every exit an
 reported. The other children keep running meanwhile: while the engine is down the gateway
 answers 503 ``engine_unavailable``, and serves again once it is back.
 
+A child owns its whole tree: each starts in a process group of its own (``start_new_session``),
+and what it started itself (uvicorn's workers, a resource tracker) stays in that group. When a
+child exits, the processes left in its group are stopped (SIGTERM, SIGKILL after
+``leftover_grace_s``) before it is started again, so a web server whose main process was killed
+does not leave workers holding its port. (A process that leaves its group with ``setsid`` is out
+of reach; none of the market's children does.)
+
 :meth:`Supervisor.stop_all` stops the children on purpose (SIGTERM to each child's process
 group, SIGKILL after a grace period); nothing is restarted after it.
 
-The clock, the sleep and the way a child is started are injected, so the policy is tested
-without processes or real time (``tests/scheduler_bridge/test_supervisor.py``).
+The clock, the sleep, the way a child is started and the way its group is signalled are
+injected, so the policy is tested without processes or real time
+(``tests/config/test_supervisor.py``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import psutil
 
 
 class Process(Protocol):
@@ -67,6 +76,35 @@ Launch = Callable[[ChildSpec], Process]
 Report = Callable[[str], None]
 
 
+class Groups(Protocol):
+    """The process groups of the children (a child's group id is its pid)."""
+
+    def signal(self, group: int, sig: int) -> None:
+        """Send ``sig`` to every process of ``group`` (none left: nothing happens)."""
+
+    def alive(self, group: int) -> bool:
+        """Whether a process of ``group`` still runs (zombies do not count)."""
+
+
+class OsGroups:
+    """The operating system's process groups."""
+
+    def signal(self, group: int, sig: int) -> None:
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            pass  # already gone
+
+    def alive(self, group: int) -> bool:
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) == group and proc.status() != psutil.STATUS_ZOMBIE:
+                    return True
+            except (ProcessLookupError, psutil.Error):
+                continue  # it ended meanwhile
+        return False
+
+
 @dataclass
 class _Child:
     spec: ChildSpec
@@ -75,6 +113,8 @@ class _Child:
     failures: int = 0  # exits in a row after short runs
     restart_at: float | None = None  # when an exited child is to be started again
     starts: int = 0
+    leftover: int | None = None  # the group of an exited child, while processes remain in it
+    kill_at: float = 0.0  # when what is left in ``leftover`` gets SIGKILL
 
 
 def exit_described(returncode: int) -> str:
@@ -100,8 +140,12 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         poll_s: float = 0.2,
+        groups: Groups | None = None,
+        leftover_grace_s: float = 5.0,
     ) -> None:
         self.launch = launch
+        self.groups = groups or OsGroups()
+        self.leftover_grace_s = leftover_grace_s
         self.policy = policy or RestartPolicy()
         self.report = report
         self.clock = clock
@@ -133,14 +177,19 @@ class Supervisor:
         return self._children[name].proc
 
     def check(self) -> None:
-        """One round: note the children that exited, start those whose delay is over."""
+        """One round: note the children that exited (and stop what they left in their group),
+        start those whose delay is over and whose group is empty."""
         if self._stopping:
             return
         now = self.clock()
         for name, child in self._children.items():
             if child.proc is not None and (code := child.proc.poll()) is not None:
+                child.leftover, child.kill_at = child.proc.pid, now + self.leftover_grace_s
                 self._exited(child, f"exited ({exit_described(code)})", now)
-            if child.restart_at is not None and now >= child.restart_at:
+                self.groups.signal(child.leftover, signal.SIGTERM)
+            if child.leftover is not None:
+                self._leftover_stop(child, now)
+            if child.leftover is None and child.restart_at is not None and now >= child.restart_at:
                 try:
                     self.start(name)
                 except Exception as exc:  # noqa: BLE001 (an OSError, or its argv could not be built)
@@ -157,6 +206,20 @@ class Supervisor:
             f" (see its log)"
         )
 
+    def _leftover_stop(self, child: _Child, now: float) -> None:
+        """Forget the exited child's group once it is empty; SIGKILL what is still there after
+        the grace period."""
+        assert child.leftover is not None
+        if not self.groups.alive(child.leftover):
+            child.leftover = None
+        elif now >= child.kill_at:
+            self.report(
+                f"{child.spec.name}: processes it left were still running after"
+                f" {self.leftover_grace_s:g} s; killed them (SIGKILL)"
+            )
+            self.groups.signal(child.leftover, signal.SIGKILL)
+            child.kill_at = float("inf")  # killed once; their end is awaited as any other
+
     def run(self, *, until: Callable[[], bool] = lambda: False) -> None:
         """Check the children every ``poll_s`` seconds until ``until()`` (or an exception,
         such as the KeyboardInterrupt of Ctrl-C)."""
@@ -165,28 +228,30 @@ class Supervisor:
             self.sleep(self.poll_s)
 
     def stop_all(self, *, grace_s: float = 10.0) -> None:
-        """Stop every child: SIGTERM to its process group, SIGKILL to those still there after
-        ``grace_s`` seconds. Nothing is restarted afterwards."""
+        """Stop every child and what it started: SIGTERM to each child's process group (its
+        own process may have exited already, leaving others there), SIGKILL to the groups still
+        running after ``grace_s`` seconds. Nothing is restarted afterwards."""
         self._stopping = True
-        procs = [c.proc for c in self._children.values() if c.proc is not None]
+        groups = set()
         for child in self._children.values():
             child.restart_at = None
-        for proc in procs:
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-
-
-def _signal_group(proc: Process, sig: int) -> None:
-    """Signal the child's process group (children start in sessions of their own, so that
-    what they start themselves stops with them)."""
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass  # already gone
+            if child.proc is not None:
+                groups.add(child.proc.pid)
+            if child.leftover is not None:
+                groups.add(child.leftover)
+        for group in groups:
+            self.groups.signal(group, signal.SIGTERM)
+        deadline = self.clock() + grace_s
+        while True:
+            for child in self._children.values():
+                if child.proc is not None:
+                    child.proc.poll()  # reaps it, so that it no longer counts in its group
+            groups = {g for g in groups if self.groups.alive(g)}
+            if not groups or self.clock() >= deadline:
+                break
+            self.sleep(0.05)
+        for group in groups:
+            self.groups.signal(group, signal.SIGKILL)
+        for child in self._children.values():
+            if child.proc is not None:
+                child.proc.wait()

@@ -20,14 +20,23 @@ import pytest
 
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
+from scheduler_bridge.contract.wire import ADMIN_TOKEN_ENV
 from tests import ci_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVICE_VARIABLES = ("DATABASE_URL", "REDIS_URL")
+# An engine's control is closed without an admin token. The tests' market holds this one, as a
+# deployment holds its own: the market's pushes send it (settings and subprocesses alike), and
+# the simulated engines the tests start for a market ask for it (``start_sim``).
+ENGINE_ADMIN_TOKEN = "tests-engine-admin-token"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
     ci_policy.register(config)
+    os.environ[ADMIN_TOKEN_ENV] = ENGINE_ADMIN_TOKEN
+    settings.ENGINE_ADMIN_TOKEN = ENGINE_ADMIN_TOKEN
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -170,12 +179,14 @@ StartSim = Callable[..., ServerThread]
 @pytest.fixture
 def start_sim() -> Iterator[StartSim]:
     """Start a simulated engine in a background thread with the given ServerOptions fields
-    (port 0: a free port; speed SPEED unless given); stopped after the test."""
+    (port 0: a free port; speed SPEED and the tests' admin token unless given); stopped after
+    the test."""
     started: list[ServerThread] = []
 
     def start(**fields) -> ServerThread:
         fields.setdefault("port", 0)
         fields.setdefault("speed", SPEED)
+        fields.setdefault("admin_token", ENGINE_ADMIN_TOKEN)
         fields["settings"] = tuple(fields.get("settings", ()))
         sim = ServerThread(ServerOptions.of(**fields)).start()
         started.append(sim)

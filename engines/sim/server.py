@@ -7,11 +7,11 @@
 
 Endpoints: ``POST /generate`` (protocol.py), ``GET /health``, ``GET /health_generate``,
 ``GET /get_model_info``, ``GET /get_server_info``, ``GET /metrics`` (metrics.py) and
-``POST /admin/market`` (``{"policy": ..., "reserve": ...}``, from the next round; when an admin
-token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the market's
-push sends, send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round records
-go to an in-process callback list, a JSONL file and/or a Redis stream (the contract's sinks,
-``scheduler_bridge.contract.sinks``).
+``POST /admin/market`` (``{"policy": ..., "reserve": ...}``, from the next round; closed unless
+an admin token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the
+market's push sends; send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round
+records go to an in-process callback list, a JSONL file and/or a Redis stream (the contract's
+sinks, ``scheduler_bridge.contract.sinks``).
 """
 
 from __future__ import annotations
@@ -354,14 +354,22 @@ class SimServer:
     # --- control ------------------------------------------------------------------------------
 
     async def admin_market(self, request: web.Request) -> web.Response:
-        """Set the policy and/or the reserve ($/s); they apply from the next round."""
+        """Set the policy and/or the reserve ($/s); they apply from the next round.
+
+        Closed (403) unless the engine has an admin token, and the token is required (401):
+        whoever reaches an engine must not set its prices. An engine that follows the market's
+        control store keeps the store's values: a change made here lasts until the next poll.
+        """
         token = self.options.admin_token
-        if token:
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                return json_error(
-                    401, "a valid admin token is required (Authorization: Bearer ...)"
-                )
+        if not token:
+            return json_error(
+                403,
+                f"the market's control is closed on this engine: start it with --admin-token"
+                f" or {ADMIN_TOKEN_ENV} to open it",
+            )
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return json_error(401, "a valid admin token is required (Authorization: Bearer ...)")
         try:
             policy, reserve = control_read(
                 loads_json(await request.read()),
@@ -372,6 +380,8 @@ class SimServer:
             raise BadRequest(str(exc), exc.param) from None
         self.engine.set_policy(policy)
         self.engine.set_reserve(reserve)
+        if self.control is not None:
+            self.control.overridden()  # the store's values come back at the next poll
         log.info("market %s: policy %s, reserve %g $/s", self.options.market, policy, reserve)
         return json_response({"policy": policy, "reserve": reserve})
 

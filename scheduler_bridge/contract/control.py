@@ -11,7 +11,8 @@ console sees the change take effect.
 
 The SGLang plugin follows the store, since SGLang has no route for the market's control
 (``wire.CONTROL_PATH`` answers 404 there); the simulated engine follows it too when started with
-``--follow-control``, and keeps its HTTP control path for a direct push.
+``--follow-control``, and keeps its HTTP control path for a direct push; a value pushed there
+that differs from the store's lasts until the next poll, which puts the store's back.
 
 A state the engine cannot use (bad JSON, an unknown policy, a negative reserve) is refused whole
 and counted; the values in effect stay.
@@ -208,6 +209,12 @@ class ControlFollower:
                 return
             self._seen = self._pending = state
             self.changes += 1
+
+    def overridden(self) -> None:
+        """The engine's values were set other than from the store (its HTTP control path): the
+        next poll gives the store's state again, so the store's values come back."""
+        with self._lock:
+            self._seen = None
 
     def take(self) -> ControlState | None:
         """The newest state not yet taken, or None; each state is given once."""

@@ -19,12 +19,16 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
+import redis
 
+from scheduler_bridge.contract.wire import ADMIN_TOKEN_ENV
 from tests.conftest import REPO_ROOT, dead_port
 
 MANAGE = [sys.executable, str(REPO_ROOT / "manage.py")]
@@ -53,8 +57,34 @@ def _listening(port: int) -> bool:
 
 
 def _embedded_env(db: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    return {**env, "DATABASE_URL": f"sqlite:///{db}", **extra}  # the embedded defaults
+    """The embedded defaults (no Redis) and no engine admin token: ``live_market`` makes its
+    own, as ``make run`` on a fresh machine does."""
+    unset = ("DATABASE_URL", "REDIS_URL", ADMIN_TOKEN_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    return {**env, "DATABASE_URL": f"sqlite:///{db}", **extra}
+
+
+def _redis_of_its_own() -> str:
+    """A Redis database for a live market with Redis: the tests' server, database 14, emptied
+    (its Celery worker must not take other tests' tasks, nor they its)."""
+    from django.conf import settings
+
+    url = urllib.parse.urlsplit(settings.REDIS_URL)
+    own = urllib.parse.urlunsplit(url._replace(path="/14"))
+    redis.Redis.from_url(own).flushdb()
+    return own
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +308,77 @@ def test_embedded_sqlite_answers_concurrent_requests_while_settling_without_5xx(
     logs = (market.var / "logs" / "web.log").read_text()
     assert "database is locked" not in logs
     assert "unexpected error" not in logs
+
+
+@pytest.mark.redis
+def test_a_killed_web_server_leaves_no_workers_behind(tmp_path, seeded):
+    """uvicorn's main process SIGKILLed (with Redis: two workers): its workers, orphaned, held
+    the port, so the restarted server exited 3 ("address already in use") for ever. The
+    supervisor stops what the server left before starting it again, and on stopping."""
+    db, key = seeded
+    market = LiveMarket(
+        tmp_path, db, "--no-agents", "--replicas", "1", "--restart-delay", "0.5",
+        REDIS_URL=_redis_of_its_own(),
+    )  # fmt: skip
+    try:
+        market.up()
+        assert "PostgreSQL/Redis + Celery worker" in market.output
+        web = market.pid_of("web")
+        left = [p.pid for p in psutil.Process(web).children(recursive=True)]
+        assert len(left) >= 2, "uvicorn runs two workers"
+        seen = len(market.lines)
+        os.kill(web, signal.SIGKILL)
+        market.wait_line(r"web: exited \(signal 9 \(SIGKILL\)\)", after=seen)
+        again = market.pid_of("web", after=seen)
+        assert again != web
+        assert not [pid for pid in left if _running(pid)], "the old workers outlived their server"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if json.loads(_get(f"{market.base}/healthz"))["status"] == "ok":
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, market.output
+            time.sleep(0.2)
+        assert _chat(market.base, key, 0, bid=0.01)[0] == 200
+        # The restarted server is the one serving, and it stays up.
+        time.sleep(3)
+        assert _running(again) and "web: exited" not in "\n".join(market.lines[seen:]).replace(
+            "web: exited (signal 9 (SIGKILL))", ""
+        ), market.output
+        children = [p.pid for p in psutil.Process(again).children(recursive=True)]
+    finally:
+        market.stop()
+    assert not [pid for pid in children if _running(pid)], "workers left after the stop"
+
+
+def test_the_engines_control_is_closed_to_whoever_lacks_the_runs_token(tmp_path, seeded):
+    """With no ENGINE_ADMIN_TOKEN set, ``live_market`` makes one for its run: the engine asks
+    for it, the web server (which pushes the console's changes) holds it, and a POST to the
+    engine's control path without it changes nothing."""
+    db, key = seeded
+    market = LiveMarket(tmp_path, db, "--no-agents", "--replicas", "1")
+    try:
+        market.up()
+        engine, web = market.pid_of("engine"), market.pid_of("web")
+        token = _environ(engine).get(ADMIN_TOKEN_ENV, "")
+        assert len(token) >= 32 and _environ(web).get(ADMIN_TOKEN_ENV) == token
+        control = f"http://127.0.0.1:{market.engine}/admin/market"
+        info = json.loads(_get(f"http://127.0.0.1:{market.engine}/get_model_info"))
+        before = (info["policy"], info["reserve"])
+        for auth in ({}, {"Authorization": "Bearer guess"}):
+            request = urllib.request.Request(
+                control,
+                data=json.dumps({"policy": "fcfs", "reserve": 1e6}).encode(),
+                headers={"Content-Type": "application/json", **auth},
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=5)
+            assert refused.value.code == 401
+        info = json.loads(_get(f"http://127.0.0.1:{market.engine}/get_model_info"))
+        assert (info["policy"], info["reserve"]) == before != ("fcfs", 1e6)
+        status, body = _chat(market.base, key, 0, bid=0.01)
+        assert status == 200 and float(body["auction"]["reserve"]) == before[1]
+    finally:
+        market.stop()

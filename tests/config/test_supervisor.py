@@ -1,14 +1,19 @@
-"""The live market's supervisor: restart with backoff, reset after a healthy run, clean stop.
+"""The live market's supervisor: restart with backoff, reset after a healthy run, what an exited
+child left in its group stopped before it starts again, clean stop.
 
-No processes and no real time: the clock, the sleep and the way a child is started are fakes.
+Most tests use no processes and no real time: the clock, the sleep, the way a child is started
+and its process groups are fakes. The last ones run real processes.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from config.supervisor import (
@@ -34,6 +39,24 @@ class FakeProcess:
         return self.returncode
 
 
+class FakeGroups:
+    """Process groups: how many processes each still has beside its leader, and the signals
+    sent. SIGKILL empties a group; SIGTERM does when ``stubborn`` does not name it."""
+
+    def __init__(self) -> None:
+        self.left: dict[int, int] = {}
+        self.stubborn: set[int] = set()
+        self.sent: list[tuple[int, int]] = []
+
+    def signal(self, group: int, sig: int) -> None:
+        self.sent.append((group, sig))
+        if sig == signal.SIGKILL or group not in self.stubborn:
+            self.left.pop(group, None)
+
+    def alive(self, group: int) -> bool:
+        return self.left.get(group, 0) > 0
+
+
 class World:
     """A fake clock, its sleep, and a launcher that records what it started and when."""
 
@@ -43,6 +66,7 @@ class World:
         self.reports: list[str] = []
         self.procs: dict[str, FakeProcess] = {}
         self.refuse: set[str] = set()
+        self.groups = FakeGroups()
 
     def clock(self) -> float:
         return self.now
@@ -66,6 +90,8 @@ class World:
             clock=self.clock,
             sleep=self.sleep,
             poll_s=0.1,
+            groups=self.groups,
+            leftover_grace_s=5.0,
         )
 
     def starts_of(self, name: str) -> list[float]:
@@ -159,6 +185,103 @@ def test_argv_is_built_at_each_start() -> None:
         ["sim", "--reserve", "0.001"],
         ["sim", "--reserve", "0.25"],
     ]
+
+
+def test_what_an_exited_child_left_is_stopped_before_it_starts_again() -> None:
+    """uvicorn's main process killed leaves its workers in its group, holding the port: they
+    get SIGTERM at once, and the child starts again only when its group is empty."""
+    world = World()
+    supervisor = world.supervisor(RestartPolicy(initial_s=0.5))
+    supervisor.add(ChildSpec("web", ["uvicorn"]))
+    web = supervisor.start("web").pid
+    world.groups.left[web] = 3  # two workers and a resource tracker
+    world.groups.stubborn.add(web)  # they outlive a SIGTERM for a while
+    world.crash("web")
+    world.run_for(supervisor, 2.0)
+    assert world.groups.sent == [(web, signal.SIGTERM)]
+    assert world.starts_of("web") == [1000.0], "started again beside its old workers"
+    world.groups.left.pop(web)  # they ended
+    world.run_for(supervisor, 0.2)
+    assert len(world.starts_of("web")) == 2
+
+
+def test_what_outlives_the_grace_period_is_killed_then_the_child_starts_again() -> None:
+    world = World()
+    supervisor = world.supervisor(RestartPolicy(initial_s=0.5))
+    supervisor.add(ChildSpec("web", ["uvicorn"]))
+    web = supervisor.start("web").pid
+    world.groups.left[web] = 2
+    world.groups.stubborn.add(web)
+    world.crash("web")
+    crashed = world.now
+    world.run_for(supervisor, 6.0)
+    assert world.groups.sent == [(web, signal.SIGTERM), (web, signal.SIGKILL)]
+    restarted = world.starts_of("web")[1]
+    assert 5.0 <= restarted - crashed <= 5.0 + 0.1 + 1e-6  # the grace period, not the 0.5 s delay
+    assert any("still running after 5 s; killed them (SIGKILL)" in r for r in world.reports)
+
+
+def test_stop_all_signals_the_groups_of_children_that_exited_too() -> None:
+    world = World()
+    supervisor = world.supervisor()
+    supervisor.add(ChildSpec("web", ["uvicorn"]))
+    supervisor.add(ChildSpec("engine", ["sim"]))
+    web, engine = supervisor.start("web").pid, supervisor.start("engine").pid
+    world.groups.left[web] = 2
+    world.groups.stubborn.add(web)
+    world.crash("web")
+    world.crash("engine", code=0)
+    world.groups.left[engine] = 1
+    supervisor.stop_all(grace_s=1.0)
+    assert (engine, signal.SIGTERM) in world.groups.sent
+    assert world.groups.sent.count((web, signal.SIGTERM)) == 1
+    assert world.groups.sent[-1] == (web, signal.SIGKILL)
+    assert not world.groups.alive(web) and not world.groups.alive(engine)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_real_child_killed_leaves_nothing_behind() -> None:
+    """A real child that started a process of its own (as uvicorn starts its workers) is
+    SIGKILLed: its own child, orphaned, is stopped before the child starts again."""
+    spawner = [
+        sys.executable, "-c",
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n",
+    ]  # fmt: skip
+    reports: list[str] = []
+    supervisor = Supervisor(
+        launch=lambda spec: subprocess.Popen(
+            spec.command(), start_new_session=True, stdout=subprocess.PIPE, text=True
+        ),
+        report=reports.append,
+        policy=RestartPolicy(initial_s=0.2),
+        leftover_grace_s=5.0,
+    )
+    supervisor.add(ChildSpec("web", spawner))
+    first = supervisor.start("web")
+    assert first.stdout is not None
+    orphan = int(first.stdout.readline())
+    assert _running(orphan)
+    os.kill(first.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while supervisor.process("web") in (first, None):
+        assert time.monotonic() < deadline, reports
+        supervisor.check()
+        time.sleep(0.05)
+    assert not _running(orphan), "the killed child's own child outlived it"
+    second = supervisor.process("web")
+    assert second is not None and second.stdout is not None
+    orphan2 = int(second.stdout.readline())
+    supervisor.stop_all(grace_s=10.0)
+    assert second.poll() == -signal.SIGTERM and not _running(orphan2)
 
 
 def test_stop_all_stops_real_children_and_restarts_nothing() -> None:

@@ -19,7 +19,7 @@ from market.models import Market
 from market.services import market_policy_set, market_reserve_set
 from market.tasks import engine_config_push as push_task
 from tests.accounts.factories import market_create
-from tests.conftest import dead_port
+from tests.conftest import ENGINE_ADMIN_TOKEN, dead_port
 from tests.scheduler_bridge.workers import celery_worker, wait_until
 
 SPEED = 50.0
@@ -27,7 +27,9 @@ SPEED = 50.0
 
 @pytest.fixture
 def sim() -> Iterator[ServerThread]:
-    with ServerThread(ServerOptions.of(port=0, speed=SPEED, market="test-llm")) as server:
+    with ServerThread(
+        ServerOptions.of(port=0, speed=SPEED, admin_token=ENGINE_ADMIN_TOKEN, market="test-llm")
+    ) as server:
         yield server
 
 
@@ -169,7 +171,9 @@ def test_a_worker_retries_until_the_engine_comes_up(tmp_path: Path) -> None:
         result = push_task.apply_async(kwargs={"market_id": market.pk}, queue=worker.queue)
         # Tries at 0 s and 1 s fail (connection refused); the next one comes 2 s later.
         wait_until(lambda: worker.log.read_text().count("retrying in") >= 2, what="two retries")
-        with ServerThread(ServerOptions.of(port=port, speed=SPEED)) as sim:
+        with ServerThread(
+            ServerOptions.of(port=port, speed=SPEED, admin_token=ENGINE_ADMIN_TOKEN)
+        ) as sim:
             assert result.get(timeout=60) == "pushed"
             assert engine_state(sim) == ("fcfs", 0.125)
     assert "retrying in 1 s" in worker.log.read_text()

@@ -16,7 +16,7 @@ from market.models import Market, Replica
 from market.services import market_reserve_set, replica_set
 from market.tasks import engine_config_push as push_task
 from tests.accounts.factories import market_create
-from tests.conftest import dead_port
+from tests.conftest import ENGINE_ADMIN_TOKEN, dead_port
 from tests.market.test_engine_control import SPEED, engine_state, engine_url_set
 from tests.scheduler_bridge.workers import celery_worker, wait_until
 
@@ -24,8 +24,12 @@ from tests.scheduler_bridge.workers import celery_worker, wait_until
 @pytest.fixture
 def two_sims() -> Iterator[tuple[ServerThread, ServerThread]]:
     with (
-        ServerThread(ServerOptions.of(port=0, speed=SPEED, engine_id="rep-a")) as a,
-        ServerThread(ServerOptions.of(port=0, speed=SPEED, engine_id="rep-b")) as b,
+        ServerThread(
+            ServerOptions.of(port=0, speed=SPEED, admin_token=ENGINE_ADMIN_TOKEN, engine_id="rep-a")
+        ) as a,
+        ServerThread(
+            ServerOptions.of(port=0, speed=SPEED, admin_token=ENGINE_ADMIN_TOKEN, engine_id="rep-b")
+        ) as b,
     ):
         yield a, b
 
@@ -92,7 +96,9 @@ def test_one_replica_away_is_named_and_the_others_are_pushed(two_sims) -> None:
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_retries_the_replica_that_is_away_and_only_it(tmp_path: Path) -> None:
-    with ServerThread(ServerOptions.of(port=0, speed=SPEED, engine_id="rep-a")) as a:
+    with ServerThread(
+        ServerOptions.of(port=0, speed=SPEED, admin_token=ENGINE_ADMIN_TOKEN, engine_id="rep-a")
+    ) as a:
         market = market_create()
         Market.objects.filter(pk=market.pk).update(reserve=Decimal("0.125"), policy="fcfs")
         port = dead_port()
@@ -104,7 +110,11 @@ def test_a_worker_retries_the_replica_that_is_away_and_only_it(tmp_path: Path) -
             # Move a away from the market's values: a retry that pushed a again would undo it.
             a.call(lambda: a.server.engine.set_reserve(0.75))
             wait_until(lambda: worker.log.read_text().count("retrying in") >= 2, what="retries")
-            with ServerThread(ServerOptions.of(port=port, speed=SPEED, engine_id="rep-b")) as b:
+            with ServerThread(
+                ServerOptions.of(
+                    port=port, speed=SPEED, admin_token=ENGINE_ADMIN_TOKEN, engine_id="rep-b"
+                )
+            ) as b:
                 assert result.get(timeout=60) == "pushed"
                 assert engine_state(b) == ("fcfs", 0.125)
             assert engine_state(a) == ("fcfs", 0.75)  # pushed once, not again

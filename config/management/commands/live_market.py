@@ -22,13 +22,16 @@ Starts, as child processes, and stops them all on Ctrl-C:
 Once all are up, a child that exits (the engine crashed, say) is started again with backoff
 (``config.supervisor``), and the others keep serving meanwhile: the gateway
 answers 503 ``engine_unavailable`` until the engine is back. A restarted engine gets the
-market's policy and reserve as they are then. Logs go to ``var/logs/``; the command prints the
+market's policy and reserve as they are then. The engines' control path is closed to anyone
+without the engine admin token (``ENGINE_ADMIN_TOKEN``; when it is not set, this command makes
+one for its run). Logs go to ``var/logs/``; the command prints the
 URLs, the demo logins, and every exit and start of a child.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -51,6 +54,7 @@ from config.supervisor import ChildSpec, Process, RestartPolicy, Supervisor
 from engines.router import RouterOptions, router_argv, router_env, router_wait
 from market.models import Market, Replica
 from market.services import market_demo_seed, replica_set
+from scheduler_bridge.contract.wire import ADMIN_TOKEN_ENV
 
 ROOT = Path(settings.BASE_DIR)
 AGENT_KEY_NAME = "live-market agents"
@@ -119,6 +123,7 @@ class Command(BaseCommand):
         if opts["web_server"] not in MULTI_WORKER_SERVERS:
             opts["web_workers"] = 1
         self._metrics_dir = var / "prometheus"
+        self._engine_admin_token()
         engine_url = f"http://127.0.0.1:{opts['engine_port']}"
         engines = self._engines(opts, var)
         market = self._market(engine_url, engines)
@@ -198,6 +203,16 @@ class Command(BaseCommand):
             supervisor.stop_all()
 
     # --- setup --------------------------------------------------------------------------------
+
+    def _engine_admin_token(self) -> None:
+        """The engines' control is closed without an admin token: without one configured, this
+        run makes one of its own, which its children (the engines, the web server, the worker)
+        inherit and the market's pushes send."""
+        if settings.ENGINE_ADMIN_TOKEN:
+            return
+        token = secrets.token_urlsafe(32)
+        settings.ENGINE_ADMIN_TOKEN = token
+        os.environ[ADMIN_TOKEN_ENV] = token
 
     def _engines(self, opts: dict[str, Any], var: Path) -> dict[str, dict[str, Any]]:
         """The engines to start, by child name: port, URL, engine id, round-record file. One

@@ -16,7 +16,7 @@ from engines.router import Router, RouterOptions, router_ready
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from scheduler_bridge.client import EngineClient, EngineError, generate_body
-from tests.conftest import dead_port
+from tests.conftest import ENGINE_ADMIN_TOKEN, dead_port
 
 PROMPT_WORDS = 40
 
@@ -25,7 +25,13 @@ class Replica:
     """A simulated engine in a thread, and the round records it emitted."""
 
     def __init__(self, engine_id: str, *, port: int = 0, settings: tuple[str, ...] = ()) -> None:
-        options = ServerOptions.of(port=port, speed=1.0, engine_id=engine_id, settings=settings)
+        options = ServerOptions.of(
+            port=port,
+            speed=1.0,
+            engine_id=engine_id,
+            settings=settings,
+            admin_token=ENGINE_ADMIN_TOKEN,
+        )
         self.thread = ServerThread(options)
         self.engine_id = engine_id
         self.records: list[dict] = []

@@ -20,7 +20,9 @@ MAX_NEW = "sampling_params.max_new_tokens"
 @pytest.fixture(scope="module")
 def small_server() -> Iterator[ServerThread]:
     """A server whose KV cache holds 3,000 tokens, so no accepted request runs for long."""
-    options = ServerOptions.of(port=0, speed=1000.0, settings=("kv_capacity_tokens=3000",))
+    options = ServerOptions.of(
+        port=0, speed=1000.0, settings=("kv_capacity_tokens=3000",), admin_token="s3cret"
+    )
     with ServerThread(options) as sim:
         yield sim
 
@@ -201,7 +203,9 @@ def test_fuzzed_generate_bodies_never_get_a_5xx(small_server, client, payload) -
 )
 def test_fuzzed_admin_bodies_never_get_a_5xx(small_server, client, payload) -> None:
     raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    r = client.post(f"{small_server.url}/admin/market", content=raw)
+    r = client.post(
+        f"{small_server.url}/admin/market", content=raw, headers={"Authorization": "Bearer s3cret"}
+    )
     assert r.status_code in (200, 400), r.text
     if r.status_code == 400:
         assert r.json()["error"]["message"]

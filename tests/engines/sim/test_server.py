@@ -12,8 +12,10 @@ import httpx
 import pytest
 
 from engines.sim.config import EngineConfig
+from scheduler_bridge.contract.control import FileControlStore, now_state
 from scheduler_bridge.contract.records import round_record_checked
 from scheduler_bridge.contract.tokenizer import encode
+from tests.conftest import ENGINE_ADMIN_TOKEN
 from tests.engines.sim.conftest import metric_values
 
 
@@ -273,6 +275,44 @@ def test_admin_market_changes_policy_and_reserve_from_the_next_round(start_serve
     record = next(r for r in records if r["admitted"][0]["request_id"] == "after")
     assert (record["policy"], record["reserve"]) == ("fcfs", 0.25)
     assert record["admitted"][0]["effective_bid"] == 0  # under the reserve
+
+
+def test_admin_market_is_closed_without_an_admin_token(start_server) -> None:
+    """Whoever reaches an engine must not set the market's prices: without a token configured
+    the control path refuses everyone, whatever they send."""
+    sim = start_server(admin_token=None, reserve=0.001)
+    url = f"{sim.url}/admin/market"
+    for headers in ({}, {"Authorization": "Basic e30="}, {"Authorization": "Bearer anything"}):
+        refused = httpx.post(url, json={"policy": "fcfs", "reserve": 1e6}, headers=headers)
+        assert refused.status_code == 403, refused.text
+        assert "--admin-token or ENGINE_ADMIN_TOKEN" in refused.json()["error"]["message"]
+    info = httpx.get(f"{sim.url}/get_model_info").json()
+    assert (info["policy"], info["reserve"]) == ("dfs-auction-density", 0.001)
+
+
+def test_a_local_override_is_undone_at_the_next_control_poll(start_server, tmp_path) -> None:
+    """An engine that follows the market's control store runs the store's values: a push to its
+    own control path that differs lasts until the follower's next poll (0.5 s)."""
+    store = FileControlStore(tmp_path / "control.json")
+    store.write(now_state("dfs-auction-density", 0.001))
+    sim = start_server(follow_control=True, control_file=str(store.path))
+    records: list[dict] = []
+    sim.call(lambda: sim.server.callbacks.callbacks.append(records.append))
+    auth = {"Authorization": f"Bearer {ENGINE_ADMIN_TOKEN}"}
+    pushed = httpx.post(
+        f"{sim.url}/admin/market", json={"policy": "fcfs", "reserve": 1e6}, headers=auth
+    )
+    assert pushed.status_code == 200
+    info = httpx.get(f"{sim.url}/get_model_info").json()
+    assert (info["policy"], info["reserve"]) == ("fcfs", 1e6)
+    deadline = time.monotonic() + 10
+    while (info["policy"], info["reserve"]) != ("dfs-auction-density", 0.001):
+        assert time.monotonic() < deadline, f"the override stayed: {info}"
+        generate(sim.url, text="tick", sampling_params={"max_new_tokens": 1})
+        info = httpx.get(f"{sim.url}/get_model_info").json()
+    generate(sim.url, text="after", rid="after", sampling_params={"max_new_tokens": 1})
+    record = next(r for r in records if r["admitted"][0]["request_id"] == "after")
+    assert (record["policy"], record["reserve"]) == ("dfs-auction-density", 0.001)
 
 
 def test_disconnect_while_waiting_cancels_the_request(start_server) -> None:

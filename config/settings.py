@@ -87,10 +87,6 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 ROUNDS_STREAM = env.env_text(os.environ, "ROUNDS_STREAM") or DEFAULT_STREAM
 # Seconds between two pacing steps of each autobidder (accounts.services.autobidder).
 AUTOBID_INTERVAL_S = env.env_seconds(os.environ, "AUTOBID_INTERVAL_S", default=10.0)
-# The sweep of what a lost step left open (accounts.services.settlement.holds_sweep), seconds: a
-# served request's hold still open this long after it finished (its round record was lost) is
-# released; a request still queued this long after it was opened (its gateway is gone) fails.
-STALE_REQUEST_S = env.env_seconds(os.environ, "STALE_REQUEST_S", default=3600.0)
 # Sent as `Authorization: Bearer ...` to engines' /admin/market (market.engine_control).
 ENGINE_ADMIN_TOKEN = env.env_text(os.environ, "ENGINE_ADMIN_TOKEN")
 # The market's control store (scheduler_bridge.contract.control), which engines without an HTTP
@@ -103,6 +99,22 @@ MARKET_CONTROL_DIR = env.env_text(os.environ, "MARKET_CONTROL_DIR")
 ENGINE_CONNECT_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_CONNECT_TIMEOUT_S", default=3.0)
 ENGINE_READ_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_READ_TIMEOUT_S", default=30.0)
 ENGINE_ANSWER_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_ANSWER_TIMEOUT_S", default=600.0)
+# How long a request's hold may stay open, seconds: a request still queued this long after it
+# was opened fails, uncharged, its hold released (accounts.services.settlement.holds_sweep). A
+# gateway releases its holds itself when a client leaves or it is stopped; only a gateway that
+# was killed leaves them, reserving part of its tenants' budgets until then. It must exceed
+# ENGINE_ANSWER_TIMEOUT_S, the longest the gateway waits for an answer to begin, or a request
+# still served would be failed and go uncharged: twice that by default (20 minutes).
+STALE_REQUEST_S = env.env_seconds(
+    os.environ, "STALE_REQUEST_S", default=2 * ENGINE_ANSWER_TIMEOUT_S
+)
+if STALE_REQUEST_S <= ENGINE_ANSWER_TIMEOUT_S:
+    raise env.EnvironmentVariableError(
+        "STALE_REQUEST_S",
+        f"must exceed ENGINE_ANSWER_TIMEOUT_S ({ENGINE_ANSWER_TIMEOUT_S:g} s), the longest the"
+        f" gateway waits for an answer to begin, or requests still being served would be failed"
+        f" and go uncharged; got {STALE_REQUEST_S:g}",
+    )
 # Seconds between two re-checks of an open websocket's access (market.consumers); changes to a
 # membership or a user, and logouts, close the sockets concerned at once anyway.
 LIVE_ACCESS_RECHECK_S = env.env_seconds(os.environ, "LIVE_ACCESS_RECHECK_S", default=5.0)

@@ -99,6 +99,13 @@ def text_checked(value: str, *, param: str) -> str:
     return value
 
 
+# What a bid written as text may look like (money.DECIMAL_TEXT), in the error that refuses one.
+BID_TEXT_FORMS = (
+    "ASCII digits with an optional fraction and exponent, as in 0.01, 2 or 1e-2; "
+    "spaces around it are ignored"
+)
+
+
 def bid_parsed(value: Any, *, param: str) -> Decimal:
     """A bid in dollars per second: a JSON number or an ASCII decimal string, finite, in
     0..1e6, with at most 9 decimal places; -0 is 0. MalformedRequest for a wrong type,
@@ -116,9 +123,7 @@ def bid_parsed(value: Any, *, param: str) -> Decimal:
             bid = Decimal(value)
     except (ValueError, InvalidOperation):
         raise InvalidValue(
-            f"{param} is not a decimal number (ASCII digits, optionally '.' and more digits): "
-            f"{_short(value)}",
-            param=param,
+            f"{param} is not a decimal number ({BID_TEXT_FORMS}): {_short(value)}", param=param
         ) from None
     if bid.is_zero():
         bid = bid.copy_abs()  # "-0" and -0.0 bid nothing, as 0 does: no "-0.000000000" echoed

@@ -70,6 +70,7 @@ def test_live_serve_serves_and_stops_on_ctrl_c(tmp_path) -> None:
     """``manage.py live_serve``: Daphne and the live publishers in one process."""
     import os
     import signal
+    import socket
     import subprocess
     import sys
     import time
@@ -103,6 +104,19 @@ def test_live_serve_serves_and_stops_on_ctrl_c(tmp_path) -> None:
                 assert time.monotonic() < deadline, "live_serve did not listen"
                 time.sleep(0.2)
         assert response.status_code == 302  # to the login page
+        # A 60 kB header line is answered (431), not dropped without a word.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(
+                b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                + b"k" * 60_000
+                + b"\r\n\r\n"
+            )
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert json.loads(body)["error"]["code"] == "request_header_too_large"
     finally:
         process.send_signal(signal.SIGINT)
         try:

@@ -27,6 +27,8 @@ DECLARED = {
     "ENGINE_ADMIN_TOKEN": ("None", " s3cret ", "s3cret"),
     "MARKET_CONTROL_DIR": ("None", " /tmp/control ", "/tmp/control"),
     "INVOICE_DUE_DAYS": ("30", "0", "0"),
+    # twice ENGINE_ANSWER_TIMEOUT_S's 600 s unless set
+    "STALE_REQUEST_S": ("1200.0", "900", "900.0"),
 }
 SHOW = "from django.conf import settings as s; print(" + ", ".join(f"s.{n}" for n in DECLARED) + ")"
 
@@ -85,6 +87,18 @@ def test_settings_take_them_from_the_environment(run_manage) -> None:
     bad = run_manage("shell", "--no-imports", "-c", SHOW, env={"AUTOBID_INTERVAL_S": "0"})
     assert bad.returncode != 0
     assert "AUTOBID_INTERVAL_S must be a number of seconds > 0" in bad.stderr
+    # The sweep must not fail a request the gateway still waits for: 600 s is not enough...
+    bad = run_manage("shell", "--no-imports", "-c", SHOW, env={"STALE_REQUEST_S": "600"})
+    assert bad.returncode != 0
+    assert "STALE_REQUEST_S must exceed ENGINE_ANSWER_TIMEOUT_S (600 s)" in bad.stderr
+    # ... unless the gateway waits less; and the default follows the gateway's wait.
+    shorter = {"STALE_REQUEST_S": "600", "ENGINE_ANSWER_TIMEOUT_S": "120"}
+    assert run_manage("shell", "--no-imports", "-c", SHOW, env=shorter).returncode == 0
+    shown = "from django.conf import settings as s; print(s.STALE_REQUEST_S)"
+    default = run_manage(
+        "shell", "--no-imports", "-c", shown, env={"ENGINE_ANSWER_TIMEOUT_S": "90"}
+    )
+    assert default.stdout.split() == ["180.0"], default.stderr
 
 
 def test_no_setting_is_read_with_a_default_of_its_own() -> None:

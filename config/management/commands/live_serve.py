@@ -8,14 +8,39 @@ simulated engine's round records (``--rounds-jsonl`` of ``engines.sim.server``) 
 publishes the books, round results and spend ticks; and the periodic publisher (engine status,
 token-charge spend ticks, every second). Without Redis this is the only way the in-memory
 channel layer reaches the browsers. Ctrl-C stops it.
+
+A header line longer than Twisted's limit (16 KiB) is answered 431 before the connection is
+closed, as uvicorn answers it; Twisted alone closes such a connection without a word.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+
+HEADER_TOO_LARGE = json.dumps(
+    {
+        "error": {
+            "message": "a request header line is longer than 16384 bytes",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_header_too_large",
+        }
+    }
+).encode()
+
+
+def _header_line_too_long(channel: Any, line: bytes) -> None:
+    """Twisted's ``HTTPChannel.lineLengthExceeded``: answer 431, then close."""
+    channel.transport.write(
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        b"Content-Type: application/json\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(HEADER_TOO_LARGE), HEADER_TOO_LARGE)
+    )
+    channel.transport.loseConnection()
 
 
 class Command(BaseCommand):
@@ -47,6 +72,11 @@ class Command(BaseCommand):
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
         from twisted.internet import reactor
+        from twisted.web.http import HTTPChannel
+
+        # Daphne's connections are Twisted's HTTPChannel, built inside Twisted's factory: the
+        # class is where a too-long header line can be answered.
+        HTTPChannel.lineLengthExceeded = _header_line_too_long
 
         from config.asgi import application
         from config.embedded import LiveServices

@@ -155,6 +155,11 @@ def test_bids_written_as_text_are_ascii_decimals_only(value, param):
     with pytest.raises(InvalidValue) as caught:
         bid_parsed(value, param=param)
     assert caught.value.param == param
+    # The message says what is read, and what it gives as examples is read.
+    message = str(caught.value)
+    assert "0.01, 2 or 1e-2" in message and "spaces around it are ignored" in message
+    for example in ("0.01", "2", "1e-2", " 0.01 "):
+        assert bid_parsed(example, param=param) == Decimal(example.strip())
 
 
 def test_the_bid_header_and_field_refuse_non_ascii_digits():

@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from django.conf import settings
+
 from accounts.models import ApiKey, BidSource, Tenant
 from accounts.money import ZERO, money, per_million
 from accounts.rules import priority_hold
@@ -27,8 +29,13 @@ from market.mechanism.requests import effective_bid
 from market.models import Market
 from openai_api.gateway import metrics
 from openai_api.gateway.chat_templates import Prompt, chat_template
-from openai_api.gateway.db import db_call, detached
-from openai_api.gateway.errors import BudgetExhaustedError, InvalidValue, ModelNotFound
+from openai_api.gateway.db import db_call, db_call_retried, detached
+from openai_api.gateway.errors import (
+    BudgetExhaustedError,
+    DatabaseUnavailable,
+    InvalidValue,
+    ModelNotFound,
+)
 from openai_api.gateway.keys import api_key_authenticated
 from openai_api.gateway.selectors import market_for_model
 from openai_api.gateway.validation import CHAT, CompletionParams
@@ -140,6 +147,9 @@ async def admitted_for(params: CompletionParams, key: str | None, trace: Trace) 
     except asyncio.CancelledError:  # the client went away: release the hold once it is placed
         detached(_failed_after(task, request_id))
         raise
+    except DatabaseUnavailable:  # the hold's commit may have reached the database: release it
+        detached(released(request_id))
+        raise
     trace.market = admitted.market.slug
     metrics.BIDS.labels(trace.market, admitted.bid_source).observe(float(admitted.bid))
     return admitted
@@ -148,6 +158,20 @@ async def admitted_for(params: CompletionParams, key: str | None, trace: Trace) 
 async def _failed_after(task: asyncio.Task[Admitted], request_id: str) -> None:
     try:
         await task
+    except DatabaseUnavailable:
+        pass  # whether the hold was placed is unknown: release it
     except Exception:  # noqa: BLE001 (refused: nothing was held)
         return
-    await db_call(request_fail, request_id=request_id)
+    await released(request_id)
+
+
+async def released(request_id: str) -> None:
+    """Fail the request and release its hold, nothing charged (``request_fail``, which may be
+    repeated). While the database cannot be reached this goes on in the background, tried
+    again for up to ``STALE_REQUEST_S`` (past that, the holds sweep does it)."""
+    try:
+        await db_call(request_fail, request_id=request_id)
+    except DatabaseUnavailable:
+        detached(
+            db_call_retried(request_fail, request_id=request_id, within_s=settings.STALE_REQUEST_S)
+        )

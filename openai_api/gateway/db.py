@@ -11,7 +11,11 @@ Work handed to a thread always finishes, even when the request that waited for i
 (the client went away): callers that must clean up after it use :func:`detached`.
 
 A step that waited out a lock (:func:`database_busy`) raises ``errors.DatabaseBusy``, a 503
-with ``Retry-After``, rather than a 500: the database is busy, not broken.
+with ``Retry-After``, rather than a 500: the database is busy, not broken. A step that could not
+reach the database (:func:`database_unreachable`: it is stopped, restarting, or the connection
+was cut) raises ``errors.DatabaseUnavailable``, a 503 with ``Retry-After`` too. Steps that may be
+repeated (settling a request, releasing its hold: both idempotent) are tried again meanwhile by
+:func:`db_call_retried`, so that an outage of a few seconds costs a wait, not an answer.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from openai_api.gateway.errors import DatabaseBusy
+from openai_api.gateway.errors import DatabaseBusy, DatabaseUnavailable
 
 T = TypeVar("T")
 BUSY_RETRY_AFTER_S = 1  # the Retry-After of a DatabaseBusy answer, seconds
@@ -35,6 +39,14 @@ BUSY_RETRY_AFTER_S = 1  # the Retry-After of a DatabaseBusy answer, seconds
 # not granted in time, a deadlock, and a serialization failure (each rolls the transaction back).
 SQLITE_BUSY_MESSAGES = ("database is locked", "database table is locked")
 POSTGRES_BUSY_SQLSTATES = frozenset({"55P03", "40P01", "40001"})
+# PostgreSQL's SQLSTATEs of a server going away: shut down by an administrator, after a crash,
+# or not accepting connections yet (starting, recovering); class 08 is a connection exception.
+POSTGRES_GONE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+UNAVAILABLE_RETRY_AFTER_S = 2  # the Retry-After of a DatabaseUnavailable answer, seconds
+# db_call_retried: how long a repeatable step is tried again while the database cannot be
+# reached (a restart takes a few seconds), and the delays between tries.
+OUTAGE_RETRY_S = 30.0
+OUTAGE_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
@@ -71,6 +83,20 @@ def database_busy(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError) and str(exc).startswith(SQLITE_BUSY_MESSAGES)
 
 
+def database_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached or went away (PostgreSQL), as
+    opposed to a statement that failed."""
+    if isinstance(exc, InterfaceError):  # the connection was already closed
+        return True
+    if not isinstance(exc, OperationalError) or connections["default"].vendor != "postgresql":
+        return False
+    if exc.__cause__ is None:
+        return False  # not the driver's: nothing says the server is away
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    # No SQLSTATE: the driver's own error (connection refused, reset, closed).
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in POSTGRES_GONE_SQLSTATES
+
+
 def _run(fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
     try:
         return fn(**kwargs)
@@ -85,6 +111,12 @@ def _run(fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
                 f"the database is busy; retry after {seconds} s",
                 headers={"Retry-After": str(seconds)},
             ) from exc
+        if database_unreachable(exc):
+            seconds = UNAVAILABLE_RETRY_AFTER_S
+            raise DatabaseUnavailable(
+                f"the database cannot be reached; retry after {seconds} s",
+                headers={"Retry-After": str(seconds)},
+            ) from exc
         raise
 
 
@@ -93,6 +125,26 @@ async def db_call(fn: Callable[..., T], /, **kwargs: Any) -> T:
     loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
     return await loop.run_in_executor(_pool(), functools.partial(context.run, _run, fn, kwargs))
+
+
+async def db_call_retried(
+    fn: Callable[..., T], /, *, within_s: float = OUTAGE_RETRY_S, **kwargs: Any
+) -> T:
+    """:func:`db_call` for a step that may be repeated (an idempotent one): while the database
+    cannot be reached it is tried again, after :data:`OUTAGE_DELAYS_S` (then every 2 s), for up
+    to ``within_s`` seconds; then DatabaseUnavailable."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    tries = 0
+    while True:
+        try:
+            return await db_call(fn, **kwargs)
+        except DatabaseUnavailable:
+            delay = OUTAGE_DELAYS_S[min(tries, len(OUTAGE_DELAYS_S) - 1)]
+            if loop.time() + delay > deadline:
+                raise
+            tries += 1
+            await asyncio.sleep(delay)
 
 
 def detached(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

@@ -188,3 +188,14 @@ class DatabaseBusy(GatewayError):
     status = 503
     type = "server_busy"
     code = "database_busy"
+
+
+class DatabaseUnavailable(GatewayError):
+    """503: the database could not be reached (stopped, restarting, its connection cut);
+    ``Retry-After`` says when to try again. Raised by the gateway's database steps
+    (``db.db_call``): nothing was held or charged by the step that failed, or, where that is
+    unknown, the hold is released once the database answers again."""
+
+    status = 503
+    type = "server_error"
+    code = "database_unavailable"

@@ -31,12 +31,13 @@ from django.db import transaction
 from accounts.ledger import Outcome
 from accounts.models import PriorityDetail
 from accounts.money import money
-from accounts.services import PriorityCharge, Settled, request_fail, request_settle
+from accounts.services import PriorityCharge, Settled, request_settle
 from market.models import Market
 from openai_api.gateway import metrics, responses
-from openai_api.gateway.admission import Admitted, Trace, admitted_for
-from openai_api.gateway.db import db_call, detached, shielded
+from openai_api.gateway.admission import Admitted, Trace, admitted_for, released
+from openai_api.gateway.db import db_call, db_call_retried, detached, shielded
 from openai_api.gateway.errors import (
+    DatabaseUnavailable,
     EngineBidLost,
     EngineBusy,
     EngineDown,
@@ -222,23 +223,31 @@ async def completion_forward(
             timeouts=engine_timeouts(),
         )
     except EngineError as exc:
-        await shielded(db_call(request_fail, request_id=admitted.request_id))
+        await shielded(released(admitted.request_id))
         raise _engine_failure(exc) from None
     except asyncio.CancelledError:  # the client went away before the answer
-        detached(db_call(request_fail, request_id=admitted.request_id))
+        detached(released(admitted.request_id))
         raise
     finally:
         metrics.WAITING.labels(market).dec()
         metrics.IN_FLIGHT.labels(market).dec()
     if (lost := _bid_lost(admitted, output.meta)) is not None:
-        await shielded(db_call(request_fail, request_id=admitted.request_id))
+        await shielded(released(admitted.request_id))
         raise lost
     metrics.TTFT.labels(market).observe(time.perf_counter() - started)
-    return await shielded(
-        db_call(
-            _settled_body, params=params, admitted=admitted, output=output, on_settled=on_settled
+    try:
+        return await shielded(
+            db_call_retried(
+                _settled_body,
+                params=params,
+                admitted=admitted,
+                output=output,
+                on_settled=on_settled,
+            )
         )
-    )
+    except DatabaseUnavailable:  # not answered, so not charged: released when it is back
+        detached(released(admitted.request_id))
+        raise
 
 
 def _settled_body(
@@ -286,7 +295,7 @@ async def completion_stream(
         first: EngineChunk | None = await anext(events, None)
     except EngineError as exc:
         metrics.IN_FLIGHT.labels(market).dec()
-        await shielded(db_call(request_fail, request_id=admitted.request_id))
+        await shielded(released(admitted.request_id))
         raise _engine_failure(exc) from None
     except asyncio.CancelledError:
         metrics.IN_FLIGHT.labels(market).dec()
@@ -317,7 +326,7 @@ async def _prefixed(head: bytes, rest: AsyncGenerator[bytes]) -> AsyncIterator[b
 
 async def _closed_and_failed(events: AsyncIterator[EngineChunk], request_id: str) -> None:
     await events.aclose()  # type: ignore[attr-defined]
-    await db_call(request_fail, request_id=request_id)
+    await released(request_id)
 
 
 async def _sse(
@@ -342,11 +351,14 @@ async def _sse(
         nonlocal settled
         settled = True
         if meta is None or (meta.completion_tokens == 0 and meta.finish_reason is None):
-            await shielded(db_call(request_fail, request_id=admitted.request_id))
+            await shielded(released(admitted.request_id))
             return None
-        return await shielded(
-            db_call(_settle, request_id=admitted.request_id, meta=meta, market=admitted.market)
-        )
+        settling = {"request_id": admitted.request_id, "meta": meta, "market": admitted.market}
+        try:
+            return await shielded(db_call_retried(_settle, **settling))
+        except DatabaseUnavailable:  # the tokens were sent: charged once the database is back
+            detached(db_call_retried(_settle, within_s=settings.STALE_REQUEST_S, **settling))
+            return None
 
     try:
         # The first event is yielded before anything is awaited (see completion_stream).

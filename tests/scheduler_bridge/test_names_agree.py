@@ -66,10 +66,10 @@ def test_the_simulated_engine_accepts_exactly_the_mechanisms_policies() -> None:
 
 @pytest.mark.parametrize("policy", [*UNKNOWN, 3, None, ["fcfs"], {"fcfs": 1}])
 def test_the_simulated_engines_control_path_refuses_other_names(policy: object) -> None:
-    server = SimServer(ServerOptions.of(port=0))
+    server = SimServer(ServerOptions.of(port=0, admin_token="s3cret"))
 
     class Posted:
-        headers: dict[str, str] = {}
+        headers = {"Authorization": "Bearer s3cret"}
 
         async def read(self) -> bytes:
             return json.dumps({"policy": policy}).encode()

@@ -10,6 +10,7 @@ charge from being written twice must be in the database, not in one process's me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -61,11 +62,12 @@ def _workers(pid: int) -> list[psutil.Process]:
     ]  # fmt: skip
 
 
-@pytest.fixture
-def served(transactional_db, tmp_path: Path) -> Iterator[str]:
-    """uvicorn with two workers on the test database: its base URL."""
+@contextlib.contextmanager
+def uvicorn_served(tmp_path: Path, **env: str) -> Iterator[str]:
+    """uvicorn with two workers on the test database (``env`` added to its environment; a
+    ``DATABASE_URL`` there wins): its base URL."""
     port = dead_port()
-    env = {
+    environ = {
         **os.environ,
         "DATABASE_URL": _database_url(),
         "DEBUG": "0",
@@ -76,11 +78,12 @@ def served(transactional_db, tmp_path: Path) -> Iterator[str]:
         "GATEWAY_MARKET_CACHE_S": "0",
         "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus"),
         "METRICS_TOKEN": "served-metrics",
+        **env,
     }
     (tmp_path / "prometheus").mkdir()
     argv = server_argv("uvicorn", host="127.0.0.1", port=port, workers=WORKERS)
     log = (tmp_path / "uvicorn.log").open("wb")
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -104,6 +107,13 @@ def served(transactional_db, tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture
+def served(transactional_db, tmp_path: Path) -> Iterator[str]:
+    """uvicorn with two workers on the test database: its base URL."""
+    with uvicorn_served(tmp_path) as base:
+        yield base
 
 
 def _chat(max_tokens: int, **extra) -> dict:

@@ -19,7 +19,7 @@ SGLANG_REQUIREMENTS := engines/sglang_plugin/requirements-cpu.txt
 # Holds the sha256 of pyproject.toml and the requirements the venv was installed from.
 SGLANG_STAMP := $(SGLANG_VENV)/.installed-inputs
 
-.PHONY: run test test-main test-sglang venv venv-sglang lint imports format
+.PHONY: run test test-main test-sglang venv venv-sglang lint imports types format
 
 ## venv: create .venv if missing; (re)install the project when pyproject.toml changed
 venv:
@@ -73,6 +73,10 @@ test-sglang: venv-sglang
 lint: venv imports
 	@"$(VENV)/bin/ruff" check .
 	@"$(VENV)/bin/ruff" format --check .
+
+## types: mypy, strict on the packages [tool.mypy] lists in pyproject.toml
+types: venv
+	@"$(VENV)/bin/mypy"
 
 ## imports: the one-way import graph (contracts in .importlinter; README, "Layout")
 imports: venv

@@ -21,8 +21,9 @@ from accounts.money import ZERO
 class Values:
     """The rules computed: Decimal amounts, datetimes, None for an absent amount."""
 
-    zero = ZERO
-    null = None
+    # Typed as the amounts they stand beside (Any here), so a rule reads either algebra alike.
+    zero: Any = ZERO
+    null: Any = None
 
     def add(self, a: Any, b: Any) -> Any:
         return None if a is None or b is None else a + b
@@ -46,7 +47,7 @@ class Values:
         return b if a is None else a
 
     def at_most(self, a: Any, b: Any) -> bool:
-        return a <= b
+        return bool(a <= b)
 
     def by_window(self, kept: Any, start: Any, *, same: Any, newer: Any, older: Any) -> Any:
         """``same`` when a row's window (starting at ``kept``) is the window starting at

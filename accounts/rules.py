@@ -215,7 +215,7 @@ def settlement_allowed(
     )
 
 
-def capped_detail(detail: dict, *, allowed: Allowed, asked: Decimal) -> dict:
+def capped_detail(detail: dict[str, Any], *, allowed: Allowed, asked: Decimal) -> dict[str, Any]:
     """An entry's detail with what a cap cut, when one did (amounts as exact strings)."""
     if allowed.capped_by is None:
         return detail

@@ -108,7 +108,8 @@ class RedisControlStore:
         )
 
     def read(self) -> bytes | None:
-        return self.client.get(self.key)
+        value = self.client.get(self.key)
+        return value if isinstance(value, bytes) or value is None else str(value).encode()
 
     def write(self, state: ControlState) -> None:
         self.client.set(self.key, control_dumps(state))

@@ -62,7 +62,7 @@ class MarketKnobs:
 
     def with_reserve(self, reserve: object) -> MarketKnobs:
         """These knobs with another reserve; ValueError if it is not a valid one."""
-        return replace(self, reserve=reserve)
+        return replace(self, reserve=reserve)  # type: ignore[arg-type]  # checked by __post_init__
 
     def plan_rate(self, engine_estimate: float) -> float:
         """The tokens per second the plan uses: the knob, or else the engine's estimate."""

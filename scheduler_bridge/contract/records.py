@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 # @2: ``epoch`` and every admitted request's ``block`` are required (both engines write them).
 SCHEMA = "inference-market/round@2"
@@ -132,7 +132,7 @@ _BLOCK_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def _check_fields(obj: Any, fields: dict, where: str) -> None:
+def _check_fields(obj: Any, fields: dict[str, Any], where: str) -> None:
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected an object, got {type(obj).__name__}")
     for name, kind in fields.items():
@@ -160,7 +160,7 @@ def round_record_checked(obj: Any) -> RoundRecord:
         seen.add(adm["request_id"])
         if adm["charge"] < 0 or adm["bid"] < 0:
             raise ValueError(f"{where}: request {adm['request_id']!r} has a negative amount")
-    return obj
+    return cast(RoundRecord, obj)
 
 
 def round_record_dumps(record: RoundRecord) -> str:

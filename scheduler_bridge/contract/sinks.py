@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import redis
 from redis.backoff import NoBackoff
@@ -197,7 +197,7 @@ class JsonlSink(QueuedSink):
     def __init__(self, path: str | Path, *, queue_size: int = QUEUE_SIZE) -> None:
         super().__init__(queue_size=queue_size)
         self.path = Path(path)
-        self._file = None
+        self._file: TextIO | None = None
 
     def __str__(self) -> str:
         return f"the round-records file {self.path}"

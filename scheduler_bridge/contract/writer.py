@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from market.mechanism import Clearing, RequestTree
 from market.mechanism.book import block_of, subtree_book
@@ -52,7 +53,7 @@ def tokenizer_label(tokenizer: object) -> Callable[[Sequence[int]], str]:
 
     def label(tokens: Sequence[int]) -> str:
         try:
-            return tokenizer.decode(list(tokens), skip_special_tokens=False)  # type: ignore[attr-defined]
+            return str(tokenizer.decode(list(tokens), skip_special_tokens=False))  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - a label is never worth an error
             return token_label(tokens)
 
@@ -104,7 +105,7 @@ class RoundRecorder:
             seq, _ = self.next_round()
         position = clearing.positions(a.request_id for a in admitted)
         reserve = clearing.reserve
-        blocks: dict = {}  # block_of's cache: one walk per top-level subtree
+        blocks: dict[Any, Any] = {}  # block_of's cache: one walk per top-level subtree
         entries: list[AdmittedRequest] = []
         for a in admitted:
             rid = a.request_id

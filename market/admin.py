@@ -1,5 +1,7 @@
+from django import forms
 from django.contrib import admin
 
+from market.mechanism import POLICIES
 from market.models import Market, Replica, ReserveChange
 from market.services import engine_config_push_on_commit, market_reserve_set
 
@@ -39,6 +41,15 @@ class MarketAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["hold_horizon_s"]  # renewed from the market's charges, not set by hand
     inlines = [ReplicaInline, ReserveChangeInline]
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        if db_field.name == "policy":  # a choice among the registry's policies as they are now
+            return forms.ChoiceField(
+                choices=[(p, p) for p in POLICIES],
+                initial=db_field.default,
+                help_text=db_field.help_text,
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def save_model(self, request, obj: Market, form, change: bool) -> None:
         # A reserve moved here goes through the service, so it is audited like one moved in

@@ -5,6 +5,7 @@ prices in dollars per million tokens, the reserve in dollars per second of waiti
 """
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from accounts.money import MoneyField
@@ -14,6 +15,16 @@ from market.mechanism import POLICIES
 DEFAULT_POLICY = "dfs-auction-density"
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim)
+
+
+def policy_known(value: str) -> None:
+    """A market's policy is a name in the mechanism's registry (``market.mechanism.POLICIES``):
+    checked against the registry as it is, so a new policy needs no migration."""
+    if value not in POLICIES:
+        raise ValidationError(
+            "%(value)r is not a policy; the policies are %(names)s",
+            params={"value": value, "names": ", ".join(POLICIES)},
+        )
 
 
 class Market(models.Model):
@@ -41,7 +52,10 @@ class Market(models.Model):
         help_text="Reserve price, dollars per second of waiting: lower bids buy no priority.",
     )
     policy = models.CharField(
-        max_length=32, choices=[(p, p) for p in POLICIES], default=DEFAULT_POLICY
+        max_length=32,
+        default=DEFAULT_POLICY,
+        validators=[policy_known],
+        help_text="The engines' ordering policy, a name in the mechanism's registry.",
     )
     engine_url = models.CharField(
         max_length=500,

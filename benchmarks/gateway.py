@@ -58,6 +58,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
+from benchmarks.metrics import percentile
 from config.serving import MULTI_WORKER_SERVERS, SERVERS, server_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,14 +71,6 @@ SOAK_WARMUP_S = 30.0
 SOAK_WINDOW_S = 60.0
 FLOOR = "floor"  # a pseudo-server: benchmarks.gateway_floor, WORKERS read as commits
 FLOOR_MAX_COMMITS = 8
-
-
-def percentile(sorted_values: list[float], p: float) -> float:
-    """The p-th percentile by the nearest-rank method (nan for no values)."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, round(p / 100 * len(sorted_values) + 0.5 - 1e-9))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 @dataclass

@@ -38,11 +38,12 @@ def point(rate: float, *, achieved: float, added_p99: float, cpu: float = 4.0) -
     )  # fmt: skip
 
 
-def test_percentile_is_the_nearest_rank() -> None:
-    values = [float(v) for v in range(1, 101)]  # 1..100
-    assert percentile(values, 50) == 50.0
-    assert percentile(values, 95) == 95.0
-    assert percentile(values, 99) == 99.0
+def test_percentile_is_the_benchmarks_one_linear_between_ranks() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100: rank r (0-based) holds r + 1
+    # p50: rank 99 x 0.50 = 49.5, between 50 and 51; p95: 94.05 -> 95.05; p99: 98.01 -> 99.01.
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 95) == pytest.approx(95.05)
+    assert percentile(values, 99) == pytest.approx(99.01)
     assert percentile([7.0], 99) == 7.0
     assert math.isnan(percentile([], 50))
 

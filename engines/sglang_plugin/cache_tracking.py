@@ -25,22 +25,67 @@ Only a plain ``RadixCache`` is followed (paged or not), and only changes and req
 default namespace (no ``extra_key`` or ``cache_salt``, no EAGLE bigram keys): ``supported``
 says why another cache is not, and the plugin then matches every waiting request every round
 as SGLang does; a request in another namespace is matched every round.
+
+``_delete_leaf`` is private to SGLang: wrapping it holds only for the SGLang the plugin pins
+(0.5.23), whose shape :data:`PRIVATE_SURFACE` writes down. ``surface_problem`` checks it when
+the plugin starts: on a SGLang that renamed or reshaped any of it the tracking is off (and says
+why) rather than wrong, and the conformance stage's test fails loudly on such a SGLang.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from array import array
 from typing import Any
 
-from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.mem_cache.radix_cache import InsertResult, RadixCache, RadixKey, TreeNode
 
 INSERT, EVICT, RESET = 0, 1, 2
+
+# What the tracker relies on of SGLang's radix cache, as SGLang 0.5.23 has it: the methods it
+# wraps (their parameters after self), the insert result's field, the key's and the node's
+# attributes. ``_delete_leaf`` is private and may change in any release.
+PRIVATE_SURFACE: dict[str, Any] = {
+    "methods": {"insert": ("params",), "_delete_leaf": ("node",), "reset": ()},
+    "insert_result": ("prefix_len",),
+    "key": ("token_ids", "extra_key", "cache_salt", "is_bigram"),
+    "node": ("key", "parent"),
+}
+
+
+def surface_problem(
+    cache_class: type = RadixCache,
+    result_class: type = InsertResult,
+    key_class: type = RadixKey,
+    node_class: type = TreeNode,
+) -> str | None:
+    """How SGLang's radix cache differs from :data:`PRIVATE_SURFACE` (None: it does not)."""
+    for name, want in PRIVATE_SURFACE["methods"].items():
+        method = getattr(cache_class, name, None)
+        if not callable(method):
+            return f"RadixCache.{name} is gone"
+        got = tuple(p for p in inspect.signature(method).parameters if p != "self")
+        if got != want:
+            return f"RadixCache.{name} takes {got}, not {want}"
+    fields = {f.name for f in dataclasses.fields(result_class)}
+    if missing := [f for f in PRIVATE_SURFACE["insert_result"] if f not in fields]:
+        return f"InsertResult has no {', '.join(missing)}"
+    key_params = inspect.signature(key_class.__init__).parameters
+    if missing := [a for a in PRIVATE_SURFACE["key"] if a not in key_params]:
+        return f"RadixKey has no {', '.join(missing)}"
+    node = node_class()
+    if missing := [a for a in PRIVATE_SURFACE["node"] if not hasattr(node, a)]:
+        return f"TreeNode has no {', '.join(missing)}"
+    return None
 
 
 def supported(cache: Any) -> str | None:
     """Why the plugin cannot follow this cache's changes (None: it can)."""
     if type(cache) is not RadixCache:
         return f"{type(cache).__name__} is not SGLang's plain RadixCache"
+    if (problem := surface_problem()) is not None:
+        return f"this SGLang's radix cache is not the one the plugin follows ({problem})"
     if getattr(cache, "disable", False):
         return "the radix cache is disabled"
     if getattr(cache, "is_eagle", False):

@@ -149,6 +149,34 @@ def test_a_cache_it_cannot_follow_is_matched_every_round_as_sglang_does() -> Non
     assert pol.market.tree.get("a").cached_len == 2
 
 
+def test_the_pinned_sglangs_radix_cache_has_the_private_surface_the_tracker_wraps() -> None:
+    """Fails loudly on a SGLang whose radix cache changed what the tracker relies on (its
+    private ``_delete_leaf`` above all): the plugin would then stop following the cache."""
+    assert cache_tracking.surface_problem() is None
+    assert cache_tracking.supported(RadixCache.create_simulated()) is None
+
+
+def test_a_changed_private_surface_switches_the_tracking_off_and_says_why(monkeypatch) -> None:
+    class Renamed(RadixCache):
+        _delete_leaf = None  # as if SGLang had renamed it
+
+    class Reshaped(RadixCache):
+        def _delete_leaf(self, node, evicted):  # a new parameter
+            raise AssertionError("never called")
+
+    assert cache_tracking.surface_problem(Renamed) == "RadixCache._delete_leaf is gone"
+    assert cache_tracking.surface_problem(Reshaped) == (
+        "RadixCache._delete_leaf takes ('node', 'evicted'), not ('node',)"
+    )
+    monkeypatch.setattr(
+        cache_tracking, "surface_problem", lambda: "RadixCache._delete_leaf is gone"
+    )
+    why = cache_tracking.supported(RadixCache.create_simulated())
+    assert why is not None and "_delete_leaf is gone" in why
+    pol, _ = market_policy("dfs-auction", RadixCache.create_simulated())
+    assert pol.market.tracker is None  # matched every round, as SGLang does
+
+
 def test_waiting_prefixes_are_not_matched_each_round_but_the_head_is_touched_every_32() -> None:
     cache = paged_pool(4096, 1)
     pol, _ = market_policy("dfs-auction", cache)

@@ -11,9 +11,16 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, TruncMinute
 from django.utils import timezone
 
-from accounts.models import ChargeKind, LedgerEntry
+from accounts.models import ChargeKind, LedgerEntry, Request, RequestStatus
 from accounts.money import ZERO
+from market.mechanism.quotes import Waited
+from market.mechanism.requests import effective_bid
 from market.models import Market, ReserveChange
+
+# The history a quote reads (market.mechanism.quotes): the market's requests served in the last
+# QUOTE_WINDOW_S seconds, the newest QUOTE_HISTORY_MAX of them.
+QUOTE_WINDOW_S = 600.0
+QUOTE_HISTORY_MAX = 2000
 
 
 def markets_active() -> QuerySet[Market]:
@@ -24,6 +31,30 @@ def markets_active() -> QuerySet[Market]:
 def market_by_slug(*, slug: str) -> Market:
     """The market with ``slug`` (Market.DoesNotExist when there is none)."""
     return Market.objects.get(slug=slug)
+
+
+def quote_history(
+    *,
+    market: Market,
+    now: datetime | None = None,
+    window_s: float = QUOTE_WINDOW_S,
+    limit: int = QUOTE_HISTORY_MAX,
+) -> list[Waited]:
+    """What ``market``'s recent served requests bid and waited: each one's bid as it would buy
+    priority at the reserve now, and its time to first token (seconds)."""
+    now = now or timezone.now()
+    rows = (
+        Request.objects.filter(
+            market=market,
+            status=RequestStatus.SERVED,
+            ttft_s__isnull=False,
+            created_at__gte=now - timedelta(seconds=window_s),
+        )
+        .order_by("-created_at")
+        .values_list("bid", "ttft_s")[:limit]
+    )
+    reserve = market.reserve
+    return [Waited(float(effective_bid(bid, reserve, zero=ZERO)), ttft) for bid, ttft in rows]
 
 
 def reserve_changes_for_market(*, market: Market, limit: int = 50) -> QuerySet[ReserveChange]:

@@ -13,6 +13,7 @@ urlpatterns = [
     path("v1/completions", views.completions, name="completions"),
     path("v1/models", views.models, name="models"),
     path("v1/budgets", views.budgets, name="budgets"),
+    path("v1/quotes", views.quotes, name="quotes"),
     path("v1/batches", batch_views.batches, name="batches"),
     path("v1/batches/<str:batch_id>", batch_views.batch, name="batch"),
     path("v1/batches/<str:batch_id>/cancel", batch_views.batch_cancel_view, name="batch_cancel"),

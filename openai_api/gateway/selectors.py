@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
 from django.conf import settings
@@ -26,7 +27,9 @@ from django.utils import timezone
 from accounts.models import ApiKey
 from accounts.money import money_str
 from accounts.selectors import budget_statuses_for_key, tenant_month_spend
+from market.mechanism.quotes import bid_groups, quote, waits_for
 from market.models import Market
+from market.selectors import QUOTE_WINDOW_S, quote_history
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -132,6 +135,51 @@ def budgets_for_key(*, api_key: ApiKey, now: datetime | None = None) -> dict[str
             "held": money_str(month.held),
         },
     }
+
+
+def quote_for(
+    *, market: Market, ttft_s: float | None, probability: float, bid: Decimal | None
+) -> dict[str, Any]:
+    """``GET /v1/quotes``: from the waits of ``market``'s recent requests
+    (``market.mechanism.quotes``), the bid that buys a first token within ``ttft_s`` seconds
+    with ``probability`` (null, with the reason, when no recent bid bought it), and the waits
+    ``bid`` buys. Dollars per second as exact strings, waits in seconds."""
+    history = quote_history(market=market)
+    groups = bid_groups(history)
+    body: dict[str, Any] = {
+        "object": "quote",
+        "model": market.served_model,
+        "reserve": money_str(market.reserve),
+        "based_on": {"requests": len(history), "window_s": QUOTE_WINDOW_S},
+    }
+    if not groups:
+        body["reason"] = (
+            f"too few requests served in the last {QUOTE_WINDOW_S:g} s to quote ({len(history)})"
+        )
+    if ttft_s is not None:
+        quoted = quote(groups, ttft_s=ttft_s, p=probability) if groups else None
+        body["target"] = {"ttft_s": ttft_s, "probability": probability}
+        body["bid"] = None if quoted is None else money_str(_at_least_reserve(quoted, market))
+        if quoted is None and groups:
+            body["reason"] = (
+                f"no recent bid was served within {ttft_s:g} s {probability:.0%} of the time"
+            )
+    if bid is not None:
+        group = waits_for(groups, float(bid))
+        body["waits"] = None if group is None else {
+            "bid": money_str(bid),
+            "bids_from": money_str(Decimal(repr(group.low))),
+            "bids_to": money_str(Decimal(repr(group.high))),
+            "requests": len(group.waits),
+            **{f"ttft_p{round(q * 100)}_s": group.quantile(q) for q in (0.5, 0.9, 0.99)},
+        }  # fmt: skip
+    return body
+
+
+def _at_least_reserve(bid: float, market: Market) -> Decimal:
+    """A quoted bid as a tenant sends it: 0, or at least the reserve (below it buys nothing)."""
+    amount = Decimal(repr(bid))
+    return amount if amount == 0 else max(amount, market.reserve)
 
 
 def caches_clear() -> None:

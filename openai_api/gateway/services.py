@@ -44,10 +44,11 @@ from openai_api.gateway.errors import (
     EngineTimeout,
     GatewayError,
     MalformedRequest,
+    ModelNotFound,
 )
 from openai_api.gateway.keys import api_key_authenticated
-from openai_api.gateway.selectors import models_served
-from openai_api.gateway.validation import CHAT, CompletionParams
+from openai_api.gateway.selectors import market_for_model, models_served, quote_for
+from openai_api.gateway.validation import CHAT, CompletionParams, QuoteParams
 from scheduler_bridge.client import (
     EngineChunk,
     EngineError,
@@ -408,3 +409,18 @@ async def models_list(*, key: str | None) -> dict:
     """``GET /v1/models`` for an authenticated key."""
     await db_call(api_key_authenticated, key=key)
     return {"object": "list", "data": await db_call(models_served)}
+
+
+async def quote_read(*, key: str | None, params: QuoteParams) -> dict:
+    """``GET /v1/quotes`` for an authenticated key (``selectors.quote_for``)."""
+    await db_call(api_key_authenticated, key=key)
+    market = await db_call(market_for_model, model=params.model)
+    if market is None:
+        raise ModelNotFound(f"no market serves the model {params.model!r}", param="model")
+    return await db_call(
+        quote_for,
+        market=market,
+        ttft_s=params.ttft_s,
+        probability=params.probability,
+        bid=params.bid,
+    )

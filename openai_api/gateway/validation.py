@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -345,3 +346,63 @@ def _prompt(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...] | None]:
         "prompt must be a string, an array of one string or an array of token ids",
         param="prompt",
     )
+
+
+# --- GET /v1/quotes ---------------------------------------------------------------------------
+
+QUOTE_MAX_TTFT_S = 3600.0  # the longest wait a quote is asked for, seconds
+QUOTE_DEFAULT_PROBABILITY = 0.9
+
+
+@dataclass(frozen=True)
+class QuoteParams:
+    """``GET /v1/quotes``'s query: the market's model, and the wait to be quoted a bid for
+    (``ttft_s`` seconds, met with ``probability``) and/or the bid to be quoted waits for."""
+
+    model: str
+    ttft_s: float | None
+    probability: float
+    bid: Decimal | None
+
+
+def quote_params(query: Mapping[str, str]) -> QuoteParams:
+    """The query of ``GET /v1/quotes``; MalformedRequest or InvalidValue naming the parameter."""
+    model = query.get("model")
+    if not model:
+        raise MalformedRequest("model is required (the model to be quoted)", param="model")
+    text_checked(model, param="model")
+    ttft_s = _query_number(query, "ttft_s", high=QUOTE_MAX_TTFT_S, high_included=True)
+    probability = _query_number(query, "probability", high=1.0, high_included=False)
+    bid = None if query.get("bid") is None else bid_parsed(query["bid"], param="bid")
+    if ttft_s is None and bid is None:
+        raise MalformedRequest(
+            "give ttft_s (seconds to first token: the bid that buys it is quoted) or bid "
+            "(dollars per second: the waits it buys are quoted), or both",
+            param="ttft_s",
+        )
+    return QuoteParams(
+        model=model,
+        ttft_s=ttft_s,
+        probability=QUOTE_DEFAULT_PROBABILITY if probability is None else probability,
+        bid=bid,
+    )
+
+
+def _query_number(
+    query: Mapping[str, str], name: str, *, high: float, high_included: bool
+) -> float | None:
+    """The query parameter ``name`` as a number in (0, high] (or (0, high)); None if absent."""
+    text = query.get(name)
+    if text is None:
+        return None
+    try:
+        value = float(decimal_text(text))
+    except ValueError:
+        raise InvalidValue(
+            f"{name} is not a number (ASCII digits with an optional fraction): {_short(text)}",
+            param=name,
+        ) from None
+    if not (0 < value < high or (high_included and value == high)):
+        bound = "at most" if high_included else "below"
+        raise InvalidValue(f"{name} must be above 0 and {bound} {high:g}, got {text}", param=name)
+    return value

@@ -1,9 +1,9 @@
 """The OpenAI-compatible HTTP endpoints (thin: the flow is in ``services``).
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed or not), ``GET /v1/models``,
-``GET /v1/budgets``, authenticated by ``Authorization: Bearer <API key>``; ``GET /metrics`` for
-Prometheus, with ``Authorization: Bearer <METRICS_TOKEN>`` (off while that setting is unset).
-Every error is an OpenAI-style JSON body (``errors``).
+``GET /v1/budgets``, ``GET /v1/quotes``, authenticated by ``Authorization: Bearer <API key>``;
+``GET /metrics`` for Prometheus, with ``Authorization: Bearer <METRICS_TOKEN>`` (off while that
+setting is unset). Every error is an OpenAI-style JSON body (``errors``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,13 @@ from openai_api.gateway.errors import (
 )
 from openai_api.gateway.keys import api_key_authenticated
 from openai_api.gateway.selectors import budgets_for_key
-from openai_api.gateway.validation import CHAT, COMPLETIONS, body_parsed, completion_params
+from openai_api.gateway.validation import (
+    CHAT,
+    COMPLETIONS,
+    body_parsed,
+    completion_params,
+    quote_params,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +145,18 @@ async def budgets(request: HttpRequest) -> HttpResponse:
         return await db_call(budgets_for_key, api_key=api_key)
 
     return await _key_read(request, "budgets", read)
+
+
+@csrf_exempt
+async def quotes(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/quotes?model=M&ttft_s=T[&probability=P][&bid=B]``: the bid that buys a first
+    token within T seconds with probability P (0.9 unless given) now, and the waits bid B buys
+    (``services.quote_read``)."""
+
+    async def read(key: str | None) -> dict:
+        return await services.quote_read(key=key, params=quote_params(request.GET))
+
+    return await _key_read(request, "quotes", read)
 
 
 def _metrics_allowed(request: HttpRequest) -> None:

@@ -1,0 +1,99 @@
+"""Quotes from recent waits (``market.mechanism.quotes``), against hand-worked histories.
+
+The history: 30 requests bid 0.1 $/s and waited 0.1, 0.2, ..., 3.0 s; 30 bid 0.01 and waited
+1, 2, ..., 30 s; 30 bought no priority (bid 0) and waited 10, 20, ..., 300 s. With groups of at
+least 20 requests each bid level is a group. Nearest-rank quantiles of 30 waits: the median is
+the 15th, the 90th percentile the 27th, the 99th the 30th.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from market.mechanism.quotes import BidGroup, Waited, bid_groups, quote, waits_for
+
+
+def history() -> list[Waited]:
+    return (
+        [Waited(0.1, round(0.1 * i, 1)) for i in range(1, 31)]
+        + [Waited(0.01, float(i)) for i in range(1, 31)]
+        + [Waited(0.0, 10.0 * i) for i in range(1, 31)]
+    )
+
+
+def test_each_bid_level_of_enough_requests_is_a_group_highest_first() -> None:
+    groups = bid_groups(history())
+    assert [(g.low, g.high, g.median_bid, len(g.waits)) for g in groups] == [
+        (0.1, 0.1, 0.1, 30),
+        (0.01, 0.01, 0.01, 30),
+        (0.0, 0.0, 0.0, 30),
+    ]
+    top = groups[0]
+    assert (top.quantile(0.5), top.quantile(0.9), top.quantile(0.99)) == (1.5, 2.7, 3.0)
+
+
+@pytest.mark.parametrize(
+    ("ttft_s", "p", "bid"),
+    [
+        (2.0, 0.5, 0.1),  # 0.1's median 1.5 s <= 2; 0.01's 15 s > 2
+        (20.0, 0.5, 0.01),  # 0.01's median 15 s <= 20; bid 0's 150 s > 20
+        (30.0, 0.9, 0.01),  # 0.01's p90 27 s <= 30
+        (2.0, 0.9, None),  # even 0.1's p90 is 2.7 s
+        (300.0, 0.99, 0.0),  # every group within 300 s: no priority needed
+        (150.0, 0.5, 0.0),
+    ],
+)
+def test_the_quote_is_the_lowest_group_that_met_the_target_with_all_above_it(
+    ttft_s, p, bid
+) -> None:
+    assert quote(bid_groups(history()), ttft_s=ttft_s, p=p) == bid
+
+
+def test_a_group_above_that_missed_the_target_stops_the_walk() -> None:
+    """Waits that are not monotone in the bid: the quote never skips a group that missed."""
+    odd = (
+        [Waited(0.2, 9.0) for _ in range(20)]  # the top bids waited long (a burst)
+        + [Waited(0.05, 1.0) for _ in range(20)]
+    )
+    assert quote(bid_groups(odd), ttft_s=5.0, p=0.5) is None
+
+
+def test_small_levels_join_until_a_group_is_big_enough() -> None:
+    six = [Waited(b, 1.0) for b in (0.6, 0.5, 0.4, 0.3, 0.2, 0.1) for _ in range(8)]
+    # 8 + 8 + 8 = 24 >= 20 closes a group at 0.4, and again at 0.1.
+    assert [(g.low, g.high, len(g.waits)) for g in bid_groups(six)] == [
+        (0.4, 0.6, 24),
+        (0.1, 0.3, 24),
+    ]
+    # Five levels: the last two (16 requests) are too few for a group and join the first.
+    five = six[8:]
+    assert [(g.low, g.high, len(g.waits)) for g in bid_groups(five)] == [(0.1, 0.5, 40)]
+
+
+def test_a_group_quotes_its_median_bid() -> None:
+    g = bid_groups([Waited(b, 1.0) for b in (0.1, 0.2, 0.3, 0.4) for _ in range(5)])
+    assert len(g) == 1 and g[0].median_bid == 0.2  # the 10th of 20 bids, ascending
+
+
+def test_too_short_a_history_quotes_nothing() -> None:
+    assert bid_groups(history()[:19]) == []
+    assert quote([], ttft_s=1.0, p=0.5) is None
+    assert waits_for([], 0.1) is None
+
+
+def test_waits_for_a_bid_are_its_groups_or_the_nearest() -> None:
+    groups = bid_groups(history())
+    assert waits_for(groups, 0.01).median_bid == 0.01
+    assert waits_for(groups, 0.05).median_bid == 0.01  # 0.04 from 0.01, 0.05 from 0.1
+    assert waits_for(groups, 5.0).median_bid == 0.1
+    assert waits_for(groups, 0.001).median_bid == 0.0
+
+
+def test_quantile_bounds() -> None:
+    g = BidGroup(0.0, 0.0, 0.0, (1.0, 2.0))
+    assert g.quantile(1.0) == 2.0 and g.quantile(0.5) == 1.0 and g.quantile(0.51) == 2.0
+    for p in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            g.quantile(p)
+    with pytest.raises(ValueError):
+        quote([g], ttft_s=0.0, p=0.5)

@@ -1,0 +1,120 @@
+"""``GET /v1/quotes``: a program asks, with its API key, what bid buys a first token within T
+seconds, and what waits a bid buys, from the market's recent requests.
+
+The market's history is written with the ledger's services (opened, then settled with the time
+to first token the engine reported), the same as ``tests/mechanism/test_quotes.py``'s: 30
+requests bid 0.1 $/s and waited 0.1..3.0 s, 30 bid 0.01 and waited 1..30 s, 30 bid nothing and
+waited 10..300 s; the quoted figures are worked there by hand.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from accounts.services import request_open, request_settle
+from tests.openai_api.conftest import market_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def quoted_market(acme):
+    market = market_create(engine_url="http://127.0.0.1:9")  # history only, never called
+    now = timezone.now()
+    history = (
+        [("0.1", round(0.1 * i, 1)) for i in range(1, 31)]
+        + [("0.01", float(i)) for i in range(1, 31)]
+        + [("0", 10.0 * i) for i in range(1, 31)]
+    )
+    for n, (bid, ttft_s) in enumerate(history):
+        rid = f"hist-{n}"
+        request_open(request_id=rid, tenant=acme.tenant, api_key=acme.api_key, market=market,
+                     bid=bid, hold_amount="0.01", now=now)  # fmt: skip
+        request_settle(request_id=rid, prompt_tokens=10, cached_tokens=0, completion_tokens=2,
+                       ttft_s=ttft_s, e2e_s=ttft_s + 0.1, now=now)  # fmt: skip
+    return market
+
+
+def ask(gateway, key: str | None, **query) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{gateway.url}/v1/quotes", params=query, headers=headers, timeout=30)
+
+
+def test_the_bid_for_a_target_and_the_waits_of_a_bid(gateway, acme, quoted_market) -> None:
+    model = quoted_market.served_model
+    answer = ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert (body["object"], body["model"], body["bid"]) == ("quote", model, "0.100000000")
+    assert body["target"] == {"ttft_s": 2.0, "probability": 0.5}
+    assert body["based_on"] == {"requests": 90, "window_s": 600.0}
+    assert "reason" not in body
+    assert ask(gateway, acme.key, model=model, ttft_s="20", probability="0.5").json()["bid"] == (
+        "0.010000000"
+    )
+    assert ask(gateway, acme.key, model=model, ttft_s="300", probability="0.99").json()["bid"] == (
+        "0.000000000"
+    )
+    missed = ask(gateway, acme.key, model=model, ttft_s="2").json()  # p = 0.9 by default
+    assert missed["bid"] is None and missed["target"]["probability"] == 0.9
+    assert missed["reason"] == "no recent bid was served within 2 s 90% of the time"
+    waits = ask(gateway, acme.key, model=model, bid="0.05").json()["waits"]
+    assert waits == {
+        "bid": "0.050000000", "bids_from": "0.010000000", "bids_to": "0.010000000",
+        "requests": 30, "ttft_p50_s": 15.0, "ttft_p90_s": 27.0, "ttft_p99_s": 30.0,
+    }  # fmt: skip
+
+
+def test_a_quoted_bid_is_never_below_the_reserve(gateway, acme, quoted_market) -> None:
+    """Reserve 0.02: the 0.01 bids bought nothing and count as bid 0. The groups: 0.1 (30
+    requests), then 0 (60: waits 1..30 and 10, 20, ..., 300; 30 of them are at most 28 s, the
+    1..28 and the 10 and 20, so the median, the 30th, is 28 s)."""
+    quoted_market.reserve = "0.02"
+    quoted_market.save()
+    model = quoted_market.served_model
+    body = ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5").json()
+    assert (body["bid"], body["reserve"]) == ("0.100000000", "0.020000000")
+    assert ask(gateway, acme.key, model=model, ttft_s="28", probability="0.5").json()["bid"] == (
+        "0.000000000"
+    )
+    assert ask(gateway, acme.key, model=model, ttft_s="27", probability="0.5").json()["bid"] == (
+        "0.100000000"
+    )
+
+
+def test_a_market_without_history_says_why(gateway, acme) -> None:
+    market = market_create(engine_url="http://127.0.0.1:9")
+    body = ask(gateway, acme.key, model=market.served_model, ttft_s="2").json()
+    assert body["bid"] is None
+    assert body["reason"] == "too few requests served in the last 600 s to quote (0)"
+    assert ask(gateway, acme.key, model=market.served_model, bid="1").json()["waits"] is None
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "param"),
+    [
+        ({"ttft_s": "2"}, 400, "model"),
+        ({"model": "no-such-model", "ttft_s": "2"}, 404, "model"),
+        ({"model": "M"}, 400, "ttft_s"),
+        ({"model": "M", "ttft_s": "0"}, 422, "ttft_s"),
+        ({"model": "M", "ttft_s": "3601"}, 422, "ttft_s"),
+        ({"model": "M", "ttft_s": "two"}, 422, "ttft_s"),
+        ({"model": "M", "ttft_s": "NaN"}, 422, "ttft_s"),
+        ({"model": "M", "ttft_s": "2", "probability": "1"}, 422, "probability"),
+        ({"model": "M", "ttft_s": "2", "probability": "-0.5"}, 422, "probability"),
+        ({"model": "M", "bid": "-1"}, 422, "bid"),
+    ],
+)
+def test_bad_queries_name_the_parameter(gateway, acme, quoted_market, query, status, param):
+    if query.get("model") == "M":
+        query = {**query, "model": quoted_market.served_model}
+    answer = ask(gateway, acme.key, **query)
+    assert answer.status_code == status, answer.text
+    assert answer.json()["error"]["param"] == param
+
+
+def test_a_quote_needs_an_api_key(gateway, quoted_market) -> None:
+    answer = ask(gateway, None, model=quoted_market.served_model, ttft_s="2")
+    assert answer.status_code == 401

@@ -74,6 +74,15 @@ class Market(models.Model):
         help_text="Bound on a request's planned wait, seconds: the most a bid consents to pay is "
         "bid x this (its priority cap).",
     )
+    priority_ttft_s = models.FloatField(
+        default=2.0,
+        help_text="The service tier 'priority' bids the quote for a first token within this "
+        "many seconds ...",
+    )
+    priority_probability = models.FloatField(
+        default=0.9,
+        help_text="... this share of the time (0..1), never above the tenant's priority bid cap.",
+    )
     hold_horizon_s = models.FloatField(
         default=HOLD_HORIZON_PRIOR_S,
         help_text="Seconds of its effective bid a request's priority holds against its budget: "

@@ -26,6 +26,7 @@ class BidSource(models.TextChoices):
     EXPLICIT = "explicit", "Explicit"  # the request carried a bid (body or X-Bid)
     AUTOBID = "autobid", "Autobidder"  # the tenant's autobidder chose it
     NONE = "none", "None"  # no bid and no autobidder: 0
+    TIER = "tier", "Service tier"  # OpenAI's service_tier: flex bids 0, priority the quote
 
 
 class Request(models.Model):

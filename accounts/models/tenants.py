@@ -4,8 +4,12 @@ Operators are Django staff users and belong to no tenant. Tenant members are ord
 linked through :class:`Membership`, whose role says what they may do in their tenant.
 """
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.db import models
+
+from accounts.money import MoneyField
 
 
 class Tenant(models.Model):
@@ -13,6 +17,11 @@ class Tenant(models.Model):
 
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=50, unique=True)
+    priority_bid_cap = MoneyField(
+        default=Decimal("0.01"),
+        help_text="Dollars per second of waiting: the most a request of service tier "
+        "'priority' bids, whatever the market's quote.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="tenants", blank=True

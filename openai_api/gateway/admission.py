@@ -37,7 +37,7 @@ from openai_api.gateway.errors import (
     ModelNotFound,
 )
 from openai_api.gateway.keys import api_key_authenticated
-from openai_api.gateway.selectors import market_for_model
+from openai_api.gateway.selectors import market_for_model, priority_quote
 from openai_api.gateway.validation import CHAT, CompletionParams
 
 
@@ -61,6 +61,7 @@ class Admitted:
     prompt: Prompt
     hold: Decimal
     owner: str = ""  # the tenant's tag for the engine (tenant-level charges): its id
+    service_tier: str = "default"  # as the answer echoes it: default, flex or priority
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -99,7 +100,9 @@ def request_admit_for(
         tokens=prompt.tokens, price_per_million=market.price_input_per_mtok
     ) + per_million(tokens=params.max_tokens, price_per_million=market.price_output_per_mtok)
 
-    def opened(bid: Decimal, source: str, effective: Decimal, cap: Decimal) -> Admitted:
+    def opened(
+        bid: Decimal, source: str, effective: Decimal, cap: Decimal, tier: str = "default"
+    ) -> Admitted:
         priority = priority_hold(
             effective_bid=effective, horizon_s=market.hold_horizon_s, consent_cap=money(cap)
         )
@@ -119,14 +122,23 @@ def request_admit_for(
         except BudgetExhausted as exc:
             raise BudgetExhaustedError(str(exc)) from None
         return Admitted(
-            request_id, market, bid, effective, source, prompt, hold, owner=str(tenant.pk)
-        )
+            request_id, market, bid, effective, source, prompt, hold, owner=str(tenant.pk),
+            service_tier=tier,
+        )  # fmt: skip
 
     reserve = market.reserve
-    if params.bid is not None:
+    wait_s = Decimal(repr(market.max_wait_s))
+    if params.bid is not None:  # an explicit bid wins over the service tier
         effective = effective_bid(params.bid, reserve, zero=ZERO)
-        cap = effective * Decimal(repr(market.max_wait_s))
-        return opened(params.bid, BidSource.EXPLICIT, effective, cap)
+        return opened(params.bid, BidSource.EXPLICIT, effective, effective * wait_s)
+    if params.service_tier == "flex":  # served when capacity allows: no priority bought
+        return opened(ZERO, BidSource.TIER, ZERO, ZERO, tier="flex")
+    if params.service_tier == "priority":
+        quoted = priority_quote(market=market)
+        cap = tenant.priority_bid_cap
+        bid = cap if quoted is None else min(quoted, cap)
+        effective = effective_bid(bid, reserve, zero=ZERO)
+        return opened(bid, BidSource.TIER, effective, effective * wait_s, tier="priority")
     if not autobids(tenant=tenant, request_class=params.request_class):
         return opened(ZERO, BidSource.NONE, ZERO, ZERO)
     # The autobidder's bid depends on its requests in flight: bid and open as one admission.

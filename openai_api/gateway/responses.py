@@ -85,8 +85,10 @@ def completion_body(
     finish: str,
     usage: dict[str, Any],
     auction: dict[str, Any],
+    service_tier: str = "default",
 ) -> dict[str, Any]:
-    """A ``chat.completion`` or ``text_completion`` body."""
+    """A ``chat.completion`` or ``text_completion`` body; ``service_tier`` the tier the request
+    was served at, echoed as OpenAI does."""
     choice: dict[str, Any]
     if endpoint == CHAT:
         choice = {
@@ -104,6 +106,7 @@ def completion_body(
         "object": kind,
         "created": created,
         "model": model,
+        "service_tier": service_tier,
         "system_fingerprint": None,
         "choices": [choice],
         "usage": usage,
@@ -122,6 +125,7 @@ def chunk_body(
     finish: str | None = None,
     no_choices: bool = False,
     extra: dict[str, Any] | None = None,
+    service_tier: str = "default",
 ) -> dict[str, Any]:
     """One streamed chunk: a text delta, the role (chat's first chunk), the finish, or (with
     ``no_choices``) the usage chunk. ``extra`` adds top-level fields (usage, auction)."""
@@ -142,6 +146,7 @@ def chunk_body(
         "object": kind,
         "created": created,
         "model": model,
+        "service_tier": service_tier,
         "system_fingerprint": None,
         "choices": [] if no_choices else [choice],
     }

@@ -176,6 +176,28 @@ def quote_for(
     return body
 
 
+# A market's quote for its priority target, kept this many seconds: reading the history takes
+# one query of up to QUOTE_HISTORY_MAX rows, too much for every request of tier "priority".
+PRIORITY_QUOTE_TTL_S = 5.0
+_priority_quotes: TtlCache[tuple[int, float, float], Decimal | None] = TtlCache(
+    ttl_s=lambda: PRIORITY_QUOTE_TTL_S
+)
+
+
+def priority_quote(*, market: Market) -> Decimal | None:
+    """The bid quoted now for ``market``'s priority target (a first token within
+    ``priority_ttft_s`` seconds ``priority_probability`` of the time); None when none is."""
+    key = (market.pk, market.priority_ttft_s, market.priority_probability)
+    found, quoted = _priority_quotes.get(key)
+    if found:
+        return quoted
+    groups = bid_groups(quote_history(market=market))
+    bid = quote(groups, ttft_s=market.priority_ttft_s, p=market.priority_probability)
+    quoted = None if bid is None else _at_least_reserve(bid, market)
+    _priority_quotes.put(key, quoted)
+    return quoted
+
+
 def _at_least_reserve(bid: float, market: Market) -> Decimal:
     """A quoted bid as a tenant sends it: 0, or at least the reserve (below it buys nothing)."""
     amount = Decimal(repr(bid))
@@ -183,5 +205,6 @@ def _at_least_reserve(bid: float, market: Market) -> Decimal:
 
 
 def caches_clear() -> None:
-    """Forget cached markets (tests; an operator's change that must apply at once)."""
+    """Forget cached markets and quotes (tests; an operator's change that must apply at once)."""
     _markets.clear()
+    _priority_quotes.clear()

@@ -271,6 +271,7 @@ def _settled_body(
             finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
             usage=responses.usage_body(output.meta),
             auction=_auction(admitted, output.meta, settled),
+            service_tier=admitted.service_tier,
         )
         if on_settled is not None:
             on_settled(body)
@@ -343,6 +344,7 @@ async def _sse(
         "response_id": _response_id(params, admitted),
         "created": admitted.created,
         "model": admitted.market.served_model,
+        "service_tier": admitted.service_tier,
     }
     market = admitted.market.slug
     meta: EngineMeta | None = first.meta if first is not None else None

@@ -26,6 +26,9 @@ from openai_api.gateway.errors import InvalidValue, MalformedRequest
 
 CHAT = "chat"
 COMPLETIONS = "completions"
+# OpenAI's values of service_tier: auto and default (the tenant's default bid or autobidder),
+# flex (bid 0: served when capacity allows, no priority charge), priority (the market's quote).
+SERVICE_TIERS = ("auto", "default", "flex", "priority")
 MAX_BID = Decimal(mechanism.MAX_BID)  # dollars per second: the mechanism's limit
 MAX_TOKENS_LIMIT = 32_768  # largest max_tokens a request may ask for
 DEFAULT_MAX_TOKENS = {CHAT: 256, COMPLETIONS: 16}  # OpenAI's completions default is 16
@@ -68,6 +71,9 @@ class CompletionParams:
     prompt_text: str | None = None  # completions, a text prompt
     prompt_ids: tuple[int, ...] | None = None  # completions, token ids
     sampling: dict[str, Any] = field(default_factory=dict)  # passed on to the engine
+    # OpenAI's service_tier (SERVICE_TIERS): flex bids 0, priority bids the market's quote; an
+    # explicit bid wins over it.
+    service_tier: str = "auto"
 
 
 def body_parsed(raw: bytes) -> dict[str, Any]:
@@ -175,6 +181,7 @@ def completion_params(
         "request_class": _request_class(body, headers),
         "bid": _bid(body, headers),
         "sampling": _sampling(body),
+        "service_tier": _service_tier(body),
     }
     if endpoint == CHAT:
         params["messages"] = _messages(body)
@@ -253,6 +260,18 @@ def _bid(body: dict[str, Any], headers: dict[str, str]) -> Decimal | None:
             f"two different bids: {body_bid} in the body, {header_bid} in X-Bid", param="bid"
         )
     return body_bid if body_bid is not None else header_bid
+
+
+def _service_tier(body: dict[str, Any]) -> str:
+    value = _optional(body, "service_tier", str)
+    if value is None:
+        return "auto"
+    if value not in SERVICE_TIERS:
+        raise MalformedRequest(
+            f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got {_short(value)}",
+            param="service_tier",
+        )
+    return value
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:

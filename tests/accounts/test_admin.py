@@ -114,6 +114,8 @@ def test_a_reserve_moved_in_the_admin_is_audited(
         "engine_url": market.engine_url,
         "chat_template": market.chat_template,
         "max_wait_s": "60",
+        "priority_ttft_s": "2",
+        "priority_probability": "0.9",
         "is_active": "on",
         "reserve_changes-TOTAL_FORMS": "0",
         "reserve_changes-INITIAL_FORMS": "0",

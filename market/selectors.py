@@ -13,14 +13,9 @@ from django.utils import timezone
 
 from accounts.models import ChargeKind, LedgerEntry, Request, RequestStatus
 from accounts.money import ZERO
-from market.mechanism.quotes import Waited
+from market.mechanism.quotes import HISTORY_MAX, WINDOW_S, Waited
 from market.mechanism.requests import effective_bid
 from market.models import Market, ReserveChange
-
-# The history a quote reads (market.mechanism.quotes): the market's requests served in the last
-# QUOTE_WINDOW_S seconds, the newest QUOTE_HISTORY_MAX of them.
-QUOTE_WINDOW_S = 600.0
-QUOTE_HISTORY_MAX = 2000
 
 
 def markets_active() -> QuerySet[Market]:
@@ -37,8 +32,8 @@ def quote_history(
     *,
     market: Market,
     now: datetime | None = None,
-    window_s: float = QUOTE_WINDOW_S,
-    limit: int = QUOTE_HISTORY_MAX,
+    window_s: float = WINDOW_S,
+    limit: int = HISTORY_MAX,
 ) -> list[Waited]:
     """What ``market``'s recent served requests bid and waited: each one's bid as it would buy
     priority at the reserve now, and its time to first token (seconds)."""

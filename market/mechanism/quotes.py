@@ -24,6 +24,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 MIN_GROUP = 20  # requests in a group of neighbouring bids: fewer say too little of a quantile
+# The history a quote reads: the requests served in the last WINDOW_S seconds, the newest
+# HISTORY_MAX of them.
+WINDOW_S = 600.0
+HISTORY_MAX = 2000
 
 
 @dataclass(frozen=True)

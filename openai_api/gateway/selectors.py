@@ -27,9 +27,9 @@ from django.utils import timezone
 from accounts.models import ApiKey
 from accounts.money import money_str
 from accounts.selectors import budget_statuses_for_key, tenant_month_spend
-from market.mechanism.quotes import bid_groups, quote, waits_for
+from market.mechanism.quotes import WINDOW_S, bid_groups, quote, waits_for
 from market.models import Market
-from market.selectors import QUOTE_WINDOW_S, quote_history
+from market.selectors import quote_history
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -150,11 +150,11 @@ def quote_for(
         "object": "quote",
         "model": market.served_model,
         "reserve": money_str(market.reserve),
-        "based_on": {"requests": len(history), "window_s": QUOTE_WINDOW_S},
+        "based_on": {"requests": len(history), "window_s": WINDOW_S},
     }
     if not groups:
         body["reason"] = (
-            f"too few requests served in the last {QUOTE_WINDOW_S:g} s to quote ({len(history)})"
+            f"too few requests served in the last {WINDOW_S:g} s to quote ({len(history)})"
         )
     if ttft_s is not None:
         quoted = quote(groups, ttft_s=ttft_s, p=probability) if groups else None
@@ -177,7 +177,7 @@ def quote_for(
 
 
 # A market's quote for its priority target, kept this many seconds: reading the history takes
-# one query of up to QUOTE_HISTORY_MAX rows, too much for every request of tier "priority".
+# one query of up to quotes.HISTORY_MAX rows, too much for every request of tier "priority".
 PRIORITY_QUOTE_TTL_S = 5.0
 _priority_quotes: TtlCache[tuple[int, float, float], Decimal | None] = TtlCache(
     ttl_s=lambda: PRIORITY_QUOTE_TTL_S

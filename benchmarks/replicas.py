@@ -1,17 +1,20 @@
-"""Replicas behind SGLang's router, against one engine of the same total capacity.
+"""Replicas behind SGLang's model gateway (smg), against one engine of the same total capacity.
 
     python -m benchmarks.replicas [--replicas 1 2 4] [--loads 0.8 1.0 1.2 1.5] \\
-        [--policies cache_aware round_robin] [--requests 240] [--tune] \\
+        [--policies cache_aware round_robin] [--variants smg open] [--requests 240] [--tune] \\
         [--json var/bench/replicas.json] [--html var/bench/replicas.html]
 
-For each number of replicas N, router policy and load, in real time: N simulated engines
+For each number of replicas N, gateway policy and load, in real time: N simulated engines
 (``engines.sim.server``, DFS auction ``dfs-auction-density``, each writing its round records to
-a file), SGLang's router in front of them (``engines.router``), and Poisson arrivals of a
-shared-prefix workload sent as text (what the router's cache-aware tree matches) through the
-project's engine client, each with its bid in the rid. The baseline of the same run is one
-engine N times as fast (every per-token and per-step cost divided by N, its KV cache and
-running-request limit multiplied by N), fed the same arrivals directly: what a bid buys when it
-competes in one queue instead of in the queue the router chose.
+a file), the gateway in front of them (``engines.router``), and Poisson arrivals of a
+shared-prefix workload sent as text (what the gateway's cache-aware tree matches) through the
+project's engine client, each with its bid in ``sampling_params.custom_params``. With
+``--variants``, cache-aware runs with other gateway settings too (``VARIANTS``: ``smg``, smg's
+own defaults; ``open``, the balance gate opened, so that a prefix stays on the replica that has
+it cached however loaded). The baseline of the same run is one engine N times as fast (every
+per-token and per-step cost divided by N, its KV cache and running-request limit multiplied by
+N), fed the same arrivals directly: what a bid buys when it competes in one queue instead of in
+the queue the gateway chose.
 
 Load is a fraction of the fleet's capacity: N x one engine's capacity on the workload, measured
 in virtual time with every request queued at once under the engines' DFS auction (the policy
@@ -56,7 +59,21 @@ from .runner import simulate, steady_throughput
 from .workloads import BenchRequest, Workload
 
 ENGINE_POLICY = "dfs-auction-density"
-SINGLE = "one engine"  # the baseline's name where a router policy would be
+SINGLE = "one engine"  # the baseline's name where a gateway policy would be
+# Cache-aware gateway settings other than smg's defaults, by name (``--variants``): RouterOptions.
+# Plain ``cache_aware`` runs the market's settings (engines.router: smg's balance gate, its
+# worker-overload protection off). "smg": smg's own defaults, the protection on; "open": the
+# balance gate opened too, so that a prefix stays on the replica that has it cached however
+# loaded; "open-gate": the gate opened, the protection on.
+OPEN_GATE: dict[str, float | bool] = {
+    "balance_abs_threshold": 100_000,
+    "balance_rel_threshold": 1000.0,
+}
+VARIANTS: dict[str, dict[str, float | bool]] = {
+    "smg": {"worker_overload_protection": True},
+    "open": {**OPEN_GATE, "worker_overload_protection": False},
+    "open-gate": {**OPEN_GATE, "worker_overload_protection": True},
+}
 
 
 @dataclass(frozen=True)
@@ -148,21 +165,30 @@ def config_settings(config: EngineConfig) -> list[str]:
 
 @dataclass
 class Setup:
-    """One run: ``replicas`` engines behind the router under ``policy`` (or ``SINGLE``)."""
+    """One run: ``replicas`` engines behind the gateway under ``policy`` (or ``SINGLE``), with
+    the gateway settings ``thresholds`` (a ``VARIANTS`` entry when ``variant`` names one)."""
 
     replicas: int
     policy: str
     load: float
-    thresholds: dict[str, float] = field(default_factory=dict)
+    thresholds: dict[str, float | bool] = field(default_factory=dict)
+    variant: str = ""
 
     @property
     def label(self) -> str:
-        extra = "".join(f" {k}={v:g}" for k, v in self.thresholds.items())
-        return f"{self.replicas}x {self.policy}{extra} @ {self.load:g}"
+        name = setup_name(self.policy, self.variant, self.thresholds)
+        return f"{self.replicas}x {name} @ {self.load:g}"
+
+
+def setup_name(policy: str, variant: str, thresholds: dict[str, float | bool]) -> str:
+    """A setup's name in tables and charts: its policy, and its variant or its thresholds."""
+    if variant:
+        return f"{policy}/{variant}"
+    return policy + "".join(f" {k}={v:g}" for k, v in thresholds.items())
 
 
 class Fleet:
-    """Engines as child processes (and the router in front of them, unless one engine alone)."""
+    """Engines as child processes (and the gateway in front of them, unless one engine alone)."""
 
     def __init__(
         self,
@@ -360,8 +386,8 @@ def figures(
             "urgent_mean_ttft_s": by_class["urgent"],
             "background_mean_ttft_s": by_class["background"],
             # What the auction buys: how much sooner the urgent (high-bid) fifth is served than
-            # the rest. In one queue every bid competes with every other; behind the router only
-            # with those the router sent to the same replica.
+            # the rest. In one queue every bid competes with every other; behind the gateway
+            # only with those the gateway sent to the same replica.
             "separation": ratio(by_class["background"], by_class["urgent"]),
         }
 
@@ -376,6 +402,7 @@ def figures(
         "policy": setup.policy,
         "load": setup.load,
         "thresholds": setup.thresholds,
+        "variant": setup.variant,
         "failed": failed,
         "merged": row(served, total_cached, total_prompt),
         "per_replica": per_replica,
@@ -394,11 +421,13 @@ TUNING = [
 def setups(args: argparse.Namespace) -> list[Setup]:
     out = []
     for n in args.replicas:
-        # One replica: the router's policy does not matter (power_of_two refuses to start), and
-        # the baseline is the same engine without the router in front.
+        # One replica: the gateway's policy does not matter, and the baseline is the same
+        # engine without the gateway in front.
         policies = args.policies[:1] if n == 1 else args.policies
         for load in args.loads:
             out += [Setup(n, policy, load) for policy in policies]
+            if n > 1 and "cache_aware" in policies:
+                out += [Setup(n, "cache_aware", load, dict(VARIANTS[v]), v) for v in args.variants]
             out.append(Setup(n, SINGLE, load))
     if args.tune:
         n = max(args.replicas)
@@ -410,7 +439,7 @@ def table(rows: list[dict]) -> str:
     """The merged figures: ``bg/urg`` is the background requests' mean TTFT over the urgent
     ones' (the auction's separation); ``ttft/1`` and ``wel/1`` are the setup's mean TTFT and
     welfare as ratios to its baseline's (the one engine of the same capacity at the same load;
-    for one replica, the same engine without the router)."""
+    for one replica, the same engine without the gateway)."""
     base = {(r["replicas"], r["load"]): r["merged"] for r in rows if r["policy"] == SINGLE}
     lines = [
         f"{'setup':<44} {'hit':>6} {'ttft':>8} {'p99':>8} {'welfare':>10} {'revenue':>9} "
@@ -421,8 +450,8 @@ def table(rows: list[dict]) -> str:
         if not m.get("requests"):
             continue
         b = base.get((r["replicas"], r["load"]))
-        extra = "".join(f" {k}={v:g}" for k, v in r["thresholds"].items())
-        label = f"{r['replicas']}x {r['policy']}{extra} @ {r['load']:g}"
+        name = setup_name(r["policy"], r.get("variant", ""), r["thresholds"])
+        label = f"{r['replicas']}x {name} @ {r['load']:g}"
         ratios = (
             f"{m['mean_ttft_s'] / b['mean_ttft_s']:>7.2f} {m['welfare'] / b['welfare']:>7.2f}"
             if b and b.get("mean_ttft_s") and b.get("welfare")
@@ -450,9 +479,11 @@ def report_html(rows: list[dict], path: Path, title: str) -> None:
     )  # fmt: skip
     lines: dict[str, list[dict]] = {}
     for r in rows:
-        if r["thresholds"] or not r["merged"].get("requests"):
+        tuned = r["thresholds"] and not r.get("variant")  # a --tune point, one load only
+        if tuned or not r["merged"].get("requests"):
             continue
-        lines.setdefault(f"{r['replicas']}x {r['policy']}", []).append(r)
+        name = setup_name(r["policy"], r.get("variant", ""), {})
+        lines.setdefault(f"{r['replicas']}x {name}", []).append(r)
     for name, part in lines.items():
         part.sort(key=lambda r: r["load"])
         loads = [r["load"] for r in part]
@@ -467,7 +498,7 @@ def report_html(rows: list[dict], path: Path, title: str) -> None:
                 row=row, col=col,
             )  # fmt: skip
     for r in rows:
-        if r["thresholds"] or r["policy"] == SINGLE or r["replicas"] < 2:
+        if (r["thresholds"] and not r.get("variant")) or r["policy"] == SINGLE or r["replicas"] < 2:
             continue
         loads = sorted({x["load"] for x in rows})
         if r["load"] != min(loads, key=lambda x: abs(x - 1.0)):
@@ -475,7 +506,8 @@ def report_html(rows: list[dict], path: Path, title: str) -> None:
         per = r["per_replica"]
         fig.add_trace(
             go.Bar(x=list(per), y=[v.get("requests", 0) for v in per.values()],
-                   name=f"{r['replicas']}x {r['policy']}", showlegend=False),
+                   name=f"{r['replicas']}x {setup_name(r['policy'], r.get('variant', ''), {})}",
+                   showlegend=False),
             row=2, col=2,
         )  # fmt: skip
     fig.update_xaxes(title_text="load (x fleet capacity)", row=1, col=1)
@@ -493,6 +525,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--loads", type=float, nargs="+", default=[0.8, 1.0, 1.2, 1.5])
     p.add_argument("--policies", nargs="+", default=["cache_aware", "round_robin"],
                    choices=["cache_aware", "round_robin", "random", "power_of_two"])  # fmt: skip
+    p.add_argument(
+        "--variants", nargs="*", default=[], choices=sorted(VARIANTS),
+        help="also run cache_aware with these gateway settings (VARIANTS)",
+    )  # fmt: skip
     p.add_argument("--requests", type=int, default=240)
     p.add_argument("--groups", type=int, default=12)
     p.add_argument(
@@ -548,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     title = (
-        f"Replicas behind SGLang's router vs one engine of the same capacity "
+        f"Replicas behind SGLang's model gateway vs one engine of the same capacity "
         f"({len(base)} shared-prefix requests, {args.groups} groups, DFS auction on each)"
     )
     report_html(rows, args.html, title)

@@ -1,32 +1,59 @@
-"""SGLang's router in front of a market's replicas: ``sglang-router`` 0.3.2, a Rust binary in
-its wheel, started as ``python -m sglang_router.launch_router``.
+"""SGLang's model gateway in front of a market's replicas: smg 1.13.0 (the successor of
+``sglang-router``; a Rust router built into a Python extension), started as
+``python -m smg.launch_router``.
 
-The market does not route requests itself: its entry point is the router (or one engine), and
-the router picks a replica per request by its policy (``cache_aware`` keeps a prefix on the
+The market does not route requests itself: its entry point is the gateway (or one engine), and
+the gateway picks a replica per request by its policy (``cache_aware`` keeps a prefix on the
 replica that has it cached while the load stays balanced; ``round_robin``, ``random``,
-``power_of_two``). The bid survives it in the rid (``scheduler_bridge.contract.wire``); what the
-market sends to the replicas themselves (control, status) goes to each replica's own URL.
+``power_of_two``). The bid travels through it as a field, ``sampling_params.custom_params``
+(``scheduler_bridge.contract.wire``): smg rebuilds the body from its own typed request and keeps
+it. What the market sends to the replicas themselves (control, status) goes to each replica's
+own URL. smg finds each worker's engine by probing it (SGLang's ``/server_info`` and
+``/model_info``, which the simulated engine serves) and watches its load on ``/v1/loads``.
 
 What this module sets, and why:
 
-- **No hub**: the router loads a tokenizer for the workers' model at start and tries a model
-  hub for it; nothing outside is reachable here and the simulated engines' model is not on any
-  hub, so ``HF_ENDPOINT`` points at a closed local port unless the caller set it (the router
-  then logs one warning and routes by text, which is what ``cache_aware`` needs).
-- **Health checks every ``health_check_interval_s``** (default 2 s, the router's own is 60 s),
-  so that a replica that died leaves the rotation within seconds, and one that came back
-  returns to it.
+- **Its priority scheduler stays off** (``--priority-scheduler-enabled`` is never passed): with
+  it on, smg admits requests through per-class FIFO queues of its own, so requests wait in the
+  gateway, where no auction orders them, the engines' queues stay empty and bids stop mattering
+  (measured: a bid of 1.0 $/s waited 4.71 s, one of 0.001 $/s 4.00 s; with it off, 1.19 s and
+  3.68 s). The auction runs in the engines' queues; the gateway must pass requests straight on.
+- **Its control plane is not open to the network.** smg serves its control routes (``POST
+  /workers`` registers a backend by URL, ``/flush_cache`` drops the engines' caches) on its
+  one port with no credential unless given one: the gateway binds to loopback
+  (``127.0.0.1``, the default ``host``), or, on any other address, only with
+  ``control_key``, which it passes as smg's ``--control-plane-api-keys`` (an admin key) and
+  which ``router_ready`` sends. Its Prometheus exporter binds to loopback too, on a port of its
+  own: a free one unless ``prometheus_port`` says which (smg's default, 29000, would be taken
+  by a second gateway on the machine: a test, a benchmark, a second market).
+- **Health checks every ``health_check_interval_s``** (default 2 s; smg's own is 60 s), a
+  replica leaving the rotation after ``health_failure_threshold`` failed checks (2; smg's 3),
+  so that a replica that died leaves within seconds and one that came back returns.
 - **A dead replica's circuit opens after ``circuit_failure_threshold`` failures** (default 2,
-  the router's own is 10): the router retries a failed request (5 times by default), but under
-  ``cache_aware`` the retries go back to the replica that holds the prefix, dead or not, until
-  its circuit opens; with the replica that holds a prefix killed, 2 of the next 6 requests on
-  that prefix failed at the router's 10 (in each of 4 trials) and none at 2. An open circuit is
-  tried again after ``circuit_open_s`` (5 s; the router's default is 60 s), so a replica that
-  restarted gets requests again within seconds.
-- **Quiet**: ``--log-level warn`` (the router logs two lines per request at info).
-- **Its own metrics port**: the router serves Prometheus metrics on a port of its own, 29000
-  unless told; a second router on the machine (a test, a benchmark, a second market) would find
-  it taken and exit, so each gets a free one unless ``prometheus_port`` says which.
+  smg's is 10): the gateway retries a failed request (5 times), and under ``cache_aware`` the
+  retries go back to the replica that holds the prefix, dead or not, until its circuit opens
+  (measured with SGLang's earlier router: at 10, 2 of the next 6 requests on a killed
+  replica's prefix failed, in each of 4 trials; at 2, none). An open circuit is tried again
+  after ``circuit_open_s`` (5 s; smg's 60 s), so a replica that restarted gets requests again
+  within seconds.
+- **Routing**: ``policy`` (``cache_aware``) and its thresholds, smg's own unless given
+  (``cache_threshold`` 0.3; the balance gate, ``balance_abs_threshold`` 64 and
+  ``balance_rel_threshold`` 1.5, which spills a request off a replica that is busier than
+  the fleet by both), but **without smg's worker-overload protection**
+  (``worker_overload_protection`` False): it leaves out of routing a replica with 8 or more
+  requests waiting, and in a market waiting is the normal state (the queue is what bids
+  order), so it scatters each prefix over the replicas and the cache hit rate falls to round
+  robin's. The replicas benchmark chose it (``benchmarks/replicas.py``; README, "Replicas
+  behind SGLang's model gateway": 2 replicas, 2 seeds, loads 1 and 1.5, mean TTFT 0.18 and
+  0.26 s against 0.25 and 0.36 s with the protection on); opening the balance gate as well
+  keeps a hot prefix on one replica however loaded, which won or lost by seed.
+- **No hub**: smg registers a tokenizer job for each worker's ``tokenizer_path``, which it would
+  look up on a model hub; nothing outside is reachable here, and routing needs no tokenizer
+  (``cache_aware`` matches the text), so ``HF_ENDPOINT`` points at a closed local port unless
+  the caller set it.
+- **Quiet, and quick to stop**: ``--log-level warn`` (smg logs two lines per request at info);
+  ``--shutdown-grace-period-secs`` ``shutdown_grace_s`` (1 s; smg waits up to 180 s for
+  requests in flight), so that stopping it does not hold a test or a restart.
 """
 
 from __future__ import annotations
@@ -47,15 +74,20 @@ from typing import Any
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 NOWHERE = "http://127.0.0.1:9"  # the discard port: connections are refused at once
 START_TIMEOUT_S = 60.0
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+CONTROL_KEY_ID = "market"  # the control-plane key's id and name in smg
 
 
 @dataclass(frozen=True)
 class RouterOptions:
-    """How to start the router in front of ``worker_urls``; ``None``: the router's default.
-    The cache-aware thresholds are the router's: a request goes to the replica with the longest
-    cached prefix when that match is at least ``cache_threshold`` of the request (0..1), unless
-    the load is unbalanced (the busiest replica has more than ``balance_abs_threshold`` requests
-    and ``balance_rel_threshold`` times the idlest's), when it goes to the idlest."""
+    """How to start the gateway in front of ``worker_urls``; ``None``: smg's default. The
+    cache-aware thresholds are smg's: a request goes to the replica with the longest cached
+    prefix when that match is at least ``cache_threshold`` of the request (0..1), unless that
+    replica's load (requests in flight) is above the fleet's mean by more than
+    ``balance_abs_threshold`` and more than ``balance_rel_threshold`` times the mean, when it
+    goes to the least loaded. ``worker_overload_protection`` True: smg leaves out a replica
+    with 8 or more waiting or 0.8 of its KV cache in use (the market's default: off, the
+    module's docstring). Times in seconds."""
 
     port: int
     worker_urls: tuple[str, ...]
@@ -64,12 +96,15 @@ class RouterOptions:
     cache_threshold: float | None = None
     balance_abs_threshold: int | None = None
     balance_rel_threshold: float | None = None
+    worker_overload_protection: bool = False
     health_check_interval_s: int = 2
     health_failure_threshold: int = 2
     circuit_failure_threshold: int = 2
     circuit_open_s: int = 5  # an open circuit is tried again after this (a replica restarted)
     log_level: str = "warn"
     prometheus_port: int | None = None  # None: a free port, chosen when the command is built
+    control_key: str | None = None  # the control plane's admin key; needed off loopback
+    shutdown_grace_s: int = 1
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -78,6 +113,13 @@ class RouterOptions:
             raise ValueError("the router needs at least one worker URL")
         if self.cache_threshold is not None and not 0 <= self.cache_threshold <= 1:
             raise ValueError("cache_threshold must be in 0..1")
+        if self.host not in LOOPBACK and not self.control_key:
+            raise ValueError(
+                f"a router on {self.host} needs a control_key: its control plane (POST "
+                "/workers, /flush_cache) would be open to whoever reaches it"
+            )
+        if self.control_key is not None and not self.control_key.strip():
+            raise ValueError("control_key must not be blank")
 
     @property
     def url(self) -> str:
@@ -85,10 +127,10 @@ class RouterOptions:
 
 
 def router_argv(options: RouterOptions, *, python: str = sys.executable) -> list[str]:
-    """The router's command line."""
-    metrics_port = options.prometheus_port or free_port(options.host, not_=options.port)
+    """The gateway's command line (smg's priority scheduler never on: the module's docstring)."""
+    metrics_port = options.prometheus_port or free_port("127.0.0.1", not_=options.port)
     argv = [
-        python, "-m", "sglang_router.launch_router",
+        python, "-m", "smg.launch_router",
         "--host", options.host, "--port", str(options.port),
         "--worker-urls", *options.worker_urls,
         "--policy", options.policy,
@@ -99,6 +141,7 @@ def router_argv(options: RouterOptions, *, python: str = sys.executable) -> list
         "--log-level", options.log_level,
         "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(metrics_port),
+        "--shutdown-grace-period-secs", str(options.shutdown_grace_s),
     ]  # fmt: skip
     for flag, value in (
         ("--cache-threshold", options.cache_threshold),
@@ -107,6 +150,11 @@ def router_argv(options: RouterOptions, *, python: str = sys.executable) -> list
     ):
         if value is not None:
             argv += [flag, str(value)]
+    if not options.worker_overload_protection:
+        argv.append("--disable-worker-overload-protection")
+    if options.control_key:
+        key = f"{CONTROL_KEY_ID}:{CONTROL_KEY_ID}:admin:{options.control_key}"
+        argv += ["--control-plane-api-keys", key]
     return argv
 
 
@@ -130,12 +178,17 @@ def free_port(host: str = "127.0.0.1", *, not_: int | None = None) -> int:
 
 
 def router_wait(
-    url: str, workers: int, process: Any | None = None, *, timeout_s: float = START_TIMEOUT_S
+    url: str,
+    workers: int,
+    process: Any | None = None,
+    *,
+    timeout_s: float = START_TIMEOUT_S,
+    control_key: str | None = None,
 ) -> None:
     """Wait until the router at ``url`` has ``workers`` healthy workers; RuntimeError when
     ``process`` (anything with ``poll`` and ``returncode``) exits first, or past ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not router_ready(url, workers):
+    while not router_ready(url, workers, control_key=control_key):
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"the router exited with {process.returncode}")
         if time.monotonic() > deadline:
@@ -150,10 +203,16 @@ def router_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def router_ready(url: str, workers: int, *, timeout_s: float = 1.0) -> bool:
-    """Whether the router at ``url`` answers and has ``workers`` healthy workers."""
+def router_ready(
+    url: str, workers: int, *, timeout_s: float = 1.0, control_key: str | None = None
+) -> bool:
+    """Whether the router at ``url`` answers and has ``workers`` healthy workers (its control
+    plane's ``GET /workers``, with ``control_key`` when it has one)."""
+    request = urllib.request.Request(f"{url}/workers")
+    if control_key:
+        request.add_header("Authorization", f"Bearer {control_key}")
     try:
-        with urllib.request.urlopen(f"{url}/workers", timeout=timeout_s) as answer:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             listed = json.load(answer).get("workers", [])
     except (OSError, ValueError, urllib.error.URLError):
         return False
@@ -161,7 +220,7 @@ def router_ready(url: str, workers: int, *, timeout_s: float = 1.0) -> bool:
 
 
 class Router:
-    """The router as a child process: ``start`` waits until every worker is healthy in it."""
+    """The gateway as a child process: ``start`` waits until every worker is healthy in it."""
 
     def __init__(self, options: RouterOptions, *, log: Path | None = None) -> None:
         self.options = options
@@ -187,7 +246,10 @@ class Router:
 
     def wait_ready(self, workers: int, *, timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait until ``workers`` workers are healthy in the router (RuntimeError past it)."""
-        router_wait(self.url, workers, self.process, timeout_s=timeout_s)
+        router_wait(
+            self.url, workers, self.process, timeout_s=timeout_s,
+            control_key=self.options.control_key,
+        )  # fmt: skip
 
     def stop(self) -> None:
         process, self.process = self.process, None

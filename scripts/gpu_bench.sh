@@ -4,6 +4,12 @@
 # project's engine client; the same table and JSON as the simulated benchmark, in under ten
 # minutes on one H100/H200-class GPU.
 #
+# First, SGLang behind SGLang's model gateway (smg 1.13.0, as engines/router.py starts it) with
+# the plugin running: benchmarks.smg_check sends bids through the gateway, streamed and not,
+# and checks that SGLang took the body smg rebuilds and the plugin read each bid from it (the
+# answers' meta_info and the round records); OUT_DIR/smg-check.json says what it saw. The
+# benchmark runs only when it passes; SMG_CHECK_ONLY=1 stops after it.
+#
 #   scripts/gpu_bench.sh [OUT_DIR]          (default: gpu-bench-results)
 #
 # Needs: one NVIDIA GPU, Python 3.11+, and pip access to SGLang's wheels (it installs the
@@ -41,6 +47,28 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || {
 }
 
 server_pid=""
+rounds=""
+# start_sglang NAME SGLANG_POLICY: one server, the plugin's config and round records for NAME.
+start_sglang() {
+    local name=$1 sglang_policy=$2
+    rounds="$OUT/rounds-$name.jsonl"
+    rm -f "$rounds"
+    printf '{"rounds_jsonl": "%s", "market": "gpu-bench"}\n' "$rounds" > "$OUT/plugin-$name.json"
+    export MARKET_PLUGIN_CONFIG="$OUT/plugin-$name.json"
+    echo "==> $name: starting SGLang"
+    "$PY" -m sglang.launch_server --model-path "$MODEL_DIR" --load-format dummy \
+        --skip-tokenizer-init --port "$PORT" --schedule-policy "$sglang_policy" \
+        --disable-cuda-graph --mem-fraction-static 0.85 --log-level warning \
+        > "$OUT/server-$name.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 180); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
+        kill -0 "$server_pid" 2>/dev/null || { tail -n 40 "$OUT/server-$name.log"; exit 1; }
+        sleep 1
+    done
+    echo "gpu_bench: SGLang did not become healthy in 180 s" >&2
+    exit 1
+}
 stop_server() {
     if [ -n "$server_pid" ]; then
         kill "$server_pid" 2>/dev/null || true
@@ -50,28 +78,26 @@ stop_server() {
 }
 trap stop_server EXIT
 
+export MARKET_POLICY=dfs-auction-density
+start_sglang smg-check fcfs
+echo "==> smg-check: bids through SGLang's model gateway to SGLang"
+if ! "$PY" -m benchmarks.smg_check --engine-url "http://127.0.0.1:$PORT" \
+    --rounds-jsonl "$rounds" --json "$OUT/smg-check.json" --log "$OUT/smg.log"; then
+    echo "gpu_bench: the bids did not arrive through smg: $OUT/smg-check.json, $OUT/smg.log," \
+        "$OUT/server-smg-check.log" >&2
+    exit 1
+fi
+stop_server
+[ "${SMG_CHECK_ONLY:-0}" = 1 ] && exit 0
+
 for policy in $POLICIES; do
-    rounds="$OUT/rounds-$policy.jsonl"
-    rm -f "$rounds"
     # SGLang's own policies run as SGLang runs them; the market's run inside the plugin
     # (highest-bid there is not limited to fcfs as SGLang's priority scheduling is).
     case "$policy" in
         fcfs|lpm|dfs-weight) export MARKET_POLICY=""; sglang_policy=$policy ;;
         *) export MARKET_POLICY=$policy; sglang_policy=fcfs ;;
     esac
-    printf '{"rounds_jsonl": "%s", "market": "gpu-bench"}\n' "$rounds" > "$OUT/plugin-$policy.json"
-    export MARKET_PLUGIN_CONFIG="$OUT/plugin-$policy.json"
-    echo "==> $policy: starting SGLang"
-    "$PY" -m sglang.launch_server --model-path "$MODEL_DIR" --load-format dummy \
-        --skip-tokenizer-init --port "$PORT" --schedule-policy "$sglang_policy" \
-        --disable-cuda-graph --mem-fraction-static 0.85 --log-level warning \
-        > "$OUT/server-$policy.log" 2>&1 &
-    server_pid=$!
-    for _ in $(seq 180); do
-        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-        kill -0 "$server_pid" 2>/dev/null || { tail -n 40 "$OUT/server-$policy.log"; exit 1; }
-        sleep 1
-    done
+    start_sglang "$policy" "$sglang_policy"
     echo "==> $policy: $REQUESTS requests at $RATE/s"
     "$PY" -m benchmarks.live --engine-url "http://127.0.0.1:$PORT" \
         --policy "$policy" --requests "$REQUESTS" --rate "$RATE" --groups "$GSP_GROUPS" \

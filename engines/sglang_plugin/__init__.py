@@ -14,9 +14,9 @@ the loader applies them:
 Which policy runs, and where round records go: ``config`` (env ``MARKET_POLICY``, or a JSON file
 named by ``MARKET_PLUGIN_CONFIG``). With neither set, SGLang runs exactly as without the plugin.
 Install with ``pip install '.[sglang]'`` next to SGLang; a request's bid ($/s of waiting) is
-read as the engine contract says (``scheduler_bridge.contract.wire``: in its rid, which survives
-SGLang's router, or ``sampling_params.custom_params["bid"]``), and its answer's ``meta_info``
-carries the auction's fields through SGLang's ``customized_info``.
+read as the engine contract says (``scheduler_bridge.contract.wire``:
+``sampling_params.custom_params["bid"]``, which SGLang's model gateway keeps), and its answer's
+``meta_info`` carries the auction's fields through SGLang's ``customized_info``.
 """
 
 from __future__ import annotations

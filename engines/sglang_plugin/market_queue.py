@@ -47,7 +47,7 @@ from market.mechanism import (
 )
 from scheduler_bridge.contract.control import ControlFollower, ControlState
 from scheduler_bridge.contract.records import RoundRecord, auction_fields
-from scheduler_bridge.contract.wire import CUSTOM_PARAMS, bid_read, rid_owner, rid_request_id
+from scheduler_bridge.contract.wire import CUSTOM_PARAMS, AuctionParams, auction_read
 from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder
 
 from . import cache_tracking, metrics
@@ -66,25 +66,18 @@ def _waiting_prefix_refresh() -> bool:
         return True
 
 
-def bid_of(req: Req) -> float:
-    """The request's bid in $/s, read as the engine contract says (``wire.bid_read``: from its
-    rid, or ``sampling_params.custom_params["bid"]``; neither: 0).
+def auction_of(req: Req) -> AuctionParams:
+    """The request's bid in $/s and its tenant's tag, read as the engine contract says
+    (``wire.auction_read``: from ``sampling_params.custom_params``; no bid: 0).
 
-    ValueError (saying what is wrong) when the rid's bid is mangled, the two disagree, or the bid
-    is not a finite number in 0..MAX_BID.
+    ValueError (saying what is wrong) when the bid is not a finite number in 0..MAX_BID, or the
+    tag is not one.
     """
-    return bid_read(req.rid, getattr(req.sampling_params, CUSTOM_PARAMS, None))[1]
-
-
-def market_id(req: Req) -> Any:
-    """The request's id in the market (its rid without the bid part; a rid that is not a
-    string as it is, which the market never holds)."""
-    rid = req.rid
-    return rid_request_id(rid) if isinstance(rid, str) else rid
+    return auction_read(getattr(req.sampling_params, CUSTOM_PARAMS, None), request_id=req.rid)
 
 
 def abort_for_bad_bid(req: Req, error: ValueError) -> None:
-    """Fail the request with a 400 that says what is wrong with its bid.
+    """Fail the request with a 400 that says what is wrong with its bid (or its tenant's tag).
 
     SGLang's own way for a queued request (scheduler.py, "Abort method 2"): the request keeps
     its place, its input becomes one token, and after that one-token prefill the scheduler
@@ -285,13 +278,13 @@ class MarketQueue:
             self._outside[id(req)] = req  # being aborted: SGLang finishes it
             return
         try:
-            bid = bid_of(req)
+            auction = auction_of(req)
         except ValueError as exc:
             self.bad_bids += 1
             abort_for_bad_bid(req, exc)
             self._outside[id(req)] = req
             return
-        rid = rid_request_id(req.rid)
+        rid = req.rid
         output = req.output_ids
         # A copy (SGLang's arrays are the request's own): array("q") as SGLang keeps them.
         tokens = req.origin_input_ids + output if output else array("q", req.origin_input_ids)
@@ -306,10 +299,10 @@ class MarketQueue:
                 WaitingRequest(
                     rid,
                     tokens,
-                    bid,
+                    auction.bid,
                     arrival,
                     req.num_matched_prefix_tokens,
-                    owner=rid_owner(req.rid),
+                    owner=auction.owner,
                 ),
                 handle=req,
             )
@@ -433,13 +426,13 @@ class MarketQueue:
 
     def defer(self, req: Req, batch: int) -> bool:
         """Whether the request would recompute enough uncached tokens shared with the batch."""
-        rid = market_id(req)
+        rid = req.rid
         if self._cleared_version != self.tree.version or rid not in self.tree:
             return False
         return self.tree.batch_recomputed(rid, batch) >= self.config.knobs.in_batch_defer_tokens
 
     def admitted_to_batch(self, req: Req, batch: int) -> None:
         """Mark the request's prefix as being computed in the batch."""
-        rid = market_id(req)
+        rid = req.rid
         if self._cleared_version == self.tree.version and rid in self.tree:
             self.tree.batch_add(rid, batch)

@@ -157,6 +157,7 @@ class Engine:
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
         self.prefilled_tokens = 0
+        self.prefill_busy_s = 0.0  # engine seconds spent in prefill steps
         self.generated_tokens = 0
         self.finished_requests = 0
         self.steps = 0
@@ -372,6 +373,7 @@ class Engine:
 
     def _prefill(self, now: float, chunks, record) -> StepResult:
         duration = self.config.prefill_step_s([(n, req.computed) for req, n in chunks])
+        self.prefill_busy_s += duration
         end = now + duration
         result = StepResult(now, end, "prefill", record=record)
         kv = self.kv

@@ -2,10 +2,10 @@
 
 ``POST /generate`` takes one request (SGLang's batch forms, lists of texts, are refused):
 ``text`` or ``input_ids``, ``sampling_params`` (``max_new_tokens``, default 128;
-``custom_params.bid``; other sampling parameters are type-checked loosely and otherwise
-ignored), ``stream`` and ``rid``. The bid ($/s of waiting) is read as the engine contract says
-(``scheduler_bridge.contract.wire.bid_read``: in the rid, or in ``custom_params.bid``, default 0);
-the request's id is the rid without its bid part.
+``custom_params``; other sampling parameters are type-checked loosely and otherwise ignored),
+``stream`` and ``rid``. The bid ($/s of waiting) and the tenant's tag are read as the engine
+contract says (``scheduler_bridge.contract.wire.auction_read``: ``custom_params.bid``, default 0,
+and ``custom_params.tenant``); the request's id is the rid.
 
 Errors are JSON ``{"error": {"message", "type", "code", "param"}}``: SGLang's own ``/generate``
 answers ``{"error": {"message": ...}}``, so this is that shape with the OpenAI-style extras
@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from scheduler_bridge.contract.wire import CUSTOM_PARAMS, BidError, bid_read, rid_owner
+from scheduler_bridge.contract.wire import CUSTOM_PARAMS, BidError, auction_read
 
 from .engine import SimRequest
 
@@ -73,8 +73,8 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A checked ``/generate`` body: ``rid`` the request's id (without the rid's tenant and bid
-    parts), ``bid`` in dollars per second of waiting, ``owner`` its tenant's tag ("": none)."""
+    """A checked ``/generate`` body: ``rid`` the request's id, ``bid`` in dollars per second of
+    waiting, ``owner`` its tenant's tag ("": none)."""
 
     rid: str
     text: str | None
@@ -180,10 +180,10 @@ def parse_generate(body: Any) -> GenerateRequest:
             "rid",
         )
     try:
-        request_id, bid = bid_read(rid, sampling.get(CUSTOM_PARAMS))
+        auction = auction_read(sampling.get(CUSTOM_PARAMS), request_id=rid)
     except BidError as exc:
         raise BadRequest(str(exc), exc.param) from None
-    return GenerateRequest(request_id, text, ids, max_new, bid, stream, rid_owner(rid))
+    return GenerateRequest(rid, text, ids, max_new, auction.bid, stream, auction.owner)
 
 
 # --- responses --------------------------------------------------------------------------------

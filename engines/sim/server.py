@@ -6,7 +6,8 @@
         [--max-queue N] [--admin-token TOKEN]
 
 Endpoints: ``POST /generate`` (protocol.py), ``GET /health``, ``GET /health_generate``,
-``GET /get_model_info``, ``GET /get_server_info``, ``GET /metrics`` (metrics.py) and
+``GET /model_info`` and ``GET /server_info`` (also as SGLang's older ``/get_model_info`` and
+``/get_server_info``), ``GET /v1/loads`` (loads.py), ``GET /metrics`` (metrics.py) and
 ``POST /admin/market`` (``{"policy": ..., "reserve": ...}``, from the next round; closed unless
 an admin token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the
 market's push sends; send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round
@@ -52,6 +53,7 @@ from scheduler_bridge.contract.wire import (
 
 from .config import settings_split
 from .engine import Engine
+from .loads import LoadReport
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import (
     BadRequest,
@@ -157,6 +159,7 @@ class SimServer:
         )
         self.model_name = f"sim/{options.market}"
         self.metrics = ServerMetrics(self.loop, self.model_name)
+        self.load_report = LoadReport(self.engine, self.clock, VERSION)
         self.port = options.port
         self.app = self._app()
         self._runner: web.AppRunner | None = None
@@ -166,8 +169,12 @@ class SimServer:
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health_generate)
-        app.router.add_get("/get_model_info", self.model_info)
-        app.router.add_get("/get_server_info", self.server_info)
+        # What SGLang's model gateway probes to register a worker as SGLang and watch its load.
+        for path in ("/model_info", "/get_model_info"):
+            app.router.add_get(path, self.model_info)
+        for path in ("/server_info", "/get_server_info"):
+            app.router.add_get(path, self.server_info)
+        app.router.add_get("/v1/loads", self.loads)
         app.router.add_get("/metrics", self.metrics_text)
         app.router.add_post(CONTROL_PATH, self.admin_market)
         return app
@@ -308,12 +315,15 @@ class SimServer:
                 loop.abandon(ticket)
 
     async def model_info(self, request: web.Request) -> web.Response:
-        """SGLang's ``/get_model_info``, with the market's policy and reserve ($/s)."""
+        """SGLang's ``/model_info``, with the market's policy and reserve ($/s)."""
         return json_response(
             {
                 "model_path": self.model_name,
+                "served_model_name": self.model_name,
                 "tokenizer_path": TOKENIZER_NAME,
                 "is_generation": True,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
                 "market": self.options.market,
                 "policy": self.engine.policy,
                 "reserve": self.engine.reserve,
@@ -321,12 +331,20 @@ class SimServer:
         )
 
     async def server_info(self, request: web.Request) -> web.Response:
-        """SGLang's ``/get_server_info``: the options and the engine's configuration."""
+        """SGLang's ``/server_info``: the options and the engine's configuration, under
+        SGLang's names where SGLang has one (one rank: no tensor, pipeline or data
+        parallelism; no prefill/decode disaggregation)."""
         cfg = self.engine.config
         return json_response(
             {
                 "version": VERSION,
                 "model_path": self.model_name,
+                "served_model_name": self.model_name,
+                "tp_size": 1,
+                "pp_size": 1,
+                "dp_size": 1,
+                "disaggregation_mode": "null",
+                "is_embedding": False,
                 "host": self.options.host,
                 "port": self.port,
                 "engine_id": self.engine.engine_id,
@@ -346,6 +364,10 @@ class SimServer:
                 "market_knobs": asdict(self.engine.knobs),
             }
         )
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang's ``/v1/loads`` (loads.py), JSON only."""
+        return json_response(self.load_report.body(request.query.get("include")))
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         """Prometheus text exposition (metrics.py lists the names)."""

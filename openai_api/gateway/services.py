@@ -159,7 +159,8 @@ def _bid_lost(admitted: Admitted, meta: EngineMeta) -> EngineBidLost | None:
     read = "no bid" if meta.bid is None else f"a bid of {meta.bid!r} $/s"
     logger.error(
         "request %s: sent a bid of %r $/s, the engine reported %s: is the market's plugin "
-        "loaded, and does the route to it keep the rid?", admitted.request_id, sent, read,
+        "loaded, and does the route to it keep sampling_params.custom_params?",
+        admitted.request_id, sent, read,
     )  # fmt: skip
     return EngineBidLost(
         f"the engine reported {read} for a request sent with a bid of {sent!r} $/s; the "

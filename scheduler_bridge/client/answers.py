@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_bridge.contract.wire import auction_value, rid_with_bid
+from scheduler_bridge.contract.wire import CUSTOM_PARAMS, auction_params, auction_value
 
 
 @dataclass(frozen=True)
@@ -62,17 +62,17 @@ def generate_body(
     owner: str = "",
 ) -> dict[str, Any]:
     """The JSON body of ``POST /generate``: ``rid`` the request's id, ``bid`` in dollars per
-    second of waiting and ``owner`` its tenant's tag, carried in the rid (the engine contract's
-    one place that survives SGLang's router)."""
+    second of waiting and ``owner`` its tenant's tag, carried in
+    ``sampling_params.custom_params`` (the engine contract's fields, ``wire.auction_params``,
+    which replace any ``custom_params`` given)."""
     if (text is None) == (input_ids is None):
         raise ValueError("give exactly one of text and input_ids")
+    if not rid:
+        raise ValueError("a request id must be non-empty")
     sampling = dict(sampling_params or {})
     sampling["max_new_tokens"] = max_new_tokens
-    body: dict[str, Any] = {
-        "rid": rid_with_bid(rid, bid, owner),
-        "sampling_params": sampling,
-        "stream": stream,
-    }
+    sampling[CUSTOM_PARAMS] = auction_params(bid=bid, owner=owner, request_id=rid)
+    body: dict[str, Any] = {"rid": rid, "sampling_params": sampling, "stream": stream}
     if text is not None:
         body["text"] = text
     else:

@@ -2,13 +2,14 @@
 control path (a market's policy and reserve) and ``GET /metrics``.
 
 The same code talks to the simulated engine (``engines.sim``) and to SGLang with our
-plugin, directly or through SGLang's router: a request is ``rid`` (carrying the bid, dollars per
-second of waiting: ``wire.rid_with_bid``), ``text`` or ``input_ids`` and
-``sampling_params.max_new_tokens``. The answer's ``meta_info`` has SGLang's fields
-(``prompt_tokens``, ``cached_tokens``, ``completion_tokens``, ``finish_reason``, ...) and the
-auction's (the ``bid`` read, ``charge`` in dollars, ``round_id``, ``position``), which both
-engines send; each is optional here, so that an engine without them is told apart by the caller
-(the gateway refuses an answer whose bid is not the one sent).
+plugin, directly or through SGLang's model gateway (smg): a request is ``rid`` (its id),
+``text`` or ``input_ids``, ``sampling_params.max_new_tokens`` and the bid, dollars per second of
+waiting, in ``sampling_params.custom_params`` (``wire.auction_params``). The answer's
+``meta_info`` has SGLang's fields (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
+``finish_reason``, ...) and the auction's (the ``bid`` read, ``charge`` in dollars,
+``round_id``, ``position``), which both engines send; each is optional here, so that an engine
+without them is told apart by the caller (the gateway refuses an answer whose bid is not the
+one sent).
 
 Connections are pooled: one ``aiohttp.ClientSession`` per event loop, reused by every request of
 that loop (a session must not cross loops). aiohttp rather than httpx: on the gateway's hot path

@@ -2,17 +2,16 @@
 answer's ``meta_info``, and the control path (a market's policy and reserve pushed to its
 engine). Both engines implement it; the engine client and the market's push use it.
 
-- **The bid**, in dollars per second of waiting, travels in the request's ``rid``:
-  ``<request id>~bid=<bid>`` (``rid_with_bid``). The rid is the one field of ``POST /generate``
-  that reaches SGLang's scheduler through SGLang's router (which rebuilds the body from its own
-  typed struct and drops ``sampling_params.custom_params``) and through SGLang's tokenizer
-  manager (which keeps ``custom_labels`` to itself). A client talking to one engine directly may
-  put the bid in ``sampling_params.custom_params.bid`` instead; given in both, they must agree.
-  Neither means 0. ``bid_read`` is the one reading, used by both engines; the request's id in
-  the round records is the rid without its bid part.
+- **The bid**, in dollars per second of waiting, travels as a field of ``POST /generate``:
+  ``sampling_params.custom_params.bid`` (``auction_params`` writes the object). It is SGLang's
+  own place for a request's custom parameters: SGLang carries it to its scheduler's ``Req``
+  (``req.sampling_params.custom_params``), and SGLang's model gateway (smg), which rebuilds the
+  body from its own typed request, keeps it. No bid means 0 (a client that does not bid); a bid
+  that is there but not a finite number in 0..MAX_BID is refused, naming the field.
+  ``auction_read`` is the one reading, used by both engines. The rid is the request's id as
+  sent, the id of the round records.
 - **The tenant**, for tenant-level charges (``charge_scope``), travels beside it as an opaque
-  tag: ``<request id>~t=<tag>~bid=<bid>`` (``rid_owner`` reads it; "" when absent). The request's
-  id is the rid without both parts.
+  tag, ``sampling_params.custom_params.tenant`` (absent: none).
 - **meta_info**: SGLang's fields (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
   ``finish_reason``, ``ttft``, ...) plus ``AUCTION_META_FIELDS``, the bid the engine read among
   them, so that a client can tell a bid lost on the way from a bid of 0. The simulated engine
@@ -29,19 +28,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from market.mechanism import MAX_BID, POLICIES, bid_checked
 from market.mechanism.policies import policy_checked
 
 CUSTOM_PARAMS = "custom_params"  # the key in sampling_params
-BID_PARAM = "bid"  # the key in custom_params
-BID_PATH = f"sampling_params.{CUSTOM_PARAMS}.{BID_PARAM}"  # as errors name it
-RID_BID_MARK = "~bid="  # between the request's id and its bid in the rid
-RID_OWNER_MARK = "~t="  # before the bid mark: the request's tenant tag
-_RID_OWNER = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# What may follow the mark: a plain decimal number, as Python's repr writes a float.
-_RID_BID = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?")
+BID_PARAM = "bid"  # the key in custom_params: the bid, $/s
+TENANT_PARAM = "tenant"  # the key in custom_params: the tenant's tag
+PARAMS_PATH = f"sampling_params.{CUSTOM_PARAMS}"  # as errors name it
+BID_PATH = f"{PARAMS_PATH}.{BID_PARAM}"
+TENANT_PATH = f"{PARAMS_PATH}.{TENANT_PARAM}"
+# A tenant's tag: short and plain, so that it reads the same in a log, a record and a metric.
+_TENANT_TAG = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 # The auction's meta_info fields: the bid read and the effective bid ($/s), the priority charge
 # ($), round_id, position (0 first), planned seconds, the subtree it waited in (``block``, a
@@ -65,92 +65,60 @@ ADMIN_TOKEN_ENV = "ENGINE_ADMIN_TOKEN"
 
 
 class BidError(ValueError):
-    """A bid an engine refuses; ``param`` names where it was (``rid`` or ``BID_PATH``)."""
+    """A request's auction field (its bid or its tenant's tag) an engine refuses; ``param``
+    names it (``BID_PATH``, ``TENANT_PATH`` or ``PARAMS_PATH``)."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
 
 
-def rid_with_bid(request_id: str, bid: float, owner: str = "") -> str:
-    """The rid that carries ``request_id``, its ``bid`` ($/s) and its tenant's tag ``owner``
-    ("": none; letters, digits, ``-`` and ``_``) to an engine."""
-    if not request_id or RID_BID_MARK in request_id or RID_OWNER_MARK in request_id:
-        raise ValueError(
-            f"a request id must be non-empty, without {RID_BID_MARK!r} or {RID_OWNER_MARK!r}"
-        )
-    if owner and not _RID_OWNER.fullmatch(owner):
-        raise ValueError(f"a tenant tag must be 1-64 letters, digits, - or _, got {owner!r}")
-    tag = f"{RID_OWNER_MARK}{owner}" if owner else ""
-    return f"{request_id}{tag}{RID_BID_MARK}{bid_checked(bid, request_id=request_id)!r}"
+@dataclass(frozen=True)
+class AuctionParams:
+    """What a request tells the market: its bid ($/s) and its tenant's tag ("": none)."""
+
+    bid: float = 0.0
+    owner: str = ""
 
 
-def _split_owner(head: str) -> tuple[str, str]:
-    """(request id, tenant tag) of a rid's part before its bid mark."""
-    request_id, mark, owner = head.rpartition(RID_OWNER_MARK)
-    if mark and request_id and _RID_OWNER.fullmatch(owner):
-        return request_id, owner
-    return head, ""
+def auction_params(*, bid: float, owner: str = "", request_id: str) -> dict[str, Any]:
+    """The ``custom_params`` that carry request ``request_id``'s ``bid`` ($/s) and its tenant's
+    tag ``owner`` ("": none; else 1-64 letters, digits, ``-`` and ``_``) to an engine;
+    ValueError for a bid or tag that an engine would refuse."""
+    params: dict[str, Any] = {BID_PARAM: bid_checked(bid, request_id=request_id)}
+    if owner:
+        if not _TENANT_TAG.fullmatch(owner):
+            raise ValueError(f"a tenant tag must be 1-64 letters, digits, - or _, got {owner!r}")
+        params[TENANT_PARAM] = owner
+    return params
 
 
-def rid_request_id(rid: str) -> str:
-    """The request's id in a rid: the rid without its tenant and bid parts."""
-    head = rid.rpartition(RID_BID_MARK)[0]
-    return _split_owner(head)[0] if head else rid
-
-
-def rid_owner(rid: str) -> str:
-    """The tenant tag a rid carries, "" when none."""
-    head = rid.rpartition(RID_BID_MARK)[0]
-    return _split_owner(head)[1] if head else ""
-
-
-def rid_read(rid: str) -> tuple[str, float | None]:
-    """The request's id and the bid ($/s) of a rid (None: the rid carries no bid); BidError
-    when it has the mark but not a valid bid after it (a rid mangled on the way)."""
-    head, mark, text = rid.rpartition(RID_BID_MARK)
-    if not mark:
-        return rid, None
-    request_id = _split_owner(head)[0] if head else head
-    if not request_id or not _RID_BID.fullmatch(text):
-        raise BidError(
-            f"rid {rid!r} has {RID_BID_MARK!r} but not <request id>{RID_BID_MARK}<decimal $/s>",
-            "rid",
-        )
-    try:
-        return request_id, bid_checked(float(text), request_id=request_id)
-    except ValueError as exc:
-        raise BidError(
-            f"the bid in rid {rid!r} must be in 0..{MAX_BID:g} dollars per second ({exc})", "rid"
-        ) from None
-
-
-def bid_read(rid: str, custom_params: object) -> tuple[str, float]:
-    """The request's id and its bid ($/s), from its ``rid`` and ``custom_params`` (either may
-    carry it; both must then agree; neither: 0). BidError says what is wrong and where."""
-    request_id, in_rid = rid_read(rid)
+def auction_read(custom_params: object, *, request_id: str) -> AuctionParams:
+    """The bid ($/s) and the tenant's tag in a request's ``sampling_params.custom_params``
+    (absent or null: bid 0, no tag; other keys are not the market's and are left alone);
+    BidError says what is wrong and where."""
     if custom_params is None:
-        custom_params = {}
+        return AuctionParams()
     if not isinstance(custom_params, dict):
-        raise BidError(
-            f"sampling_params.{CUSTOM_PARAMS} must be an object", f"sampling_params.{CUSTOM_PARAMS}"
-        )
+        raise BidError(f"{PARAMS_PATH} must be an object", PARAMS_PATH)
     given = custom_params.get(BID_PARAM)
-    if given is None:
-        return request_id, 0.0 if in_rid is None else in_rid
     try:
-        in_params = bid_checked(given, request_id=request_id)
+        bid = 0.0 if given is None else bid_checked(given, request_id=request_id)
     except ValueError as exc:  # bid_checked says which rule it breaks
         raise BidError(
             f"{BID_PATH} must be a finite number of dollars per second in 0..{MAX_BID:g}, "
             f"got {_short(given)} ({exc})",
             BID_PATH,
         ) from None
-    if in_rid is not None and in_rid != in_params:
+    owner = custom_params.get(TENANT_PARAM)
+    if owner is None:
+        return AuctionParams(bid)
+    if not isinstance(owner, str) or not _TENANT_TAG.fullmatch(owner):
         raise BidError(
-            f"the bid in the rid ({in_rid!r}) and {BID_PATH} ({in_params!r}) differ", BID_PATH
+            f"{TENANT_PATH} must be 1-64 letters, digits, - or _, got {_short(owner)}",
+            TENANT_PATH,
         )
-    return request_id, in_params
+    return AuctionParams(bid, owner)
 
 
 def auction_value(meta_info: Mapping[str, Any], name: str) -> Any:

@@ -1,11 +1,20 @@
-"""The replicas benchmark runs end to end (two engines behind the real router, and the one
+"""The replicas benchmark runs end to end (two engines behind the real gateway, and the one
 engine of the same capacity), and its parts compute what they say."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
-from benchmarks.replicas import SINGLE, config_settings, main, scaled, shared_prefix_workload
+from benchmarks.replicas import (
+    SINGLE,
+    config_settings,
+    main,
+    scaled,
+    setups,
+    shared_prefix_workload,
+)
+from engines.router import RouterOptions, router_argv
 from engines.sim import EngineConfig
 from engines.sim.config import settings_split
 from scheduler_bridge.contract.knobs import MarketKnobs
@@ -33,7 +42,7 @@ def test_the_workload_shares_prefixes_within_a_group() -> None:
     assert len({next(iter(h)) for h in by_group.values()}) == len(by_group)
 
 
-def test_a_small_run_writes_rows_for_the_router_and_the_baseline(tmp_path) -> None:
+def test_a_small_run_writes_rows_for_the_gateway_and_the_baseline(tmp_path) -> None:
     out, html = tmp_path / "r.json", tmp_path / "r.html"
     argv = [
         "--replicas", "2", "--loads", "1.0", "--policies", "round_robin", "--requests", "30",
@@ -49,3 +58,29 @@ def test_a_small_run_writes_rows_for_the_router_and_the_baseline(tmp_path) -> No
     assert [v["requests"] for v in routed["per_replica"].values()] == [15, 15]
     assert list(single["per_replica"]) == ["rep-0"]
     assert html.read_text().count("plotly") > 0
+
+
+def test_the_variants_set_smgs_defaults_or_open_the_balance_gate() -> None:
+    args = argparse.Namespace(
+        replicas=[1, 2], loads=[1.0], policies=["cache_aware", "round_robin"],
+        variants=["smg", "open"], tune=False,
+    )  # fmt: skip
+    plan = setups(args)
+    assert [(s.replicas, s.policy, s.variant) for s in plan] == [
+        (1, "cache_aware", ""), (1, SINGLE, ""), (2, "cache_aware", ""), (2, "round_robin", ""),
+        (2, "cache_aware", "smg"), (2, "cache_aware", "open"), (2, SINGLE, ""),
+    ]  # fmt: skip
+    assert [s.label for s in plan[4:6]] == ["2x cache_aware/smg @ 1", "2x cache_aware/open @ 1"]
+
+    def argv_of(setup):
+        return router_argv(RouterOptions(port=1, worker_urls=("http://127.0.0.1:2",),
+                                         **setup.thresholds))  # fmt: skip
+
+    market, smg, opened = argv_of(plan[2]), argv_of(plan[4]), argv_of(plan[5])
+    # The market's: smg's balance gate, its overload protection off; "smg": all smg's own.
+    assert "--disable-worker-overload-protection" in market
+    assert "--balance-abs-threshold" not in market + smg
+    assert "--disable-worker-overload-protection" not in smg
+    assert opened[opened.index("--balance-abs-threshold") + 1] == "100000"
+    assert opened[opened.index("--balance-rel-threshold") + 1] == "1000.0"
+    assert "--disable-worker-overload-protection" in opened

@@ -26,10 +26,10 @@ from contextlib import contextmanager
 import aiohttp
 from aiohttp import web
 
-from scheduler_bridge.contract.wire import rid_read, rid_request_id
+from scheduler_bridge.contract.wire import CUSTOM_PARAMS, auction_read
 
 # What the "stalls" engine streams first: SGLang's shape, one token of a 16-token prompt, and
-# (added per request) the bid read from its rid, as SGLang's plugin reports it.
+# (added per request) the bid read from its custom_params, as SGLang's plugin reports it.
 FIRST_EVENT = {
     "text": "Hi",
     "meta_info": {
@@ -103,7 +103,8 @@ class StalledEngine:
             sent = json.loads(body) if path == "/generate" else {}
             if self.mode == "stalls" and sent.get("stream"):
                 first = {**FIRST_EVENT, "meta_info": {**FIRST_EVENT["meta_info"]}}
-                first["meta_info"]["bid"] = [rid_read(sent["rid"])[1]]
+                custom = sent["sampling_params"].get(CUSTOM_PARAMS)
+                first["meta_info"]["bid"] = [auction_read(custom, request_id=sent["rid"]).bid]
                 event = b"data: " + json.dumps(first).encode() + b"\n\n"
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -147,8 +148,8 @@ def unaccepting_port() -> Iterator[int]:
 
 class BidDroppingRoute:
     """A route to a real engine that loses the bid, as a router that rebuilt the body without
-    it would: ``POST /generate`` is forwarded with the rid's bid part cut off; anything else as
-    it is. Runs in a thread; ``url`` once started."""
+    it would: ``POST /generate`` is forwarded without ``sampling_params.custom_params``;
+    anything else as it is. Runs in a thread; ``url`` once started."""
 
     def __init__(self, engine_url: str) -> None:
         self.engine_url = engine_url
@@ -186,7 +187,7 @@ class BidDroppingRoute:
         body = await request.read()
         if request.path == "/generate":
             sent = json.loads(body)
-            sent["rid"] = rid_request_id(sent["rid"])
+            del sent["sampling_params"][CUSTOM_PARAMS]
             body = json.dumps(sent).encode()
             self.forwarded += 1
         async with self._session.request(

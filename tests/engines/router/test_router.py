@@ -1,6 +1,8 @@
-"""The real SGLang router (sglang-router 0.3.2's binary) in front of simulated replicas: the
-bid survives it and prices the request, streaming passes through, a replica killed leaves the
-rotation and comes back when restarted. No mock: the router is the one a deployment runs."""
+"""SGLang's real model gateway (smg 1.13.0) in front of simulated replicas, which it finds by
+probing them (no registration call): the bid and the tenant's tag travel through it as fields
+and price the request, on every replica, streamed or not; a replica killed leaves the rotation
+and comes back when restarted; with no replica left, every answer is an engine failure. No
+mock: the gateway is the one a deployment runs."""
 
 from __future__ import annotations
 
@@ -10,12 +12,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import httpx
 import pytest
 
-from engines.router import Router, RouterOptions, router_ready
+from engines.router import Router, RouterOptions, router_argv, router_ready
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
-from scheduler_bridge.client import EngineClient, EngineError, generate_body
+from scheduler_bridge.client import EngineClient, EngineError, EngineUnavailable, generate_body
 from tests.conftest import ENGINE_ADMIN_TOKEN, dead_port
 
 PROMPT_WORDS = 40
@@ -84,45 +87,91 @@ def prompt(tag: str) -> str:
 
 
 async def generate(client: EngineClient, url: str, rid: str, bid: float, **kw):
-    body = generate_body(rid=rid, max_new_tokens=kw.pop("tokens", 4), bid=bid, text=prompt(rid))
+    body = generate_body(
+        rid=rid, max_new_tokens=kw.pop("tokens", 4), bid=bid, text=prompt(rid),
+        owner=kw.pop("owner", ""),
+    )  # fmt: skip
     return await client.generate(base_url=url, body=body, **kw)
 
 
-def test_the_bid_survives_the_router_and_prices_the_request() -> None:
-    # One replica that runs one request at a time, so that three bidders queue behind a first.
-    with (
-        replicas("solo", settings=("max_running_requests=1",)) as (solo,),
-        router([solo]) as front,
-    ):
-        bids = {"hi": 0.4, "mid": 0.2, "lo": 0.1}
+def queued_behind_a_first(url: str, bids: dict[str, float], owners: dict[str, str]) -> dict:
+    """A first request that runs long, then ``bids`` sent together (they wait behind it on a
+    replica that runs one at a time): the answers, by request id."""
 
-        async def scenario():
-            client = EngineClient()
-            try:
-                blocker = asyncio.create_task(generate(client, front.url, "first", 0.0, tokens=200))
-                await asyncio.sleep(0.2)  # it is running: the others wait together
-                answers = await asyncio.gather(
-                    *(generate(client, front.url, rid, bid) for rid, bid in bids.items())
-                )
-                await blocker
-                return dict(zip(bids, answers, strict=True))
-            finally:
-                await client.aclose()
+    async def scenario():
+        client = EngineClient()
+        try:
+            blocker = asyncio.create_task(generate(client, url, "first", 0.0, tokens=200))
+            await asyncio.sleep(0.2)  # it is running: the others wait together
+            answers = await asyncio.gather(
+                *(generate(client, url, rid, bid, owner=owners[rid]) for rid, bid in bids.items())
+            )
+            await blocker
+            return dict(zip(bids, answers, strict=True))
+        finally:
+            await client.aclose()
 
-        answers = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("charge_scope", ["request", "tenant"])
+def test_the_bid_and_the_tenant_pass_the_gateway_and_price_the_request(charge_scope) -> None:
+    # One replica that runs one request at a time, so that three bidders queue behind a first;
+    # "hi" and "mid" are one tenant's, "lo" another's.
+    settings = ("max_running_requests=1", f"charge_scope={charge_scope}")
+    bids = {"hi": 0.4, "mid": 0.2, "lo": 0.1}
+    owners = {"hi": "acme", "mid": "acme", "lo": "globex"}
+    with replicas("solo", settings=settings) as (solo,), router([solo]) as front:
+        answers = queued_behind_a_first(front.url, bids, owners)
     metas = {rid: a.meta for rid, a in answers.items()}
     assert {rid: m.bid for rid, m in metas.items()} == bids  # what the gateway checks
     by_rid = {a["request_id"]: (r, a) for r in solo.records for a in r["admitted"]}
     # Served by bid (equal prompt lengths), one per round as the replica runs one at a time.
     assert sorted(bids, key=lambda rid: by_rid[rid][0]["seq"]) == ["hi", "mid", "lo"]
-    # The first of the three delays the other two by its own planned time: it pays their bids
-    # for it (DESIGN.md 4.4); the last delays no one and pays nothing.
     hi_round, hi = by_rid["hi"]
     assert hi_round["waiting"] == 3 and hi["position"] == 0
-    assert metas["hi"].charge == pytest.approx((0.2 + 0.1) * hi["planned_completion_s"])
-    assert metas["mid"].charge == pytest.approx(0.1 * by_rid["mid"][1]["planned_completion_s"])
+    hi_s, mid_s = hi["planned_completion_s"], by_rid["mid"][1]["planned_completion_s"]
+    if charge_scope == "request":
+        # The first of the three delays the other two by its own planned time: it pays their
+        # bids for it (DESIGN.md 4.4); the last delays no one and pays nothing.
+        assert metas["hi"].charge == pytest.approx((0.2 + 0.1) * hi_s)
+    else:
+        # Tenant-level charges: "hi" is not billed for delaying "mid", its own tenant's, only
+        # for "lo" (globex's). That the replica told them apart is the tag arriving.
+        assert metas["hi"].charge == pytest.approx(0.1 * hi_s)
+    assert metas["mid"].charge == pytest.approx(0.1 * mid_s)
     assert metas["lo"].charge == 0.0
     assert metas["hi"].charge == hi["charge"]  # the answer says what the record says
+
+
+def test_bids_reach_three_replicas_unchanged_streamed_and_not() -> None:
+    # Round robin: each replica gets requests. Bids with many digits, as the client sends them.
+    bids = {f"b{i}": round(0.001 + i * 0.0370370370370371, 15) for i in range(12)}
+    streamed = {rid for i, rid in enumerate(bids) if i % 2}
+    with replicas("t1", "t2", "t3") as reps, router(reps, "round_robin") as front:
+
+        async def send(client: EngineClient, rid: str) -> tuple[float | None, float | None]:
+            body = generate_body(rid=rid, max_new_tokens=3, bid=bids[rid], text=prompt(rid),
+                                 stream=rid in streamed, owner="t-1")  # fmt: skip
+            if rid not in streamed:
+                meta = (await client.generate(base_url=front.url, body=body)).meta
+                return meta.bid, meta.bid
+            chunks = [c async for c in client.generate_stream(base_url=front.url, body=body)]
+            return chunks[0].meta.bid, chunks[-1].meta.bid
+
+        async def scenario():
+            client = EngineClient()
+            try:
+                return {rid: await send(client, rid) for rid in bids}
+            finally:
+                await client.aclose()
+
+        reported = asyncio.run(scenario())
+    assert reported == {rid: (bid, bid) for rid, bid in bids.items()}
+    # What each replica read, from its own round records: the bid sent, under the rid sent.
+    read = {a["request_id"]: a["bid"] for r in reps for rec in r.records for a in rec["admitted"]}
+    assert read == bids
+    assert all(len(r.served()) == 4 for r in reps)  # 12 requests, round robin over 3
 
 
 def test_streaming_passes_through_with_the_bid_in_the_first_chunk() -> None:
@@ -179,7 +228,7 @@ def test_a_killed_replica_leaves_the_rotation_and_returns_when_restarted() -> No
         assert all(not isinstance(a, Exception) for a in asyncio.run(burst("before", 4)))
         assert doomed.served()  # round robin used both
         doomed.stop()
-        # Until its health checks fail, the router may still send to it: those fail as 5xx.
+        # Until its health checks fail, the gateway may still send to it: those fail as 5xx.
         front.wait_ready(1, timeout_s=30)
         early = asyncio.run(burst("early", 4))
         assert all(isinstance(a, EngineError) for a in early if isinstance(a, Exception))
@@ -188,7 +237,7 @@ def test_a_killed_replica_leaves_the_rotation_and_returns_when_restarted() -> No
             answers = asyncio.run(burst("after", 4))
             if all(not isinstance(a, Exception) for a in answers):
                 break
-            assert time.monotonic() < deadline, "the router kept sending to a dead replica"
+            assert time.monotonic() < deadline, "the gateway kept sending to a dead replica"
             time.sleep(1)
         back = Replica("k2", port=port).start()
         try:
@@ -199,4 +248,89 @@ def test_a_killed_replica_leaves_the_rotation_and_returns_when_restarted() -> No
                 assert all(not isinstance(a, Exception) for a in asyncio.run(burst("again", 4)))
         finally:
             back.stop()
-    assert router_ready(front.url, 1) is False  # the router was stopped with its block
+    assert router_ready(front.url, 1) is False  # the gateway was stopped with its block
+
+
+def test_with_no_replica_left_every_answer_is_an_engine_failure() -> None:
+    with replicas("last") as (only,), router([only]) as front:
+        only.stop()
+
+        async def after(n: int) -> list[object]:
+            client = EngineClient()
+            try:
+                return [
+                    await asyncio.gather(generate(client, front.url, f"x{i}", 0.25),
+                                         return_exceptions=True)
+                    for i in range(n)
+                ]  # fmt: skip
+            finally:
+                await client.aclose()
+
+        answers = [a for (a,) in asyncio.run(after(4))]
+    # smg answers the first requests 500 (it tried the dead replica), then 503 (no worker
+    # left); the client takes both as the engine being unavailable, what the gateway answers
+    # 503 with nothing charged.
+    assert all(isinstance(a, EngineUnavailable) for a in answers), answers
+    assert {a.status for a in answers} <= {500, 503}
+
+
+def test_the_command_line_maps_the_markets_settings_one_to_one() -> None:
+    urls = ("http://127.0.0.1:30001", "http://127.0.0.1:30002")
+    argv = router_argv(RouterOptions(port=30000, worker_urls=urls, prometheus_port=29999))
+    line = " ".join(argv[1:])
+    assert line.startswith("-m smg.launch_router --host 127.0.0.1 --port 30000 ")
+    assert f"--worker-urls {urls[0]} {urls[1]} --policy cache_aware " in line
+    # The market's health and circuit settings, each to smg's flag of the same meaning.
+    assert "--health-check-interval-secs 2 --health-failure-threshold 2 " in line
+    assert "--cb-failure-threshold 2 --cb-timeout-duration-secs 5 " in line
+    assert "--prometheus-host 127.0.0.1 --prometheus-port 29999 " in line
+    # Routing: smg's own thresholds, without its worker-overload protection (the benchmark's
+    # choice); its priority scheduler off (it would queue requests in the gateway, out of the
+    # auction's reach); no control key on loopback.
+    assert line.endswith(" --disable-worker-overload-protection")
+    for flag in ("--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold",
+                 "--priority-scheduler-enabled", "--control-plane-api-keys"):  # fmt: skip
+        assert flag not in argv
+    protected = RouterOptions(port=30000, worker_urls=urls, worker_overload_protection=True)
+    assert "--disable-worker-overload-protection" not in router_argv(protected)
+    opened = RouterOptions(
+        port=30000, worker_urls=urls, balance_abs_threshold=100_000, balance_rel_threshold=1000.0,
+        worker_overload_protection=False, cache_threshold=0.5,
+    )  # fmt: skip
+    line = " ".join(router_argv(opened))
+    assert (
+        "--cache-threshold 0.5 --balance-abs-threshold 100000 --balance-rel-threshold 1000.0 "
+        in line
+    )
+    assert line.endswith(" --disable-worker-overload-protection")
+
+
+def test_off_loopback_the_control_plane_needs_a_key() -> None:
+    urls = ("http://10.0.0.2:30001",)
+    with pytest.raises(ValueError, match="control_key"):
+        RouterOptions(port=30000, worker_urls=urls, host="0.0.0.0")
+    keyed = RouterOptions(port=30000, worker_urls=urls, host="0.0.0.0", control_key="s3cret")
+    argv = router_argv(keyed)
+    assert argv[argv.index("--control-plane-api-keys") + 1] == "market:market:admin:s3cret"
+    with pytest.raises(ValueError, match="blank"):
+        RouterOptions(port=30000, worker_urls=urls, control_key=" ")
+
+
+def test_a_keyed_control_plane_refuses_whoever_has_no_key_and_serves_requests() -> None:
+    with replicas("key1") as reps:
+        options = RouterOptions(port=dead_port(), worker_urls=(reps[0].url,), control_key="k-1")
+        with Router(options) as front:  # it waited for the worker with the key
+            assert router_ready(front.url, 1) is False  # no key: the control plane refuses
+            assert router_ready(front.url, 1, control_key="k-1") is True
+            register = httpx.post(f"{front.url}/workers", json={"url": "http://127.0.0.1:9"})
+            assert register.status_code in (401, 403)
+            answer = asyncio.run(_one(front.url))  # the data plane needs no key
+    assert answer.meta.bid == 0.125
+
+
+async def _one(url: str):
+    client = EngineClient()
+    try:
+        return await generate(client, url, "keyed", 0.125)
+    finally:
+        await client.aclose()

@@ -1,8 +1,9 @@
 """The bid's carrier and the auction's answer fields, with SGLang's real classes.
 
-- The bid travels in the rid (``<request id>~bid=<$/s>``), the one field that reaches the
-  scheduler through SGLang's router and tokenizer manager; the market knows the request by the
-  rid without its bid part, as the simulated engine does.
+- The bid travels as a field, ``sampling_params.custom_params["bid"]`` (the tenant's tag beside
+  it, ``["tenant"]``), which SGLang's model gateway keeps and SGLang's tokenizer manager carries
+  to the scheduler's ``Req``; the market knows the request by its rid, as the simulated engine
+  does.
 - The plugin puts the auction's fields of each admitted request (the bid it read, charge,
   round id, position, planned seconds) in ``req.customized_info``; SGLang's own output
   accumulator and tokenizer manager carry them to the answer's ``meta_info``, where the engine
@@ -36,10 +37,10 @@ PROMPTS = {"lo": [1, 2, 3, 4], "mid": [5, 6, 7], "hi": [8, 9, 10, 11, 12]}
 BIDS = {"lo": 0.2, "mid": 0.45, "hi": 0.6}
 
 
-def queue_with_bids_in_rids():
-    # No custom_params at all: the bid is only in the rid, as the router delivers it.
+def queue_with_bids():
+    # The bids as the engine client writes them and SGLang's gateway delivers them.
     return [
-        make_req(f"{name}~bid={BIDS[name]!r}", PROMPTS[name], arrival=1.0 + i)
+        make_req(name, PROMPTS[name], bid=BIDS[name], arrival=1.0 + i)
         for i, name in enumerate(PROMPTS)
     ]
 
@@ -53,11 +54,11 @@ def independent_clearing(policy: str):
 
 
 @pytest.mark.parametrize("policy", ["dfs-auction", "highest-bid"])
-def test_the_bid_in_the_rid_orders_and_prices_the_request(policy: str) -> None:
+def test_the_bid_field_orders_and_prices_the_request(policy: str) -> None:
     allocator, cache = kv_pool(10_000)
     pol, _ = market_policy(policy, cache, tokens_per_second=TPS, overhead_tokens=OVERHEAD)
-    queue = queue_with_bids_in_rids()
-    by_name = {req.rid.split("~")[0]: req for req in queue}
+    queue = queue_with_bids()
+    by_name = {req.rid: req for req in queue}
     record = one_round(pol, allocator, cache, queue)
     expected = independent_clearing(policy)
     assert [a["request_id"] for a in record["admitted"]] == list(expected.order)
@@ -82,17 +83,35 @@ def test_the_bid_in_the_rid_orders_and_prices_the_request(policy: str) -> None:
     assert expected.charge("hi") > 0  # the test prices something
 
 
-def test_a_mangled_bid_in_the_rid_fails_that_request_with_its_reason() -> None:
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"bid": "0.5e"}, "custom_params.bid"),  # a bid mangled on the way: text, not a number
+        ({"bid": 0.5, "tenant": "a b"}, "custom_params.tenant"),
+    ],
+)
+def test_a_mangled_field_fails_that_request_with_its_reason(params, field) -> None:
     allocator, cache = kv_pool(1_000)
     pol, _ = market_policy("dfs-auction", cache)
-    bad = make_req("x~bid=0.5e", [1, 2], arrival=1.0)
-    good = make_req("y~bid=0.5", [3, 4], arrival=2.0)
+    bad = make_req("x~bid=0.5", [1, 2], arrival=1.0)  # a rid is an id, whatever it holds
+    bad.sampling_params.custom_params = params
+    good = make_req("y", [3, 4], bid=0.5, arrival=2.0)
     queue = [good, bad]
     pol.calc_priority(queue)
     assert queue == [bad, good]  # failed requests go first, as a one-token prefill
     assert isinstance(bad.to_finish, FINISH_ABORT) and bad.to_finish.status_code == 400
-    assert "rid" in bad.to_finish.message and "x~bid=0.5e" in bad.to_finish.message
+    assert field in bad.to_finish.message and "x~bid=0.5" in bad.to_finish.message
     assert list(pol.market.tree.entries) == ["y"]
+
+
+def test_the_tenant_tag_is_the_waiting_requests_owner() -> None:
+    allocator, cache = kv_pool(1_000)
+    pol, _ = market_policy("dfs-auction", cache)
+    tagged = make_req("t", [1, 2], bid=0.5, arrival=1.0)
+    tagged.sampling_params.custom_params["tenant"] = "acme_2"
+    queue = [tagged, make_req("u", [3, 4], bid=0.25, arrival=2.0)]
+    pol.calc_priority(queue)
+    assert pol.market.tree.get("t").owner == "acme_2" and pol.market.tree.get("u").owner == ""
 
 
 def _accumulated(req):
@@ -117,7 +136,7 @@ def _accumulated(req):
 def test_sglang_carries_the_fields_to_meta_info_where_the_client_reads_them() -> None:
     allocator, cache = kv_pool(10_000)
     pol, _ = market_policy("dfs-auction", cache, tokens_per_second=TPS, overhead_tokens=OVERHEAD)
-    queue = queue_with_bids_in_rids()
+    queue = queue_with_bids()
     hi = queue[2]
     record = one_round(pol, allocator, cache, queue)
     (entry,) = [a for a in record["admitted"] if a["request_id"] == "hi"]

@@ -14,6 +14,7 @@ from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 
 BID = "sampling_params.custom_params.bid"
+TENANT = "sampling_params.custom_params.tenant"
 MAX_NEW = "sampling_params.max_new_tokens"
 
 
@@ -92,16 +93,11 @@ CASES = [
     (json.dumps(ok_body(rid="")), "rid"),
     (json.dumps(ok_body(rid=["a", "b"])), "rid"),
     (json.dumps(ok_body(rid="x" * 300)), "rid"),
-    # The bid carried in the rid (what survives SGLang's router): mangled, or out of range.
-    (json.dumps(ok_body(rid="r~bid=")), "rid"),
-    (json.dumps(ok_body(rid="r~bid=abc")), "rid"),
-    (json.dumps(ok_body(rid="r~bid=-1.0")), "rid"),
-    (json.dumps(ok_body(rid="r~bid= 0.5")), "rid"),
-    (json.dumps(ok_body(rid="r~bid=nan")), "rid"),
-    (json.dumps(ok_body(rid="r~bid=1e7")), "rid"),
-    (json.dumps(ok_body(rid="~bid=0.5")), "rid"),
-    # ... and one that disagrees with custom_params.bid (ok_body's is 0).
-    (json.dumps(ok_body(rid="r~bid=0.5")), BID),
+    # The tenant's tag beside the bid: plain and short, or refused.
+    (json.dumps(with_sampling(custom_params={"bid": 0, "tenant": ""})), TENANT),
+    (json.dumps(with_sampling(custom_params={"bid": 0, "tenant": "a.b"})), TENANT),
+    (json.dumps(with_sampling(custom_params={"bid": 0, "tenant": 17})), TENANT),
+    (json.dumps(with_sampling(custom_params={"bid": 0, "tenant": "t" * 65})), TENANT),
 ]
 
 
@@ -124,16 +120,20 @@ def test_wrong_method_and_unknown_path_are_json_errors(small_server) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
 
 
-def test_the_bid_in_the_rid_is_the_requests_bid_and_its_id_is_the_rest(small_server) -> None:
-    body = {"text": "hi", "rid": "req-7~bid=0.375", "sampling_params": {"max_new_tokens": 1}}
+def test_the_rid_is_the_requests_id_and_the_bid_a_field(small_server) -> None:
+    custom = {"bid": 0.375, "tenant": "acme_2", "note": "not the market's"}
+    body = {"text": "hi", "rid": "req-7~bid=9", "sampling_params": {"max_new_tokens": 1}}
+    body["sampling_params"]["custom_params"] = custom
     r = httpx.post(f"{small_server.url}/generate", json=body, timeout=10)
     assert r.status_code == 200, r.text
     meta = r.json()["meta_info"]
-    assert (meta["id"], meta["bid"]) == ("req-7", 0.375)
-    both = {**body, "rid": "req-8~bid=0.375"}
-    both["sampling_params"] = {"max_new_tokens": 1, "custom_params": {"bid": 0.375}}
-    r = httpx.post(f"{small_server.url}/generate", json=both, timeout=10)
-    assert r.status_code == 200 and r.json()["meta_info"]["bid"] == 0.375
+    # The rid is taken as it is, whatever it holds; the bid is the field's.
+    assert (meta["id"], meta["bid"]) == ("req-7~bid=9", 0.375)
+    # No custom_params, or none with a bid: a bid of 0.
+    for sampling in ({"max_new_tokens": 1}, {"max_new_tokens": 1, "custom_params": {}}):
+        r = httpx.post(f"{small_server.url}/generate", json={**body, "rid": None,
+                       "sampling_params": sampling}, timeout=10)  # fmt: skip
+        assert r.status_code == 200 and r.json()["meta_info"]["bid"] == 0.0
 
 
 def test_a_valid_body_still_works_after_the_bad_ones(small_server) -> None:

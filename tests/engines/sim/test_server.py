@@ -203,8 +203,11 @@ def test_health_model_info_and_server_info(start_server) -> None:
     info = httpx.get(f"{sim.url}/get_model_info").json()
     assert info == {
         "model_path": "sim/llama-8b",
+        "served_model_name": "sim/llama-8b",
         "tokenizer_path": "sim-words-32k",
         "is_generation": True,
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
         "market": "llama-8b",
         "policy": "dfs-auction-density",
         "reserve": 0.5,

@@ -1,4 +1,4 @@
-"""A bid lost between the gateway and the engine (a router that rebuilt the rid, an engine
+"""A bid lost between the gateway and the engine (a router that rebuilt the body, an engine
 without the market's plugin) is an error, never a silent bid of 0: the engine reports the bid it
 read, the gateway compares it with what it sent, and on a difference fails the request with 502
 ``engine_bid_lost``, its hold released and nothing charged."""
@@ -35,7 +35,7 @@ def test_a_bid_the_engine_did_not_read_fails_the_request_uncharged(gateway, acme
     assert response.status_code == 502, response.text
     error = response.json()["error"]
     assert (error["type"], error["code"]) == ("server_error", "engine_bid_lost")
-    # The engine read no bid in the rid and none elsewhere: 0, where the gateway sent 0.5.
+    # The engine read no bid (no custom_params): 0, where the gateway sent 0.5.
     assert "a bid of 0.0 $/s" in error["message"] and "0.5" in error["message"]
     assert "not charged" in error["message"]
     assert_failed_uncharged(only_request_id())

@@ -29,13 +29,27 @@ async def test_generate_body_is_sglangs_native_request():
     assert generate_body(
         rid="r1", max_new_tokens=7, bid=0.25, input_ids=[1, 2], sampling_params={"top_p": 0.9}
     ) == {
-        "rid": "r1~bid=0.25",  # the bid travels in the rid (the router drops custom_params)
+        "rid": "r1",  # the request's id, as it is
         "input_ids": [1, 2],
         "stream": False,
-        "sampling_params": {"top_p": 0.9, "max_new_tokens": 7},
+        # The bid is a field of SGLang's custom_params, the tenant's tag beside it when given.
+        "sampling_params": {"top_p": 0.9, "max_new_tokens": 7, "custom_params": {"bid": 0.25}},
     }
+    assert generate_body(rid="r2", max_new_tokens=1, bid=0, text="a", owner="17")[
+        "sampling_params"
+    ] == {"max_new_tokens": 1, "custom_params": {"bid": 0.0, "tenant": "17"}}
+    # The market's fields replace whatever custom_params a caller passed along.
+    assert generate_body(
+        rid="r3", max_new_tokens=1, bid=0.5, text="a", sampling_params={"custom_params": {"x": 1}}
+    )["sampling_params"]["custom_params"] == {"bid": 0.5}
     with pytest.raises(ValueError):
         generate_body(rid="r", max_new_tokens=1, bid=0, text="a", input_ids=[1])
+    with pytest.raises(ValueError):
+        generate_body(rid="", max_new_tokens=1, bid=0, text="a")
+    with pytest.raises(ValueError):
+        generate_body(rid="r", max_new_tokens=1, bid=-0.5, text="a")
+    with pytest.raises(ValueError):
+        generate_body(rid="r", max_new_tokens=1, bid=0, text="a", owner="a b")
 
 
 async def test_generate_against_the_simulated_engine(sim):
@@ -115,7 +129,7 @@ SGLANG_AUCTION = {
 async def test_sglang_answers_carry_the_auction_fields_as_customized_info():
     async def handler(request: web.Request) -> web.StreamResponse:
         sent = await request.json()
-        assert sent["rid"] == "s1~bid=0.5"
+        assert sent["rid"] == "s1" and sent["sampling_params"]["custom_params"] == {"bid": 0.5}
         return web.json_response({"text": "ab", "meta_info": {**SGLANG_META, **SGLANG_AUCTION}})
 
     runner, url = await fake_engine(handler)
@@ -133,7 +147,7 @@ async def test_sglang_answers_carry_the_auction_fields_as_customized_info():
 async def test_sglang_answers_without_auction_fields():
     async def handler(request: web.Request) -> web.StreamResponse:
         sent = await request.json()
-        assert sent["rid"].endswith("~bid=0.5") and "custom_params" not in sent["sampling_params"]
+        assert sent["sampling_params"]["custom_params"] == {"bid": 0.5}
         if not sent["stream"]:
             return web.json_response({"text": "ab", "meta_info": SGLANG_META})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

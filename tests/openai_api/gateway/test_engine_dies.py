@@ -20,7 +20,6 @@ import pytest
 
 from accounts.models import Hold, HoldState, LedgerEntry, Request, RequestStatus
 from accounts.services import request_settle
-from scheduler_bridge.contract.wire import rid_request_id
 from tests.accounts.factories import admitted, priority_charge, round_record
 from tests.openai_api.conftest import market_create
 from tests.openai_api.helpers import HELLO
@@ -61,7 +60,7 @@ class DyingEngine:
         body = json.loads(await reader.readexactly(length)) if length else {}
         if lines[0].startswith("POST /generate"):
             seq = len(self.records) + 1
-            record = round_record(f"dying:1:{seq}", [admitted(rid_request_id(body["rid"]), 0.125)],
+            record = round_record(f"dying:1:{seq}", [admitted(body["rid"], 0.125)],
                                   market=self.market, seq=seq)  # fmt: skip
             self.records.append(record)
         writer.transport.abort()

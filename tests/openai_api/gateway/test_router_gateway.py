@@ -1,6 +1,7 @@
-"""The gateway in front of SGLang's real router in front of simulated replicas: the tenant's
-bid arrives and is reported back, the console's reserve reaches every replica behind the
-router, and a router with no replica left is the gateway's 503 with the hold released."""
+"""The gateway in front of SGLang's real model gateway (smg) in front of simulated replicas: the
+tenant's bid arrives and is reported back, the console's reserve reaches every replica behind
+smg, and smg with no replica left (its first answer a 500, then 503s) is the gateway's 503
+``engine_unavailable`` with the hold released and nothing charged."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.openai_api.gateway.test_engine_timeouts import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_bid_through_the_router_is_the_bid_the_replica_read(gateway, acme):
+def test_a_bid_through_smg_is_the_bid_the_replica_read(gateway, acme):
     with replicas("g1", "g2") as reps, router(reps) as front:
         market = market_create(engine_url=front.url)
         with acme.http(gateway) as http:
@@ -35,7 +36,7 @@ def test_a_bid_through_the_router_is_the_bid_the_replica_read(gateway, acme):
     assert sum(len(r.served()) for r in reps) == 1
 
 
-def test_the_reserve_reaches_every_replica_behind_the_router(
+def test_the_reserve_reaches_every_replica_behind_smg(
     gateway, acme, eager, django_capture_on_commit_callbacks
 ):
     with replicas("r1", "r2") as reps, router(reps, "round_robin") as front:
@@ -58,7 +59,7 @@ def test_the_reserve_reaches_every_replica_behind_the_router(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_router_without_a_live_replica_is_a_503_and_nothing_is_charged(gateway, acme, stream):
+def test_smg_without_a_live_replica_is_a_503_and_nothing_is_charged(gateway, acme, stream):
     with replicas("d1") as (only,), router([only]) as front:
         market = market_create(engine_url=front.url)
         only.stop()

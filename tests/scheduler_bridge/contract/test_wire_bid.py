@@ -1,112 +1,91 @@
-"""The bid's carrier in the engine contract: the rid (``<request id>~bid=<$/s>``), and
-``custom_params.bid`` for a client talking to one engine directly. Hand-written cases."""
+"""The bid's place in the engine contract: ``sampling_params.custom_params``, the bid ($/s) and
+the tenant's tag as fields, written by ``auction_params`` and read by ``auction_read`` (both
+engines' one reading). Hand-written cases."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from scheduler_bridge.contract.wire import (
     BID_PATH,
+    PARAMS_PATH,
+    TENANT_PATH,
+    AuctionParams,
     BidError,
+    auction_params,
+    auction_read,
     auction_value,
-    bid_read,
-    rid_owner,
-    rid_read,
-    rid_request_id,
-    rid_with_bid,
 )
 
 
 @pytest.mark.parametrize(
-    ("request_id", "bid", "rid"),
+    ("bid", "owner", "params"),
     [
-        ("gw-1", 0.25, "gw-1~bid=0.25"),
-        ("gw-1", 0, "gw-1~bid=0.0"),
-        ("a~b", 1e-05, "a~b~bid=1e-05"),
-        ("x", 3.0, "x~bid=3.0"),
+        (0.25, "", {"bid": 0.25}),
+        (0, "", {"bid": 0.0}),
+        (1e-05, "17", {"bid": 1e-05, "tenant": "17"}),
+        (3, "acme_2", {"bid": 3.0, "tenant": "acme_2"}),
     ],
 )
-def test_a_rid_carries_the_id_and_the_bid_and_reads_back(request_id, bid, rid) -> None:
-    assert rid_with_bid(request_id, bid) == rid
-    assert rid_read(rid) == (request_id, float(bid))
-    assert rid_request_id(rid) == request_id
+def test_the_fields_carry_the_bid_and_the_tenant_and_read_back(bid, owner, params) -> None:
+    assert auction_params(bid=bid, owner=owner, request_id="r") == params
+    assert auction_read(params, request_id="r") == AuctionParams(float(bid), owner)
 
 
-@pytest.mark.parametrize(
-    ("request_id", "owner", "rid"),
-    [
-        ("gw-1", "17", "gw-1~t=17~bid=0.5"),
-        ("a~b", "acme_2", "a~b~t=acme_2~bid=0.5"),
-        ("gw-1", "", "gw-1~bid=0.5"),
-    ],
-)
-def test_a_rid_carries_the_tenant_tag_beside_the_bid(request_id, owner, rid) -> None:
-    assert rid_with_bid(request_id, 0.5, owner) == rid
-    assert rid_read(rid) == (request_id, 0.5)
-    assert rid_request_id(rid) == request_id
-    assert rid_owner(rid) == owner
-    assert bid_read(rid, None) == (request_id, 0.5)
-
-
-def test_a_bad_tenant_tag_is_refused_and_a_stray_mark_is_part_of_the_id() -> None:
-    for bad in ("a b", "x~y", "t" * 65):
-        with pytest.raises(ValueError, match="tenant tag"):
-            rid_with_bid("r", 0.5, bad)
-    with pytest.raises(ValueError, match="request id"):
-        rid_with_bid("r~t=1", 0.5)
-    # Not a tag (empty, or characters a tag cannot have): the id keeps it, no tenant.
-    assert rid_read("r~t=~bid=0.5") == ("r~t=", 0.5)
-    assert rid_owner("r~t=a.b~bid=0.5") == ""
-    assert rid_owner("plain") == ""
-
-
-def test_floats_round_trip_exactly() -> None:
+def test_floats_round_trip_exactly_through_json() -> None:
     for bid in (0.1, 0.30000000000000004, 123.456789012345, 5e-324 * 1e300):
-        assert rid_read(rid_with_bid("r", bid))[1] == bid
+        sent = json.loads(json.dumps(auction_params(bid=bid, request_id="r")))
+        assert auction_read(sent, request_id="r").bid == bid
 
 
-def test_a_rid_without_the_mark_is_the_id_and_no_bid() -> None:
-    assert rid_read("plain-uuid") == ("plain-uuid", None)
-    assert rid_request_id("plain-uuid") == "plain-uuid"
-
-
-@pytest.mark.parametrize(
-    "rid", ["r~bid=", "r~bid=x", "r~bid=-1.0", "r~bid=+1", "r~bid=1,5", "r~bid=inf", "~bid=1.0",
-            "r~bid=0.5 ", "r~bid=1e7"],
-)  # fmt: skip
-def test_a_mangled_bid_in_the_rid_is_an_error_naming_the_rid(rid) -> None:
-    with pytest.raises(BidError) as caught:
-        rid_read(rid)
-    assert caught.value.param == "rid"
-
-
-def test_a_request_id_cannot_hold_the_mark() -> None:
-    with pytest.raises(ValueError):
-        rid_with_bid("a~bid=1", 0.5)
-    with pytest.raises(ValueError):
-        rid_with_bid("", 0.5)
+def test_what_an_engine_would_refuse_is_not_sent() -> None:
+    for bad in ("a b", "x~y", "a.b", "t" * 65):
+        with pytest.raises(ValueError, match="tenant tag"):
+            auction_params(bid=0.5, owner=bad, request_id="r")
+    for bid in (-1.0, float("nan"), float("inf"), 1e7):
+        with pytest.raises(ValueError, match="'r'"):
+            auction_params(bid=bid, request_id="r")
 
 
 @pytest.mark.parametrize(
-    ("rid", "custom", "expected"),
+    ("custom", "expected"),
     [
-        ("r", None, ("r", 0.0)),  # neither: 0
-        ("r", {}, ("r", 0.0)),
-        ("r~bid=0.5", None, ("r", 0.5)),  # the router's way
-        ("r", {"bid": 0.5}, ("r", 0.5)),  # a direct client's way
-        ("r~bid=0.5", {"bid": 0.5}, ("r", 0.5)),  # both, agreeing
-        ("r~bid=0.5", {"bid": 1}, None),  # both, disagreeing
-        ("r", {"bid": "0.5"}, None),
-        ("r", [], None),
+        (None, AuctionParams(0.0, "")),  # no custom_params: a client that does not bid
+        ({}, AuctionParams(0.0, "")),
+        ({"bid": None}, AuctionParams(0.0, "")),
+        ({"temperature_hint": 3}, AuctionParams(0.0, "")),  # not the market's: left alone
+        ({"bid": 0.5, "other": "x"}, AuctionParams(0.5, "")),
+        ({"bid": 2, "tenant": "acme_2"}, AuctionParams(2.0, "acme_2")),
+        ({"tenant": "7"}, AuctionParams(0.0, "7")),
     ],
 )
-def test_bid_read_is_the_one_reading(rid, custom, expected) -> None:
-    if expected is None:
-        with pytest.raises(BidError) as caught:
-            bid_read(rid, custom)
-        assert caught.value.param in (BID_PATH, "sampling_params.custom_params")
-    else:
-        assert bid_read(rid, custom) == expected
+def test_auction_read_is_the_one_reading(custom, expected) -> None:
+    assert auction_read(custom, request_id="r") == expected
+
+
+@pytest.mark.parametrize(
+    ("custom", "param"),
+    [
+        ([], PARAMS_PATH),
+        ("bid=0.5", PARAMS_PATH),
+        ({"bid": "0.5"}, BID_PATH),  # a number, not its text
+        ({"bid": True}, BID_PATH),
+        ({"bid": -0.000001}, BID_PATH),
+        ({"bid": float("nan")}, BID_PATH),
+        ({"bid": 1e7}, BID_PATH),  # above the maximum bid
+        ({"bid": 0.5, "tenant": ""}, TENANT_PATH),
+        ({"bid": 0.5, "tenant": "a.b"}, TENANT_PATH),
+        ({"bid": 0.5, "tenant": 17}, TENANT_PATH),
+        ({"bid": 0.5, "tenant": "t" * 65}, TENANT_PATH),
+    ],
+)
+def test_a_bad_field_is_an_error_naming_it(custom, param) -> None:
+    with pytest.raises(BidError) as caught:
+        auction_read(custom, request_id="r")
+    assert caught.value.param == param
+    assert param in str(caught.value)
 
 
 def test_auction_values_read_both_engines_shapes() -> None:
@@ -116,12 +95,19 @@ def test_auction_values_read_both_engines_shapes() -> None:
     assert auction_value({}, "charge") is None
 
 
-def test_the_simulated_engine_reads_the_tenant_tag_from_the_rid() -> None:
+def test_the_simulated_engine_reads_the_fields_and_takes_the_rid_as_the_id() -> None:
     from engines.sim.protocol import parse_generate
 
+    custom = {"bid": 0.5, "tenant": "42"}
     got = parse_generate(
-        {"rid": "gw-9~t=42~bid=0.5", "text": "hi", "sampling_params": {"max_new_tokens": 1}}
+        {
+            "rid": "gw-9",
+            "text": "hi",
+            "sampling_params": {"max_new_tokens": 1, "custom_params": custom},
+        }
     )
     assert (got.rid, got.bid, got.owner) == ("gw-9", 0.5, "42")
-    got = parse_generate({"rid": "gw-9", "text": "hi", "sampling_params": {"max_new_tokens": 1}})
-    assert (got.rid, got.bid, got.owner) == ("gw-9", 0.0, "")
+    got = parse_generate(
+        {"rid": "gw-9~t=4", "text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    )
+    assert (got.rid, got.bid, got.owner) == ("gw-9~t=4", 0.0, "")

@@ -9,8 +9,15 @@ STAMP := $(VENV)/.installed-pyproject
 # `make test-sglang SGLANG_PYTEST_ARGS="-k adder"` (the SGLang plugin's stage).
 PYTEST_ARGS ?=
 SGLANG_PYTEST_ARGS ?=
+# `make run`'s ports: the web server on PORT; the market's entry point (smg, or the one engine
+# with REPLICAS=1) on ENGINE_PORT and its REPLICAS replicas on the ports after it. A second
+# `make run` on one machine needs other values, e.g. `make run PORT=8100 ENGINE_PORT=31000`.
 HOST ?= 127.0.0.1
 PORT ?= 8000
+ENGINE_PORT ?= 30000
+REPLICAS ?= 2
+LIVE_MARKET := manage.py live_market --host "$(HOST)" --port "$(PORT)" \
+	--engine-port "$(ENGINE_PORT)" --replicas "$(REPLICAS)"
 # The SGLang plugin's CPU test stage has a venv of its own: SGLang 0.5.23 (installed without its
 # GPU dependencies), torch and the project.
 SGLANG_VENV := .venv-sglang
@@ -34,13 +41,15 @@ venv:
 		"$(PY)" -m pip install --quiet -e '.[dev]' && echo "$$want" > "$(STAMP)"; \
 	fi
 
-## run: check services, migrate, seed the demo, then run the live market on http://$(HOST):$(PORT)/
-## (the simulated engine, the web server, settlement and publishers, and agents bidding)
+## run: check its ports and the services, migrate, seed the demo, then run the live market on
+## http://$(HOST):$(PORT)/ (the simulated engines, the web server, settlement and publishers,
+## and agents bidding)
 run: venv
+	@"$(PY)" $(LIVE_MARKET) --check-ports
 	@"$(PY)" manage.py check_services
 	@"$(PY)" manage.py migrate --noinput
 	@"$(PY)" manage.py seed_demo
-	@exec "$(PY)" manage.py live_market --host "$(HOST)" --port "$(PORT)"
+	@exec "$(PY)" $(LIVE_MARKET)
 
 ## test: the whole test suite, in two stages: the main suite, then the SGLang plugin's
 test: test-main test-sglang

@@ -2,8 +2,13 @@ from django import forms
 from django.contrib import admin
 
 from market.mechanism import POLICIES
-from market.models import Market, Replica, ReserveChange
-from market.services import engine_config_push_on_commit, market_reserve_set
+from market.models import ControlChange, Market, Replica, ReserveChange
+from market.services import (
+    engine_config_push_on_commit,
+    market_policy_set,
+    market_reserve_max_set,
+    market_reserve_set,
+)
 
 
 class ReserveChangeInline(admin.TabularInline):
@@ -15,6 +20,32 @@ class ReserveChangeInline(admin.TabularInline):
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
+
+
+class ControlChangeInline(admin.TabularInline):
+    model = ControlChange
+    extra = 0
+    can_delete = False
+    fields = ["at", "changed_by", "control", "old", "new"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class MarketAdminForm(forms.ModelForm):
+    class Meta:
+        model = Market
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        reserve, ceiling = data.get("reserve"), data.get("reserve_max")
+        if reserve is not None and ceiling is not None and reserve > ceiling:
+            self.add_error(
+                "reserve", f"Above the reserve ceiling ({ceiling} $/s): raise the ceiling too."
+            )
+        return data
 
 
 class ReplicaInline(admin.TabularInline):
@@ -40,7 +71,8 @@ class MarketAdmin(admin.ModelAdmin):
     search_fields = ["slug", "name", "served_model"]
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["hold_horizon_s"]  # renewed from the market's charges, not set by hand
-    inlines = [ReplicaInline, ReserveChangeInline]
+    inlines = [ReplicaInline, ReserveChangeInline, ControlChangeInline]
+    form = MarketAdminForm
 
     def formfield_for_dbfield(self, db_field, request, **kwargs):
         if db_field.name == "policy":  # a choice among the registry's policies as they are now
@@ -52,21 +84,50 @@ class MarketAdmin(admin.ModelAdmin):
         return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def save_model(self, request, obj: Market, form, change: bool) -> None:
-        # A reserve moved here goes through the service, so it is audited like one moved in
-        # the console.
-        if change and "reserve" in form.changed_data:
-            new_reserve = obj.reserve
-            obj.reserve = Market.objects.get(pk=obj.pk).reserve
+        # The reserve, its ceiling and the policy moved here go through their services, so each
+        # is audited as in the console: the row is saved with their old values first.
+        controlled = [f for f in ("reserve_max", "reserve", "policy") if f in form.changed_data]
+        if not change or not controlled:
             super().save_model(request, obj, form, change)
-            market_reserve_set(market=obj, reserve=new_reserve, user=request.user)
-        else:
-            super().save_model(request, obj, form, change)
+            return
+        old = Market.objects.get(pk=obj.pk)
+        wanted = {f: getattr(obj, f) for f in controlled}
+        for f in controlled:
+            setattr(obj, f, getattr(old, f))
+        super().save_model(request, obj, form, change)
+        ceiling = wanted.get("reserve_max")
+        # A ceiling that rises goes first (the new reserve may need it), one that falls last.
+        if ceiling is not None and ceiling >= old.reserve_max:
+            market_reserve_max_set(market=obj, reserve_max=ceiling, user=request.user)
+        if "reserve" in wanted:
+            market_reserve_set(market=obj, reserve=wanted["reserve"], user=request.user)
+        if ceiling is not None and ceiling < old.reserve_max:
+            market_reserve_max_set(market=obj, reserve_max=ceiling, user=request.user)
+        if "policy" in wanted:
+            market_policy_set(market=obj, policy=wanted["policy"], user=request.user)
 
     def save_formset(self, request, form, formset, change: bool) -> None:
         super().save_formset(request, form, formset, change)
         if formset.model is Replica and formset.has_changed():
             # A replica added, moved or enabled gets the market's policy and reserve.
             engine_config_push_on_commit(market_id=form.instance.pk)
+
+
+@admin.register(ControlChange)
+class ControlChangeAdmin(admin.ModelAdmin):
+    """The audit trail is read-only."""
+
+    list_display = ["market", "at", "changed_by", "control", "old", "new"]
+    list_filter = ["market", "control"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(ReserveChange)

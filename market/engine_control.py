@@ -26,6 +26,7 @@ engine that is away.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -107,10 +108,15 @@ _OUTCOME_ORDER: tuple[PushOutcome, ...] = ("refused", "published", "pushed")
 
 
 def engine_config_push(
-    *, market_id: int, url: str | None = None, timeout_s: float = TIMEOUT_S
+    *,
+    market_id: int,
+    url: str | None = None,
+    engines: Sequence[str] | None = None,
+    timeout_s: float = TIMEOUT_S,
 ) -> PushOutcome:
     """Write the market's current policy and reserve ($/s) to its control store and POST them
-    to its engines (``url``: only that one, if it still is one of them).
+    to its engines (``url``: only that one, if it still is one of them; ``engines``: these
+    base URLs instead of the market's, as ``live_market`` pushes to the engines it started).
 
     Returns what happened (of several engines: ``refused`` if one refused, else ``published`` if
     one only follows the store, else ``pushed``); raises :class:`EngineUnreachable` naming the
@@ -122,7 +128,7 @@ def engine_config_push(
         logger.warning("engine config: market %s no longer exists; nothing pushed", market_id)
         return "no-market"
     published = control_publish(market)
-    targets = control_targets(market)
+    targets = control_targets(market) if engines is None else [u.strip() for u in engines]
     if url is not None:
         targets = [u for u in targets if u == url]
     if not targets:

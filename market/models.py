@@ -4,6 +4,8 @@ Money columns are exact ``Decimal`` dollars with 9 places (``accounts.money``): 
 prices in dollars per million tokens, the reserve in dollars per second of waiting.
 """
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -15,6 +17,7 @@ from market.mechanism import POLICIES
 DEFAULT_POLICY = "dfs-auction-density"
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim)
+DEFAULT_RESERVE_MAX = Decimal("1.000000000")  # $/s: far above the demo's bids (0.001-0.05 $/s)
 
 
 def policy_known(value: str) -> None:
@@ -50,6 +53,11 @@ class Market(models.Model):
     reserve = MoneyField(
         default=0,
         help_text="Reserve price, dollars per second of waiting: lower bids buy no priority.",
+    )
+    reserve_max = MoneyField(
+        default=DEFAULT_RESERVE_MAX,
+        help_text="The highest reserve the console and the admin accept, dollars per second: a "
+        "guard against a slip of the keyboard (a higher one is refused until this is raised).",
     )
     policy = models.CharField(
         max_length=32,
@@ -104,6 +112,10 @@ class Market(models.Model):
                 name="market_amounts_not_negative",
             ),
             models.CheckConstraint(
+                condition=models.Q(reserve__lte=models.F("reserve_max")),
+                name="market_reserve_within_its_ceiling",
+            ),
+            models.CheckConstraint(
                 condition=models.Q(max_wait_s__gt=0), name="market_max_wait_positive"
             ),
         ]
@@ -152,3 +164,27 @@ class ReserveChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.market}: {self.old} -> {self.new}"
+
+
+class ControlChange(models.Model):
+    """Who switched a market's policy or moved its reserve ceiling, from what, to what, and when
+    (the reserve's own changes are ``ReserveChange``)."""
+
+    class Control(models.TextChoices):
+        POLICY = "policy", "Ordering policy"
+        RESERVE_MAX = "reserve_max", "Reserve ceiling ($/s)"
+
+    market = models.ForeignKey(Market, on_delete=models.CASCADE, related_name="control_changes")
+    control = models.CharField(max_length=16, choices=Control.choices)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    old = models.CharField(max_length=64)
+    new = models.CharField(max_length=64)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.market}: {self.control} {self.old} -> {self.new}"

@@ -19,8 +19,9 @@ Units: bids and reserve in dollars per second of waiting ($/s), density in $/s p
 ledger amounts in dollars as exact decimal strings (``"0.000120000"``), engine charges and
 welfare in dollars as floats, latencies in seconds, times (``at``) in Unix seconds.
 
-The order book is aggregated and anonymous: a row is a prefix subtree with counts and sums,
-never a request id, a tenant or a single request's bid.
+The order book is aggregated: a row is a prefix subtree with counts and sums, never a request
+id or a single request's bid. It goes to operators only (``market.<slug>``), and for them a row
+also counts its requests by tenant; nothing of the book reaches a tenant's socket.
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ def user_group(user_id: int) -> str:
 
 
 class BookRow(TypedDict):
-    """One prefix subtree of a market's waiting queue, aggregated (no request, no tenant)."""
+    """One prefix subtree of a market's waiting queue, aggregated (no request, no single bid)."""
 
     key: str  # stable id of the subtree's prefix: the row's identity across rounds
     label: str  # readable start of the prefix (decoded text)
+    parent: NotRequired[str]  # the parent subtree's key ("" below the root)
+    branch: NotRequired[str]  # readable start of its own edge: where it leaves its parent
     depth: int  # 1 for a child of the root, 2 below it
     prefix_tokens: int  # tokens from the root to the end of the subtree's edge
     cached_tokens: int  # of those, already in the KV cache
@@ -66,6 +69,8 @@ class BookRow(TypedDict):
     position: int  # place of its first request in the round's whole (DFS) order, 0 first
     # A market of replicas: the requests each replica (engine id) holds in the subtree.
     replicas: NotRequired[dict[str, int]]
+    # Its requests by tenant slug ("": requests that came without a tenant's tag).
+    tenants: NotRequired[dict[str, int]]
 
 
 class BookMeta(TypedDict):

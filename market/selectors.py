@@ -15,7 +15,7 @@ from accounts.models import ChargeKind, LedgerEntry, Request, RequestStatus
 from accounts.money import ZERO
 from market.mechanism.quotes import HISTORY_MAX, WINDOW_S, Waited
 from market.mechanism.requests import effective_bid
-from market.models import Market, ReserveChange
+from market.models import ControlChange, Market, ReserveChange
 
 
 def markets_active() -> QuerySet[Market]:
@@ -55,6 +55,11 @@ def quote_history(
 def reserve_changes_for_market(*, market: Market, limit: int = 50) -> QuerySet[ReserveChange]:
     """The latest reserve changes of ``market``, newest first."""
     return ReserveChange.objects.filter(market=market).select_related("changed_by")[:limit]
+
+
+def control_changes_for_market(*, market: Market, limit: int = 50) -> QuerySet[ControlChange]:
+    """The latest policy switches and ceiling moves of ``market``, newest first."""
+    return ControlChange.objects.filter(market=market).select_related("changed_by")[:limit]
 
 
 @dataclass(frozen=True)

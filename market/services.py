@@ -14,10 +14,24 @@ from accounts.money import money_exact
 from accounts.rules import HOLD_WINDOW, hold_horizon_s
 from market.mechanism import MAX_BID
 from market.mechanism.policies import policy_checked
-from market.models import Market, Replica, ReserveChange
+from market.models import ControlChange, Market, Replica, ReserveChange
 from market.tasks import engine_config_push_enqueue
 
 logger = logging.getLogger(__name__)
+
+
+class ReserveAboveCeiling(ValueError):
+    """A reserve above the market's ceiling (``Market.reserve_max``): refused until the ceiling
+    is raised."""
+
+    def __init__(self, reserve: Decimal, ceiling: Decimal) -> None:
+        super().__init__(f"reserve {reserve} $/s is above the market's ceiling of {ceiling} $/s")
+        self.reserve, self.ceiling = reserve, ceiling
+
+
+def _who(user: AbstractBaseUser | None) -> AbstractBaseUser | None:
+    """The user an audit row names (None: the system, or nobody logged in)."""
+    return user if user is not None and user.is_authenticated else None
 
 
 def market_reserve_set(
@@ -30,7 +44,8 @@ def market_reserve_set(
     """Set ``market``'s reserve price (dollars per second of waiting) and audit the change.
 
     ``reserve`` must be finite, >= 0, at most ``MAX_BID`` (what engines accept) and have at
-    most 9 decimal places (ValueError otherwise; a float is refused too: say it as a string).
+    most 9 decimal places (ValueError otherwise; a float is refused too: say it as a string),
+    and at most the market's ceiling (:class:`ReserveAboveCeiling`, a ValueError).
     The audit row and the new value commit together, with the market row locked so concurrent
     changes record the true old value. Setting the value it already has writes nothing and
     returns None.
@@ -43,9 +58,11 @@ def market_reserve_set(
         if locked.reserve == new:
             market.reserve = new
             return None
+        if new > locked.reserve_max:
+            raise ReserveAboveCeiling(new, locked.reserve_max)
         change = ReserveChange.objects.create(
             market=locked,
-            changed_by=user if user is not None and user.is_authenticated else None,
+            changed_by=_who(user),
             old=locked.reserve,
             new=new,
             at=now or timezone.now(),
@@ -56,12 +73,18 @@ def market_reserve_set(
     return change
 
 
-def market_policy_set(*, market: Market, policy: str, user: AbstractBaseUser | None) -> str | None:
+def market_policy_set(
+    *,
+    market: Market,
+    policy: str,
+    user: AbstractBaseUser | None,
+    now: datetime | None = None,
+) -> str | None:
     """Set ``market``'s ordering policy (a name in ``market.mechanism.POLICIES``).
 
     ValueError for an unknown name. Returns the old policy, or None when it already had this
-    one (nothing written). The change is logged with who made it, and the engine is told
-    once it has committed, as for the reserve.
+    one (nothing written). The change is audited (``ControlChange``: who, when, old and new)
+    in the same transaction, and the engine is told once it has committed, as for the reserve.
     """
     policy_checked(policy)
     with transaction.atomic():
@@ -70,6 +93,14 @@ def market_policy_set(*, market: Market, policy: str, user: AbstractBaseUser | N
         if old == policy:
             market.policy = policy
             return None
+        ControlChange.objects.create(
+            market=locked,
+            control=ControlChange.Control.POLICY,
+            changed_by=_who(user),
+            old=old,
+            new=policy,
+            at=now or timezone.now(),
+        )
         Market.objects.filter(pk=market.pk).update(policy=policy, updated_at=timezone.now())
         who = user.get_username() if user is not None and user.is_authenticated else "system"
         logger.info("market %s: policy %s -> %s by %s", locked.slug, old, policy, who)
@@ -78,12 +109,54 @@ def market_policy_set(*, market: Market, policy: str, user: AbstractBaseUser | N
     return old
 
 
-def replica_set(*, market: Market, engine_id: str, url: str, enabled: bool = True) -> Replica:
+def market_reserve_max_set(
+    *,
+    market: Market,
+    reserve_max: Decimal | str | int,
+    user: AbstractBaseUser | None,
+    now: datetime | None = None,
+) -> ControlChange | None:
+    """Set ``market``'s reserve ceiling ($/s), the most ``market_reserve_set`` accepts, and
+    audit the change (``ControlChange``).
+
+    The ceiling is an amount as a reserve is (ValueError otherwise: at most ``MAX_BID``, 9
+    decimals) and not below the reserve in force (ValueError: lower the reserve first). None
+    when it already has this value (nothing written). Engines never see it: nothing is pushed.
+    """
+    new = money_exact(reserve_max)
+    if new > Decimal(str(MAX_BID)):
+        raise ValueError(f"the ceiling must be at most {MAX_BID:g} $/s: {reserve_max!r}")
+    with transaction.atomic():
+        locked = Market.objects.select_for_update().get(pk=market.pk)
+        if locked.reserve_max == new:
+            market.reserve_max = new
+            return None
+        if new < locked.reserve:
+            raise ValueError(
+                f"the ceiling {new} $/s is below the reserve in force ({locked.reserve} $/s)"
+            )
+        change = ControlChange.objects.create(
+            market=locked,
+            control=ControlChange.Control.RESERVE_MAX,
+            changed_by=_who(user),
+            old=str(locked.reserve_max),
+            new=str(new),
+            at=now or timezone.now(),
+        )
+        Market.objects.filter(pk=market.pk).update(reserve_max=new, updated_at=timezone.now())
+    market.reserve_max = new
+    return change
+
+
+def replica_set(
+    *, market: Market, engine_id: str, url: str, enabled: bool = True, push: bool = True
+) -> Replica:
     """Add the replica ``engine_id`` to ``market`` at ``url``, or move it there (enabled or not).
 
     ValueError when the id or URL is blank, or the id is another market's. Once committed, the
     market's policy and reserve are pushed to its engines, the new one included (it also reads
-    them from the control store when it follows it).
+    them from the control store when it follows it); ``push=False`` leaves that to the caller
+    (``live_market`` pushes once the engines it starts are up, and to them only).
     """
     engine_id, url = engine_id.strip(), url.strip().rstrip("/")
     if not engine_id or not url:
@@ -105,7 +178,8 @@ def replica_set(*, market: Market, engine_id: str, url: str, enabled: bool = Tru
             "market %s: replica %s at %s %s", market.slug, engine_id, url,
             "enabled" if enabled else "disabled",
         )  # fmt: skip
-        engine_config_push_on_commit(market_id=market.pk)
+        if push:
+            engine_config_push_on_commit(market_id=market.pk)
     return replica
 
 

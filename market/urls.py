@@ -10,5 +10,7 @@ urlpatterns = [
     path("", views.console_index, name="console_index"),
     path("markets/<slug:slug>/", views.console, name="console"),
     path("markets/<slug:slug>/reserve/", views.reserve_set, name="reserve_set"),
+    path("markets/<slug:slug>/reserve/impact/", views.reserve_impact, name="reserve_impact"),
+    path("markets/<slug:slug>/reserve-max/", views.reserve_max_set, name="reserve_max_set"),
     path("markets/<slug:slug>/policy/", views.policy_set, name="policy_set"),
 ]

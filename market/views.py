@@ -3,36 +3,55 @@ revenue and welfare, and the tenants' spend. Thin: reads in selectors, writes in
 
 Anonymous visitors are sent to the login page; logged-in users who are not staff get 403.
 The live parts arrive over ``/ws/markets/<slug>/`` (``market.consumers.MarketConsumer``).
+
+Controls that could hurt are applied in two steps (``market.controls``): a policy switch, and a
+reserve far from the one in force, first come back as a question on the console (what the change
+does, to the book waiting now for a reserve), and are applied when the operator confirms it (the
+form posts ``confirmed`` with the same value).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import Decimal
 from functools import wraps
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import Tenant
-from accounts.money import money_str
-from market.live.book import book_snapshot
+from accounts.money import money_exact, money_str
+from market.controls import (
+    RESERVE_CONFIRM_FACTOR,
+    ReserveImpact,
+    policy_description,
+    reserve_needs_confirmation,
+)
+from market.live.book import book_reserve_impact, book_snapshot
 from market.live.engine_status import engine_chart, engine_status_last
 from market.live.spend import tenant_spend_now
 from market.mechanism import POLICIES
 from market.models import Market
 from market.selectors import (
+    control_changes_for_market,
     market_by_slug,
     markets_active,
     reserve_changes_for_market,
     revenue_per_minute,
 )
-from market.services import market_policy_set, market_reserve_set
+from market.services import (
+    ReserveAboveCeiling,
+    market_policy_set,
+    market_reserve_max_set,
+    market_reserve_set,
+)
 from market.templatetags.units import rate
 
 View = Callable[..., HttpResponse]
@@ -97,6 +116,51 @@ def _initial(market: Market) -> dict[str, Any]:
     }
 
 
+def _confirmations(request: HttpRequest, market: Market) -> dict[str, Any]:
+    """The question the console asks before applying a change (``?confirm_reserve=`` or
+    ``?confirm_policy=``, where a POST sent it back), if it still stands."""
+    asked: dict[str, Any] = {}
+    raw = request.GET.get("confirm_reserve")
+    if raw is not None:
+        try:
+            new = money_exact(raw.strip())
+        except ValueError:
+            new = None
+        if new is not None and new <= market.reserve_max and new != market.reserve:
+            asked["confirm_reserve"] = {
+                "value": money_str(new),  # what the confirming form posts back
+                "new": new,
+                "old": market.reserve,
+                "factor": _factor(market.reserve, new),
+                "impact": _impact(market, new),
+            }
+    policy = request.GET.get("confirm_policy")
+    if policy in POLICIES and policy != market.policy:
+        asked["confirm_policy"] = {
+            "new": policy,
+            "old": market.policy,
+            "new_description": policy_description(policy),
+            "old_description": policy_description(market.policy),
+        }
+    return asked
+
+
+def _impact(market: Market, reserve: Decimal) -> ReserveImpact | None:
+    """What ``reserve`` would do to the market's book waiting now (None: no book yet)."""
+    return book_reserve_impact(market.slug, reserve=float(reserve), current=float(market.reserve))
+
+
+def _factor(old: Decimal, new: Decimal) -> str:
+    """How far ``new`` is from ``old`` ($/s), in a sentence."""
+    if old == 0:
+        return "There is no reserve now: every bid buys priority."
+    if new == 0:
+        return f"That removes the reserve ({rate(old)} $/s now)."
+    if new > old:
+        return f"That is {new / old:,.4g}× the reserve in force ({rate(old)} $/s)."
+    return f"That is 1/{old / new:,.4g} of the reserve in force ({rate(old)} $/s)."
+
+
 @require_GET
 @staff_required
 def console(request: HttpRequest, slug: str) -> HttpResponse:
@@ -105,22 +169,80 @@ def console(request: HttpRequest, slug: str) -> HttpResponse:
     context = {
         "market": market,
         "markets": markets_active(),
-        "policies": POLICIES,
+        "policies": [(p, policy_description(p)) for p in POLICIES],
+        "policy_description": policy_description(market.policy),
         "reserve_changes": reserve_changes_for_market(market=market, limit=20),
+        "control_changes": control_changes_for_market(market=market, limit=20),
+        "confirm_factor": RESERVE_CONFIRM_FACTOR,
         "initial": _initial(market),
+        **_confirmations(request, market),
     }
     return render(request, "market/console.html", context)
+
+
+def _console_url(market: Market, **query: str) -> str:
+    url = reverse("market:console", kwargs={"slug": market.slug})
+    return (f"{url}?{urlencode(query)}" if query else url) + "#controls"
+
+
+def _impact_json(impact: ReserveImpact | None) -> dict[str, Any] | None:
+    if impact is None:
+        return None
+    return {
+        "waiting": impact.waiting,
+        "below": impact.below,
+        "below_now": impact.below_now,
+        "lose_priority": impact.lose_priority,
+        "gain_priority": impact.gain_priority,
+        "exact": impact.exact,
+    }
+
+
+@require_GET
+@staff_required
+def reserve_impact(request: HttpRequest, slug: str) -> JsonResponse:
+    """What a reserve typed in the form would do, before it is applied: to the book waiting now,
+    whether it must be confirmed, whether the ceiling refuses it. 400 for what is no amount."""
+    market = _market_or_404(slug)
+    raw = (request.GET.get("reserve") or "").strip()
+    try:
+        new = money_exact(raw)
+    except ValueError:
+        return JsonResponse({"error": f"{raw!r} is not an amount in $/s"}, status=400)
+    return JsonResponse(
+        {
+            "reserve": money_str(new),
+            "current": money_str(market.reserve),
+            "ceiling": money_str(market.reserve_max),
+            "above_ceiling": new > market.reserve_max,
+            "confirm": reserve_needs_confirmation(market.reserve, new),
+            "impact": _impact_json(_impact(market, new)),
+        }
+    )
 
 
 @require_POST
 @staff_required
 def reserve_set(request: HttpRequest, slug: str) -> HttpResponse:
-    """Set the reserve ($/s) from the console's form; audited by the service."""
+    """Set the reserve ($/s) from the console's form; audited by the service. A reserve beyond
+    ``RESERVE_CONFIRM_FACTOR`` of the one in force comes back as a question first."""
     market = _market_or_404(slug)
     raw = (request.POST.get("reserve") or "").strip()
     old = market.reserve
     try:
-        change = market_reserve_set(market=market, reserve=raw, user=request.user)
+        new = money_exact(raw)
+        if new > market.reserve_max:
+            raise ReserveAboveCeiling(new, market.reserve_max)
+        confirmed = request.POST.get("confirmed")
+        if reserve_needs_confirmation(old, new) and confirmed != money_str(new):
+            return redirect(_console_url(market, confirm_reserve=money_str(new)))
+        change = market_reserve_set(market=market, reserve=new, user=request.user)
+    except ReserveAboveCeiling as exc:
+        messages.error(
+            request,
+            f"Reserve not changed: {rate(exc.reserve)} $/s is above this market's ceiling of "
+            f"{rate(exc.ceiling)} $/s. Raise the ceiling first if you mean it.",
+        )
     except ValueError:
         messages.error(
             request,
@@ -136,15 +258,46 @@ def reserve_set(request: HttpRequest, slug: str) -> HttpResponse:
                 f"Reserve {rate(change.old)} → {rate(change.new)} $/s; the engine "
                 "applies it from its next round.",
             )
-    return redirect(reverse("market:console", kwargs={"slug": market.slug}) + "#controls")
+    return redirect(_console_url(market))
+
+
+@require_POST
+@staff_required
+def reserve_max_set(request: HttpRequest, slug: str) -> HttpResponse:
+    """Set the reserve's ceiling ($/s); audited by the service."""
+    market = _market_or_404(slug)
+    raw = (request.POST.get("reserve_max") or "").strip()
+    try:
+        change = market_reserve_max_set(market=market, reserve_max=raw, user=request.user)
+    except ValueError as exc:
+        messages.error(request, f"Ceiling not changed: {_ceiling_refusal(raw, exc)}")
+    else:
+        if change is None:
+            messages.info(request, f"The ceiling already is {rate(market.reserve_max)} $/s.")
+        else:
+            messages.success(
+                request,
+                f"Reserve ceiling {rate(Decimal(change.old))} → {rate(Decimal(change.new))} $/s.",
+            )
+    return redirect(_console_url(market))
+
+
+def _ceiling_refusal(raw: str, exc: ValueError) -> str:
+    """Why a ceiling was refused, in the console's words."""
+    if "below the reserve" in str(exc):
+        return f"{raw} $/s is below the reserve in force; lower the reserve first."
+    return f"{raw!r} is not an amount in $/s (0 to 1000000, at most 9 decimals)."
 
 
 @require_POST
 @staff_required
 def policy_set(request: HttpRequest, slug: str) -> HttpResponse:
-    """Switch the market's ordering policy."""
+    """Switch the market's ordering policy, once confirmed (a switch first comes back as a
+    question saying what the new policy does); audited by the service."""
     market = _market_or_404(slug)
     policy = (request.POST.get("policy") or "").strip()
+    if policy in POLICIES and policy != market.policy and request.POST.get("confirmed") != policy:
+        return redirect(_console_url(market, confirm_policy=policy))
     try:
         old = market_policy_set(market=market, policy=policy, user=request.user)
     except ValueError:
@@ -156,4 +309,4 @@ def policy_set(request: HttpRequest, slug: str) -> HttpResponse:
             messages.success(
                 request, f"Policy {old} → {policy}; the engine applies it from its next round."
             )
-    return redirect(reverse("market:console", kwargs={"slug": market.slug}) + "#controls")
+    return redirect(_console_url(market))

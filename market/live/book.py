@@ -11,6 +11,11 @@ merge by subtree key (the same prefix has the same key in every engine's records
 bids summed, density over the summed work, the best rank and position, and per row the requests
 each replica holds (``replicas``, on a merge of more than one).
 
+The book is the operators' (``market.<slug>`` is a staff group): each row says whose requests
+wait in it (``tenants``: requests by tenant slug, from the tenant tags the engine's records
+count), and each engine's part keeps the waiting bids its last book record carried, which the
+console counts against a reserve before it is applied (``book_bids``).
+
 Each market's last published book lives in Django's cache (Redis when ``REDIS_URL`` is set, so
 every publishing process and every consumer sees the same one; local memory in the embedded
 mode, where everything runs in one process), with a version. Publishing compares the new rows
@@ -29,6 +34,8 @@ from typing import Any, TypedDict
 
 from django.core.cache import cache
 
+from accounts.models import Tenant
+from market.controls import ReserveImpact, reserve_impact
 from market.live.send import group_send
 from market.payloads import BookDiff, BookRow, BookSnapshot, market_group
 from scheduler_bridge.contract.records import RoundRecord
@@ -50,6 +57,7 @@ class EngineBook(TypedDict):
     at: float  # Unix seconds (wall) it was received
     waiting: int
     rows: dict[str, BookRow]
+    bids: list[float] | None  # its record's waiting bids, $/s ascending (None: it sent none)
 
 
 class BookState(TypedDict):
@@ -82,10 +90,13 @@ def book_rows(record: RoundRecord) -> dict[str, BookRow] | None:
             return {}
         return None
     rows: dict[str, BookRow] = {}
+    names = tenant_names({tag for s in subtrees for tag in s.get("owners") or {}})
     for s in subtrees:
         row: BookRow = {
             "key": str(s["key"]),
             "label": str(s["label"]),
+            "parent": str(s.get("parent", "")),
+            "branch": str(s.get("branch", s["label"])),
             "depth": int(s["depth"]),
             "prefix_tokens": int(s["prefix_tokens"]),
             "cached_tokens": int(s["cached_tokens"]),
@@ -95,9 +106,25 @@ def book_rows(record: RoundRecord) -> dict[str, BookRow] | None:
             "density": float(s["density"]),
             "rank": int(s["rank"]),
             "position": int(s["first_position"]),
+            "tenants": {names[tag]: int(n) for tag, n in (s.get("owners") or {}).items()},
         }
         rows[row["key"]] = row
     return rows
+
+
+# Tenant tags (the gateway sends a tenant's primary key) -> slugs, as far as this process has
+# seen them: slugs never change, and a book record would otherwise cost a query.
+_TENANT_SLUGS: dict[str, str] = {}
+
+
+def tenant_names(tags: set[str]) -> dict[str, str]:
+    """What the book calls the tenant of each tag: its slug; "" for requests without a tag, and
+    the tag itself, marked, for one that is no tenant's."""
+    unknown = [t for t in tags if t and t not in _TENANT_SLUGS and t.isdigit()]
+    if unknown:
+        for pk, slug in Tenant.objects.filter(pk__in=unknown).values_list("pk", "slug"):
+            _TENANT_SLUGS[str(pk)] = slug
+    return {t: "" if not t else _TENANT_SLUGS.get(t, f"tag {t}") for t in tags}
 
 
 def round_place(record: RoundRecord) -> tuple[str, str, int]:
@@ -132,6 +159,9 @@ def book_merge(books: Mapping[str, Mapping[str, BookRow]]) -> dict[str, BookRow]
                 work[key] = own_work
                 continue
             m = merged[key]
+            tenants = m["tenants"] = dict(m.get("tenants") or {})
+            for name, n in (row.get("tenants") or {}).items():
+                tenants[name] = tenants.get(name, 0) + n
             m["requests"] += row["requests"]
             m["bid_sum"] += row["bid_sum"]
             m["cached_tokens"] = max(m["cached_tokens"], row["cached_tokens"])
@@ -197,6 +227,29 @@ def book_snapshot(market: str) -> BookSnapshot | None:
     return {"kind": "book.snapshot", **state["meta"], "version": state["version"], "rows": rows}
 
 
+def book_bids(market: str) -> list[tuple[list[float], int]] | None:
+    """The waiting bids of ``market``'s current book: per engine, its last book record's bids
+    ($/s ascending; a sample when it holds fewer than its queue) and how many requests wait
+    there (none where its book is empty: its queue drained). None when there is no book, or an
+    engine of it sent no bids."""
+    state = book_state(market)
+    if state is None:
+        return None
+    books = list((state.get("engines") or {}).values())
+    if any(b.get("bids") is None for b in books):
+        return None
+    return [(list(b["bids"] or []), b["waiting"] if b["rows"] else 0) for b in books]
+
+
+def book_reserve_impact(market: str, *, reserve: float, current: float) -> ReserveImpact | None:
+    """What ``reserve`` ($/s) would do to ``market``'s book waiting now, against ``current``
+    (``market.controls.reserve_impact``); None when no book with bids has come yet."""
+    books = book_bids(market)
+    if books is None:
+        return None
+    return reserve_impact(books, reserve=reserve, current=current)
+
+
 def book_publish(
     *,
     record: RoundRecord,
@@ -226,6 +279,8 @@ def book_publish(
                 return "stale"
         engines[engine] = {
             "epoch": epoch, "seq": seq, "at": now, "waiting": int(record["waiting"]), "rows": rows,
+            # A drained queue (an empty book) has no bids; a book without them says nothing.
+            "bids": record.get("waiting_bids", None if rows else []),
         }  # fmt: skip
         engines = {e: b for e, b in engines.items() if now - b["at"] <= ENGINE_BOOK_TTL_S}
         merged = book_merge({e: b["rows"] for e, b in engines.items()})

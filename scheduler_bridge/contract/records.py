@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 # @2: ``epoch`` and every admitted request's ``block`` are required (both engines write them).
 SCHEMA = "inference-market/round@2"
@@ -23,10 +23,18 @@ DEFAULT_STREAM = "inference-market:rounds"
 
 
 class SubtreeSummary(TypedDict):
-    """One subtree of the waiting queue's request tree, aggregated (no tenants, no single bids)."""
+    """One subtree of the waiting queue's request tree, aggregated (no request, no single bid).
+
+    ``owners`` counts its requests by tenant tag, for the operators' book: a record goes to the
+    market's settlement and console, never to a tenant.
+    """
 
     key: str  # stable id of the subtree's prefix (a hash of its tokens)
     label: str  # a readable prefix label (decoded text, or the leading token ids)
+    # Where it departs from its parent: the parent's key ("" below the root) and a readable
+    # label of the first tokens of its own edge, which tells siblings apart.
+    parent: NotRequired[str]
+    branch: NotRequired[str]
     depth: int  # 1 for a child of the root, 2 below it, ...
     prefix_tokens: int  # tokens from the root to the end of the subtree's edge
     cached_tokens: int  # of those, already in the KV cache
@@ -36,6 +44,7 @@ class SubtreeSummary(TypedDict):
     density: float  # bid_sum per uncached token of the subtree's work, $/s per token
     rank: int  # position among its siblings in this round's order, 0 first
     first_position: int  # position of its first request in the round's whole order
+    owners: NotRequired[dict[str, int]]  # requests by tenant tag ("": a request without one)
 
 
 class BlockInfo(TypedDict):
@@ -78,6 +87,10 @@ class RoundRecord(TypedDict):
     waiting: int  # requests in the queue when the round cleared
     subtrees: list[SubtreeSummary]
     admitted: list[AdmittedRequest]
+    # With the book: the waiting requests' bids as sent, $/s, ascending; at most
+    # ``writer.BOOK_BIDS`` of them, evenly spaced through the sorted bids when more wait (what
+    # the console counts against a new reserve before it is applied).
+    waiting_bids: NotRequired[list[float]]
 
 
 def auction_fields(record: RoundRecord, entry: AdmittedRequest) -> dict[str, Any]:
@@ -160,6 +173,12 @@ def round_record_checked(obj: Any) -> RoundRecord:
         seen.add(adm["request_id"])
         if adm["charge"] < 0 or adm["bid"] < 0:
             raise ValueError(f"{where}: request {adm['request_id']!r} has a negative amount")
+    bids = obj.get("waiting_bids")
+    if bids is not None and not (
+        isinstance(bids, list)
+        and all(type(b) in (int, float) and math.isfinite(b) and b >= 0 for b in bids)
+    ):
+        raise ValueError(f"{where}: waiting_bids must be a list of amounts in $/s")
     return cast(RoundRecord, obj)
 
 

@@ -14,13 +14,15 @@ Units: bids in $/s of waiting, charges in dollars, times in seconds of the engin
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from market.mechanism import Clearing, RequestTree
+from market.mechanism import BID_SCALE, Clearing, RequestTree
 from market.mechanism.book import block_of, subtree_book
 from market.mechanism.requests import effective_bid
+from market.mechanism.tree import Node
 from scheduler_bridge.contract.records import (
     SCHEMA,
     AdmittedRequest,
@@ -32,6 +34,7 @@ from scheduler_bridge.contract.records import (
 BOOK_DEPTH = 2  # subtree levels in a record
 BOOK_LIMIT = 32  # subtrees in a record
 LABEL_TOKENS = 16  # tokens of a subtree's prefix that its label shows
+BOOK_BIDS = 1000  # waiting bids in a record with the book, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +134,7 @@ class RoundRecorder:
                     "block": block_info,
                 }
             )
-        return {
+        record: RoundRecord = {
             "schema": SCHEMA,
             "engine": self.engine_id,
             "market": self.market,
@@ -143,15 +146,14 @@ class RoundRecorder:
             "reserve": clearing.reserve,
             "tokens_per_second": clearing.tokens_per_second,
             "waiting": len(clearing),
-            "subtrees": self._book(tree, clearing, now),
+            "subtrees": [],
             "admitted": entries,
         }
-
-    def _book(self, tree: RequestTree, clearing: Clearing, now: float) -> list[SubtreeSummary]:
-        if self.book_interval_s is None or now < self._next_book:
-            return []
-        self._next_book = now + self.book_interval_s
-        return subtree_summaries(tree, clearing, self.label)
+        if self.book_interval_s is not None and now >= self._next_book:
+            self._next_book = now + self.book_interval_s
+            record["subtrees"] = subtree_summaries(tree, clearing, self.label)
+            record["waiting_bids"] = waiting_bids(tree)
+        return record
 
 
 def subtree_summaries(
@@ -160,20 +162,62 @@ def subtree_summaries(
     """The round's order book as a record carries it: ``BOOK_DEPTH`` levels, at most
     ``BOOK_LIMIT`` subtrees; call it while the tree is as the round cleared it."""
     rows = subtree_book(tree, clearing, max_depth=BOOK_DEPTH, limit=BOOK_LIMIT)
-    return [
-        {
-            # A hash of the prefix: the same subtree has the same key in every engine's records.
-            "key": f"{hash(tuple(row.prefix)) & 0xFFFFFFFFFFFF:012x}",
-            "label": label(tuple(row.prefix[:LABEL_TOKENS])),
-            "depth": row.depth,
-            "prefix_tokens": len(row.prefix),
-            "cached_tokens": row.cached_tokens,
-            "requests": row.requests,
-            "bid_sum": row.bid_sum,
-            "bid_mean": row.bid_mean,
-            "density": row.density,
-            "rank": row.rank,
-            "first_position": row.first_position,
-        }
-        for row in rows
-    ]
+    summaries: list[SubtreeSummary] = []
+    for row in rows:
+        prefix = tuple(row.prefix)
+        node = _node_at(tree, prefix)
+        parent = node.parent.end if node.parent is not None else 0  # the root's end is 0
+        summaries.append(
+            {
+                "key": prefix_key(prefix),
+                "label": label(prefix[:LABEL_TOKENS]),
+                "parent": prefix_key(prefix[:parent]) if parent else "",
+                "branch": label(prefix[parent : parent + LABEL_TOKENS]),
+                "depth": row.depth,
+                "prefix_tokens": len(prefix),
+                "cached_tokens": row.cached_tokens,
+                "requests": row.requests,
+                "bid_sum": row.bid_sum,
+                "bid_mean": row.bid_mean,
+                "density": row.density,
+                "rank": row.rank,
+                "first_position": row.first_position,
+                "owners": _owners(node),
+            }
+        )
+    return summaries
+
+
+def prefix_key(prefix: Sequence[int]) -> str:
+    """A subtree's key: a hash of its prefix, so that the same subtree has the same key in every
+    engine's records (the hash of a tuple of ints is the same in every process)."""
+    return f"{hash(tuple(prefix)) & 0xFFFFFFFFFFFF:012x}"
+
+
+def _node_at(tree: RequestTree, prefix: tuple[int, ...]) -> Node:
+    """The node whose edge ends where ``prefix`` does (a book row's subtree)."""
+    node = tree.root
+    while node.end < len(prefix):
+        node = node.children[prefix[node.end]]
+    return node
+
+
+def _owners(node: Node) -> dict[str, int]:
+    """The subtree's requests by tenant tag."""
+    owners: Counter[str] = Counter()
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        owners.update(e.req.owner for e in x.reqs.values())
+        stack.extend(x.children.values())
+    return dict(sorted(owners.items()))
+
+
+def waiting_bids(tree: RequestTree, limit: int = BOOK_BIDS) -> list[float]:
+    """The waiting requests' bids ($/s, ascending): all of them, or ``limit`` evenly spaced
+    through them when more wait (the lowest and the highest always among them)."""
+    ticks = sorted(e.ticks for e in tree.entries.values())
+    n = len(ticks)
+    if n > limit:
+        ticks = [ticks[i * (n - 1) // (limit - 1)] for i in range(limit)]
+    return [t / BID_SCALE for t in ticks]

@@ -46,24 +46,72 @@
     renderBook(changed);
   }
 
+  /** The rows in tree order: each subtree right under its parent, siblings by position. */
+  function bookOrder(rows) {
+    const byPosition = (a, b) => a.position - b.position || b.requests - a.requests;
+    const keys = new Set(rows.map((r) => r.key));
+    const children = new Map();
+    const top = [];
+    for (const r of rows) {
+      if (r.parent && keys.has(r.parent)) {
+        if (!children.has(r.parent)) children.set(r.parent, []);
+        children.get(r.parent).push(r);
+      } else {
+        top.push(r);
+      }
+    }
+    const ordered = [];
+    const visit = (r) => {
+      ordered.push(r);
+      (children.get(r.key) || []).sort(byPosition).forEach(visit);
+    };
+    top.sort(byPosition).forEach(visit);
+    return ordered;
+  }
+
+  /** A subtree's label: its prefix's start; below another subtree, where it leaves it. */
+  function subtreeLabel(r) {
+    const label = el("td", {class: "label"});
+    if (r.parent && r.branch !== undefined) {
+      label.title = `prefix: ${r.label} …\nleaves its parent at: ${r.branch}`;
+      label.append(el("span", {class: "branch-from"}, "… "));
+      label.append(el("span", {class: "prefix"}, r.branch || "(empty)"));
+    } else {
+      label.title = r.label;
+      label.append(el("span", {class: "prefix"}, r.label || "(empty prefix)"));
+    }
+    if (r.replicas) {  // a market of replicas: who holds how many of the subtree's requests
+      const held = Object.entries(r.replicas).map(([engine, n]) => `${engine}: ${n}`);
+      label.append(el("span", {class: "replicas-held muted small"}, held.join(" · ")));
+    }
+    return label;
+  }
+
+  /** Whose requests wait in a subtree: tenant and count, the most first. */
+  function tenantsCell(r) {
+    const td = el("td", {class: "tenants"});
+    const entries = Object.entries(r.tenants || {})
+      .sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+    for (const [name, n] of entries) {
+      const span = el("span", {class: "tenant", "data-tenant": name});
+      span.append(document.createTextNode(`${name || "untagged"} `), el("b", {}, fmt.int(n)));
+      td.append(span);
+    }
+    if (!entries.length) td.textContent = "—";
+    return td;
+  }
+
   function renderBook(changed) {
     const table = $("book");
     const body = table.querySelector("tbody");
-    const rows = [...state.rows.values()].sort(
-      (a, b) => a.position - b.position || a.depth - b.depth || b.requests - a.requests,
-    );
+    const rows = bookOrder([...state.rows.values()]);
     const maxMean = Math.max(1e-12, ...rows.map((r) => r.bid_mean));
     const fresh = document.createDocumentFragment();
     for (const r of rows) {
       const tr = el("tr", {"data-key": r.key, class: `depth-${r.depth}${changed.has(r.key) ? " changed" : ""}`});
-      tr.append(cell(fmt.int(r.position + 1), "num"));
-      const label = el("td", {class: "label", title: r.label});
-      label.append(el("span", {class: "prefix"}, r.label || "(empty prefix)"));
-      if (r.replicas) {  // a market of replicas: who holds how many of the subtree's requests
-        const held = Object.entries(r.replicas).map(([engine, n]) => `${engine}: ${n}`);
-        label.append(el("span", {class: "replicas-held muted small"}, held.join(" · ")));
-      }
-      tr.append(label);
+      tr.append(cell(`#${fmt.int(r.position + 1)}`, "num"));
+      tr.append(subtreeLabel(r));
+      tr.append(tenantsCell(r));
       tr.append(cell(fmt.int(r.requests), "num"));
       tr.append(cell(fmt.rate(r.bid_sum), "num"));
       const mean = cell(fmt.rate(r.bid_mean), "num");
@@ -75,7 +123,6 @@
       tr.append(mean);
       tr.append(cell(fmt.density(r.density), "num"));
       tr.append(cell(`${fmt.int(r.prefix_tokens)} (${fmt.int(r.cached_tokens)})`, "num"));
-      tr.append(cell(`#${r.rank + 1}`, "num"));
       fresh.append(tr);
     }
     body.replaceChildren(fresh);
@@ -254,6 +301,62 @@
     body.replaceChildren(fresh);
     $("tenants-empty").hidden = rows.length > 0;
   }
+
+  // --- controls: what a reserve would do before it is applied; what a policy does ------------
+  let impactAsked = 0;
+  async function reserveImpact() {
+    const form = $("reserve-form");
+    const input = $("reserve-input");
+    const out = $("reserve-impact");
+    const asked = ++impactAsked;
+    const value = input.value.trim();
+    if (!value || !input.validity.valid || Number(value) === Number(initial.reserve)) {
+      out.hidden = true;
+      return;
+    }
+    let answer;
+    try {
+      const reply = await fetch(`${form.dataset.impactUrl}?reserve=${encodeURIComponent(value)}`,
+                                {headers: {Accept: "application/json"}});
+      if (!reply.ok) { out.hidden = true; return; }
+      answer = await reply.json();
+    } catch (error) {
+      out.hidden = true;
+      return;
+    }
+    if (asked !== impactAsked) return;  // a newer value was typed meanwhile
+    const shown = fmt.rate(answer.reserve);
+    const parts = [];
+    const i = answer.impact;
+    if (answer.above_ceiling) {
+      parts.push(`Above the ceiling (${fmt.rate(answer.ceiling)} $/s): it would be refused.`);
+    } else if (!i) {
+      parts.push("No book from the engines yet: nothing to count.");
+    } else if (!i.waiting) {
+      parts.push("The book is empty now: no waiting request is affected.");
+    } else {
+      const about = i.exact ? "" : "about ";
+      parts.push(`In the book now, ${about}${i.below} of ${i.waiting} waiting bids are below ` +
+                 `${shown} $/s (${i.below_now} below the current reserve)`);
+      if (i.lose_priority) parts.push(`: ${i.lose_priority} would lose their priority.`);
+      else if (i.gain_priority) parts.push(`: ${i.gain_priority} would gain priority.`);
+      else parts.push(".");
+    }
+    if (answer.confirm && !answer.above_ceiling) parts.push(" Far from the current reserve: you will be asked to confirm.");
+    out.textContent = parts.join("");
+    out.className = `impact${answer.above_ceiling ? " bad" : answer.confirm || (i && i.lose_priority) ? " warn" : ""}`;
+    out.hidden = false;
+  }
+
+  let impactTimer = null;
+  $("reserve-input").addEventListener("input", () => {
+    clearTimeout(impactTimer);
+    impactTimer = setTimeout(reserveImpact, 250);
+  });
+  $("policy-select").addEventListener("change", (event) => {
+    const option = event.target.selectedOptions[0];
+    $("policy-description").textContent = option ? option.dataset.description : "";
+  });
 
   // --- wiring ---------------------------------------------------------------------------------
   const handlers = {

@@ -20,7 +20,7 @@ from accounts.models import (
     Tenant,
 )
 from accounts.services import api_key_create, budget_set, invoice_generate, month_bounds
-from market.models import Market, ReserveChange
+from market.models import ControlChange, Market, ReserveChange
 from market.services import market_reserve_set
 from tests.accounts.factories import PASSWORD, market_create, spend, tenant_create, user_create
 
@@ -110,6 +110,7 @@ def test_a_reserve_moved_in_the_admin_is_audited(
         "price_cached_input_per_mtok": "0.3",
         "price_output_per_mtok": "15",
         "reserve": "0.02",
+        "reserve_max": "1",
         "policy": market.policy,
         "engine_url": market.engine_url,
         "chat_template": market.chat_template,
@@ -119,6 +120,8 @@ def test_a_reserve_moved_in_the_admin_is_audited(
         "is_active": "on",
         "reserve_changes-TOTAL_FORMS": "0",
         "reserve_changes-INITIAL_FORMS": "0",
+        "control_changes-TOTAL_FORMS": "0",
+        "control_changes-INITIAL_FORMS": "0",
         # A replica added in the same form.
         "replicas-TOTAL_FORMS": "1",
         "replicas-INITIAL_FORMS": "0",
@@ -142,3 +145,24 @@ def test_a_reserve_moved_in_the_admin_is_audited(
         Decimal("0.02"),
         "root",
     )
+    # The policy and a higher ceiling with a reserve above the old one, in one save: each goes
+    # through its service (the ceiling first, which the reserve needs) and is audited.
+    form = {**form, "replicas-TOTAL_FORMS": "0", "policy": "fcfs", "reserve_max": "3",
+            "reserve": "2"}  # fmt: skip
+    assert operator_client.post(admin_url(Market, "change", market.pk), form).status_code == 302
+    market.refresh_from_db()
+    assert (market.policy, market.reserve_max, market.reserve) == (
+        "fcfs",
+        Decimal("3"),
+        Decimal("2"),
+    )
+    audit = [(c.control, c.old, c.new, c.changed_by.username) for c in ControlChange.objects.all()]
+    assert sorted(audit) == [
+        ("policy", "dfs-auction-density", "fcfs", "root"),
+        ("reserve_max", "1.000000000", "3.000000000", "root"),
+    ]
+    # A reserve above the ceiling is a form error, not a 500: nothing changes.
+    page = operator_client.post(admin_url(Market, "change", market.pk), {**form, "reserve": "4"})
+    assert page.status_code == 200 and "Above the reserve ceiling" in page.content.decode()
+    market.refresh_from_db()
+    assert market.reserve == Decimal("2")

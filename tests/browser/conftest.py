@@ -40,7 +40,7 @@ from market.services import replica_set
 from openai_api.gateway.keys import api_key_cache_clear
 from openai_api.gateway.selectors import caches_clear
 from tests.accounts.factories import PASSWORD, tenant_create, user_create
-from tests.conftest import REPO_ROOT, DaphneThread, dead_port
+from tests.conftest import ENGINE_ADMIN_TOKEN, REPO_ROOT, DaphneThread, dead_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -187,7 +187,7 @@ def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]
 
 @pytest.fixture
 def live_fleet(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
-    """The same market served by two replicas behind SGLang's real router (its entry point),
+    """The same market served by two replicas behind SGLang's real model gateway (its entry point),
     each writing its own round records."""
     with _live(asgi_server, tmp_path, replicas=2) as live:
         yield live
@@ -206,6 +206,7 @@ def _live(asgi_server, tmp_path: Path, *, replicas: int) -> Iterator[LiveMarket]
             ServerOptions.of(
                 port=0, speed=1.0, market=slug, rounds_jsonl=str(jsonl), settings=ENGINE_SETTINGS,
                 engine_id=None if replicas == 1 else f"{slug}-r{i + 1}",
+                admin_token=ENGINE_ADMIN_TOKEN,  # the market's pushes send it
             )
         ).start()
         for i, jsonl in enumerate(files)

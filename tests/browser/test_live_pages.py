@@ -58,13 +58,28 @@ def test_the_operator_watches_the_book_and_moves_the_reserve(page, live_market: 
     page.fill("#reserve-input", "-1")  # the browser refuses it: not an amount
     page.click("#reserve-form button[type=submit]")
     assert page.evaluate("document.querySelector('#reserve-input').validity.valid") is False
-    page.fill("#reserve-input", "2000000")  # an amount, above what engines accept: the server
+    page.fill("#reserve-input", "2000000")  # an amount, above the market's ceiling: refused
+    page.wait_for_selector("#reserve-impact.bad:not([hidden])")
+    assert "Above the ceiling (1 $/s)" in page.inner_text("#reserve-impact")
     page.click("#reserve-form button[type=submit]")
     page.wait_for_selector(".flash-error")
-    assert "Reserve not changed" in page.inner_text(".flashes")
+    assert "Reserve not changed: 2000000 $/s is above" in page.inner_text(".flashes")
     assert not ReserveChange.objects.exists()
+    # From no reserve at all, 0.002 is far: the form says what it does to the book as it is
+    # typed, and the console asks before applying it, with the book's count.
     page.fill("#reserve-input", "0.002")
+    page.wait_for_selector("#reserve-impact:not([hidden])")
+    assert "you will be asked to confirm" in page.inner_text("#reserve-impact")
     page.click("#reserve-form button[type=submit]")
+    page.wait_for_selector("#reserve-confirm")
+    question = page.inner_text("#reserve-confirm")
+    assert "Set the reserve to 0.002 $/s?" in question, question
+    assert re.search(r"\d+ of \d+ waiting bids? (is|are) below it", question) or (
+        "No book has come" in question or "The book is empty now" in question
+    ), question
+    assert not ReserveChange.objects.exists()
+    screenshot(page, "console-reserve-confirm")
+    page.click("#reserve-confirm button[type=submit]")
     page.wait_for_selector("#reserve-audit tbody tr")
     assert "Reserve 0 → 0.002 $/s" in page.inner_text(".flashes")
     audit = page.inner_text("#reserve-audit tbody tr:first-child")
@@ -128,7 +143,7 @@ def test_a_tenant_cannot_open_the_operator_console(page, live_market: LiveMarket
 
 
 def test_the_operator_sees_each_replica_and_the_reserve_reaches_both(page, live_fleet: LiveMarket):
-    """Two replicas behind SGLang's router: the console's status is the fleet's, with a row per
+    """Two replicas behind SGLang's model gateway: the console's status is the fleet's, a row per
     replica; the book is merged; a reserve moved in the browser reaches both replicas."""
     url = f"/console/markets/{live_fleet.market.slug}/"
     login(page, live_fleet.server, "operator", url)
@@ -145,6 +160,71 @@ def test_the_operator_sees_each_replica_and_the_reserve_reaches_both(page, live_
     screenshot(page, "console-replicas")
     page.fill("#reserve-input", "0.003")
     page.click("#reserve-form button[type=submit]")
+    page.click("#reserve-confirm button[type=submit]")  # from no reserve: asked first
     page.wait_for_selector("#reserve-audit tbody tr")
     reserves = [r.call(lambda r=r: r.server.engine.reserve) for r in live_fleet.replicas]
     assert reserves == [0.003, 0.003]
+
+
+BOOK_ROWS = """() => [...document.querySelectorAll('#book tbody tr[data-key]')].map(tr => ({
+    key: tr.dataset.key, depth: tr.className.includes('depth-2') ? 2 : 1,
+    position: tr.cells[0].textContent, label: tr.cells[1].querySelector('.prefix').textContent,
+    tenants: [...tr.cells[2].querySelectorAll('.tenant')].map(t => t.dataset.tenant),
+}))"""
+
+
+def test_the_operator_reads_the_book_and_switches_the_policy_once_asked(
+    page, live_market: LiveMarket
+):
+    """The book: one position column saying what it means, whose requests wait in each subtree,
+    and sub-subtrees labelled where they leave their parent (the agents' prompts share a system
+    prompt and differ after "Case"). The policy switch says what each policy does, asks first,
+    and its audit row shows who switched what, beside the reserve's."""
+    url = f"/console/markets/{live_market.market.slug}/"
+    login(page, live_market.server, "operator", url)
+    page.wait_for_selector("#live-state[data-state=live]")
+    header = page.inner_text("#book thead")
+    assert "POSITION" in header.upper() and "1 = served next" in header
+    assert "RANK" not in header.upper() and "TENANTS" in header.upper()
+    # Wait for a book with a subtree holding two sub-subtrees and both tenants in it.
+    page.wait_for_function(
+        f"""() => {{
+            const rows = ({BOOK_ROWS})();
+            const tenants = new Set(rows.flatMap(r => r.tenants));
+            return rows.filter(r => r.depth === 2).length >= 2 && tenants.size >= 2;
+        }}""",
+        timeout=60_000,
+    )
+    rows = page.evaluate(BOOK_ROWS)
+    assert {t for r in rows for t in r["tenants"]} <= {"acme", "globex"}
+    assert all(re.fullmatch(r"#[\d,]+", r["position"]) for r in rows), rows
+    # Each sub-subtree sits under its parent, and siblings' labels differ.
+    parents = {}
+    for r in rows:
+        if r["depth"] == 1:
+            current = r["key"]
+        else:
+            parents.setdefault(current, []).append(r["label"])
+    assert parents, rows
+    for labels in parents.values():
+        assert len(labels) == len(set(labels)), labels
+    screenshot(page, "console-book-tenants")
+
+    # The policy switch: each option's line, then a question, then the audit row.
+    assert "bid per token" in page.inner_text("#policy-description")
+    page.select_option("#policy-select", "highest-bid")
+    assert page.inner_text("#policy-description").startswith("Highest bid first")
+    page.click("#policy-form button[type=submit]")
+    page.wait_for_selector("#policy-confirm")
+    assert "Switch the ordering policy from dfs-auction-density to highest-bid?" in (
+        page.inner_text("#policy-confirm")
+    )
+    assert Market.objects.get(pk=live_market.market.pk).policy == "dfs-auction-density"
+    screenshot(page, "console-policy-confirm")
+    page.click("#policy-confirm button[type=submit]")
+    page.wait_for_selector("#control-audit tbody tr")
+    audit = page.inner_text("#control-audit tbody tr:first-child")
+    assert "operator" in audit and "policy dfs-auction-density → highest-bid" in audit, audit
+    assert Market.objects.get(pk=live_market.market.pk).policy == "highest-bid"
+    page.wait_for_selector("#kpi-engine-policy[data-policy='highest-bid']", timeout=45_000)
+    screenshot(page, "console-policy-audited")

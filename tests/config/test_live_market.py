@@ -107,7 +107,7 @@ class LiveMarket:
         db = tmp_path / "live.sqlite3"
         shutil.copy(seeded_db, db)
         self.web, self.engine = dead_port(), dead_port()
-        # With replicas (the default: two behind the router), they listen on the next ports.
+        # With replicas (the default: two behind the gateway), they listen on the next ports.
         replicas = int(args[args.index("--replicas") + 1]) if "--replicas" in args else 2
         self.replica_ports = (
             [self.engine + i for i in range(1, replicas + 1)] if replicas > 1 else []
@@ -196,16 +196,16 @@ def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path, seeded):
         market.up()
         banner = market.output
         assert f"{market.base}/console/" in banner and "operator-demo-pass" in banner
-        assert "SGLang's router in front of 2 simulated replicas" in banner
+        assert "SGLang's model gateway (smg) in front of 2 simulated replicas" in banner
         assert json.loads(_get(f"{market.base}/healthz"))["status"] == "ok"
-        # The entry point is the router, with both replicas healthy behind it.
+        # The entry point is the gateway, with both replicas healthy behind it.
         workers = json.loads(_get(f"http://127.0.0.1:{market.engine}/workers"))["workers"]
         assert sorted(w["url"] for w in workers if w["is_healthy"]) == [
             f"http://127.0.0.1:{p}" for p in market.replica_ports
         ]
         for port in market.replica_ports:
             assert _get(f"http://127.0.0.1:{port}/health") == b""
-        # The agents' requests go through the gateway and the router, and each replica records
+        # The agents' requests go through the gateway and smg, and each replica records
         # the rounds it ran (its own file, followed by the web process).
         files = [market.var / f"rounds-sim-{i}.jsonl" for i in (1, 2)]
         deadline = time.monotonic() + 60
@@ -229,7 +229,7 @@ def test_a_killed_replica_is_routed_around_and_restarted(tmp_path, seeded):
         os.kill(victim, signal.SIGKILL)
         while _listening(market.replica_ports[0]):
             time.sleep(0.05)
-        # The router sends the market's requests to the replica left: the tenant sees no error.
+        # smg sends the market's requests to the replica left: the tenant sees no error.
         statuses = [_chat(market.base, key, i, bid=0.01)[0] for i in range(1, 7)]
         assert statuses == [200] * 6, statuses
         market.wait_line(r"engine-1: exited \(signal 9 \(SIGKILL\)\)", after=seen)
@@ -382,3 +382,109 @@ def test_the_engines_control_is_closed_to_whoever_lacks_the_runs_token(tmp_path,
         assert status == 200 and float(body["auction"]["reserve"]) == before[1]
     finally:
         market.stop()
+
+
+def _live_market_now(tmp_path: Path, db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``live_market`` run to its end (it must end at once: it is to start nothing)."""
+    return subprocess.run(
+        [*MANAGE, "live_market", "--no-agents", "--var", str(tmp_path / "var-b"), *args],
+        env=_embedded_env(db), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_second_live_market_on_taken_ports_stops_at_once_naming_the_port(tmp_path, seeded):
+    """What ``make run`` twice on one machine did: the second printed "running", restarted its
+    children for ever, and pushed its control to the first one's engines. Now it stops before
+    starting anything, naming the busy port and the option (and ``make run`` variable) that
+    moves it."""
+    first = LiveMarket(tmp_path, seeded[0], "--no-agents")
+    try:
+        first.up()
+        pids = {name: first.pid_of(name) for name in ("engine-1", "engine-2", "router", "web")}
+        db = tmp_path / "second.sqlite3"
+        shutil.copy(seeded[0], db)
+        cases = [  # (web port, engine port): the port named, the option named
+            ((first.web, dead_port()), first.web, "--port (make run PORT=...)"),
+            ((dead_port(), first.engine), first.engine, "--engine-port (make run ENGINE_PORT=...)"),
+            # Its replicas would take the first market's entry point and its first replica.
+            ((dead_port(), first.engine - 1), first.engine, "--engine-port"),
+        ]
+        for (web, engine), busy, option in cases:
+            began = time.monotonic()
+            done = _live_market_now(tmp_path, db, "--port", str(web), "--engine-port", str(engine))
+            took = time.monotonic() - began
+            assert done.returncode == 1, done
+            assert f"port {busy} (" in done.stderr and "is in use" in done.stderr, done.stderr
+            assert option in done.stderr, done.stderr
+            assert "started" not in done.stdout and "running" not in done.stdout, done.stdout
+            assert took < 30, took  # a Django start and a few binds: no child was waited for
+            # `make run` checks first: the same answer, before migrating or seeding.
+            checked = _live_market_now(
+                tmp_path, db, "--check-ports", "--port", str(web), "--engine-port", str(engine)
+            )
+            assert checked.returncode == 1 and f"port {busy} (" in checked.stderr
+        # The first market never noticed: the same children, no restart.
+        assert {name: first.pid_of(name) for name in pids} == pids
+        assert "exited" not in first.output
+        assert not (tmp_path / "var-b" / "logs" / "engine-1.log").exists()
+    finally:
+        first.stop()
+    free = _live_market_now(tmp_path, db, "--check-ports", "--port", str(dead_port()))
+    assert free.returncode == 0 and free.stderr == "", free
+
+
+SECOND_MARKET = """
+from market.models import Market, Replica
+market = Market.objects.get(slug="demo-llm")
+Market.objects.filter(pk=market.pk).update(reserve="0.004200000", policy="fcfs")
+# As an earlier run left them: the replicas' addresses are now the first market's engines.
+for i, url in enumerate(%r, start=1):
+    Replica.objects.create(market=market, engine_id=f"sim-{i}", url=url)
+"""
+
+
+def test_two_live_markets_run_side_by_side_and_neither_touches_the_others_engines(tmp_path, seeded):
+    """With other ports both run. The second's database remembers replicas at the first's
+    engines' addresses (an earlier run on the default ports), and both share one engine admin
+    token (a shared environment), so that a push to the wrong engines would be obeyed: each
+    market's engines still carry that market's own policy and reserve, and each run pushed its
+    control to its own engines, after they were up."""
+    token = "shared-admin-token-for-both-markets-0123456789"
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    first = LiveMarket(a_dir, seeded[0], "--no-agents", **{ADMIN_TOKEN_ENV: token})
+    second = None
+    try:
+        first.up()
+        b_seed = b_dir / "seed.sqlite3"
+        shutil.copy(seeded[0], b_seed)
+        urls = [f"http://127.0.0.1:{port}" for port in first.replica_ports]
+        subprocess.run(
+            [*MANAGE, "shell", "-c", SECOND_MARKET % (urls,)], env=_embedded_env(b_seed),
+            check=True, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        second = LiveMarket(b_dir, b_seed, "--no-agents", **{ADMIN_TOKEN_ENV: token})
+        second.up()
+        assert {first.web, first.engine, *first.replica_ports}.isdisjoint(
+            {second.web, second.engine, *second.replica_ports}
+        )
+        for market, expected in (
+            (first, ("dfs-auction-density", 0.001)),
+            (second, ("fcfs", 0.0042)),
+        ):
+            for i, port in enumerate(market.replica_ports, start=1):
+                info = json.loads(_get(f"http://127.0.0.1:{port}/get_model_info"))
+                assert (info["policy"], info["reserve"]) == expected, (market.base, port)
+                # Its own run pushed to it, once it answered (not "unavailable" before).
+                market.wait_line(rf"engine-{i}: market control pushed \(http://127.0.0.1:{port}\)")
+            assert "not pushed" not in market.output
+        assert "exited" not in first.output + second.output
+        # The first market's engines took one control request each: their own run's.
+        for i in (1, 2):
+            log = (a_dir / "var" / "logs" / f"engine-{i}.log").read_text()
+            assert log.count("market demo-llm: policy") == 1, log[-2000:]
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()

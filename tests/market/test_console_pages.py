@@ -8,17 +8,21 @@ visitors are sent to the login page. Nothing forbidden changes anything.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
 
 from accounts.models import AutobidderStep, Period
 from accounts.services import budget_set, invoice_generate, month_bounds
 from accounts.services.autobidder import autobidder_configure
-from market.models import Market, ReserveChange
+from market.live import book
+from market.models import ControlChange, Market, ReserveChange
 from tests.accounts.factories import spend
+from tests.market.live_helpers import record, subtree
 from tests.personas import PERSONAS, World, logged_in, world_create
 
 pytestmark = pytest.mark.django_db
@@ -81,25 +85,42 @@ def test_the_console_shows_the_market_its_tenants_and_the_live_socket(client, wo
 @pytest.mark.parametrize("persona", PERSONAS)
 def test_only_operators_move_the_reserve_and_the_policy(client, world, persona) -> None:
     logged_in(client, world, persona)
-    reserve = client.post(f"{CONSOLE}reserve/", {"reserve": "0.002"})
-    policy = client.post(f"{CONSOLE}policy/", {"policy": "fcfs"})
+    # Confirmed (from a reserve of 0 every raise asks first; every switch asks first).
+    reserve = client.post(f"{CONSOLE}reserve/", {"reserve": "0.002", "confirmed": "0.002000000"})
+    policy = client.post(f"{CONSOLE}policy/", {"policy": "fcfs", "confirmed": "fcfs"})
+    ceiling = client.post(f"{CONSOLE}reserve-max/", {"reserve_max": "5"})
     market = Market.objects.get(slug="test-llm")
     if persona == "operator":
-        assert reserve.status_code == 302 and policy.status_code == 302
+        assert {reserve.status_code, policy.status_code, ceiling.status_code} == {302}
         assert (market.reserve, market.policy) == (Decimal("0.002"), "fcfs")
+        assert market.reserve_max == Decimal("5")
         (change,) = ReserveChange.objects.all()
         assert (change.old, change.new, change.changed_by.username) == (
             0,
             Decimal("0.002"),
             persona,
         )
+        audit = ControlChange.objects.order_by("id")
+        assert [(c.control, c.old, c.new, c.changed_by.username) for c in audit] == [
+            ("policy", "dfs-auction-density", "fcfs", persona),
+            ("reserve_max", "1.000000000", "5.000000000", persona),
+        ]
     else:
         if persona == "anonymous":
             assert is_login_redirect(reserve) and is_login_redirect(policy)
+            assert is_login_redirect(ceiling)
         else:
-            assert reserve.status_code == 403 and policy.status_code == 403
+            assert {reserve.status_code, policy.status_code, ceiling.status_code} == {403}
         assert (market.reserve, market.policy) == (Decimal("0"), "dfs-auction-density")
-        assert not ReserveChange.objects.exists()
+        assert market.reserve_max == Decimal("1")
+        assert not ReserveChange.objects.exists() and not ControlChange.objects.exists()
+    impact = client.get(f"{CONSOLE}reserve/impact/?reserve=0.5")
+    if persona == "operator":
+        assert impact.status_code == 200
+    elif persona == "anonymous":
+        assert is_login_redirect(impact)
+    else:
+        assert impact.status_code == 403
 
 
 def test_the_reserve_change_is_validated_and_audited_on_the_page(client, world) -> None:
@@ -109,13 +130,19 @@ def test_the_reserve_change_is_validated_and_audited_on_the_page(client, world) 
         assert "Reserve not changed" in page, bad
     assert not ReserveChange.objects.exists()
     assert Market.objects.get(slug="test-llm").reserve == 0
-    page = client.post(f"{CONSOLE}reserve/", {"reserve": "0.0025"}, follow=True).content.decode()
+    confirmed = {"reserve": "0.0025", "confirmed": "0.002500000"}
+    page = client.post(f"{CONSOLE}reserve/", confirmed, follow=True).content.decode()
     assert "Reserve 0 → 0.0025 $/s" in page
     assert "engine applies it from its next round" in page
     audit = page[page.index('id="reserve-audit"') :]
     assert "operator" in audit and 'data-new="0.002500000"' in audit and "0.0025</strong>" in audit
     again = client.post(f"{CONSOLE}reserve/", {"reserve": "0.0025"}, follow=True).content.decode()
     assert "already is 0.0025 $/s" in again and ReserveChange.objects.count() == 1
+    # Within 10x of the reserve in force either way: applied at once, no question.
+    for near in ["0.025", "0.0025"]:
+        page = client.post(f"{CONSOLE}reserve/", {"reserve": near}, follow=True).content.decode()
+        assert "Reserve " in page and 'id="reserve-confirm"' not in page, near
+    assert ReserveChange.objects.count() == 3
     bad_policy = client.post(f"{CONSOLE}policy/", {"policy": "cheapest"}, follow=True)
     assert "Policy not changed" in bad_policy.content.decode()
 
@@ -183,3 +210,116 @@ def test_the_dashboard_shows_what_the_autobidder_reserved_and_gave_away(client, 
     page = client.get(DASHBOARD).content.decode()
     safety = page[page.index('id="autobid-safety"') :]
     assert "0.125 × $0.400000" in safety and "(given away): $0.002500" in safety
+
+
+@pytest.fixture
+def fresh_book() -> Iterator[None]:
+    """The test market's live book starts empty, and is left so (the cache may be Redis)."""
+    cache.delete(book.state_key("test-llm"))
+    yield
+    cache.delete(book.state_key("test-llm"))
+
+
+def test_a_reserve_far_from_the_one_in_force_asks_first_saying_what_it_does_to_the_book(
+    client, world, fresh_book
+) -> None:
+    """The incident: 1,000,000 $/s typed for 0.001 was applied and every bid dropped to 0. Now
+    a reserve beyond 10x either way comes back as a question with the book's count, and one
+    above the ceiling is refused with the reason."""
+    Market.objects.filter(slug="test-llm").update(reserve="0.001")
+    # The book waiting now, as two replicas' last book records carried it (their sorted bids
+    # and queue lengths): 0.0005 0.002 0.004 | 0.001 0.01 0.03 0.05.
+    for engine, bids in (("r1", [0.0005, 0.002, 0.004]), ("r2", [0.001, 0.01, 0.03, 0.05])):
+        rec = record("test-llm", 1, subtrees=[subtree(f"k-{engine}")], waiting=len(bids),
+                     engine=engine, reserve=0.001)  # fmt: skip
+        rec["waiting_bids"] = bids
+        assert book.book_publish(record=rec, rows=book.book_rows(rec), min_interval_s=0) == "sent"
+    logged_in(client, world, "operator")
+    asked = client.post(f"{CONSOLE}reserve/", {"reserve": "0.02"})
+    assert asked.status_code == 302
+    assert asked["Location"] == f"{CONSOLE}?confirm_reserve=0.020000000#controls"
+    assert Market.objects.get(slug="test-llm").reserve == Decimal("0.001")
+    page = client.get(asked["Location"]).content.decode()
+    question = page[page.index('id="reserve-confirm"') :]
+    question = question[: question.index("</div>")]
+    assert "Set the reserve to 0.02 $/s?" in question
+    assert "That is 20× the reserve in force (0.001 $/s)." in question
+    # Below 0.02: 0.0005 0.002 0.004 0.001 0.01 (5 of 7); below 0.001 now: 0.0005 (1); so 4 of
+    # the requests whose bids count now would lose their priority.
+    assert "<strong>5 of 7</strong> waiting bids are below it (1 below the reserve in force)" in (
+        question
+    )
+    assert "4 requests would lose their priority" in question
+    assert 'name="confirmed" value="0.020000000"' in question
+    # The JSON the form reads while the operator types says the same.
+    impact = client.get(f"{CONSOLE}reserve/impact/?reserve=0.02").json()
+    assert impact == {
+        "reserve": "0.020000000",
+        "current": "0.001000000",
+        "ceiling": "1.000000000",
+        "above_ceiling": False,
+        "confirm": True,
+        "impact": {"waiting": 7, "below": 5, "below_now": 1, "lose_priority": 4,
+                   "gain_priority": 0, "exact": True},
+    }  # fmt: skip
+    assert client.get(f"{CONSOLE}reserve/impact/?reserve=abc").status_code == 400
+    # Confirmed: applied and audited.
+    done = client.post(
+        f"{CONSOLE}reserve/", {"reserve": "0.02", "confirmed": "0.020000000"}, follow=True
+    )
+    assert "Reserve 0.001 → 0.02 $/s" in done.content.decode()
+    assert Market.objects.get(slug="test-llm").reserve == Decimal("0.02")
+    # A confirmation of another value does not count; a cut under a tenth asks too.
+    client.post(f"{CONSOLE}reserve/", {"reserve": "0.001", "confirmed": "0.020000000"})
+    assert Market.objects.get(slug="test-llm").reserve == Decimal("0.02")
+    # Above the ceiling (1 $/s by default): refused, with the ceiling named, confirmed or not.
+    for form in ({"reserve": "1000000"}, {"reserve": "1000000", "confirmed": "1000000.000000000"}):
+        page = client.post(f"{CONSOLE}reserve/", form, follow=True).content.decode()
+        assert "Reserve not changed: 1000000 $/s is above this market&#x27;s ceiling of 1 $/s" in (
+            page
+        )
+    assert ReserveChange.objects.count() == 1
+    # Raised, the ceiling lets it through (still asked first: 50x).
+    client.post(f"{CONSOLE}reserve-max/", {"reserve_max": "2"})
+    assert client.post(f"{CONSOLE}reserve/", {"reserve": "1"})["Location"].endswith(
+        "confirm_reserve=1.000000000#controls"
+    )
+    # A ceiling under the reserve in force is refused: lower the reserve first.
+    page = client.post(f"{CONSOLE}reserve-max/", {"reserve_max": "0.01"}, follow=True)
+    assert "below the reserve in force; lower the reserve first" in page.content.decode()
+    assert Market.objects.get(slug="test-llm").reserve_max == Decimal("2")
+
+
+def test_a_policy_switch_asks_first_explains_both_policies_and_is_audited(client, world) -> None:
+    logged_in(client, world, "operator")
+    page = client.get(CONSOLE).content.decode()
+    # Each policy offered with its line, and the one in force explained under the switch.
+    assert 'data-description="First come, first served: arrival order; bids buy nothing."' in page
+    assert "Neither the policy nor the ceiling has been changed yet." in page
+    asked = client.post(f"{CONSOLE}policy/", {"policy": "highest-bid"})
+    assert asked["Location"] == f"{CONSOLE}?confirm_policy=highest-bid#controls"
+    assert Market.objects.get(slug="test-llm").policy == "dfs-auction-density"
+    question = client.get(asked["Location"]).content.decode()
+    question = question[question.index('id="policy-confirm"') :]
+    assert "Highest bid first, then arrival" in question and "siblings by bid per token" in question
+    page = client.post(
+        f"{CONSOLE}policy/", {"policy": "highest-bid", "confirmed": "highest-bid"}, follow=True
+    ).content.decode()
+    assert "Policy dfs-auction-density → highest-bid" in page
+    audit = page[page.index('id="control-audit"') :]
+    assert (
+        "operator" in audit
+        and "<code>dfs-auction-density</code> → <strong><code>highest-bid" in (audit)
+    )
+    (change,) = ControlChange.objects.all()
+    assert (change.control, change.old, change.new, change.changed_by.username) == (
+        "policy", "dfs-auction-density", "highest-bid", "operator"
+    )  # fmt: skip
+
+
+def test_every_policy_of_the_registry_has_its_line() -> None:
+    from market.controls import POLICY_DESCRIPTIONS
+    from market.mechanism import POLICIES
+
+    assert set(POLICY_DESCRIPTIONS) == set(POLICIES)
+    assert all(len(line) < 120 and line.endswith(".") for line in POLICY_DESCRIPTIONS.values())

@@ -26,6 +26,8 @@ def test_rows_copy_only_the_aggregates() -> None:
         "k1": {
             "key": "k1",
             "label": "<|system|> You are",
+            "parent": "",  # a record of an engine that says no more: a top-level subtree
+            "branch": "<|system|> You are",
             "depth": 1,
             "prefix_tokens": 40,
             "cached_tokens": 30,
@@ -35,6 +37,7 @@ def test_rows_copy_only_the_aggregates() -> None:
             "density": 0.01,
             "rank": 0,
             "position": 0,
+            "tenants": {},
         }
     }
 
@@ -151,3 +154,32 @@ def test_a_replica_that_went_silent_leaves_the_merged_book(sent, unique_slug) ->
     # A replica's older round is stale for it alone.
     older = record(unique_slug, 1, engine="rep-2", subtrees=[subtree("c")])
     assert book.book_publish(record=older, rows=book.book_rows(older), now=50.0) == "stale"
+
+
+@pytest.mark.django_db
+def test_the_book_keeps_each_replicas_waiting_bids_and_whose_requests_wait(
+    sent, unique_slug
+) -> None:
+    """What the console counts a new reserve against: each replica's last book record's bids
+    (a drained queue has none), and per row the requests of each tenant, summed over replicas.
+    Tags are tenants' primary keys; a tag that is no tenant's is shown as such."""
+    from tests.accounts.factories import tenant_create
+
+    acme = tenant_create("acme")
+    one = record(unique_slug, 1, engine="rep-1", waiting=3, subtrees=[
+        {**subtree("s", requests=3), "owners": {str(acme.pk): 2, "": 1}},
+    ])  # fmt: skip
+    one["waiting_bids"] = [0.001, 0.002, 0.05]
+    two = record(unique_slug, 1, engine="rep-2", waiting=2, subtrees=[
+        {**subtree("s", requests=2), "owners": {str(acme.pk): 1, "999999": 1}},
+    ])  # fmt: skip
+    two["waiting_bids"] = [0.0, 0.3]
+    for rec, now in ((one, 10.0), (two, 11.0)):
+        assert book.book_publish(record=rec, rows=book.book_rows(rec), now=now) == "sent"
+    (row,) = book.book_snapshot(unique_slug)["rows"]
+    assert row["tenants"] == {"acme": 3, "": 1, "tag 999999": 1}
+    assert sorted(book.book_bids(unique_slug)) == [([0.0, 0.3], 2), ([0.001, 0.002, 0.05], 3)]
+    # rep-2 drains its queue: its part of the book has no bids left.
+    drained = record(unique_slug, 2, engine="rep-2", waiting=1, admitted_requests=[admitted("x")])
+    assert book.book_publish(record=drained, rows=book.book_rows(drained), now=12.0) == "sent"
+    assert sorted(book.book_bids(unique_slug)) == [([], 0), ([0.001, 0.002, 0.05], 3)]

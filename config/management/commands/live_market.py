@@ -4,9 +4,10 @@ Starts, as child processes, and stops them all on Ctrl-C:
 
 - the market's engines: by default two simulated replicas in real time (``engines.sim.server``,
   each with the demo market's policy and reserve, following the control store when there is
-  Redis) behind SGLang's router (``engines.router``, ``--router-policy``) on ``--engine-port``,
-  the market's entry point; with ``--replicas 1``, one engine there and no router. The replicas
-  are the market's (``market.Replica``), so the console's controls and status reach each;
+  Redis) behind SGLang's model gateway, smg (``engines.router``, ``--router-policy``), on
+  ``--engine-port``, the market's entry point; with ``--replicas 1``, one engine there and no
+  gateway. The replicas are the market's (``market.Replica``), so the console's controls and
+  status reach each;
 - the web server: with Redis, ``--web-server`` (uvicorn by default, ``config.serving``) with
   ``--web-workers`` processes (2), a Celery worker and celery beat (round records through
   the Redis stream, pacing and the live publishers on beat); without Redis (the embedded
@@ -18,6 +19,13 @@ Starts, as child processes, and stops them all on Ctrl-C:
   engines are small (``DEMO_ENGINE``: a few requests running at a time) and the load is near
   what they serve, so that the console shows what the market is for: queues, subtrees
   competing in the book, priority charges.
+
+Before anything starts (and before the database is touched), every port the run will listen on
+is checked (``--check-ports`` checks them and exits: ``make run`` does that first): one in use,
+by another live market say, stops the command with a message naming the port and the option
+(and ``make run`` variable) that moves it. Once its engines answer, and not before, the market's
+policy and reserve are pushed to them, and only to them: never to the engines an earlier run (or
+another live market sharing the database) left in the market's replicas.
 
 Once all are up, a child that exits (the engine crashed, say) is started again with backoff
 (``config.supervisor``), and the others keep serving meanwhile: the gateway
@@ -34,6 +42,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +61,7 @@ from accounts.services.autobidder import autobidder_configure
 from config.serving import MULTI_WORKER_SERVERS, SERVERS, server_argv
 from config.supervisor import ChildSpec, Process, RestartPolicy, Supervisor
 from engines.router import RouterOptions, router_argv, router_env, router_wait
+from market.engine_control import EngineUnreachable, engine_config_push
 from market.models import Market, Replica
 from market.services import market_demo_seed, replica_set
 from scheduler_bridge.contract.wire import ADMIN_TOKEN_ENV
@@ -64,10 +74,20 @@ SWEEP_INTERVAL_S = 60.0
 # agents' load queues requests and the auction has something to order.
 DEMO_ENGINE = ("max_running_requests=4", "step_fixed_s=0.03")
 DEMO_SESSIONS_PER_MINUTE = 60.0  # the agents' load: about what two such replicas serve
-# The router's cache-aware balance: a replica more than this many requests busier than the
-# idlest (and 1.5 times as busy) gets no new request, so both replicas work even when two
-# tenants' prompts would put most requests on one (the router's default waits for 64).
-DEMO_BALANCE_ABS = 8
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now: bound and released at once, with
+    SO_REUSEADDR as servers set it (a port whose connections linger in TIME_WAIT is free; one
+    with a listener is not)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -111,6 +131,10 @@ class Command(BaseCommand):
             help="first delay before a child that exited is started again (then doubled, "
             f"at most {RestartPolicy.max_s:g} s)",
         )
+        parser.add_argument(
+            "--check-ports", action="store_true",
+            help="only check that every port this run would listen on is free, then exit",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **opts: Any) -> None:
         var = opts["var"]
@@ -122,6 +146,9 @@ class Command(BaseCommand):
             raise CommandError("--web-workers must be at least 1")
         if opts["web_server"] not in MULTI_WORKER_SERVERS:
             opts["web_workers"] = 1
+        self._ports_check(opts)
+        if opts["check_ports"]:
+            return
         self._metrics_dir = var / "prometheus"
         self._engine_admin_token()
         engine_url = f"http://127.0.0.1:{opts['engine_port']}"
@@ -141,9 +168,7 @@ class Command(BaseCommand):
                 port=opts["engine_port"],
                 worker_urls=tuple(e["url"] for e in engines.values()),
                 policy=opts["router_policy"],
-                balance_abs_threshold=DEMO_BALANCE_ABS,
-                balance_rel_threshold=1.5,
-            )
+            )  # the market's routing settings (engines.router), as the replicas benchmark chose
             children.append(ChildSpec("router", router_argv(router)))
         if redis_url:
             children += [
@@ -189,6 +214,7 @@ class Command(BaseCommand):
                     self._wait_router(engine_url, len(engines), proc)
                 elif spec.name == "web":
                     self._wait_http(f"{base}/healthz", spec.name, proc)
+            self._control_push(market, engines)
             if not redis_url:
                 threading.Thread(target=self._pace, args=(stop,), daemon=True).start()
             self._banner(base, market, redis_url, logs)
@@ -203,6 +229,37 @@ class Command(BaseCommand):
             supervisor.stop_all()
 
     # --- setup --------------------------------------------------------------------------------
+
+    def _ports(self, opts: dict[str, Any]) -> list[tuple[str, int, str, str]]:
+        """Every port this run listens on: (host, port, what listens there, what moves it)."""
+        web, entry = "--port (make run PORT=...)", "--engine-port (make run ENGINE_PORT=...)"
+        n, first = opts["replicas"], opts["engine_port"]
+        ports = [(opts["host"], opts["port"], "the web server", web)]
+        if n == 1:
+            return [*ports, ("127.0.0.1", first, "the engine", entry)]
+        ports.append(("127.0.0.1", first, "the market's entry point, smg", entry))
+        for i in range(1, n + 1):
+            what = f"replica engine-{i}, on the ports after the entry point's"
+            ports.append(("127.0.0.1", first + i, what, entry))
+        return ports
+
+    def _ports_check(self, opts: dict[str, Any]) -> None:
+        """Stop (CommandError) unless every port of the run is valid, distinct and free."""
+        seen: dict[int, str] = {}
+        for host, port, what, moved_by in self._ports(opts):
+            if not 0 < port < 65536:
+                raise CommandError(f"port {port} ({what}) is not a TCP port; set {moved_by}")
+            if port in seen:
+                raise CommandError(
+                    f"port {port} would serve both {seen[port]} and {what}; set {moved_by}"
+                )
+            seen[port] = what
+            if not port_free(host, port):
+                raise CommandError(
+                    f"port {port} ({what}) is in use on {host}: another live market or another "
+                    f"program listens there. Nothing was started; choose a free port with "
+                    f"{moved_by}."
+                )
 
     def _engine_admin_token(self) -> None:
         """The engines' control is closed without an admin token: without one configured, this
@@ -234,16 +291,30 @@ class Command(BaseCommand):
 
     def _market(self, engine_url: str, engines: dict[str, dict[str, Any]]) -> Market:
         """The demo market, pointed at the entry point this command starts, with its replicas
-        (those of an earlier run that this one does not start are disabled)."""
+        (those of an earlier run that this one does not start are disabled). Nothing is pushed
+        yet: the replicas' old addresses may be another run's engines, and this run's are not up
+        (``_control_push`` does it once they are)."""
         market = market_demo_seed()
         Market.objects.filter(pk=market.pk).update(engine_url=engine_url, chat_template="simple")
         market.refresh_from_db()
         ids = [e["engine_id"] for e in engines.values() if e["engine_id"] is not None]
         for e in engines.values():
             if e["engine_id"] is not None:
-                replica_set(market=market, engine_id=e["engine_id"], url=e["url"])
+                replica_set(market=market, engine_id=e["engine_id"], url=e["url"], push=False)
         Replica.objects.filter(market=market).exclude(engine_id__in=ids).update(enabled=False)
         return market
+
+    def _control_push(self, market: Market, engines: dict[str, dict[str, Any]]) -> None:
+        """The market's policy and reserve, as they are now, to the engines this run started
+        (and that answer), each by its own URL (they also came on the command line: this
+        catches a change made while they started)."""
+        for name, engine in engines.items():
+            try:
+                outcome = engine_config_push(market_id=market.pk, engines=[engine["url"]])
+            except EngineUnreachable as exc:
+                self._report(f"{name}: market control not pushed ({exc})")
+            else:
+                self._report(f"{name}: market control {outcome} ({engine['url']})")
 
     def _agent_keys(self) -> dict[str, str]:
         """Fresh API keys for the agents (earlier runs' keys revoked); Globex gets an
@@ -365,7 +436,7 @@ class Command(BaseCommand):
     def _banner(self, base: str, market: Market, redis_url: str | None, logs: Path) -> None:
         replicas = market.replicas.filter(enabled=True).count()
         engines = (
-            f"SGLang's router in front of {replicas} simulated replicas"
+            f"SGLang's model gateway (smg) in front of {replicas} simulated replicas"
             if replicas
             else "one simulated engine, real time"
         )

@@ -1,5 +1,5 @@
 """How the ASGI application is served: one place for the command lines of the servers the project
-runs (``manage.py live_market`` with Redis, ``benchmarks.gateway``, the README's production
+runs (``manage.py live_market`` with Redis, ``benchmarks.gateway``, the production
 recipe), so that what is measured is what is run.
 
 - **uvicorn** (the default in production): uvloop's event loop and httptools' HTTP parser, with

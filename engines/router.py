@@ -43,7 +43,7 @@ What this module sets, and why:
   (``worker_overload_protection`` False): it leaves out of routing a replica with 8 or more
   requests waiting, and in a market waiting is the normal state (the queue is what bids
   order), so it scatters each prefix over the replicas and the cache hit rate falls to round
-  robin's. The replicas benchmark chose it (``benchmarks/replicas.py``; README, "Replicas
+  robin's. The replicas benchmark chose it (``benchmarks/replicas.py``; docs/engines.md, "Replicas
   behind SGLang's model gateway": 2 replicas, 2 seeds, loads 1 and 1.5, mean TTFT 0.18 and
   0.26 s against 0.25 and 0.36 s with the protection on); opening the balance gate as well
   keeps a hot prefix on one replica however loaded, which won or lost by seed.

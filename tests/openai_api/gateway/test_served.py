@@ -1,6 +1,6 @@
 """The money rules under the production server (issue 16): uvicorn with two worker processes,
-started by ``config.serving`` exactly as ``make run`` and the README's production recipe start
-it, on the test's PostgreSQL database, in front of a simulated engine.
+started by ``config.serving`` exactly as ``make run`` and the production recipe
+(docs/operations.md) start it, on the test's PostgreSQL database, in front of a simulated engine.
 
 Two processes admit and settle at once here, each with its own database threads and caches
 (both caches off, so a change is seen at once): what keeps a budget from being overspent and a

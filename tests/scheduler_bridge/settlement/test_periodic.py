@@ -198,7 +198,7 @@ def test_the_beat_schedule_names_registered_tasks() -> None:
     schedule = settings.CELERY_BEAT_SCHEDULE
     assert {entry["task"] for entry in schedule.values()} <= set(app.tasks)
     assert schedule["rounds-consume"]["schedule"] == 1.0
-    # The documented rule (README): AUTOBID_INTERVAL_S from the environment, 10 s when unset.
+    # The documented rule (docs/configuration.md): AUTOBID_INTERVAL_S, 10 s when unset.
     assert schedule["autobidders-step"]["schedule"] == float(
         os.environ.get("AUTOBID_INTERVAL_S", "").strip() or "10"
     )

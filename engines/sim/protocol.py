@@ -105,31 +105,49 @@ def parse_generate(body: Any) -> GenerateRequest:
     """Check a ``/generate`` body; BadRequest naming the first bad field."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    text, input_ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (input_ids is None):
-        raise BadRequest("give exactly one of text and input_ids", "text")
-    ids: tuple[int, ...] | None = None
-    if text is not None:
-        if not isinstance(text, str):
-            raise BadRequest("text must be a string (batch requests are not supported)", "text")
-        if not text:
-            raise BadRequest("text must not be empty", "text")
-    else:
-        if not isinstance(input_ids, list) or not input_ids:
-            raise BadRequest("input_ids must be a non-empty list of token ids", "input_ids")
-        if not all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in input_ids):
-            raise BadRequest(
-                f"input_ids must hold integers in 0..{MAX_TOKEN_ID} "
-                "(batch requests are not supported)",
-                "input_ids",
-            )
-        ids = tuple(input_ids)
-
+    text, ids = _prompt_of(body)
     sampling = body.get("sampling_params")
     if sampling is None:
         sampling = {}
     if not isinstance(sampling, dict):
         raise BadRequest("sampling_params must be an object", "sampling_params")
+    max_new = _sampling_checked(sampling)
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", "stream")
+    rid = _rid_of(body)
+    try:
+        auction = auction_read(sampling.get(CUSTOM_PARAMS), request_id=rid)
+    except BidError as exc:
+        raise BadRequest(str(exc), exc.param) from None
+    return GenerateRequest(rid, text, ids, max_new, auction.bid, stream, auction.owner)
+
+
+def _prompt_of(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...] | None]:
+    """The body's prompt: (text, None) or (None, token ids)."""
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise BadRequest("give exactly one of text and input_ids", "text")
+    if text is not None:
+        if not isinstance(text, str):
+            raise BadRequest("text must be a string (batch requests are not supported)", "text")
+        if not text:
+            raise BadRequest("text must not be empty", "text")
+        return text, None
+    if not isinstance(input_ids, list) or not input_ids:
+        raise BadRequest("input_ids must be a non-empty list of token ids", "input_ids")
+    if not all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in input_ids):
+        raise BadRequest(
+            f"input_ids must hold integers in 0..{MAX_TOKEN_ID} (batch requests are not supported)",
+            "input_ids",
+        )
+    return None, tuple(input_ids)
+
+
+def _sampling_checked(sampling: dict[str, Any]) -> int:
+    """Check ``sampling_params``' fields; its ``max_new_tokens`` (the default when absent)."""
     max_new = sampling.get("max_new_tokens")
     if max_new is None:
         max_new = DEFAULT_MAX_NEW_TOKENS
@@ -138,24 +156,22 @@ def parse_generate(body: Any) -> GenerateRequest:
             f"sampling_params.max_new_tokens must be an integer >= 1, got {max_new!r}",
             "sampling_params.max_new_tokens",
         )
-    for name in _NUMBER_PARAMS:
-        value = sampling.get(name)
-        if value is not None and not (_is_number(value) and math.isfinite(value)):
-            raise BadRequest(f"sampling_params.{name} must be a number", f"sampling_params.{name}")
-    for name in _INT_PARAMS:
-        value = sampling.get(name)
-        if value is not None and not _is_int(value):
-            raise BadRequest(
-                f"sampling_params.{name} must be an integer", f"sampling_params.{name}"
-            )
+    kinds = (
+        (_NUMBER_PARAMS, "a number", lambda v: _is_number(v) and math.isfinite(v)),
+        (_INT_PARAMS, "an integer", _is_int),
+        (_BOOL_PARAMS, "a boolean", lambda v: isinstance(v, bool)),
+    )
+    for names, kind, valid in kinds:
+        for name in names:
+            value = sampling.get(name)
+            if value is not None and not valid(value):
+                raise BadRequest(
+                    f"sampling_params.{name} must be {kind}", f"sampling_params.{name}"
+                )
     if sampling.get("n") not in (None, 1):
         raise BadRequest(
             "sampling_params.n must be 1 (one sample per request)", "sampling_params.n"
         )
-    for name in _BOOL_PARAMS:
-        value = sampling.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise BadRequest(f"sampling_params.{name} must be a boolean", f"sampling_params.{name}")
     stop = sampling.get("stop")
     if stop is not None and not (
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
@@ -163,13 +179,11 @@ def parse_generate(body: Any) -> GenerateRequest:
         raise BadRequest(
             "sampling_params.stop must be a string or a list of strings", "sampling_params.stop"
         )
+    return max_new
 
-    stream = body.get("stream")
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("stream must be a boolean", "stream")
 
+def _rid_of(body: dict[str, Any]) -> str:
+    """The request's id: the body's ``rid``, or a new one."""
     rid = body.get("rid")
     if rid is None:
         rid = uuid.uuid4().hex
@@ -179,11 +193,7 @@ def parse_generate(body: Any) -> GenerateRequest:
             "(batch requests are not supported)",
             "rid",
         )
-    try:
-        auction = auction_read(sampling.get(CUSTOM_PARAMS), request_id=rid)
-    except BidError as exc:
-        raise BadRequest(str(exc), exc.param) from None
-    return GenerateRequest(rid, text, ids, max_new, auction.bid, stream, auction.owner)
+    return rid
 
 
 # --- responses --------------------------------------------------------------------------------

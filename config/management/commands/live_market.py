@@ -156,9 +156,51 @@ class Command(BaseCommand):
         market = self._market(engine_url, engines)
         keys = self._agent_keys()
         redis_url = settings.REDIS_URL
-        py = sys.executable
-        manage = str(ROOT / "manage.py")
         base = f"http://{opts['host']}:{opts['port']}"
+        children = self._children(opts, market, engines, keys, base)
+        supervisor = Supervisor(
+            launch=lambda spec: self._start(spec.name, spec.command(), logs),
+            policy=RestartPolicy(initial_s=opts["restart_delay"]),
+            report=self._report,
+        )
+        for spec in children:
+            supervisor.add(spec)
+        stop = threading.Event()
+        # SIGTERM and SIGHUP stop the market as Ctrl-C does: children are never left behind.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+        try:
+            # Started in order, each waited for: a child that fails here is a setup error (a
+            # port taken, a bad option), which no restart would mend.
+            for spec in children:
+                self._started(supervisor, spec.name, engines, engine_url, base)
+            self._control_push(market, engines)
+            if not redis_url:
+                threading.Thread(target=self._pace, args=(stop,), daemon=True).start()
+            self._banner(base, market, redis_url, logs)
+            supervisor.run()
+        except KeyboardInterrupt:
+            self.stdout.write("\nStopping the live market ...")
+        finally:
+            stop.set()
+            # A second Ctrl-C must not cut the stopping short and leave children behind.
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+            supervisor.stop_all()
+
+    def _children(
+        self,
+        opts: dict[str, Any],
+        market: Market,
+        engines: dict[str, dict[str, Any]],
+        keys: dict[str, str],
+        base: str,
+    ) -> list[ChildSpec]:
+        """What this run starts, in order: the engines, smg in front of several, the web server
+        (and with Redis the Celery worker and beat), the agents."""
+        redis_url = settings.REDIS_URL
+        var = opts["var"]
+        py = sys.executable
         children = [
             ChildSpec(name, lambda e=e: self._engine_argv(market, e, redis_url))
             for name, e in engines.items()
@@ -181,7 +223,8 @@ class Command(BaseCommand):
                                    str(var / "celerybeat-schedule")]),
             ]  # fmt: skip
         else:
-            serve = [py, manage, "live_serve", "--host", opts["host"], "--port", str(opts["port"])]
+            serve = [py, str(ROOT / "manage.py"), "live_serve", "--host", opts["host"],
+                     "--port", str(opts["port"])]  # fmt: skip
             for e in engines.values():
                 serve += ["--rounds-jsonl", str(e["rounds"])]
             children.append(ChildSpec("web", serve))
@@ -192,41 +235,25 @@ class Command(BaseCommand):
             for slug, key in keys.items():
                 agents += ["--key", f"{slug}={key}"]
             children.append(ChildSpec("agents", agents))
-        supervisor = Supervisor(
-            launch=lambda spec: self._start(spec.name, spec.command(), logs),
-            policy=RestartPolicy(initial_s=opts["restart_delay"]),
-            report=self._report,
-        )
-        for spec in children:
-            supervisor.add(spec)
-        stop = threading.Event()
-        # SIGTERM and SIGHUP stop the market as Ctrl-C does: children are never left behind.
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, _interrupt)
-        try:
-            # Started in order, each waited for: a child that fails here is a setup error (a
-            # port taken, a bad option), which no restart would mend.
-            for spec in children:
-                proc = supervisor.start(spec.name)
-                if spec.name in engines:
-                    self._wait_http(f"{engines[spec.name]['url']}/health", spec.name, proc)
-                elif spec.name == "router":
-                    self._wait_router(engine_url, len(engines), proc)
-                elif spec.name == "web":
-                    self._wait_http(f"{base}/healthz", spec.name, proc)
-            self._control_push(market, engines)
-            if not redis_url:
-                threading.Thread(target=self._pace, args=(stop,), daemon=True).start()
-            self._banner(base, market, redis_url, logs)
-            supervisor.run()
-        except KeyboardInterrupt:
-            self.stdout.write("\nStopping the live market ...")
-        finally:
-            stop.set()
-            # A second Ctrl-C must not cut the stopping short and leave children behind.
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_IGN)
-            supervisor.stop_all()
+        return children
+
+    def _started(
+        self,
+        supervisor: Supervisor,
+        name: str,
+        engines: dict[str, dict[str, Any]],
+        engine_url: str,
+        base: str,
+    ) -> None:
+        """Start the child ``name`` and wait until it answers: an engine its health, smg its
+        replicas, the web server its health check."""
+        proc = supervisor.start(name)
+        if name in engines:
+            self._wait_http(f"{engines[name]['url']}/health", name, proc)
+        elif name == "router":
+            self._wait_router(engine_url, len(engines), proc)
+        elif name == "web":
+            self._wait_http(f"{base}/healthz", name, proc)
 
     # --- setup --------------------------------------------------------------------------------
 

@@ -9,10 +9,11 @@ It imports nothing from Django, Celery or SGLang: the engines and the SGLang plu
 For a queue that changes request by request, keep a ``RequestTree`` and call ``clear_tree``.
 
 Read it in this order: ``requests`` (the waiting request), ``tree`` (the request tree),
-``plan`` (what one round works out, kept by the round, not the tree), ``policies`` (the registry
-of ordering policies, ``POLICY``), ``payments`` (priority charges), ``welfare`` (planned and
-realized welfare), ``clearing`` (one round). ``reference`` is the same
-mechanism written plainly, by brute force, that the tests check this one against.
+``plan`` (what one round works out, kept by the round, not the tree, and the key blocks go by),
+``policies`` (the registry of ordering policies, ``POLICY``), ``dfs_auction`` and ``baselines``
+(their planners), ``payments`` (priority charges), ``welfare`` (planned and realized welfare),
+``clearing`` (one round). ``reference`` is the same mechanism written plainly, by brute force,
+that the tests check this one against.
 """
 
 from .clearing import DEFAULT_TOKENS_PER_SECOND, Clearing, clear, clear_tree

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .clearing import Clearing
-from .requests import BID_SCALE
+from .plan import BSUM, INNER, REQUESTS, WORK
+from .requests import BID_SCALE, effective_bid
 from .tree import Node, RequestTree
 
 
@@ -47,7 +48,7 @@ def subtree_book(
         raise RuntimeError("the request tree changed since this round was cleared")
     plan = clearing._plan
     # A split plan (dfs-auction-kv-split) has no block for a fully cached subtree: walked.
-    if plan.inside is not None and not plan.split:
+    if plan.key is not None and not plan.key.split_cached:
         return _dfs_book(tree, clearing, max_depth, limit)
     return _walked_book(tree, clearing, max_depth, limit)
 
@@ -65,8 +66,7 @@ def _walked_book(
         bsum = 0
         first = len(position)
         for e in x.reqs.values():
-            if e.ticks >= reserve:
-                bsum += e.ticks
+            bsum += effective_bid(e.ticks, reserve, 0)
             first = min(first, position[e.req.id])
         work = n * overhead + x.ew
         for c in x.children.values():
@@ -106,8 +106,8 @@ def _dfs_book(
                 continue
             rank = 0
             for block in inside[node]:
-                inner = block[5]
-                n = block[2]
+                inner = block[INNER]
+                n = block[REQUESTS]
                 c = inner if type(inner) is Node else inner.node
                 if c is not node:  # a child (a request ending at the node itself is not)
                     found.append((depth + 1, -n, start, rank, c, block))
@@ -118,7 +118,7 @@ def _dfs_book(
         level = below
     found.sort(key=lambda f: f[:3])  # positions are unique: the sort never reaches the nodes
     return [
-        _row(c, depth, block[2], block[3], block[4], rank, start)
+        _row(c, depth, block[REQUESTS], block[BSUM], block[WORK], rank, start)
         for depth, _, start, rank, c, block in found[:limit]
     ]
 
@@ -182,8 +182,7 @@ def block_of(
             work += y.ew + overhead * len(y.reqs)
             for e in y.reqs.values():
                 n += 1
-                if e.ticks >= reserve:
-                    bsum += e.ticks
+                bsum += effective_bid(e.ticks, reserve, 0)
             stack.extend(y.children.values())
     dollars = bsum / BID_SCALE
     summary = BlockSummary(x.end, n, dollars / n, dollars / work if work else 0.0)

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Iterator
 from operator import attrgetter
 
 from .payments import Charges, DfsCharges, TenantCharges
-from .plan import Plan
+from .plan import BSUM, REQUESTS, WORK, Plan
 from .policies import POLICY, policy_checked
-from .requests import BID_SCALE, WaitingRequest, to_ticks
+from .requests import BID_SCALE, WaitingRequest, effective_bid, to_ticks
 from .tree import Node, RequestTree
 from .welfare import planned_welfare
 
@@ -146,7 +146,7 @@ class Clearing:
         if node.size == 1:
             return None  # a leaf's block is its request's, kept by its parent
         block = blocks[node]
-        return block[2], block[3], block[4]
+        return block[REQUESTS], block[BSUM], block[WORK]
 
     def completion_at(self, position: int) -> float:
         """Planned completion (seconds) of the request at ``position`` of the order."""
@@ -168,8 +168,7 @@ class Clearing:
         cums = self._cums_upto(len(self._entries))
         r = self._reserve_ticks
         ticks_tokens = planned_welfare(
-            (e.ticks if e.ticks >= r else 0, cum)
-            for e, cum in zip(self._entries, cums, strict=True)
+            (effective_bid(e.ticks, r, 0), cum) for e, cum in zip(self._entries, cums, strict=True)
         )
         return ticks_tokens * self._dollars
 
@@ -184,15 +183,9 @@ class Clearing:
         if rule is None:
             return None
         if self._charges is None:
-            key = self._rules.block_key
             if self.charge_scope == TENANT_SCOPE and rule is DfsCharges:
                 rule = TenantCharges
-            self._charges = rule(
-                self._plan,
-                self._cums_upto,
-                self._reserve_ticks,
-                key is not None and key.per_work,
-            )
+            self._charges = rule(self._plan, self._cums_upto, self._reserve_ticks)
         return self._charges
 
     def _charge_and_saving(self, request_id: str) -> tuple[float, int]:

@@ -14,8 +14,10 @@ DFS auctions: i's block at an ancestor A holds i and others with effective bids 
 D (requests, for dfs-auction) or work D (tokens, for dfs-auction-density). Its key with bid z is
 (S + z) / D, so it passes a sibling block of key k at the critical bid k D - S. The siblings' keys
 do not depend on i, and passing a sibling delays i by exactly the sibling's work, since blocks
-are contiguous. Per ancestor this is a bisection and a few prefix sums over the sorted siblings.
+are contiguous. Per ancestor this is a bisection and a few prefix sums over the sorted siblings
+(``_passed``); reference.crossing_charge is the same sum, by brute force.
 
+The block's size, and so the critical bid, is the key's (plan.BlockKey.size, the plan's ``key``).
 The KV auctions divide a block's size by their boost where the block counts as cached
 (plan.block_cached). dfs-auction-kv-split orders the contracted tree (plan.py): a fully cached
 subtree's blocks are siblings among its parent's, and a request's ancestors are the nodes above
@@ -39,10 +41,12 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from itertools import accumulate
+from operator import add
 from typing import Protocol
 
-from .plan import Block, Plan, block_cached
-from .tree import INF, Entry, Node
+from .plan import INNER, NK, REQUESTS, WORK, Block, BlockKey, Plan
+from .requests import effective_bid
+from .tree import Entry, Node
 
 # The cumulative work (tokens) of the first k requests of a round's order, given k.
 CumsUpto = Callable[[int], list[int]]
@@ -63,9 +67,8 @@ class Charges(Protocol):
         ...
 
 
-# Builds a round's Charges from (plan, cums_upto, reserve ticks, per_work): ``per_work`` is the
-# DFS auctions' block size, work (bid density) rather than requests (average bid).
-ChargeRule = Callable[[Plan, CumsUpto, int, bool], Charges]
+# Builds a round's Charges from (plan, cums_upto, reserve ticks).
+ChargeRule = Callable[[Plan, CumsUpto, int], Charges]
 
 
 def _sibling_sums(blocks: list[Block]) -> Sums:
@@ -73,56 +76,60 @@ def _sibling_sums(blocks: list[Block]) -> Sums:
 
     The blocks themselves are the sort keys that a ``(nk, tie)`` pair bisects (plan.py).
     """
-    nks = [b[0] for b in blocks]
-    works = [b[4] for b in blocks]
+    nks = [b[NK] for b in blocks]
+    works = [b[WORK] for b in blocks]
     # A block with no work has an infinite key; it adds nothing (and must not add inf x 0).
     weighted = [-k * w if w else 0.0 for k, w in zip(nks, works, strict=True)]
     return nks, [0, *accumulate(works)], [0.0, *accumulate(weighted)]
 
 
 def _passed(nks, pw, pwk, lo, hi, size, others, reserve) -> float:
-    """Charge for passing the blocks ``lo..hi-1``: each at max(its critical bid, reserve).
+    """The crossing sum: the charge for passing the blocks ``lo..hi-1`` of a node, each at
+    max(its critical bid, reserve), times its work.
 
-    The critical bid for block m is k_m x size - others; it is at least the reserve up to ``cut``.
+    The passing block has a key's ``size`` and the effective bids ``others`` besides the
+    request's; the critical bid for block m is k_m x size - others, at least the reserve up to
+    ``cut``.
     """
     cut = bisect_right(nks, -(others + reserve) / size, lo, hi) if reserve > 0 else hi
     return size * (pwk[cut] - pwk[lo]) - others * (pw[cut] - pw[lo]) + reserve * (pw[hi] - pw[cut])
 
 
 def effective_bids(order: list[Entry], reserve: int) -> list[int]:
-    """The effective bid (ticks) of each request of an order: its bid, or 0 under the reserve."""
-    return [e.ticks if e.ticks >= reserve else 0 for e in order]
+    """The effective bid (ticks) of each request of an order (requests.effective_bid)."""
+    return [effective_bid(e.ticks, reserve, 0) for e in order]
 
 
-def request_block(plan: Plan, entry: Entry, *, density: bool, reserve: int) -> tuple[Node, int]:
+def request_block(plan: Plan, entry: Entry, *, reserve: int) -> tuple[Node, int]:
     """Where a request is a block of its own in a DFS plan: the node whose blocks hold it, and
     its index there.
 
     The node is the request's, or the parent of a leaf that holds only it (that leaf's block is
     the request's, its edge included), or, where the plan splits fully cached subtrees, the
     nearest ancestor of that node that is not split. The block is found by its key, worked out
-    as the planner does (policies._dfs_states), so that the planner files nothing per request.
+    as the planner does (dfs_auction._child_blocks, _own_blocks), so that the planner files
+    nothing per request.
     """
+    key = _key_of(plan)
     x = entry.node
-    b = entry.ticks if entry.ticks >= reserve else 0
+    b = effective_bid(entry.ticks, reserve, 0)
     work = plan.overhead
-    boosted = plan.boost != 1.0 and block_cached(entry, plan.split)
     if x.size == 1:
         work += x.ew
         x = x.parent
-    x = _unsplit(x, plan.split)
-    if boosted:
-        size = (work if density else 1) / plan.boost
-        nk = -(b / size) if size else -INF
-    elif density:
-        nk = -(b / work) if work else -INF
-    else:
-        nk = -b
+    x = _unsplit(x, key.split_cached)
     siblings = plan.inside[x]
-    i = bisect_left(siblings, (nk, entry.tie))
-    if i == len(siblings) or siblings[i][5] is not entry:
+    i = bisect_left(siblings, (key.nk(b, 1, work, key.counts_cached(entry)), entry.tie))
+    if i == len(siblings) or siblings[i][INNER] is not entry:
         raise RuntimeError(f"request {entry.req.id!r} is not where its round's plan put it")
     return x, i
+
+
+def _key_of(plan: Plan) -> BlockKey:
+    key = plan.key
+    if key is None:
+        raise ValueError("the plan is not a DFS auction's: its blocks go by no key")
+    return key
 
 
 def _unsplit(x: Node | None, split: bool) -> Node | None:
@@ -134,20 +141,10 @@ def _unsplit(x: Node | None, split: bool) -> Node | None:
     return x
 
 
-def key_size(block: Block, density: bool, boost: float, split: bool) -> float:
-    """What a block's key divides its bid sum by: its work (bid density) or its number of
-    requests, over ``boost`` if it counts as cached (plan.block_cached; policies.BlockKey)."""
-    size = block[4] if density else block[2]
-    if boost != 1.0 and block_cached(block[5], split):
-        return size / boost
-    return size
-
-
 def dfs_charge(
     plan: Plan,
     entry: Entry,
     *,
-    density: bool,
     reserve: int,
     sums: Callable[[Node], Sums] | None = None,
 ) -> tuple[float, int]:
@@ -155,20 +152,20 @@ def dfs_charge(
 
     ``sums(x)`` gives node x's sibling sums (a cache of ``_sibling_sums``; built afresh if None).
     """
-    b = entry.ticks
-    if b < reserve or b <= 0:
+    b = effective_bid(entry.ticks, reserve, 0)
+    if b <= 0:
         return 0.0, 0
+    key = _key_of(plan)
     blocks_of, inside = plan.blocks, plan.inside
-    boost, split = plan.boost, plan.split
-    x, i = request_block(plan, entry, density=density, reserve=reserve)
+    x, i = request_block(plan, entry, reserve=reserve)
     block = inside[x][i]
     total = 0.0
     saved = 0
     while x is not None:
         siblings = inside[x]
         if len(siblings) > 1:
-            nk, tie, n, bsum, work, _ = block
-            size = key_size(block, density, boost, split)
+            nk, tie, n, bsum, work, inner = block
+            size = key.size(n, work, key.counts_cached(inner))
             if size > 0:
                 nks, pw, pwk = _sibling_sums(siblings) if sums is None else sums(x)
                 others = bsum - b
@@ -178,7 +175,7 @@ def dfs_charge(
                     total += _passed(nks, pw, pwk, lo, hi, size, others, reserve)
                     saved += pw[hi] - pw[lo]
         block = blocks_of[x]
-        x = _unsplit(x.parent, split)
+        x = _unsplit(x.parent, key.split_cached)
     return _clamped(total, b, saved), saved
 
 
@@ -188,40 +185,54 @@ def _clamped(total: float, bid: int, saved: int) -> float:
 
 
 def dfs_payments(
-    plan: Plan, *, density: bool, reserve: int, owners: list[str] | None = None
+    plan: Plan, *, reserve: int, owners: list[str] | None = None
 ) -> tuple[list[float], list[int]]:
     """Charges and savings of every request, by position in the order.
 
     The same sums as ``dfs_charge``, taken node by node: the requests of a block are a contiguous
     run of the order (the blocks before it, in service order, hold the positions before it), so
-    each node's sorted siblings are looked up by all its requests in turn. A request passes the
-    next sibling only if, with its bid at 0, its block's key would still be at least that
-    sibling's: bids below ``floor`` cannot, and are skipped without a lookup.
+    each node's sorted siblings are looked up by all its requests in turn (``_block_charges``).
+
+    Each request's effective bid is read off its own block as the walk meets it (the planner's,
+    reserve applied), so the blocks of several requests are charged after the walk, once the
+    bids of all their requests are known; what each request pays at its ancestors' nodes is
+    kept apart (``ahead``) and added first, as the walk from the root would.
 
     ``owners`` (each request's tenant, by position; "" for none): the charges are tenant-level
     (``TenantCharges``): what the standard charge bills for the request's own tenant's other
-    requests is taken off (``_Own``).
+    requests is taken off (``_Own``). Those sums need every bid from the start, so the blocks
+    are charged as the walk meets them.
     """
+    key = _key_of(plan)
+    size_of, counts_cached = key.size, key.counts_cached
+    boosted = key.cached_boost != 1.0  # else no block counts as cached: not asked per block
     inside = plan.inside
-    boost, split = plan.boost, plan.split
-    bids = effective_bids(plan.order, reserve)
-    n = len(bids)
+    n = len(plan.order)
     pay = [0.0] * n
     saved = [0] * n
-    own = None if owners is None else _Own(owners, bids)
+    if owners is None:
+        bids = [0] * n
+        own = None
+        ahead = [0.0] * n
+    else:
+        bids = effective_bids(plan.order, reserve)
+        own = _Own(owners, bids)
+        ahead = pay
+    later = []  # blocks of several requests: (a node's blocks, their sums, an index, its first)
     stack: list[tuple[Node, int]] = [(plan.root, 0)]  # a node and its first position
     while stack:
         x, start = stack.pop()
         blocks = inside[x]
         last = len(blocks) - 1
         if last == 0:
-            inner = blocks[0][5]
+            _, _, _, bsum, _, inner = blocks[0]
             if type(inner) is Node:
                 stack.append((inner, start))
+            else:
+                bids[start] = bsum
             continue
-        nks, pw, pwk = _sibling_sums(blocks)
-        if own is not None:
-            own.at_node(start, blocks)
+        sums = nks, pw, pwk = _sibling_sums(blocks)
+        starts = None if own is None else _Own.starts(start, blocks)
         zero = bisect_left(nks, 0.0)  # blocks from here on have key 0
         for j, block in enumerate(blocks):
             _, tie, bn, bsum, work, inner = block
@@ -229,53 +240,36 @@ def dfs_payments(
             start += bn
             if type(inner) is Node:
                 stack.append((inner, first))
-            if j == last:
+                if j < last and bsum > 0:  # the last block, or one without bids, passes nothing
+                    if own is None:
+                        later.append((blocks, sums, j, first))
+                    else:
+                        size = size_of(bn, work, boosted and counts_cached(inner))
+                        _block_charges(
+                            blocks, sums, j, first, size, bids, reserve, pay, saved, own, starts
+                        )
                 continue
-            size = key_size(block, density, boost, split)
-            if size <= 0:
+            bids[first] = bsum
+            if j == last or bsum <= 0:
                 continue
+            # A single request: at bid 0 its key is 0, whatever its bid was.
             lo = j + 1
-            if bn == 1:
-                # A single request: at bid 0 its key is 0, whatever its bid was.
-                if bsum <= 0:
-                    continue
-                hi = last + 1 if zero > last else bisect_left(blocks, (0.0, tie), max(lo, zero))
-                if hi <= lo:
-                    continue
-                if reserve > 0:
-                    cut = bisect_right(nks, -reserve / size, lo, hi)
-                    pay[first] += size * (pwk[cut] - pwk[lo]) + reserve * (pw[hi] - pw[cut])
-                else:
-                    pay[first] += size * (pwk[hi] - pwk[lo])
-                saved[first] += pw[hi] - pw[lo]
-                if own is not None:
-                    own.passed(first, first, 1, work, lo, hi, pw)
+            hi = last + 1 if zero > last else bisect_left(blocks, (0.0, tie), max(lo, zero))
+            if hi <= lo:
                 continue
-            nxt = blocks[lo]
-            # others / size <= next key  <=>  bid >= bsum - size x next key (up to rounding).
-            floor = bsum + size * nks[lo]
-            floor -= 1 + abs(floor) * 1e-9
-            for k in range(first, first + bn):
-                b = bids[k]
-                if b <= 0 or b < floor:
-                    continue
-                others = bsum - b
-                key0 = (-(others / size), tie)
-                if key0 < nxt:
-                    continue
-                hi = bisect_left(blocks, key0, lo)
-                if reserve > 0:
-                    cut = bisect_right(nks, -(others + reserve) / size, lo, hi)
-                    pay[k] += (
-                        size * (pwk[cut] - pwk[lo])
-                        - others * (pw[cut] - pw[lo])
-                        + reserve * (pw[hi] - pw[cut])
-                    )
-                else:
-                    pay[k] += size * (pwk[hi] - pwk[lo]) - others * (pw[hi] - pw[lo])
-                saved[k] += pw[hi] - pw[lo]
-                if own is not None:
-                    own.passed(k, first, bn, work, lo, hi, pw)
+            size = size_of(1, work, boosted and counts_cached(inner))
+            if size <= 0:  # its key is infinite whatever its bid
+                continue
+            pay[first] += _passed(nks, pw, pwk, lo, hi, size, 0, reserve)
+            saved[first] += pw[hi] - pw[lo]
+            if own is not None:
+                own.passed(first, first, 1, work, lo, hi, pw, starts)
+    for blocks, sums, j, first in later:
+        _, _, bn, _, work, inner = blocks[j]
+        size = size_of(bn, work, boosted and counts_cached(inner))
+        _block_charges(blocks, sums, j, first, size, bids, reserve, ahead, saved)
+    if ahead is not pay:
+        pay = list(map(add, ahead, pay))
     # The charge lies in [0, bid x saved] (tenant-level: [reserve x saved, bid x saved]);
     # prefix-sum rounding can stray by a few ulps.
     if own is not None:
@@ -287,6 +281,40 @@ def dfs_payments(
             top = float(bids[k] * saved[k])
             pay[k] = 0.0 if amount < 0.0 else (top if amount > top else amount)
     return pay, saved
+
+
+def _block_charges(
+    blocks, sums, j, first, size, bids, reserve, pay, saved, own=None, starts=None
+) -> None:
+    """What each request of ``blocks[j]``, a block of several requests from position ``first``
+    whose key divides by ``size``, pays for passing the siblings after it, added to ``pay``
+    and ``saved`` (and, tenant-level, to ``own``; ``starts``: the blocks' first positions).
+
+    A request passes the next sibling only if, with its bid at 0, its block's key would still be
+    at least that sibling's: bids below ``floor`` cannot, and are skipped without a lookup.
+    """
+    if size <= 0:
+        return
+    nks, pw, pwk = sums
+    _, tie, bn, bsum, _, _ = blocks[j]
+    lo = j + 1
+    nxt = blocks[lo]
+    # others / size <= next key  <=>  bid >= bsum - size x next key (up to rounding).
+    floor = bsum + size * nks[lo]
+    floor -= 1 + abs(floor) * 1e-9
+    for k in range(first, first + bn):
+        b = bids[k]
+        if b <= 0 or b < floor:
+            continue
+        others = bsum - b
+        key0 = (-(others / size), tie)
+        if key0 < nxt:
+            continue
+        hi = bisect_left(blocks, key0, lo)
+        pay[k] += _passed(nks, pw, pwk, lo, hi, size, others, reserve)
+        saved[k] += pw[hi] - pw[lo]
+        if own is not None:
+            own.passed(k, first, bn, blocks[j][WORK], lo, hi, pw, starts)
 
 
 class _Own:
@@ -306,7 +334,6 @@ class _Own:
         self.bids = bids
         self.amounts = [0.0] * len(bids)
         self._prefix: dict[str, list[int]] = {}
-        self._starts: list[int] = []  # the current node's blocks' first positions
 
     def _sums(self, tenant: str) -> list[int]:
         got = self._prefix.get(tenant)
@@ -315,15 +342,18 @@ class _Own:
             got = self._prefix[tenant] = [0, *accumulate(mine)]
         return got
 
-    def at_node(self, start: int, blocks: list[Block]) -> None:
-        self._starts = list(accumulate((b[2] for b in blocks), initial=start))
+    @staticmethod
+    def starts(start: int, blocks: list[Block]) -> list[int]:
+        """The first positions of a node's blocks (and the one after the last), from ``start``."""
+        return list(accumulate((b[REQUESTS] for b in blocks), initial=start))
 
-    def passed(self, k: int, first: int, bn: int, work: int, lo: int, hi: int, pw) -> None:
+    def passed(self, k: int, first: int, bn: int, work: int, lo: int, hi: int, pw, starts) -> None:
+        """Request ``k`` of the block at ``first`` (``bn`` requests, ``work``) passes the blocks
+        ``lo..hi-1`` of a node whose blocks start at ``starts``."""
         tenant = self.owners[k]
         if not tenant:
             return
         p = self._sums(tenant)
-        starts = self._starts
         delayed = p[starts[hi]] - p[starts[lo]]  # own bids in the passed blocks
         along = p[first + bn] - p[first] - self.bids[k]  # own bids beside it in its block
         self.amounts[k] += work * delayed - along * (pw[hi] - pw[lo])
@@ -335,10 +365,9 @@ class DfsCharges:
     Keeps the sibling sums of the nodes that single charges have looked at, for the round.
     """
 
-    def __init__(self, plan: Plan, cums_upto: CumsUpto, reserve: int, per_work: bool) -> None:
+    def __init__(self, plan: Plan, cums_upto: CumsUpto, reserve: int) -> None:
         self.plan = plan
         self.reserve = reserve
-        self.density = per_work
         self._sums: dict[Node, Sums] = {}
 
     def _sums_at(self, x: Node) -> Sums:
@@ -349,13 +378,11 @@ class DfsCharges:
 
     def charge(self, entry: Entry) -> tuple[float, int]:
         """Priority charge and planned saving of one request (``dfs_charge``)."""
-        return dfs_charge(
-            self.plan, entry, density=self.density, reserve=self.reserve, sums=self._sums_at
-        )
+        return dfs_charge(self.plan, entry, reserve=self.reserve, sums=self._sums_at)
 
     def every(self) -> list[float]:
         """Priority charge of every request, by position in the order (``dfs_payments``)."""
-        return dfs_payments(self.plan, density=self.density, reserve=self.reserve)[0]
+        return dfs_payments(self.plan, reserve=self.reserve)[0]
 
 
 class TenantCharges(DfsCharges):
@@ -369,17 +396,15 @@ class TenantCharges(DfsCharges):
     the first time any is asked for.
     """
 
-    def __init__(self, plan: Plan, cums_upto: CumsUpto, reserve: int, per_work: bool) -> None:
-        super().__init__(plan, cums_upto, reserve, per_work)
+    def __init__(self, plan: Plan, cums_upto: CumsUpto, reserve: int) -> None:
+        super().__init__(plan, cums_upto, reserve)
         self._all: tuple[list[float], list[int]] | None = None
         self._positions: dict[str, int] | None = None
 
     def _every(self) -> tuple[list[float], list[int]]:
         if self._all is None:
             owners = [e.req.owner for e in self.plan.order]
-            self._all = dfs_payments(
-                self.plan, density=self.density, reserve=self.reserve, owners=owners
-            )
+            self._all = dfs_payments(self.plan, reserve=self.reserve, owners=owners)
         return self._all
 
     def charge(self, entry: Entry) -> tuple[float, int]:
@@ -400,9 +425,7 @@ class FlatCharges:
     demand); a request's charge needs it up to where the request would stand at bid 0.
     """
 
-    def __init__(
-        self, plan: Plan, cums_upto: CumsUpto, reserve: int, per_work: bool = False
-    ) -> None:
+    def __init__(self, plan: Plan, cums_upto: CumsUpto, reserve: int) -> None:
         self.order = plan.order
         self.bids = effective_bids(plan.order, reserve)
         # The plan's sort keys: (-effective bid, tie), ascending.

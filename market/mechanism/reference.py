@@ -1,15 +1,17 @@
 """The mechanism of DESIGN.md section 4, written plainly: a reference to read and to test against.
 
 This is the auction as a specification: the work model (4.1), the orders of fcfs, highest-bid
-and the DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4),
-each in a few lines, by brute force. It is slow on purpose (exponential in places) and meant for
-queues of a handful of requests; the rest of ``market.mechanism`` computes the same things fast,
-and ``tests/mechanism`` checks that the two agree.
+and the DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4; the
+Myerson one both as its integral and as the sum over crossing points that the fast charges
+compute), each in a few lines, by brute force. It is slow on purpose (exponential in places)
+and meant for queues of a handful of requests; the rest of ``market.mechanism`` computes the same
+things fast, and ``tests/mechanism`` checks that the two agree.
 
 Nothing here shares code with the rest of the package, so that a mistake there is not repeated
 here: the trie is uncompressed (one level per token), work is counted by hashing every prefix,
 DFS orders are enumerated outright, and payments come from re-clearing the reference auction on a
-grid of bids. Bids are floats in dollars per second, times are seconds, work is tokens.
+grid of bids, or from the reference's own keys of its blocks. Bids are floats in dollars per
+second, times are seconds, work is tokens.
 """
 
 from __future__ import annotations
@@ -146,6 +148,89 @@ def _block_work(block, depth, done: set, overhead: int) -> int:
 # dfs-auction-kv: a block whose first token is already cached counts its work divided by this.
 KV_CACHED_BOOST = 4.0
 
+# The DFS auctions' settings: (size is work rather than requests, boost, split).
+DFS_SETTINGS = {
+    "dfs-auction": (False, 1.0, False),
+    "dfs-auction-density": (True, 1.0, False),
+    "dfs-auction-kv": (True, KV_CACHED_BOOST, False),
+    "dfs-auction-kv-split": (True, KV_CACHED_BOOST, True),
+}
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """A block at a branch point, as a DFS auction keys it: its requests (a request ending at
+    the branch point, or the list of those under one next token), the depth its tokens start
+    at, its effective bid sum ($/s), work (tokens), size (what the key divides the bid sum by),
+    key and tie."""
+
+    block: list[Req] | Req
+    depth: int
+    bsum: float
+    work: int
+    size: float
+    key: float
+    tie: tuple[float, str]
+
+    def ids(self) -> set[str]:
+        """The ids of its requests."""
+        return {self.block.id} if isinstance(self.block, Req) else {r.id for r in self.block}
+
+
+def keyed_blocks(
+    group: list[Req],
+    depth: int,
+    done: set,
+    density: bool,
+    reserve: float,
+    overhead: int,
+    boost: float = 1.0,
+    split: bool = False,
+) -> list[Keyed]:
+    """The blocks at the branch point that ``group`` shares down to ``depth``, in the DFS
+    auction's order: key descending, then tie. ``done``: the cached prefixes. ``boost``: a
+    subtree whose first token is cached (not a request ending at the branch point) has its size
+    (work, or number of requests) divided by it. ``split`` (dfs-auction-kv-split): a subtree of
+    several requests whose tokens are all cached down to where it next branches is no block:
+    its blocks there stand in its place, each with its size divided by ``boost``."""
+
+    def branch_depth(sub: list[Req], depth: int) -> int:
+        """Where a subtree that starts with token ``depth`` next branches or loses a request."""
+        end = depth + 1
+        while True:
+            below = blocks_at(sub, end)
+            if len(below) == 1 and isinstance(below[0], list):
+                end += 1
+            else:
+                return end
+
+    def parts(sub: list[Req], depth: int, under: bool) -> list[tuple]:
+        """The blocks at a branch point, each with its depth and whether it sits right under a
+        split subtree's cached prefix."""
+        out = []
+        for b in blocks_at(sub, depth):
+            if split and isinstance(b, list) and len(b) > 1:
+                end = branch_depth(b, depth)
+                if b[0].tokens[:end] in done:
+                    out.extend(parts(b, end, True))
+                    continue
+            out.append((b, depth, under))
+        return out
+
+    keyed = []
+    for b, at, under in parts(group, depth, False):
+        members = b if isinstance(b, list) else [b]
+        bsum = sum(eff(r.bid, reserve) for r in members)
+        work = _block_work(b, at, done, overhead)
+        size = work if density else len(members)
+        if under or (isinstance(b, list) and b[0].tokens[: at + 1] in done):
+            size = size / boost
+        key = bsum / size if size > 0 else math.inf
+        tie = min((r.arrival, r.id) for r in members)
+        keyed.append(Keyed(b, at, bsum, work, size, key, tie))
+    keyed.sort(key=lambda k: (-k.key, k.tie))
+    return keyed
+
 
 def dfs_auction_order(
     reqs: list[Req],
@@ -155,53 +240,15 @@ def dfs_auction_order(
     boost: float = 1.0,
     split: bool = False,
 ) -> list[str]:
-    """The DFS auctions, by plain recursion over the uncompressed trie. ``boost``: a subtree
-    whose first token is cached (not a request ending at the branch point) has its size (work,
-    or number of requests) divided by it. ``split`` (dfs-auction-kv-split): a subtree of several
-    requests whose tokens are all cached down to where it next branches is no block: its blocks
-    there stand in its place, each with its size divided by ``boost``."""
+    """The DFS auctions, by plain recursion over the uncompressed trie (``keyed_blocks``)."""
     done = cached_prefixes(reqs)
-
-    def branch_depth(group: list[Req], depth: int) -> int:
-        """Where a subtree that starts with token ``depth`` next branches or loses a request."""
-        end = depth + 1
-        while True:
-            below = blocks_at(group, end)
-            if len(below) == 1 and isinstance(below[0], list):
-                end += 1
-            else:
-                return end
-
-    def parts(group: list[Req], depth: int, under: bool) -> list[tuple]:
-        """The blocks at a branch point, each with its depth and whether it sits right under a
-        split subtree's cached prefix."""
-        out = []
-        for b in blocks_at(group, depth):
-            if split and isinstance(b, list) and len(b) > 1:
-                end = branch_depth(b, depth)
-                if b[0].tokens[:end] in done:
-                    out.extend(parts(b, end, True))
-                    continue
-            out.append((b, depth, under))
-        return out
 
     def rec(group: list[Req], depth: int) -> list[str]:
         if len(group) == 1 and len(group[0].tokens) == depth:
             return [group[0].id]
-        keyed = []
-        for b, at, under in parts(group, depth, False):
-            members = b if isinstance(b, list) else [b]
-            bsum = sum(eff(r.bid, reserve) for r in members)
-            size = _block_work(b, at, done, overhead) if density else len(members)
-            if under or (isinstance(b, list) and b[0].tokens[: at + 1] in done):
-                size = size / boost
-            key = bsum / size if size > 0 else math.inf
-            tie = min((r.arrival, r.id) for r in members)
-            keyed.append(((-key, tie), b, at))
-        keyed.sort(key=lambda kb: kb[0])
         out = []
-        for _, b, at in keyed:
-            out.extend([b.id] if isinstance(b, Req) else rec(b, at + 1))
+        for k in keyed_blocks(group, depth, done, density, reserve, overhead, boost, split):
+            out.extend([k.block.id] if isinstance(k.block, Req) else rec(k.block, k.depth + 1))
         return out
 
     return rec(list(reqs), 0)
@@ -219,14 +266,9 @@ def fcfs_order(reqs: list[Req]) -> list[str]:
 
 def reference_order(reqs, policy: str, reserve: float, overhead: int) -> list[str]:
     """The order of ``policy``, for the policies written out here (not lpm nor dfs-weight)."""
-    if policy == "dfs-auction":
-        return dfs_auction_order(reqs, False, reserve, overhead)
-    if policy == "dfs-auction-density":
-        return dfs_auction_order(reqs, True, reserve, overhead)
-    if policy == "dfs-auction-kv":
-        return dfs_auction_order(reqs, True, reserve, overhead, KV_CACHED_BOOST)
-    if policy == "dfs-auction-kv-split":
-        return dfs_auction_order(reqs, True, reserve, overhead, KV_CACHED_BOOST, split=True)
+    if policy in DFS_SETTINGS:
+        density, boost, split = DFS_SETTINGS[policy]
+        return dfs_auction_order(reqs, density, reserve, overhead, boost, split)
     if policy == "highest-bid":
         return highest_bid_order(reqs, reserve)
     if policy == "fcfs":
@@ -262,6 +304,63 @@ def myerson_bounds(reqs, rid, policy, reserve, overhead, tps, steps=400):
     left = sum(ts[:-1]) * h
     right = sum(ts[1:]) * h
     return bid * t_b - right, bid * t_b - left, t_b
+
+
+def crossing_charge(reqs, rid, policy, reserve, overhead, tps) -> tuple[float, float]:
+    """The Myerson payment of ``rid`` as a sum over crossing points (payments.py states it in
+    prose): by bidding b instead of 0, ``rid`` passes blocks; each passed block contributes the
+    seconds its work takes x max(its critical bid, reserve), the critical bid being the lowest
+    bid at which ``rid`` would go ahead of it. Returns (charge in dollars, T(b) in seconds).
+
+    DFS auctions: at each branch point on ``rid``'s path, its block, with the effective bids S of
+    the others in it and size D, has the key (S + z) / D at bid z, so it goes ahead of a sibling
+    of key k at z = k D - S; passing a sibling delays ``rid`` by exactly the sibling's work.
+    highest-bid: ``rid`` passes the requests between its place and where it would stand at bid
+    0, each at its effective bid; placed right after request m it would complete when m
+    completes now (the same work is done by then), so passing m saves what m's completion adds
+    to the one before it.
+    """
+    me = next(r for r in reqs if r.id == rid)
+    bid = eff(me.bid, reserve)
+    if bid <= 0:
+        return 0.0, 0.0
+    if policy == "highest-bid":
+        order = highest_bid_order(reqs, reserve)
+        at0 = highest_bid_order(with_bid(reqs, rid, 0.0), reserve)
+        comp = completions(reqs, order, overhead, tps)
+        bids = {r.id: eff(r.bid, reserve) for r in reqs}
+        charge = saved = 0.0
+        for prev, m in itertools.pairwise(order[order.index(rid) :]):
+            if at0.index(m) < at0.index(rid):  # passed
+                charge += max(bids[m], reserve) * (comp[m] - comp[prev])
+                saved += comp[m] - comp[prev]
+        return charge, saved
+    if policy not in DFS_SETTINGS:
+        raise ValueError(policy)
+    density, boost, split = DFS_SETTINGS[policy]
+    done = cached_prefixes(reqs)
+    charge = saved = 0.0
+    group, depth = list(reqs), 0
+    while not (len(group) == 1 and len(group[0].tokens) == depth):
+        blocks = keyed_blocks(group, depth, done, density, reserve, overhead, boost, split)
+        mine = next(k for k in blocks if rid in k.ids())
+        members = mine.block if isinstance(mine.block, list) else [mine.block]
+        # Summed afresh, not mine.bsum - bid: that can round across a tie.
+        others = sum(eff(r.bid, reserve) for r in members if r.id != rid)
+
+        def ahead(z: float, k: Keyed, mine: Keyed = mine, others: float = others) -> bool:
+            """``rid``'s block goes ahead of ``k`` when ``rid`` bids ``z``."""
+            key = (others + z) / mine.size if mine.size > 0 else math.inf
+            return (-key, mine.tie) < (-k.key, k.tie)
+
+        for k in blocks:
+            if k is not mine and ahead(bid, k) and not ahead(0.0, k):
+                charge += max(k.key * mine.size - others, reserve) * k.work / tps
+                saved += k.work / tps
+        if isinstance(mine.block, Req):
+            break
+        group, depth = mine.block, mine.depth + 1
+    return charge, saved
 
 
 def vcg_payment(reqs, rid, reserve, overhead, tps) -> float:

@@ -109,8 +109,11 @@ def to_ticks(amount: float) -> int:
     return round(amount * BID_SCALE)
 
 
-def effective_bid(bid: Bid, reserve: Bid, *, zero: Bid = 0.0) -> Bid:
+def effective_bid(bid: Bid, reserve: Bid, zero: Bid = 0.0) -> Bid:
     """The bid that buys priority (DESIGN.md 4.4): ``bid`` itself when it is at least the reserve,
     else nothing, returned as ``zero`` (0.0 for float bids; pass 0 for ticks, the ledger's zero
-    for Decimal amounts) so that each caller keeps its own representation exactly."""
+    for Decimal amounts) so that each caller keeps its own representation exactly.
+
+    ``zero`` may also go by position, as the planner and the charges pass it: they call this
+    once per request of a round, where a keyword argument costs more than the rule."""
     return bid if bid >= reserve else zero

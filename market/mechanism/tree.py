@@ -59,7 +59,7 @@ class Node:
         # cached length changed, the edge cut or merged): what an incremental planner compares
         # with the version it last planned the node at.
         "changed",
-        # An incremental planner's state at this node, by planner token (policies._dfs_states);
+        # An incremental planner's state at this node, by planner token (dfs_auction._dfs_states);
         # None until one plans it. It lives and dies with the node.
         "memo",
     )

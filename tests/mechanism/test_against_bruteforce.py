@@ -126,3 +126,55 @@ def test_one_charge_at_a_time_equals_all_at_once(reqs, reserve, overhead, policy
     singles = {r.id: one.charge(r.id) for r in reqs}
     batch = clear(to_mechanism(reqs), policy, reserve=reserve, overhead_tokens=overhead)
     assert singles == pytest.approx(batch.payments, rel=1e-12, abs=1e-15)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    queues(max_size=7), RESERVES, OVERHEADS, st.sampled_from(PRICED), st.sampled_from([1.0, 250.0])
+)
+def test_charges_are_the_reference_crossing_point_charges(reqs, reserve, overhead, policy, tps):
+    """Both of the fast paths (every charge at once, one charge at a time) and the reference's
+    crossing-point charge, on the same queue."""
+    kwargs = {"reserve": reserve, "overhead_tokens": overhead, "tokens_per_second": tps}
+    batch = clear(to_mechanism(reqs), policy, **kwargs)
+    one = clear(to_mechanism(reqs), policy, **kwargs)
+    for r in reqs:
+        charge, saved = ref.crossing_charge(reqs, r.id, policy, reserve, overhead, tps)
+        assert batch.payments[r.id] == pytest.approx(charge, rel=1e-9, abs=1e-12), r.id
+        assert one.charge(r.id) == pytest.approx(charge, rel=1e-9, abs=1e-12), r.id
+        assert one.time_saved(r.id) == pytest.approx(saved, rel=1e-9, abs=1e-12), r.id
+
+
+def test_crossing_point_charges_on_random_real_valued_bids():
+    """Lognormal bids (ties improbable), cached prefixes, up to ten requests."""
+    import random
+
+    rng = random.Random(11)
+    for _ in range(150):
+        reqs = []
+        for i in range(rng.randint(2, 10)):
+            tokens = tuple(rng.choice((0, 1, 2)) for _ in range(rng.randint(1, 6)))
+            bid = rng.lognormvariate(0, 1) if rng.random() < 0.8 else 0.0
+            reqs.append(ref.Req(f"r{i}", tokens, bid, rng.random(), rng.randint(0, len(tokens))))
+        policy = rng.choice(PRICED)
+        reserve = rng.choice([0.0, 0.8])
+        overhead = rng.choice([0, 2])
+        c = clear(to_mechanism(reqs), policy, reserve=reserve, overhead_tokens=overhead)
+        tps = c.tokens_per_second
+        for r in reqs:
+            charge, saved = ref.crossing_charge(reqs, r.id, policy, reserve, overhead, tps)
+            # Bids are whole ticks (1e-9 $/s) in the mechanism: the charges differ by as much.
+            assert c.payments[r.id] == pytest.approx(charge, rel=1e-6, abs=1e-9), (policy, r.id)
+            assert c.time_saved(r.id) == pytest.approx(saved), (policy, r.id)
+
+
+@settings(max_examples=40, deadline=None)
+@given(queues(max_size=5, max_len=4), RESERVES, OVERHEADS, st.sampled_from(PRICED))
+def test_the_crossing_point_charge_is_the_myerson_payment(reqs, reserve, overhead, policy):
+    """The reference's two statements of the charge agree: the sum over crossing points and the
+    integral of DESIGN.md 4.4 (re-clearing on a grid of bids)."""
+    for r in reqs:
+        charge, saved = ref.crossing_charge(reqs, r.id, policy, reserve, overhead, 1.0)
+        low, high, t_b = ref.myerson_bounds(reqs, r.id, policy, reserve, overhead, 1.0, steps=200)
+        assert low - 1e-9 <= charge <= high + 1e-9, (r.id, low, charge, high)
+        assert saved == pytest.approx(t_b)

@@ -221,7 +221,7 @@ def test_a_tree_of_array_tokens_clears_as_one_of_tuples(seed):
 def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
     # A few system prompts with many requests each: most rounds change a few of a node's
     # children, which the planner patches into the node's sorted blocks instead of re-sorting.
-    import market.mechanism.policies as policies
+    import market.mechanism.dfs_auction as dfs_auction
 
     rng = random.Random(seed)
     systems = [[s] * 30 for s in range(4)]
@@ -243,14 +243,14 @@ def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
     for _ in range(200):
         arrive()
     patched = 0
-    real_patch = policies._patch
+    real_patch = dfs_auction._patch
 
     def counting_patch(*args):
         nonlocal patched
         patched += 1
         return real_patch(*args)
 
-    policies._patch = counting_patch
+    dfs_auction._patch = counting_patch
     try:
         for _ in range(120):
             for _ in range(rng.randint(1, 3)):
@@ -266,5 +266,5 @@ def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
                     live[rid] = tree.update(rid, bid=rng.choice([0.0, 2.0, 9.0]))
             assert_same_round(tree, live, rng.choice(SETTINGS[:4]))
     finally:
-        policies._patch = real_patch
+        dfs_auction._patch = real_patch
     assert patched > 100

@@ -1,5 +1,7 @@
 """The policy registry and the welfare definitions: one place says what each policy is."""
 
+import random
+
 import pytest
 
 from market.mechanism import (
@@ -60,6 +62,51 @@ def test_block_keys() -> None:
         block_key("fcfs", 6.0, 3, 100)
 
 
+KEYS = [AVERAGE_BID, BID_DENSITY, CACHE_KEPT, CACHE_SPLIT]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: k.name)
+def test_the_key_is_the_bid_sum_over_the_size(key) -> None:
+    # One rule (plan.BlockKey): the planner's nk, the readers' key and the charges' size agree,
+    # and a block of size zero, costing the others nothing, has an infinite key.
+    rng = random.Random(5)
+    for _ in range(300):
+        bsum = rng.choice([0, 1, rng.randrange(10**15)])
+        n, work, cached = (
+            rng.randint(0, 4),
+            rng.choice([0, rng.randint(1, 5_000)]),
+            rng.random() < 0.5,
+        )
+        size = key.size(n, work, cached)
+        assert size == (work if key.per_work else n) / (key.cached_boost if cached else 1)
+        expected = bsum / size if size > 0 else float("inf")
+        assert key(bsum, n, work, cached) == expected
+        assert key.nk(bsum, n, work, cached) == -expected
+    assert key(6.0, 0, 0) == key(0.0, 0, 0, cached=True) == float("inf")
+
+
+@pytest.mark.parametrize("policy", sorted(DFS_AUCTIONS))
+def test_a_block_of_size_zero_goes_first(policy) -> None:
+    from market.mechanism import RequestTree
+    from market.mechanism.plan import NK
+
+    # The root of an empty tree: no requests, no work.
+    tree = RequestTree()
+    rules = POLICY[policy]
+    assert rules.planner(tree, rules, 0, 0).blocks[tree.root][NK] == float("-inf")
+    assert clear([], policy).order == []
+    # z's tokens are all cached and there is no overhead: its block needs no work, so by bid
+    # density it goes first at any bid (a zero one included); by average bid it is an ordinary
+    # block of one request with bid 0.
+    reqs = [ref.Req("a", (1, 2, 3), 5.0, 0.0), ref.Req("z", (7, 8), 0.0, 1.0, cached_len=2)]
+    c = clear(
+        [WaitingRequest(r.id, r.tokens, r.bid, r.arrival, r.cached_len) for r in reqs], policy
+    )
+    assert c.order == (["a", "z"] if policy == "dfs-auction" else ["z", "a"])
+    assert c.order == ref.reference_order(reqs, policy, 0.0, 0)
+    assert c.payments == {"a": 0.0, "z": 0.0}
+
+
 @pytest.mark.parametrize("bad", ["FCFS", "", "dfs_auction", None, 3, ["fcfs"]])
 def test_policy_checked_refuses_what_is_not_a_policy_name(bad) -> None:
     with pytest.raises(ValueError, match="unknown policy"):
@@ -101,10 +148,7 @@ def test_the_planners_order_blocks_by_the_registrys_block_key(policy, overhead) 
     plan = rules.planner(tree, rules, to_ticks(0.05), overhead)
     key = rules.block_key
     # Every request is a block somewhere, found again by its key; every block is keyed right.
-    found = [
-        request_block(plan, e, density=key.per_work, reserve=to_ticks(0.05))
-        for e in tree.entries.values()
-    ]
+    found = [request_block(plan, e, reserve=to_ticks(0.05)) for e in tree.entries.values()]
     assert len(set(found)) == len(tree)
     shared = [x for x in tree.nodes() if x is tree.root or x.size > 1]
 

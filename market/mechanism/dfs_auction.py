@@ -1,0 +1,476 @@
+"""The DFS auctions' planner: DFS order of the request tree, sibling blocks by the policy's key.
+
+Every subtree is served as one contiguous block: at each node the blocks (child subtrees and the
+requests that end there; plan.Block) go in order of the policy's ``BlockKey``, ties to the
+earliest arrival, then the smallest id. The planner returns the round's ``Plan``: the service
+order, and the nodes' blocks that the charges (payments.py) read.
+
+What each node's blocks are is kept in the node across rounds (``_Memo``, one per planner
+setting: ``RequestTree.plan_token``) and worked out again only where the tree changed: a round
+costs time proportional to the changed nodes and their children, plus copying the order. What
+is kept depends only on the subtree and the setting, so that clearings of one tree do not
+disturb each other (plan.py).
+
+dfs-auction-kv-split plans the tree contracted at fully cached subtrees (policies.py): a split
+node's blocks are its parent's. Its steps (``_split_step``) keep, at a split node, what changed
+in its blocks since the last round, so that the parent patches its own blocks by that alone.
+
+The loops are written out by hand, leaves (one request, no children) taking a short path: a round
+visits every node, and most nodes are leaves.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter, itemgetter
+from typing import Protocol
+
+from .plan import BSUM, INNER, TIE, WORK, Block, BlockKey, Plan
+from .requests import effective_bid
+from .tree import PLAN_TOKENS, Entry, Node, RequestTree
+
+_tie_of = itemgetter(TIE)
+_inner_of = itemgetter(INNER)
+_bsum_of = itemgetter(BSUM)
+_work_of = itemgetter(WORK)
+_handle_of = attrgetter("handle")
+
+
+class KeyedPolicy(Protocol):
+    """What the planner reads of its policy (policies.Policy, which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def block_key(self) -> BlockKey | None: ...
+
+
+def plan_dfs_auction(tree: RequestTree, policy: KeyedPolicy, reserve: int, overhead: int) -> Plan:
+    """DFS order with sibling blocks by the policy's ``BlockKey`` (average bid or bid density).
+
+    The state of each node is kept across rounds and worked out again only where the tree
+    changed (``_dfs_states``); the plan reads it through views, and leaves the cumulative work
+    to the Clearing to count for the requests it is asked about.
+    """
+    key = policy.block_key
+    if key is None:
+        raise ValueError(f"policy {policy.name!r} does not order blocks by a key")
+    token, root_state = _dfs_states(tree, key, reserve, overhead)
+    return Plan(
+        root_state.flat,
+        overhead,
+        blocks=_MemoView(token, "block"),
+        inside=_MemoView(token, "inside"),
+        root=tree.root,
+        handles=root_state.handles,
+        key=key,
+    )
+
+
+class _Memo:
+    """A DFS auction's state at one node holding several requests, kept across rounds.
+
+    ``built``: the tree's version when it was worked out; it is still right while the node has
+    not changed since (``Node.changed``). ``kids``: the block of each child as of then (a
+    child unchanged since reuses it); ``own``: the blocks of the requests ending here.
+    ``inside``: all of them in service order; ``bsum``, ``work``: their sums; ``tie``: the
+    earliest of their ties. ``block``: the node's own block, its edge included. ``flat``: the
+    requests of the subtree in service order, and ``handles`` the engine's handles on them
+    (``Entry.handle``), in the same order.
+
+    dfs-auction-kv-split: a child that is split (``Node.fully_cached``) has its state, not a
+    block, in ``kids``: its blocks are among this node's. ``split``: this node was split when
+    worked out; then ``gone`` and ``came`` are the blocks that left and joined its blocks then
+    (all of them, old and new, after a rebuild), what its parent patches its own by.
+    """
+
+    __slots__ = (
+        "built", "kids", "own", "inside", "bsum", "work", "tie", "block", "flat", "handles",
+        "retie", "split", "gone", "came",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.built = -1
+        self.kids: dict[Node, Block | _Memo] = {}
+        self.own: list[Block] = []
+        self.inside: list[Block] = []
+        self.bsum = 0
+        self.work = 0
+        self.tie: tuple | None = None  # the earliest (arrival, id) among the blocks
+        self.block: Block | None = None
+        self.flat: list[Entry] = []
+        self.handles: list[object] = []
+        self.retie = False  # the earliest block went: the tie is looked for again (``settle``)
+        self.split = False
+        self.gone: Sequence[Block] = ()
+        self.came: Sequence[Block] = ()
+
+    def drop(self, block: Block) -> None:
+        """Take a block out of the sorted blocks and the sums."""
+        blocks = self.inside
+        i = bisect_left(blocks, block)
+        if i == len(blocks) or blocks[i][INNER] is not block[INNER]:
+            raise RuntimeError("a block went missing from its node's order")
+        del blocks[i]
+        self.bsum -= block[BSUM]
+        self.work -= block[WORK]
+        if block[TIE] == self.tie:
+            self.retie = True
+
+    def add(self, block: Block) -> None:
+        """Put a block into the sorted blocks and the sums."""
+        insort(self.inside, block)
+        self.bsum += block[BSUM]
+        self.work += block[WORK]
+        if self.tie is None or block[TIE] < self.tie:
+            self.tie = block[TIE]
+
+    def settle(self) -> None:
+        """After drops and adds: the tie looked for again if its block went."""
+        blocks = self.inside
+        if not blocks:
+            self.tie = None
+        elif self.retie:
+            self.tie = min(map(_tie_of, blocks))
+        self.retie = False
+
+    def sort_blocks(self, blocks: list[Block]) -> None:
+        """Take ``blocks`` as the node's blocks, sorted, with their sums."""
+        blocks.sort()  # by (nk, tie), ties being unique among siblings
+        self.inside = blocks
+        self.bsum = sum(map(_bsum_of, blocks))
+        self.work = sum(map(_work_of, blocks))
+        self.tie = min(map(_tie_of, blocks)) if blocks else None
+        self.retie = False
+
+
+class _MemoView:
+    """A round's view of the nodes' DFS state under one planner token: ``view[node]`` is that
+    node's ``inside`` list or block (``attr``), as payments.py reads a Plan's dicts."""
+
+    __slots__ = ("token", "attr")
+
+    def __init__(self, token: int, attr: str) -> None:
+        self.token = token
+        self.attr = attr
+
+    def __getitem__(self, node: Node):
+        state = _state(node, self.token)
+        if state is None:
+            raise RuntimeError(
+                "the round's planner state is gone (more rounds with other settings cleared "
+                "on this tree since than it keeps); clear the round again"
+            )
+        return getattr(state, self.attr)
+
+
+def _state(x: Node, token: int) -> _Memo | None:
+    memo = x.memo
+    return None if memo is None else memo.get(token)
+
+
+def _new_state(x: Node, token: int, live: Callable[[], set[int]]) -> _Memo:
+    memo = x.memo
+    if memo is None:
+        memo = x.memo = {}
+    elif len(memo) >= PLAN_TOKENS:  # drop the states of planners the tree no longer keeps
+        keep = live()
+        for t in [t for t in memo if t not in keep]:
+            del memo[t]
+    state = memo[token] = _Memo()
+    return state
+
+
+def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -> tuple[int, _Memo]:
+    """Bring the DFS auction's state up to date at every node that changed since it was last
+    worked out; returns the planner's token and the root's state.
+
+    Nodes holding one request (leaves, most nodes) keep no state: their block is the request's,
+    worked out by the parent. A node is worked out again only if it changed, from its
+    children's blocks (an unchanged child's kept, a changed one's worked out first): a round
+    costs time proportional to the changed nodes and their children, plus copying the order.
+    """
+    token = tree.plan_token((key, reserve, overhead))
+    root = tree.root
+    rs = _state(root, token)
+    if rs is not None and root.changed <= rs.built:
+        return token, rs
+    # The changed nodes holding several requests, parents before children, each with its
+    # children that changed since it was last worked out.
+    todo = [root]
+    changes: list[list[Node]] = []
+    i = 0
+    while i < len(todo):
+        x = todo[i]
+        i += 1
+        xs = _state(x, token)
+        built = -1 if xs is None else xs.built
+        changed = [c for c in x.children.values() if c.changed > built]
+        changes.append(changed)
+        for c in changed:
+            if c.size > 1:
+                todo.append(c)
+    version = tree.version
+    live = tree.live_tokens
+    split = key.split_cached
+    for x, changed in zip(reversed(todo), reversed(changes), strict=True):
+        xs = _state(x, token) or _new_state(x, token, live)
+        if split:
+            _split_step(x, xs, changed, token, key, reserve, overhead)
+        elif xs.built < 0 or 4 * len(changed) > len(xs.kids):
+            _rebuild(x, xs, changed, token, key, reserve, overhead)
+        else:
+            _patch(x, xs, changed, token, key, reserve, overhead)
+        xs.block = _node_block(x, xs, key)
+        xs.built = version
+        if xs.split:  # its blocks are its parent's: nothing is served from its own order
+            continue
+        blocks = xs.inside
+        if len(blocks) < x.size:  # some blocks are nodes' (each block holds 1 request or more)
+            flat: list[Entry] = []
+            handles: list[object] = []
+            for block in blocks:
+                inner = block[INNER]
+                if type(inner) is Node:
+                    inner_state = inner.memo[token]
+                    flat.extend(inner_state.flat)
+                    handles.extend(inner_state.handles)
+                else:
+                    flat.append(inner)
+                    handles.append(inner.handle)
+        else:  # requests only (a node whose children are all leaves): no loop in Python
+            flat = list(map(_inner_of, blocks))
+            handles = list(map(_handle_of, flat))
+        xs.flat = flat
+        xs.handles = handles
+    return token, todo[0].memo[token]
+
+
+def _node_block(x: Node, xs: _Memo, key: BlockKey) -> Block:
+    """The block of a node holding several requests, from its state's sums, its edge included."""
+    bsum = xs.bsum
+    work = xs.work + x.ew
+    nk = key.nk(bsum, x.size, work, key.counts_cached(x))
+    return (nk, xs.tie, x.size, bsum, work, x)
+
+
+def _child_blocks(
+    children: Iterable[Node],
+    token: int,
+    key: BlockKey,
+    reserve: int,
+    overhead: int,
+    under: bool = False,
+) -> list[Block]:
+    """The blocks of ``children``: a node's its state's, a leaf's its one request's, the leaf's
+    edge included (payments.request_block finds it by the same key). ``under``: they sit right
+    under a split node (dfs-auction-kv-split), so count as cached whatever their edges
+    (plan.block_cached)."""
+    nk = key.nk
+    boosted = key.cached_boost != 1.0
+    blocks = []
+    for c in children:
+        if c.size > 1:
+            blocks.append(c.memo[token].block)
+            continue
+        (e,) = c.reqs.values()  # a leaf holds one request: the tree keeps no leaf without one
+        b = effective_bid(e.ticks, reserve, 0)
+        work = c.ew + overhead
+        cached = boosted and (under or c.edge_cached())
+        blocks.append((nk(b, 1, work, cached), e.tie, 1, b, work, e))
+    return blocks
+
+
+def _own_blocks(x: Node, key: BlockKey, reserve: int, overhead: int, under: bool) -> list[Block]:
+    """The blocks of the requests that end at ``x``, one each; ``under``: they count as cached
+    (``x`` is a split subtree, dfs-auction-kv-split)."""
+    nk = key.nk
+    out = []
+    for e in x.reqs.values():
+        b = effective_bid(e.ticks, reserve, 0)
+        out.append((nk(b, 1, overhead, under), e.tie, 1, b, overhead, e))
+    return out
+
+
+def _rebuild(
+    x: Node,
+    xs: _Memo,
+    changed: list[Node],
+    token: int,
+    key: BlockKey,
+    reserve: int,
+    overhead: int,
+) -> None:
+    """Work a node's blocks out from its children's (an unchanged child's kept) and sort them."""
+    old = xs.kids
+    kids: dict[Node, Block | _Memo] = {}
+    if xs.built >= 0:
+        built = xs.built
+        for c in x.children.values():
+            if c.changed <= built:
+                kids[c] = old[c]
+    kids.update(zip(changed, _child_blocks(changed, token, key, reserve, overhead), strict=True))
+    own = _own_blocks(x, key, reserve, overhead, False)
+    xs.kids = kids
+    xs.own = own
+    xs.sort_blocks([*kids.values(), *own])
+
+
+def _patch(
+    x: Node,
+    xs: _Memo,
+    changed: list[Node],
+    token: int,
+    key: BlockKey,
+    reserve: int,
+    overhead: int,
+) -> None:
+    """Replace the blocks that changed in a node's sorted blocks: those of the children that
+    changed, of children gone (cut off or merged away) and of the requests ending here."""
+    kids = xs.kids
+    for block in xs.own:
+        xs.drop(block)
+    for c, block in zip(
+        changed, _child_blocks(changed, token, key, reserve, overhead), strict=True
+    ):
+        old = kids.get(c)
+        if old is not None:
+            xs.drop(old)
+        kids[c] = block
+        xs.add(block)
+    if len(kids) > len(x.children):  # children gone since (cut off, merged away): drop them
+        for c in kids.keys() - set(x.children.values()):
+            xs.drop(kids.pop(c))
+    own = _own_blocks(x, key, reserve, overhead, False)
+    for block in own:
+        xs.add(block)
+    xs.own = own
+    xs.settle()
+
+
+def _split_step(
+    x: Node,
+    xs: _Memo,
+    changed: list[Node],
+    token: int,
+    key: BlockKey,
+    reserve: int,
+    overhead: int,
+) -> None:
+    """dfs-auction-kv-split's work at a changed node: its blocks patched by what changed (a
+    split child's by what its own blocks gained and lost), or worked out again when that is
+    most of them, or when this node's split, or a child's, changed (the boosts of the blocks
+    below depend on it). A split node keeps what changed (``gone``, ``came``) for its parent."""
+    now = x.fully_cached()
+    old = xs.inside
+    if (
+        xs.built < 0
+        or xs.split != now
+        or not _split_patch(x, xs, changed, token, key, reserve, overhead)
+    ):
+        _split_rebuild(x, xs, token, key, reserve, overhead, now)
+        if now:
+            xs.gone, xs.came = old, xs.inside
+    if not now:
+        xs.gone = xs.came = ()
+    xs.split = now
+
+
+def _split_rebuild(
+    x: Node, xs: _Memo, token: int, key: BlockKey, reserve: int, overhead: int, now: bool
+) -> None:
+    """dfs-auction-kv-split: a node's blocks worked out afresh, a split child's blocks taken in
+    as its own, every block keyed for this node's split ``now``."""
+    kids: dict[Node, Block | _Memo] = {}
+    blocks: list[Block] = []
+    leaves = []
+    for c in x.children.values():
+        if c.size == 1:
+            leaves.append(c)
+            continue
+        cs = c.memo[token]
+        if c.fully_cached():
+            kids[c] = cs
+            blocks.extend(cs.inside)
+        else:  # its key depends on whether this node is split: keyed again
+            kids[c] = cs.block = block = _node_block(c, cs, key)
+            blocks.append(block)
+    leaf_blocks = _child_blocks(leaves, token, key, reserve, overhead, now)
+    kids.update(zip(leaves, leaf_blocks, strict=True))
+    blocks.extend(leaf_blocks)
+    own = _own_blocks(x, key, reserve, overhead, now)
+    blocks.extend(own)
+    xs.kids = kids
+    xs.own = own
+    xs.sort_blocks(blocks)
+
+
+def _split_patch(
+    x: Node,
+    xs: _Memo,
+    changed: list[Node],
+    token: int,
+    key: BlockKey,
+    reserve: int,
+    overhead: int,
+) -> bool:
+    """dfs-auction-kv-split: patch a node whose split did not change by what changed below it;
+    False, having changed nothing, where it must be worked out afresh instead."""
+    kids = xs.kids
+    under = xs.split
+    gone: list[Block] = []
+    came: list[Block] = []
+    records: dict[Node, Block | _Memo] = {}  # the changed children's, once patched
+    keyed: list[Node] = []  # the changed children that are blocks here
+    new_kids = 0
+    for c in changed:
+        old = kids.get(c)
+        if old is None:
+            new_kids += 1
+        was_split = type(old) is _Memo
+        if c.fully_cached():
+            cs = c.memo[token]
+            if was_split:
+                gone.extend(cs.gone)
+                came.extend(cs.came)
+            else:
+                if old is not None:
+                    gone.append(old)
+                came.extend(cs.inside)
+            records[c] = cs
+            continue
+        if was_split:  # what it held here is known only as its blocks were
+            return False
+        if old is not None:
+            gone.append(old)
+        keyed.append(c)
+    fresh = _child_blocks(keyed, token, key, reserve, overhead, under)
+    records.update(zip(keyed, fresh, strict=True))
+    came.extend(fresh)
+    left: list[Node] = []
+    if len(kids) + new_kids > len(x.children):  # children gone since (cut off, merged away)
+        left = list(kids.keys() - set(x.children.values()))
+        for c in left:
+            old = kids[c]
+            if type(old) is _Memo:
+                return False
+            gone.append(old)
+    if 4 * (len(gone) + len(came)) > len(xs.inside) + 4:
+        return False
+    own = _own_blocks(x, key, reserve, overhead, under)
+    gone.extend(xs.own)
+    came.extend(own)
+    for block in gone:
+        xs.drop(block)
+    for block in came:
+        xs.add(block)
+    xs.settle()
+    for c in left:
+        del kids[c]
+    kids.update(records)
+    xs.own = own
+    if under:
+        xs.gone, xs.came = gone, came
+    return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import urllib.parse
 from collections.abc import Iterator
 
 
@@ -115,3 +116,11 @@ def proxied(host: str, port: int) -> Iterator[TcpProxy]:
         yield proxy
     finally:
         proxy.close()
+
+
+def via(url: str, proxy: TcpProxy) -> str:
+    """``url`` (a database or Redis URL) pointed at ``proxy`` instead of its own host and port;
+    credentials, path and query kept."""
+    parts = urllib.parse.urlsplit(url)
+    auth = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{proxy.port}"))

@@ -23,6 +23,7 @@ served within T, and whether it is at least p - 0.05; the report adds a reliabil
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 from dataclasses import asdict, dataclass, replace
@@ -36,7 +37,8 @@ from benchmarks.progress import Progress
 from benchmarks.runner import Capacities
 from benchmarks.workloads import Workload, gsp
 from engines.sim import Engine, EngineConfig, SimRequest
-from engines.sim.driver import ArrivalQueue
+from engines.sim.driver import ArrivalQueue, run_virtual
+from engines.sim.engine import StepResult
 from market.mechanism.quotes import HISTORY_MAX, MIN_GROUP, WINDOW_S, Waited, bid_groups, quote
 from scheduler_bridge.contract.knobs import MarketKnobs
 
@@ -94,48 +96,47 @@ def calibrate(
     probes: dict[str, tuple[Cell, float]] = {}  # probe id -> its cell, its T
     cells: dict[tuple[float, float], Cell] = {}
     next_probe = first_probe
-    now = 0.0
-    n = 0
-    while queue or not engine.idle:
-        if next_probe <= now and next_probe <= last_probe:
-            # What the market's selector reads: served in the window, the newest HISTORY_MAX.
-            history = [w for at, w in served if at >= now - WINDOW_S][-HISTORY_MAX:]
-            if not cells and len(history) >= MIN_GROUP:  # the targets: from what was served
-                waits = [w.ttft_s for w in history]
-                for q in T_PERCENTILES:
-                    for p in PROBABILITIES:
-                        t = max(0.001, round(percentile(waits, q), 3))
-                        cells[(t, p)] = Cell(workload.name, load, t, p)
-            groups = bid_groups(history)
-            for (t, p), cell in cells.items():
-                cell.probes += 1
-                bid = quote(groups, ttft_s=t, p=p) if groups else None
-                if bid is None:
-                    continue
-                cell.quoted += 1
-                like = rng.choice(timed.requests)
-                n += 1
-                rid = f"probe-{n}"
-                probes[rid] = (cell, t)
-                engine.submit(SimRequest(rid, like.tokens, like.max_new_tokens, bid, now))
+    numbers = itertools.count(1)
+
+    def probe(now: float) -> None:
+        """Each cell's probe, bidding its quote from what was served by ``now``."""
+        # What the market's selector reads: served in the window, the newest HISTORY_MAX.
+        history = [w for at, w in served if at >= now - WINDOW_S][-HISTORY_MAX:]
+        if not cells and len(history) >= MIN_GROUP:  # the targets: from what was served
+            waits = [w.ttft_s for w in history]
+            for q in T_PERCENTILES:
+                for p in PROBABILITIES:
+                    t = max(0.001, round(percentile(waits, q), 3))
+                    cells[(t, p)] = Cell(workload.name, load, t, p)
+        groups = bid_groups(history)
+        for (t, p), cell in cells.items():
+            cell.probes += 1
+            bid = quote(groups, ttft_s=t, p=p) if groups else None
+            if bid is None:
+                continue
+            cell.quoted += 1
+            like = rng.choice(timed.requests)
+            rid = f"probe-{next(numbers)}"
+            probes[rid] = (cell, t)
+            engine.submit(SimRequest(rid, like.tokens, like.max_new_tokens, bid, now))
+
+    def stepped(result: StepResult) -> None:
+        nonlocal next_probe
+        if next_probe <= result.end and next_probe <= last_probe:
+            probe(result.end)
             next_probe += probe_every_s
-        for req in queue.pop_due(now):
-            engine.submit(req)
-        result = engine.step(now)
-        if result is None:
-            if not queue:
-                break
-            now = max(now, queue.next_time())
-            continue
-        now = result.end
-        for req in result.finished:
-            ttft = req.first_token_at - req.arrival
-            if req.id in probes:
-                cell, t = probes.pop(req.id)
-                cell.within += ttft <= t
-            else:
-                served.append((now, Waited(req.bid, ttft)))
-                progress.advance()
+
+    def finished(req: SimRequest) -> None:
+        assert req.first_token_at is not None and req.finished_at is not None
+        ttft = req.first_token_at - req.arrival
+        if req.id in probes:
+            cell, t = probes.pop(req.id)
+            cell.within += ttft <= t
+        else:
+            served.append((req.finished_at, Waited(req.bid, ttft)))
+            progress.advance()
+
+    run_virtual(engine, queue, on_step=stepped, on_finished=finished)
     return list(cells.values())
 
 

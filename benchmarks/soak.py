@@ -37,18 +37,11 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.faults import TcpProxy
+from benchmarks.faults import TcpProxy, via
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ("replica", "router", "worker", "redis", "postgres", "postgres-cut")
 METRICS_TOKEN = "soak-metrics"
-
-
-def _via(url: str, port: int) -> str:
-    """``url`` with its host and port replaced by the proxy's (credentials and path kept)."""
-    parts = urllib.parse.urlsplit(url)
-    auth = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}"))
 
 
 def _proxy_to(url: str, default_port: int) -> TcpProxy:
@@ -167,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     pg, redis_proxy = _proxy_to(database_url, 5432), _proxy_to(redis_url, 6379)
     env = {
         **os.environ,
-        "DATABASE_URL": _via(database_url, pg.port),
-        "REDIS_URL": _via(redis_url, redis_proxy.port),
+        "DATABASE_URL": via(database_url, pg),
+        "REDIS_URL": via(redis_url, redis_proxy),
         "METRICS_TOKEN": METRICS_TOKEN,
     }
     base = f"http://127.0.0.1:{opts.port}"

@@ -37,6 +37,7 @@ from accounts.models import (
 )
 from accounts.selectors.ledger_check import ledger_check
 from benchmarks.faults import TcpProxy, proxied
+from benchmarks.faults import via as faults_via
 from config.celery import app as celery_app
 from market.live.send import group_send_many
 from market.payloads import market_group
@@ -171,15 +172,6 @@ def postgres_proxy() -> TcpProxy:
         yield proxy
 
 
-def _via(url: str, port: int) -> str:
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    host = f"127.0.0.1:{port}"
-    return urllib.parse.urlunsplit(
-        parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host)
-    )
-
-
 @pytest.mark.parametrize("fault", ["stopped", "connections cut"])
 def test_postgres_outage_under_load_is_503_never_500_and_the_ledger_holds(
     fault, postgres_proxy, sim, tmp_path: Path
@@ -189,7 +181,7 @@ def test_postgres_outage_under_load_is_503_never_500_and_the_ledger_holds(
     worker waits for tasks, both through the proxy."""
     market = market_create(engine_url=sim.url)
     program = program_create("outage", budget="1000")
-    via = _via(_database_url(), postgres_proxy.port)
+    via = faults_via(_database_url(), postgres_proxy)
     with (
         celery_worker(tmp_path, env={"DATABASE_URL": via}) as worker,
         uvicorn_served(tmp_path, DATABASE_URL=via) as base,
@@ -244,12 +236,6 @@ async def _published(base: str, slug: str, cookie: str) -> dict:
                 await asyncio.sleep(1.0)
 
 
-def _redis_url_via(port: int) -> str:
-    parts = urllib.parse.urlsplit(settings.REDIS_URL)
-    auth = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}"))
-
-
 @pytest.mark.redis
 def test_redis_outage_loses_no_money_and_everything_comes_back(
     start_sim, unique_slug, tmp_path: Path, client
@@ -264,7 +250,7 @@ def test_redis_outage_loses_no_money_and_everything_comes_back(
     stream = f"{unique_slug}:rounds"
     url = urllib.parse.urlsplit(settings.REDIS_URL)
     with proxied(url.hostname or "127.0.0.1", url.port or 6379) as proxy:
-        via = _redis_url_via(proxy.port)
+        via = faults_via(settings.REDIS_URL, proxy)
         RedisControlStore(settings.REDIS_URL, unique_slug).write(now_state("fcfs", 0.0))
         sim = start_sim(
             market=unique_slug, redis_url=via, rounds_stream=stream, follow_control=True

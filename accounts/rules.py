@@ -19,7 +19,7 @@ between the two.
 ``max_tokens`` at the output price), which is known. The priority part is what the request is
 likely to be charged (:func:`priority_hold`): its effective bid x the market's **hold horizon**,
 the high quantile of what recent requests of the market were charged per $/s of effective bid
-(:func:`hold_horizon_s`: seconds, renewed by ``market.services.hold_horizon_renew``), at most
+(:func:`hold_horizon_s`: seconds, renewed by ``market.holds.hold_horizon_renew``), at most
 what the tenant consented to. A request charged more than its hold is still charged in full
 while the budget has room; only at a budget's edge may the rule below cut it.
 
@@ -60,7 +60,7 @@ from typing import Any
 
 from accounts.algebra import VALUES, Sql, Values
 from accounts.money import money, money_str
-from market.mechanism.pacing import high_quantile
+from mechanism.pacing import high_quantile
 
 X = Values | Sql  # the two readings of a rule
 

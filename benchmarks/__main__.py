@@ -24,9 +24,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from engines.contract.knobs import MarketKnobs
 from engines.sim import settings_split
-from market.mechanism import POLICIES
-from scheduler_bridge.contract.knobs import MarketKnobs
+from mechanism import POLICIES
 
 from . import html as html_report
 from .bids import BID_DISTRIBUTIONS, BidSpec

@@ -17,7 +17,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from market.mechanism import MAX_BID
+from mechanism import MAX_BID
 
 BID_DISTRIBUTIONS = ("two-class", "constant", "uniform", "lognormal")
 URGENT_SHARE = 0.2  # two-class: the share of urgent requests

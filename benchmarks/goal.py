@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from market.mechanism import BID_POLICIES
+from mechanism import BID_POLICIES
 
 from .metrics import PolicyMetrics
 from .runner import Point

@@ -105,8 +105,8 @@ async def run_rule(
     from accounts.selectors import budget_status  # noqa: PLC0415
     from accounts.selectors.collection import collection  # noqa: PLC0415
     from accounts.services import api_key_create, budget_set, tenant_ensure  # noqa: PLC0415
+    from market.holds import hold_horizon_renew  # noqa: PLC0415
     from market.models import Market  # noqa: PLC0415
-    from market.services import hold_horizon_renew  # noqa: PLC0415
     from openai_api.gateway.admission import Trace  # noqa: PLC0415
     from openai_api.gateway.errors import GatewayError  # noqa: PLC0415
     from openai_api.gateway.selectors import caches_clear  # noqa: PLC0415

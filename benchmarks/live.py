@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from scheduler_bridge.client import EngineClient, EngineError, generate_body
+from engines.client import EngineClient, EngineError, generate_body
 
 from .bids import BidSpec
 from .metrics import METRIC_KEYS, Served, summarize

@@ -1,7 +1,7 @@
 """What a run measured, per policy: latency, cache, throughput, welfare and revenue.
 
 Units: seconds, dollars, tokens. ``welfare`` is the realized welfare
-(``market.mechanism.welfare.realized_welfare``, DESIGN.md 4.3), -sum(bid x TTFT): the dollars of
+(``mechanism.welfare.realized_welfare``, DESIGN.md 4.3), -sum(bid x TTFT): the dollars of
 waiting the requests' owners lost, so it is negative and closer to 0 is better.
 Percentiles interpolate linearly between the closest ranks (numpy's default).
 """
@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
-from market.mechanism.welfare import realized_welfare
+from mechanism.welfare import realized_welfare
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class PolicyMetrics:
     mean_e2e_s: float
     cache_hit_rate: float
     throughput_tokens_per_s: float
-    welfare: float  # realized welfare, dollars (market.mechanism.welfare.realized_welfare)
+    welfare: float  # realized welfare, dollars (mechanism.welfare.realized_welfare)
     revenue: float
 
     def as_dict(self) -> dict[str, float]:

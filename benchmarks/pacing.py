@@ -20,7 +20,7 @@ budget, measured in the same environment (the same seed), for ``s`` in ``BUDGET_
 non-binding control. Pacing updates ``UPDATES`` times over the period and goes on, with nothing
 left to target, until the last charge settles.
 
-**The same safety rule for every strategy** (DESIGN.md 4.6, ``market.mechanism.pacing``, as the
+**The same safety rule for every strategy** (DESIGN.md 4.6, ``mechanism.pacing``, as the
 gateway and settlement run it live): a bid is ``safe_bid`` of the strategy's shaded value (the
 exposure reserve for the requests in flight), each priority charge is settled as at most what is
 left of the budget and at most the request's consent cap (bid x its wait bound). What the budget
@@ -54,9 +54,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
+from engines.contract.knobs import MarketKnobs
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
-from market.mechanism.pacing import (
+from mechanism.pacing import (
     DEFAULT_ETA0,
     DEFAULT_GRADIENT_CLIP,
     Exposure,
@@ -64,7 +65,6 @@ from market.mechanism.pacing import (
     mu_max_for,
     safe_bid,
 )
-from scheduler_bridge.contract.knobs import MarketKnobs
 
 from .progress import Progress
 from .workloads import gsp

@@ -8,7 +8,7 @@ For each workload with shared prefixes (SGLang's generated-shared-prefix one wit
 with zipf-popular groups) and each load (x the engine's measured capacity), the simulated
 engine serves the workload in virtual time under the product's default policy. Every
 ``--probe-every`` seconds after the first quarter of the arrivals, for each (T, p) asked, the
-quote is computed exactly as ``GET /v1/quotes`` computes it (``market.mechanism.quotes`` over
+quote is computed exactly as ``GET /v1/quotes`` computes it (``mechanism.quotes`` over
 the requests served in the last ``WINDOW_S`` seconds) and a probe request bidding it (the prompt
 of a random request of the workload, under a new id) is submitted; when it is served its time
 to first token is checked against T. The T asked are the 30th, 60th and 90th percentiles of the
@@ -36,11 +36,11 @@ from benchmarks.metrics import percentile
 from benchmarks.progress import Progress
 from benchmarks.runner import Capacities
 from benchmarks.workloads import Workload, gsp
+from engines.contract.knobs import MarketKnobs
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
 from engines.sim.engine import StepResult
-from market.mechanism.quotes import HISTORY_MAX, MIN_GROUP, WINDOW_S, Waited, bid_groups, quote
-from scheduler_bridge.contract.knobs import MarketKnobs
+from mechanism.quotes import HISTORY_MAX, MIN_GROUP, WINDOW_S, Waited, bid_groups, quote
 
 POLICY = "dfs-auction-density"  # the product's default (market.models.DEFAULT_POLICY; a test)
 PROBABILITIES = (0.5, 0.9)

@@ -46,11 +46,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from engines.client import EngineClient, EngineError, generate_body
+from engines.contract.tokenizer import Tokenizer
 from engines.router import Router, RouterOptions, free_ports
 from engines.sim import EngineConfig
-from market.mechanism import POLICIES
-from scheduler_bridge.client import EngineClient, EngineError, generate_body
-from scheduler_bridge.contract.tokenizer import Tokenizer
+from mechanism import POLICIES
 
 from .bids import BidSpec
 from .metrics import Served, mean, percentile, ratio, summarize

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from engines.contract.knobs import MarketKnobs
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
-from scheduler_bridge.contract.knobs import MarketKnobs
 
 from .metrics import PolicyMetrics, Served, summarize
 from .workloads import BenchRequest, Session, Workload

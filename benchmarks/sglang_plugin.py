@@ -124,9 +124,9 @@ class Contender:
     def __init__(self, name: str, slots: int) -> None:
         from sglang.srt.managers.schedule_policy import SchedulePolicy
 
+        from engines.contract.sinks import MemorySink
         from engines.sglang_plugin.config import PluginConfig
         from engines.sglang_plugin.policy import AuctionSchedulePolicy
-        from scheduler_bridge.contract.sinks import MemorySink
 
         self.name = name
         self.queue: list = []

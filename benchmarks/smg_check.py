@@ -29,8 +29,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from engines.client import EngineClient, EngineError, generate_body
 from engines.router import Router, RouterOptions, free_port
-from scheduler_bridge.client import EngineClient, EngineError, generate_body
 
 TENANT_TAG = "smg-check"
 PROMPT_TOKENS = 32

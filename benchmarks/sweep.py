@@ -26,8 +26,8 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
+from engines.contract.knobs import MarketKnobs
 from engines.sim import EngineConfig
-from scheduler_bridge.contract.knobs import MarketKnobs
 
 from .goal import Goal, point_goals
 from .runner import Capacities, Point, run_point

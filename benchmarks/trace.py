@@ -22,8 +22,8 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from market.mechanism import MAX_BID
-from scheduler_bridge.contract.tokenizer import Tokenizer
+from engines.contract.tokenizer import Tokenizer
+from mechanism import MAX_BID
 
 from .bids import classes_by_quantile
 from .workloads import BenchRequest, Workload, random_tokens

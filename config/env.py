@@ -17,7 +17,7 @@ Variables:
 - ``ALLOWED_HOSTS``: comma-separated host names.
 - ``SERVE_STATIC``: whether the ASGI app serves ``/static/`` itself. Unset: on.
 - ``ENGINE_CONNECT_TIMEOUT_S``, ``ENGINE_READ_TIMEOUT_S``, ``ENGINE_ANSWER_TIMEOUT_S``: the
-  engine client's waits (``scheduler_bridge.client``); ``LIVE_ACCESS_RECHECK_S``: how
+  engine client's waits (``engines.client``); ``LIVE_ACCESS_RECHECK_S``: how
   often an open websocket re-checks its user's access (``market.consumers``). Seconds > 0
   (:func:`env_seconds`); defaults in ``config.settings``.
 - ``GATEWAY_API_KEY_CACHE_S``, ``GATEWAY_MARKET_CACHE_S`` (seconds >= 0, 0: no caching),
@@ -29,7 +29,7 @@ Variables:
   ``STALE_REQUEST_S``: settlement, the console's push to engines and
   the periodic steps; defaults in ``config.settings``.
 - ``MARKET_CONTROL_DIR``: a directory where the market also writes each market's control state
-  as ``<slug>.json`` (``scheduler_bridge.contract.control``), for engines that follow a file
+  as ``<slug>.json`` (``engines.contract.control``), for engines that follow a file
   (the embedded mode without Redis). Unset: Redis only (when ``REDIS_URL`` is set).
 - ``METRICS_TOKEN``: the bearer token the gateway's ``/metrics`` asks for. Unset: ``/metrics``
   is off (403), so no deployment publishes its metrics by accident.

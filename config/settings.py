@@ -11,7 +11,7 @@ from pathlib import Path
 from celery.schedules import crontab
 
 from config import backends, env
-from scheduler_bridge.contract.records import DEFAULT_STREAM
+from engines.contract.records import DEFAULT_STREAM
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -89,11 +89,11 @@ ROUNDS_STREAM = env.env_text(os.environ, "ROUNDS_STREAM") or DEFAULT_STREAM
 AUTOBID_INTERVAL_S = env.env_seconds(os.environ, "AUTOBID_INTERVAL_S", default=10.0)
 # Sent as `Authorization: Bearer ...` to engines' /admin/market (market.engine_control).
 ENGINE_ADMIN_TOKEN = env.env_text(os.environ, "ENGINE_ADMIN_TOKEN")
-# The market's control store (scheduler_bridge.contract.control), which engines without an HTTP
+# The market's control store (engines.contract.control), which engines without an HTTP
 # control path (SGLang's plugin) follow: in Redis when REDIS_URL is set; also as a JSON file per
 # market in this directory when set (the embedded mode: <dir>/<market slug>.json).
 MARKET_CONTROL_DIR = env.env_text(os.environ, "MARKET_CONTROL_DIR")
-# The engine client's waits, seconds (scheduler_bridge.client explains them): connecting;
+# The engine client's waits, seconds (engines.client explains them): connecting;
 # silence (mid-answer: a failure; before the answer begins: then the engine's health is checked);
 # and the longest an answer may take to begin (a non-streamed one: the whole answer).
 ENGINE_CONNECT_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_CONNECT_TIMEOUT_S", default=3.0)
@@ -161,27 +161,27 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Engine status and token-charge spend ticks for the live consoles (market.live.periodic).
     "live-publish": {
-        "task": "scheduler_bridge.live_publish",
+        "task": "market.live_publish",
         "schedule": 1.0,
         "options": {"expires": 2.0, "ignore_result": True},
     },
     "autobidders-step": {
-        "task": "scheduler_bridge.autobidders_step",
+        "task": "accounts.autobidders_step",
         "schedule": AUTOBID_INTERVAL_S,
         "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
     },
     "hold-horizons": {
-        "task": "scheduler_bridge.hold_horizons_renew",
+        "task": "market.hold_horizons_renew",
         "schedule": AUTOBID_INTERVAL_S,
         "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
     },
     "holds-sweep": {
-        "task": "scheduler_bridge.holds_sweep",
+        "task": "accounts.holds_sweep",
         "schedule": 60.0,
         "options": {"expires": 60.0, "ignore_result": True},
     },
     "invoices-generate": {
-        "task": "scheduler_bridge.invoices_generate",
+        "task": "accounts.invoices_generate",
         "schedule": crontab(hour=0, minute=30),  # daily, 00:30 UTC
         "options": {"expires": 3600.0},
     },

@@ -6,7 +6,7 @@ The market does not route requests itself: its entry point is the gateway (or on
 the gateway picks a replica per request by its policy (``cache_aware`` keeps a prefix on the
 replica that has it cached while the load stays balanced; ``round_robin``, ``random``,
 ``power_of_two``). The bid travels through it as a field, ``sampling_params.custom_params``
-(``scheduler_bridge.contract.wire``): smg rebuilds the body from its own typed request and keeps
+(``engines.contract.wire``): smg rebuilds the body from its own typed request and keeps
 it. What the market sends to the replicas themselves (control, status) goes to each replica's
 own URL. smg finds each worker's engine by probing it (SGLang's ``/server_info`` and
 ``/model_info``, which the simulated engine serves) and watches its load on ``/v1/loads``.

@@ -1,7 +1,6 @@
 from django import forms
 from django.contrib import admin
 
-from market.mechanism import POLICIES
 from market.models import ControlChange, Market, Replica, ReserveChange
 from market.services import (
     engine_config_push_on_commit,
@@ -9,6 +8,7 @@ from market.services import (
     market_reserve_max_set,
     market_reserve_set,
 )
+from mechanism import POLICIES
 
 
 class ReserveChangeInline(admin.TabularInline):

@@ -17,7 +17,7 @@ from decimal import Decimal
 
 RESERVE_CONFIRM_FACTOR = Decimal(10)
 
-# One line per policy of the mechanism's registry (``market.mechanism.POLICIES``; DESIGN.md
+# One line per policy of the mechanism's registry (``mechanism.POLICIES``; DESIGN.md
 # 4.2), as the console's policy switch explains them.
 POLICY_DESCRIPTIONS: dict[str, str] = {
     "fcfs": "First come, first served: arrival order; bids buy nothing.",
@@ -79,7 +79,7 @@ def reserve_impact(
 ) -> ReserveImpact:
     """The impact of ``reserve`` against ``current`` ($/s) on a book given as, per engine, its
     waiting bids ($/s, ascending) and how many requests wait there. A bid buys priority when it
-    is at least the reserve (``market.mechanism.requests.effective_bid``)."""
+    is at least the reserve (``mechanism.requests.effective_bid``)."""
     waiting = below = below_now = 0
     exact = True
     for bids, queued in books:

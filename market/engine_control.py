@@ -1,15 +1,15 @@
 """Tell a market's engines its ordering policy and reserve price when an operator changes them.
 
 ``market.services`` enqueues ``market.tasks.engine_config_push_enqueue`` with
-``transaction.on_commit``; the Celery task ``scheduler_bridge.engine_config_push`` then, with
+``transaction.on_commit``; the Celery task ``market.engine_config_push`` then, with
 the market as it is when the task runs:
 
-1. writes the market's control state to the control store (``scheduler_bridge.contract.control``:
+1. writes the market's control state to the control store (``engines.contract.control``:
    the Redis key of the market when ``REDIS_URL`` is set, and ``<MARKET_CONTROL_DIR>/<slug>.json``
    when that is set). Engines that follow the store read it within their poll interval, and a
    replica that starts or restarts reads it first: the SGLang plugin does, since SGLang has no
    route for the market's control;
-2. sends ``{"policy", "reserve"}`` to the control path (``scheduler_bridge.contract.wire``:
+2. sends ``{"policy", "reserve"}`` to the control path (``engines.contract.wire``:
    ``POST <url>/admin/market``, applied from its next round; ``Authorization: Bearer
    ENGINE_ADMIN_TOKEN`` when that setting is set) of every engine of the market
    (``control_targets``: each enabled replica; a market without replicas, its entry point),
@@ -32,14 +32,14 @@ from typing import Literal
 
 from django.conf import settings
 
-from market.models import Market
-from scheduler_bridge.client import EngineRejected, EngineUnavailable, engine_client
-from scheduler_bridge.contract.control import (
+from engines.client import EngineRejected, EngineUnavailable, engine_client
+from engines.contract.control import (
     ControlStore,
     FileControlStore,
     RedisControlStore,
     now_state,
 )
+from market.models import Market
 
 logger = logging.getLogger(__name__)
 

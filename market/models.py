@@ -12,7 +12,7 @@ from django.db import models
 
 from accounts.money import MoneyField
 from accounts.rules import HOLD_HORIZON_PRIOR_S
-from market.mechanism import POLICIES
+from mechanism import POLICIES
 
 DEFAULT_POLICY = "dfs-auction-density"
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
@@ -21,7 +21,7 @@ DEFAULT_RESERVE_MAX = Decimal("1.000000000")  # $/s: far above the demo's bids (
 
 
 def policy_known(value: str) -> None:
-    """A market's policy is a name in the mechanism's registry (``market.mechanism.POLICIES``):
+    """A market's policy is a name in the mechanism's registry (``mechanism.POLICIES``):
     checked against the registry as it is, so a new policy needs no migration."""
     if value not in POLICIES:
         raise ValidationError(

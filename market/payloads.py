@@ -118,7 +118,7 @@ class RoundResult(TypedDict):
     rounds: int  # rounds summarized
     admitted: int  # requests admitted in them
     revenue: float  # dollars: their priority charges, as the engine priced them
-    welfare: float  # dollars: planned welfare (market.mechanism.welfare.planned_welfare)
+    welfare: float  # dollars: planned welfare (mechanism.welfare.planned_welfare)
     waiting: int  # requests waiting when the last round cleared
     policy: str  # the last round's policy
     reserve: float  # $/s, the reserve the last round used (a new one shows here once applied)

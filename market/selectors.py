@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from accounts.models import ChargeKind, LedgerEntry, Request, RequestStatus
 from accounts.money import ZERO
-from market.mechanism.quotes import HISTORY_MAX, WINDOW_S, Waited
-from market.mechanism.requests import effective_bid
 from market.models import ControlChange, Market, ReserveChange
+from mechanism.quotes import HISTORY_MAX, WINDOW_S, Waited
+from mechanism.requests import effective_bid
 
 
 def markets_active() -> QuerySet[Market]:
@@ -69,7 +69,7 @@ class MinuteRevenue:
     minute: datetime  # start of the minute, UTC
     priority: Decimal  # dollars of priority charges settled in it
     tokens: Decimal  # dollars of token charges
-    welfare: float  # planned welfare, dollars (market.mechanism.welfare.planned_welfare)
+    welfare: float  # planned welfare, dollars (mechanism.welfare.planned_welfare)
     requests: int  # requests whose priority charge settled in it
 
 
@@ -77,7 +77,7 @@ def revenue_per_minute(
     *, market: Market, minutes: int = 60, now: datetime | None = None
 ) -> list[MinuteRevenue]:
     """The last ``minutes`` minutes of ``market`` (the current one last), zero-filled, from the
-    ledger. Welfare is the planned welfare (``market.mechanism.welfare.planned_welfare``) of the
+    ledger. Welfare is the planned welfare (``mechanism.welfare.planned_welfare``) of the
     priority entries, summed in the database from their detail (DESIGN.md 4.3)."""
     if minutes < 1:
         raise ValueError("minutes must be at least 1")

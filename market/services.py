@@ -9,13 +9,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.models import ChargeKind, LedgerEntry
 from accounts.money import money_exact
-from accounts.rules import HOLD_WINDOW, hold_horizon_s
-from market.mechanism import MAX_BID
-from market.mechanism.policies import policy_checked
 from market.models import ControlChange, Market, Replica, ReserveChange
 from market.tasks import engine_config_push_enqueue
+from mechanism import MAX_BID
+from mechanism.policies import policy_checked
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +78,7 @@ def market_policy_set(
     user: AbstractBaseUser | None,
     now: datetime | None = None,
 ) -> str | None:
-    """Set ``market``'s ordering policy (a name in ``market.mechanism.POLICIES``).
+    """Set ``market``'s ordering policy (a name in ``mechanism.POLICIES``).
 
     ValueError for an unknown name. Returns the old policy, or None when it already had this
     one (nothing written). The change is audited (``ControlChange``: who, when, old and new)
@@ -233,32 +231,3 @@ def market_ensure(*, spec: MarketSpec) -> Market:
 def market_demo_seed() -> Market:
     """The demo market ``make run`` starts with. Idempotent."""
     return market_ensure(spec=DEMO_MARKET)
-
-
-def hold_horizon_renew(*, market: Market, **rule: float) -> float:
-    """Renew the market's hold horizon (seconds) from its last priced requests: what each was
-    charged (uncut) per $/s of effective bid (``accounts.rules.hold_horizon_s``; ``rule``: its
-    margin or floor, for the benchmark's alternatives)."""
-    rows = (
-        LedgerEntry.objects.filter(market=market, kind=ChargeKind.PRIORITY)
-        .order_by("-created_at", "-id")
-        .values_list("amount", "detail")[:HOLD_WINDOW]
-    )
-    charged_s = []
-    for amount, detail in rows:
-        effective = detail.get("effective_bid")
-        if isinstance(effective, int | float) and effective > 0:
-            charged_s.append(float(Decimal(detail.get("uncapped", amount))) / effective)
-    horizon = hold_horizon_s(charged_s, max_wait_s=market.max_wait_s, **rule)
-    if horizon != market.hold_horizon_s:
-        Market.objects.filter(pk=market.pk).update(hold_horizon_s=horizon)
-        market.hold_horizon_s = horizon
-    return horizon
-
-
-def hold_horizons_renew() -> int:
-    """Renew every active market's hold horizon (the periodic step); how many markets."""
-    markets = list(Market.objects.filter(is_active=True))
-    for market in markets:
-        hold_horizon_renew(market=market)
-    return len(markets)

@@ -1,20 +1,24 @@
-"""The market's Celery task: ``engine_config_push``, queued by ``market.services`` (through
-:func:`engine_config_push_enqueue`) when an operator changes a market's reserve or policy."""
+"""The market's Celery tasks: ``engine_config_push``, queued by ``market.services`` (through
+:func:`engine_config_push_enqueue`) when an operator changes a market's reserve or policy; and
+what celery beat drives (``CELERY_BEAT_SCHEDULE`` in ``config.settings``): ``live_publish``
+every second, ``hold_horizons_renew`` every ``AUTOBID_INTERVAL_S`` seconds."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from celery import Task, shared_task
 
-from market import engine_control
+from market import engine_control, holds
+from market.live.periodic import live_tick
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(
     bind=True,
-    name="scheduler_bridge.engine_config_push",
+    name="market.engine_config_push",
     acks_late=True,
     reject_on_worker_lost=True,
     max_retries=engine_control.MAX_RETRIES,
@@ -49,3 +53,17 @@ def engine_config_push_enqueue(*, market_id: int) -> None:
         engine_config_push.delay(market_id=market_id)
     except Exception:
         logger.exception("engine config: could not queue the push for market %s", market_id)
+
+
+@shared_task(name="market.live_publish", ignore_result=True)
+def live_publish() -> dict[str, Any]:
+    """Engine status of every open market and spend ticks of the tenants charged just now, to
+    the consoles' websocket groups (beat: every second). See ``market.live.periodic``."""
+    return live_tick().as_dict()
+
+
+@shared_task(name="market.hold_horizons_renew", ignore_result=True)
+def hold_horizons_renew() -> int:
+    """Renew every active market's hold horizon from its recent charges (beat: every
+    ``AUTOBID_INTERVAL_S``, beside the pacing steps); how many markets."""
+    return holds.hold_horizons_renew()

@@ -37,7 +37,6 @@ from market.controls import (
 from market.live.book import book_reserve_impact, book_snapshot
 from market.live.engine_status import engine_chart, engine_status_last
 from market.live.spend import tenant_spend_now
-from market.mechanism import POLICIES
 from market.models import Market
 from market.selectors import (
     control_changes_for_market,
@@ -53,6 +52,7 @@ from market.services import (
     market_reserve_set,
 )
 from market.templatetags.units import rate
+from mechanism import POLICIES
 
 View = Callable[..., HttpResponse]
 REVENUE_MINUTES = 60

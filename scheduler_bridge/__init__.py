@@ -1,10 +1,7 @@
-"""The bridge between the market and its engines.
+"""The Celery bridge that takes the engines' round records into the market.
 
-- ``contract`` (Django-free): what both engines implement and the Django side reads: the round
-  records' schema and their one writer, the simulated engine's tokenizer;
-- ``client`` (Django-free): the one client of an engine's HTTP API;
-- ``settlement`` (Django): round records from the engines' Redis stream or JSONL file, taken
-  and published to the live consoles (they move no money), and the periodic steps (pacing,
-  invoices);
-- ``tasks``: their Celery tasks; ``management``: ``manage.py rounds_consume``.
+- ``settlement``: round records from the engines' Redis stream or JSONL file, checked and
+  published to the live consoles (they move no money: the gateway settles each request);
+- ``tasks``: its Celery tasks (``rounds_consume``, ``ping``) and the forwards of the task names
+  that moved to their packages; ``management``: ``manage.py rounds_consume``.
 """

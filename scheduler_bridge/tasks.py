@@ -1,25 +1,21 @@
-"""Celery tasks. Thin wrappers: the work belongs in services.
+"""The bridge's Celery tasks: ``rounds_consume`` (celery beat: every second; see
+``CELERY_BEAT_SCHEDULE`` in ``config.settings``) and ``ping``. Thin wrappers: the work belongs
+in ``settlement``.
 
-Scheduled by celery beat (``celery -A config beat``; ``CELERY_BEAT_SCHEDULE`` in
-``config.settings``): ``rounds_consume`` every second, ``autobidders_step`` and
-``hold_horizons_renew`` every ``AUTOBID_INTERVAL_S`` seconds, ``holds_sweep`` every minute,
-``invoices_generate`` daily. The other apps' tasks are theirs: ``market.tasks`` (a market's
-policy and reserve pushed to its engine) and ``openai_api.batches.tasks`` (batch runs).
+Each package names its own tasks (``accounts.tasks``, ``market.tasks``,
+``openai_api.batches.tasks``). Some of them were once named ``scheduler_bridge.*``: messages
+queued under those names before an upgrade are forwarded to the new names (:data:`RENAMED`)
+until the queues have drained.
 """
 
 import logging
 import os
 import socket
-from dataclasses import asdict
 from typing import Any, TypedDict
 
 from celery import Task, shared_task
 from django.conf import settings
 
-from accounts.services import settlement
-from market import services as market_services
-from market.live.periodic import live_tick
-from scheduler_bridge.settlement import periodic
 from scheduler_bridge.settlement import stream as rounds
 
 logger = logging.getLogger(__name__)
@@ -43,7 +39,7 @@ def ping(self: Task) -> PingResult:
     }
 
 
-# --- round records, pacing, invoices (thin wrappers over services) ---------------------------
+# --- round records ---------------------------------------------------------------------------
 
 
 @shared_task(
@@ -96,35 +92,32 @@ def rounds_consume(
     return stats.as_dict()
 
 
-@shared_task(name="scheduler_bridge.live_publish", ignore_result=True)
-def live_publish() -> dict[str, Any]:
-    """Engine status of every open market and spend ticks of the tenants charged just now, to
-    the consoles' websocket groups (beat: every second). See ``market.live.periodic``."""
-    return live_tick().as_dict()
+# --- names of tasks that moved to their packages -------------------------------------------
+
+# Old name -> the name the task has now. A release after the one that renamed them can drop this.
+RENAMED = {
+    "scheduler_bridge.live_publish": "market.live_publish",
+    "scheduler_bridge.hold_horizons_renew": "market.hold_horizons_renew",
+    "scheduler_bridge.engine_config_push": "market.engine_config_push",
+    "scheduler_bridge.autobidders_step": "accounts.autobidders_step",
+    "scheduler_bridge.holds_sweep": "accounts.holds_sweep",
+    "scheduler_bridge.invoices_generate": "accounts.invoices_generate",
+    "scheduler_bridge.batch_run": "openai_api.batch_run",
+}
 
 
-@shared_task(bind=True, name="scheduler_bridge.autobidders_step", acks_late=True)
-def autobidders_step(self: Task, *, interval_s: float | None = None) -> dict[str, Any]:
-    """One pacing step for each enabled autobidder that is due (beat: every AUTOBID_INTERVAL_S)."""
-    interval = interval_s if interval_s is not None else settings.AUTOBID_INTERVAL_S
-    return periodic.autobidders_step_due(interval_s=interval).as_dict()
+def _forward(old: str, new: str) -> Task:
+    """A task under the ``old`` name that queues its message again under ``new``, on the queue
+    it came from; it answers the id of the forwarded task."""
+
+    @shared_task(bind=True, name=old, acks_late=True, reject_on_worker_lost=True)
+    def forwarded(self: Task, *args: Any, **kwargs: Any) -> str:
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        logger.info("celery: %s queued under its old name, forwarded to %s", old, new)
+        sent = self.app.send_task(new, args=args, kwargs=kwargs, queue=queue)
+        return str(sent.id)
+
+    return forwarded
 
 
-@shared_task(name="scheduler_bridge.hold_horizons_renew", ignore_result=True)
-def hold_horizons_renew() -> int:
-    """Renew every active market's hold horizon from its recent charges (beat: every
-    ``AUTOBID_INTERVAL_S``, beside the pacing steps); how many markets."""
-    return market_services.hold_horizons_renew()
-
-
-@shared_task(name="scheduler_bridge.holds_sweep", ignore_result=True)
-def holds_sweep() -> dict[str, Any]:
-    """Close what a lost gateway left open: requests still queued long after any request is
-    served, failed uncharged (beat: every minute)."""
-    return asdict(settlement.holds_sweep(stale_after_s=settings.STALE_REQUEST_S))
-
-
-@shared_task(bind=True, name="scheduler_bridge.invoices_generate", acks_late=True)
-def invoices_generate(self: Task) -> dict[str, Any]:
-    """The previous UTC month's invoices where missing (beat: daily)."""
-    return periodic.invoices_generate_previous_month().as_dict()
+FORWARDS = {old: _forward(old, new) for old, new in RENAMED.items()}

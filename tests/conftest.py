@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from engines.contract.wire import ADMIN_TOKEN_ENV
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
-from scheduler_bridge.contract.wire import ADMIN_TOKEN_ENV
 from tests import ci_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ class DaphneThread:
     def stop(self) -> None:
         import asyncio
 
-        from scheduler_bridge.client import engine_client
+        from engines.client import engine_client
 
         # Close the engine client's pooled connections on the server's loop while it runs.
         closing = asyncio.run_coroutine_threadsafe(engine_client().aclose(), self.loop)

@@ -4,7 +4,7 @@ The autobidder bids for the tenant's requests that carry no explicit bid: value 
 the request's class, capped so that the worst case (bid x max_wait_s) fits what is left of its
 budget. Its budget covers the priority charges of the requests it bid for; a periodic task
 (``autobidder_step``) moves mu by one gradient step per interval. The pacing itself is
-``market.mechanism.pacing.PacingAgent``; this model only stores its state between steps.
+``mechanism.pacing.PacingAgent``; this model only stores its state between steps.
 """
 
 from datetime import datetime

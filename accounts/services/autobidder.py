@@ -7,7 +7,7 @@ budgets, nothing resets by a job. Bids are quantized to whole nano-dollars per s
 money rule.
 
 **The safety rule** (DESIGN.md 4.6; the benchmark runs the same functions,
-``market.mechanism.pacing``): settlement writes each priority charge of an autobid request as at
+``mechanism.pacing``): settlement writes each priority charge of an autobid request as at
 most what is left of the autobidder's budget, with its row locked (``accounts.ledger``), so the
 budget is never overspent however many requests are in flight. Here, the bid keeps an exposure
 reserve: the exposure factor (a high quantile of charge / worst case over recent requests) times
@@ -46,7 +46,7 @@ from accounts.money import QUANTUM as TICK
 from accounts.money import ZERO, money, money_exact
 from accounts.rules import AUTOBIDDER_BUDGET
 from accounts.windows import window_for
-from market.mechanism.pacing import (
+from mechanism.pacing import (
     DEFAULT_ETA0,
     EXPOSURE_WINDOW,
     PacingAgent,

@@ -14,7 +14,7 @@ the loader applies them:
 Which policy runs, and where round records go: ``config`` (env ``MARKET_POLICY``, or a JSON file
 named by ``MARKET_PLUGIN_CONFIG``). With neither set, SGLang runs exactly as without the plugin.
 Install with ``pip install '.[sglang]'`` next to SGLang; a request's bid ($/s of waiting) is
-read as the engine contract says (``scheduler_bridge.contract.wire``:
+read as the engine contract says (``engines.contract.wire``:
 ``sampling_params.custom_params["bid"]``, which SGLang's model gateway keeps), and its answer's
 ``meta_info`` carries the auction's fields through SGLang's ``customized_info``.
 """

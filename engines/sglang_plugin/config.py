@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from market.mechanism import BID_POLICIES, DEFAULT_TOKENS_PER_SECOND
-from scheduler_bridge.contract.knobs import KNOB_NAMES, MarketKnobs, split_knobs
+from engines.contract.knobs import KNOB_NAMES, MarketKnobs, split_knobs
+from mechanism import BID_POLICIES, DEFAULT_TOKENS_PER_SECOND
 
 # The policies the plugin adds to SGLang; the others are SGLang's and run as SGLang runs them.
 MARKET_POLICIES = tuple(sorted(BID_POLICIES))
@@ -48,7 +48,7 @@ class PluginConfig:
     redis_url: str | None = None  # None: no Redis; records are kept in memory only
     rounds_jsonl: str | None = None  # without Redis: append the records to this file
     record_queue_size: int = 1000  # records waiting for Redis before new ones are dropped
-    # The market's control store (``scheduler_bridge.contract.control``): the policy and reserve
+    # The market's control store (``engines.contract.control``): the policy and reserve
     # the console sets, read at start and every ``control_poll_s`` seconds; the file when given,
     # else the Redis key of ``redis_url``. ``follow_control`` False: the config's values stay.
     follow_control: bool = True

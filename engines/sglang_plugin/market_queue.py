@@ -1,6 +1,6 @@
 """The market's view of one SGLang scheduler's waiting queue.
 
-``MarketQueue`` keeps a ``market.mechanism.RequestTree`` in step with the scheduler's
+``MarketQueue`` keeps a ``mechanism.RequestTree`` in step with the scheduler's
 ``waiting_queue`` (a list of SGLang ``Req`` that SGLang appends to and admits from):
 
 - ``order(waiting_queue)`` (one call per prefill attempt, from ``calc_priority``) diffs the queue
@@ -38,17 +38,17 @@ from sglang.srt.managers.schedule_policy import (
 )
 from sglang.srt.mem_cache.common import match_kv_cache, touch_waiting_prefix
 
-from market.mechanism import (
+from engines.contract.control import ControlFollower, ControlState
+from engines.contract.records import RoundRecord, auction_fields
+from engines.contract.wire import CUSTOM_PARAMS, AuctionParams, auction_read
+from engines.contract.writer import AdmittedInfo, RoundRecorder
+from mechanism import (
     DFS_AUCTIONS,
     Clearing,
     RequestTree,
     WaitingRequest,
     clear_tree,
 )
-from scheduler_bridge.contract.control import ControlFollower, ControlState
-from scheduler_bridge.contract.records import RoundRecord, auction_fields
-from scheduler_bridge.contract.wire import CUSTOM_PARAMS, AuctionParams, auction_read
-from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder
 
 from . import cache_tracking, metrics
 from .config import MARKET_POLICIES, PluginConfig

@@ -3,7 +3,7 @@
 ``AuctionSchedulePolicy`` replaces ``sglang.srt.managers.schedule_policy.SchedulePolicy``
 (``register`` in ``__init__``). With one of the market's policies configured
 (``config.MARKET_POLICIES``) its ``calc_priority`` orders the waiting queue as
-``market.mechanism.clear_tree`` orders it, on a request tree it keeps in step with the queue
+``mechanism.clear_tree`` orders it, on a request tree it keeps in step with the queue
 (``market_queue.MarketQueue``). Otherwise every method is SGLang's own.
 
 The hooks on SGLang's ``Scheduler``:
@@ -25,9 +25,9 @@ from typing import Any
 import sglang.srt.managers.schedule_policy as sglang_policy
 from sglang.srt.managers.schedule_batch import NextBatchPlan, Req, ScheduleBatch
 
-from scheduler_bridge.contract.control import ControlFollower, follower_for
-from scheduler_bridge.contract.sinks import sink_for
-from scheduler_bridge.contract.writer import RoundRecorder, token_label, tokenizer_label
+from engines.contract.control import ControlFollower, follower_for
+from engines.contract.sinks import sink_for
+from engines.contract.writer import RoundRecorder, token_label, tokenizer_label
 
 from . import metrics
 from .config import PluginConfig, config_from_env

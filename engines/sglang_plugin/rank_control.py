@@ -19,7 +19,7 @@ from typing import Any
 
 from sglang.srt.utils.common import broadcast_pyobj
 
-from scheduler_bridge.contract.control import ControlFollower, ControlState
+from engines.contract.control import ControlFollower, ControlState
 
 DEFAULT_EVERY = 16  # rounds between two broadcasts
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler_bridge.contract.knobs import KNOB_NAMES, MarketKnobs, assigned
+from engines.contract.knobs import KNOB_NAMES, MarketKnobs, assigned
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from market.mechanism import (
+from engines.contract.control import ControlFollower
+from engines.contract.knobs import MarketKnobs
+from engines.contract.records import RoundRecord, auction_fields
+from engines.contract.tokenizer import VOCAB
+from engines.contract.writer import AdmittedInfo, RoundRecorder, token_label
+from mechanism import (
     DFS_AUCTIONS,
     RequestTree,
     WaitingRequest,
     clear_tree,
 )
-from market.mechanism.policies import policy_checked
-from scheduler_bridge.contract.control import ControlFollower
-from scheduler_bridge.contract.knobs import MarketKnobs
-from scheduler_bridge.contract.records import RoundRecord, auction_fields
-from scheduler_bridge.contract.tokenizer import VOCAB
-from scheduler_bridge.contract.writer import AdmittedInfo, RoundRecorder, token_label
+from mechanism.policies import policy_checked
 
 from .config import EngineConfig
 from .kvcache import KVCache, KVNode

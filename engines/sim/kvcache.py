@@ -15,7 +15,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
-from market.mechanism.tree import common_len
+from mechanism.tree import common_len
 
 
 class KVNode:

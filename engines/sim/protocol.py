@@ -4,7 +4,7 @@
 ``text`` or ``input_ids``, ``sampling_params`` (``max_new_tokens``, default 128;
 ``custom_params``; other sampling parameters are type-checked loosely and otherwise ignored),
 ``stream`` and ``rid``. The bid ($/s of waiting) and the tenant's tag are read as the engine
-contract says (``scheduler_bridge.contract.wire.auction_read``: ``custom_params.bid``, default 0,
+contract says (``engines.contract.wire.auction_read``: ``custom_params.bid``, default 0,
 and ``custom_params.tenant``); the request's id is the rid.
 
 Errors are JSON ``{"error": {"message", "type", "code", "param"}}``: SGLang's own ``/generate``
@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from scheduler_bridge.contract.wire import CUSTOM_PARAMS, BidError, auction_read
+from engines.contract.wire import CUSTOM_PARAMS, BidError, auction_read
 
 from .engine import SimRequest
 

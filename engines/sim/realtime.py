@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from scheduler_bridge.contract.records import RoundRecord
-from scheduler_bridge.contract.sinks import FanoutSink
+from engines.contract.records import RoundRecord
+from engines.contract.sinks import FanoutSink
 
 from .engine import Engine, SimRequest, StepResult
 

@@ -12,7 +12,7 @@ Endpoints: ``POST /generate`` (protocol.py), ``GET /health``, ``GET /health_gene
 an admin token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the
 market's push sends; send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round
 records go to an in-process callback list, a JSONL file and/or a Redis stream (the contract's
-sinks, ``scheduler_bridge.contract.sinks``).
+sinks, ``engines.contract.sinks``).
 """
 
 from __future__ import annotations
@@ -30,26 +30,26 @@ from typing import Any
 
 from aiohttp import web
 
-from market.mechanism import POLICIES
-from scheduler_bridge.contract.control import follower_for
-from scheduler_bridge.contract.knobs import MarketKnobs, split_knobs
-from scheduler_bridge.contract.records import DEFAULT_STREAM
-from scheduler_bridge.contract.sinks import (
+from engines.contract.control import follower_for
+from engines.contract.knobs import MarketKnobs, split_knobs
+from engines.contract.records import DEFAULT_STREAM
+from engines.contract.sinks import (
     CallbackSink,
     FanoutSink,
     JsonlSink,
     RedisStreamSink,
     Sink,
 )
-from scheduler_bridge.contract.tokenizer import NAME as TOKENIZER_NAME
-from scheduler_bridge.contract.tokenizer import default_tokenizer
-from scheduler_bridge.contract.wire import (
+from engines.contract.tokenizer import NAME as TOKENIZER_NAME
+from engines.contract.tokenizer import default_tokenizer
+from engines.contract.wire import (
     ADMIN_TOKEN_ENV,
     CONTROL_PATH,
     ControlError,
     admin_token_from_env,
     control_read,
 )
+from mechanism import POLICIES
 
 from .config import settings_split
 from .engine import Engine
@@ -100,7 +100,7 @@ class ServerOptions:
     max_queue: int = DEFAULT_MAX_QUEUE
     admin_token: str | None = None
     engine_id: str | None = None  # default "sim@HOST:PORT"
-    # Follow the market's control store (scheduler_bridge.contract.control) as SGLang's plugin
+    # Follow the market's control store (engines.contract.control) as SGLang's plugin
     # does: the file when given, else the Redis key of the market at redis_url.
     follow_control: bool = False
     control_file: str | None = None

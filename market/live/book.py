@@ -1,6 +1,6 @@
 """The live order book: rows from round records, keyed diffs, and the last published state.
 
-A round record's ``subtrees`` (``scheduler_bridge.contract.records.SubtreeSummary``) is the waiting
+A round record's ``subtrees`` (``engines.contract.records.SubtreeSummary``) is the waiting
 queue aggregated by prefix subtree, at most every ``book_interval_s`` of the engine; a record
 without them says nothing about the book (the previous one stands), unless its round admitted every
 waiting request: then the queue is empty.
@@ -35,10 +35,10 @@ from typing import Any, TypedDict
 from django.core.cache import cache
 
 from accounts.models import Tenant
+from engines.contract.records import RoundRecord
 from market.controls import ReserveImpact, reserve_impact
 from market.live.send import group_send
 from market.payloads import BookDiff, BookRow, BookSnapshot, market_group
-from scheduler_bridge.contract.records import RoundRecord
 
 logger = logging.getLogger(__name__)
 

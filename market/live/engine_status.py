@@ -21,8 +21,8 @@ from typing import TypedDict
 from django.core.cache import cache
 from prometheus_client.parser import text_string_to_metric_families
 
+from engines.client import EngineError, engine_client
 from market.payloads import EngineStatus, ReplicaStatus
-from scheduler_bridge.client import EngineError, engine_client
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The once-a-second live work: engine status, spend of token charges, idle books.
 
-:func:`live_tick` is what celery beat runs every second (``scheduler_bridge.live_publish``) with
+:func:`live_tick` is what celery beat runs every second (``market.live_publish``) with
 Redis, and what :mod:`config.embedded` runs in the web process without it:
 
 - scrape each active market's engine ``/metrics`` and send its :class:`EngineStatus`; an engine

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from accounts.models import Request
+from engines.contract.records import RoundRecord
 from market.live.book import MIN_INTERVAL_S, book_publish, book_rows
 from market.live.send import group_send_many
 from market.live.spend import spend_ticks_publish
-from market.mechanism.welfare import planned_welfare
 from market.payloads import BookRow, Payload, RoundResult, market_group
-from scheduler_bridge.contract.records import RoundRecord
+from mechanism.welfare import planned_welfare
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class _Results:
     rounds: int = 0
     admitted: int = 0
     revenue: float = 0.0
-    welfare: float = 0.0  # planned welfare of the admitted requests (market.mechanism.welfare)
+    welfare: float = 0.0  # planned welfare of the admitted requests (mechanism.welfare)
     last: RoundRecord | None = None
 
     def add(self, record: RoundRecord) -> None:

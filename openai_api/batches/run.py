@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from accounts.models import ApiKey, Request, RequestStatus
 from accounts.services import request_fail
+from engines.client import engine_client
 from openai_api.batches.input import body_params
 from openai_api.batches.services import batch_finished, batch_started, item_finished
 from openai_api.gateway import admission, services
@@ -50,7 +51,6 @@ from openai_api.gateway.db import db_call
 from openai_api.gateway.errors import EngineBusy, GatewayError, InvalidApiKey, ServerError
 from openai_api.gateway.validation import CompletionParams
 from openai_api.models import BatchItem, BatchJob, ItemStatus
-from scheduler_bridge.client import engine_client
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from openai_api.batches import run as batches_run
 
 @shared_task(
     bind=True,
-    name="scheduler_bridge.batch_run",  # the name queued messages carry; kept from before the move
+    name="openai_api.batch_run",
     acks_late=True,  # a worker that dies mid-batch leaves the message to be redelivered
     reject_on_worker_lost=True,
 )

@@ -1,7 +1,7 @@
 """The tenant-facing, OpenAI-compatible gateway (DESIGN.md 2 and 7).
 
 ``views`` (HTTP, thin) -> ``validation`` (the body, the bid, the headers) -> ``services`` (admit,
-forward through ``scheduler_bridge.client``, settle) with ``keys`` (API keys, cached),
+forward through ``engines.client``, settle) with ``keys`` (API keys, cached),
 ``selectors`` (markets), ``chat_templates`` (prompts and their token counts), ``responses``
 (OpenAI's shapes plus the ``auction`` object), ``errors`` (OpenAI-style error bodies),
 ``metrics`` (Prometheus) and ``db`` (the database threads). ``asgi`` serves ``/v1/`` without the

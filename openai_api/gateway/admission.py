@@ -25,8 +25,8 @@ from accounts.money import ZERO, money, per_million
 from accounts.rules import priority_hold
 from accounts.services import BudgetExhausted, request_fail, request_open
 from accounts.services.autobidder import autobid, autobid_admission, autobids
-from market.mechanism.requests import effective_bid
 from market.models import Market
+from mechanism.requests import effective_bid
 from openai_api.gateway import metrics
 from openai_api.gateway.chat_templates import Prompt, chat_template
 from openai_api.gateway.db import db_call, db_call_retried, detached

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engines.contract.tokenizer import default_tokenizer
 from market.models import SIMPLE_CHAT_TEMPLATE
 from openai_api.gateway.errors import EngineDown
 from openai_api.gateway.validation import Message
-from scheduler_bridge.contract.tokenizer import default_tokenizer
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Any
 
 from accounts.ledger import Settled
 from accounts.money import money_str
+from engines.client import EngineMeta
 from openai_api.gateway.validation import CHAT
-from scheduler_bridge.client import EngineMeta
 
 DONE = b"data: [DONE]\n\n"
 FINISH_REASONS = {"length": "length", "stop": "stop", "abort": "stop"}

@@ -27,9 +27,9 @@ from django.utils import timezone
 from accounts.models import ApiKey
 from accounts.money import money_str
 from accounts.selectors import budget_statuses_for_key, tenant_month_spend
-from market.mechanism.quotes import WINDOW_S, bid_groups, quote, waits_for
 from market.models import Market
 from market.selectors import quote_history
+from mechanism.quotes import WINDOW_S, bid_groups, quote, waits_for
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -141,7 +141,7 @@ def quote_for(
     *, market: Market, ttft_s: float | None, probability: float, bid: Decimal | None
 ) -> dict[str, Any]:
     """``GET /v1/quotes``: from the waits of ``market``'s recent requests
-    (``market.mechanism.quotes``), the bid that buys a first token within ``ttft_s`` seconds
+    (``mechanism.quotes``), the bid that buys a first token within ``ttft_s`` seconds
     with ``probability`` (null, with the reason, when no recent bid bought it), and the waits
     ``bid`` buys. Dollars per second as exact strings, waits in seconds."""
     history = quote_history(market=market)

@@ -32,6 +32,18 @@ from accounts.ledger import Outcome
 from accounts.models import PriorityDetail
 from accounts.money import money
 from accounts.services import PriorityCharge, Settled, request_settle
+from engines.client import (
+    EngineChunk,
+    EngineError,
+    EngineMeta,
+    EngineOutput,
+    EngineOverloaded,
+    EngineRejected,
+    EngineTimedOut,
+    EngineTimeouts,
+    engine_client,
+    generate_body,
+)
 from market.models import Market
 from openai_api.gateway import metrics, responses
 from openai_api.gateway.admission import Admitted, Trace, admitted_for, released
@@ -49,18 +61,6 @@ from openai_api.gateway.errors import (
 from openai_api.gateway.keys import api_key_authenticated
 from openai_api.gateway.selectors import market_for_model, models_served, quote_for
 from openai_api.gateway.validation import CHAT, CompletionParams, QuoteParams
-from scheduler_bridge.client import (
-    EngineChunk,
-    EngineError,
-    EngineMeta,
-    EngineOutput,
-    EngineOverloaded,
-    EngineRejected,
-    EngineTimedOut,
-    EngineTimeouts,
-    engine_client,
-    generate_body,
-)
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+import mechanism
 from accounts.money import MONEY_PLACES, QUANTUM, decimal_text
 from accounts.text import json_problem, text_problem
-from market import mechanism
 from openai_api.gateway.errors import InvalidValue, MalformedRequest
 
 CHAT = "chat"

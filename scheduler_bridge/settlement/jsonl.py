@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.contract.records import RoundRecord, round_record_loads
 from market.live.publisher import RoundsPublisher, default_publisher
-from scheduler_bridge.contract.records import RoundRecord, round_record_loads
 from scheduler_bridge.settlement.stream import ConsumeStats
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ settlement by the gateway (``accounts.services.settlement``), from the engine's 
 records feed the order books, the rounds' results and the spend ticks.
 
 Engines XADD each round record to a stream (default ``inference-market:rounds``, field
-``record``; ``scheduler_bridge.contract.records``). One consumer group (``settlement``) reads it:
+``record``; ``engines.contract.records``). One consumer group (``settlement``) reads it:
 
 - **At least once.** Entries are read with XREADGROUP and acknowledged (XACK) only after they
   were checked and handed to the publisher. A consumer that dies between the two leaves its
@@ -38,8 +38,8 @@ import redis
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
+from engines.contract.records import DEFAULT_STREAM, RoundRecord, round_record_loads
 from market.live.publisher import RoundsPublisher, default_publisher
-from scheduler_bridge.contract.records import DEFAULT_STREAM, RoundRecord, round_record_loads
 
 logger = logging.getLogger(__name__)
 

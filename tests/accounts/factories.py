@@ -20,8 +20,8 @@ from django.db import connection
 from accounts.ledger import PriorityCharge
 from accounts.models import Membership, Role, Tenant
 from accounts.money import money
+from engines.contract.records import SCHEMA
 from market.models import Market
-from scheduler_bridge.contract.records import SCHEMA
 
 # A Wednesday afternoon. Its day starts 2026-11-18 00:00, its week Monday 2026-11-16, its month
 # 2026-11-01 (all UTC).
@@ -77,7 +77,7 @@ def admitted(request_id: str, charge: float, *, bid: float = 0.5, position: int 
 def round_record(
     round_id: str, admitted_requests: list[dict], *, market: str = "test-llm", seq: int = 1
 ) -> dict[str, Any]:
-    """A valid round record (``scheduler_bridge.contract.records``) admitting
+    """A valid round record (``engines.contract.records``) admitting
     ``admitted_requests``."""
     return {
         "schema": SCHEMA,

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from benchmarks.__main__ import main
-from market.mechanism import POLICIES
+from mechanism import POLICIES
 
 # ~48 small requests: 4 groups x 12 over a 256-token system prompt
 TINY = [

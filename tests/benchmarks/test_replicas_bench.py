@@ -14,10 +14,10 @@ from benchmarks.replicas import (
     setups,
     shared_prefix_workload,
 )
+from engines.contract.knobs import MarketKnobs
 from engines.router import RouterOptions, router_argv
 from engines.sim import EngineConfig
 from engines.sim.config import settings_split
-from scheduler_bridge.contract.knobs import MarketKnobs
 
 
 def test_the_baseline_engine_is_n_times_as_fast_and_as_large() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.__main__ import main
 from benchmarks.trace import TraceError, load_trace, parse_trace, tokenize
-from scheduler_bridge.contract.tokenizer import encode
+from engines.contract.tokenizer import encode
 
 
 def _line(**fields: object) -> str:

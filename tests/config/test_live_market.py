@@ -28,7 +28,7 @@ import psutil
 import pytest
 import redis
 
-from scheduler_bridge.contract.wire import ADMIN_TOKEN_ENV
+from engines.contract.wire import ADMIN_TOKEN_ENV
 from tests.conftest import REPO_ROOT, dead_port
 
 MANAGE = [sys.executable, str(REPO_ROOT / "manage.py")]

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.test import Client
 
-from scheduler_bridge.contract.records import SCHEMA
+from engines.contract.records import SCHEMA
 
 
 def subtree(
@@ -64,7 +64,7 @@ def record(
     reserve: float = 0.0,
     engine: str = "sim@test",
 ) -> dict[str, Any]:
-    """A valid round record of ``market`` (scheduler_bridge.contract.records)."""
+    """A valid round record of ``market`` (engines.contract.records)."""
     return {
         "schema": SCHEMA,
         "engine": engine,

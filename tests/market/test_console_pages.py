@@ -319,7 +319,7 @@ def test_a_policy_switch_asks_first_explains_both_policies_and_is_audited(client
 
 def test_every_policy_of_the_registry_has_its_line() -> None:
     from market.controls import POLICY_DESCRIPTIONS
-    from market.mechanism import POLICIES
+    from mechanism import POLICIES
 
     assert set(POLICY_DESCRIPTIONS) == set(POLICIES)
     assert all(len(line) < 120 and line.endswith(".") for line in POLICY_DESCRIPTIONS.values())

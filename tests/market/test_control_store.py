@@ -10,17 +10,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engines.sim.background import ServerThread
-from engines.sim.server import ServerOptions
-from market.engine_control import engine_config_push
-from market.models import Market
-from market.services import market_policy_set, market_reserve_set
-from scheduler_bridge.contract.control import (
+from engines.contract.control import (
     FileControlStore,
     RedisControlStore,
     control_loads,
     now_state,
 )
+from engines.sim.background import ServerThread
+from engines.sim.server import ServerOptions
+from market.engine_control import engine_config_push
+from market.models import Market
+from market.services import market_policy_set, market_reserve_set
 from tests.accounts.factories import market_create
 from tests.market.test_engine_control import engine_state, engine_url_set
 from tests.scheduler_bridge.workers import wait_until

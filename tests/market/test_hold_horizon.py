@@ -1,5 +1,5 @@
 """The hold horizon (``accounts.rules.hold_horizon_s``) and its renewal from a market's
-recent charges (``market.services.hold_horizon_renew``), against hand-worked quantiles."""
+recent charges (``market.holds.hold_horizon_renew``), against hand-worked quantiles."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from accounts.rules import (
     priority_hold,
 )
 from accounts.services import request_open, request_settle
-from market.services import hold_horizon_renew
+from market.holds import hold_horizon_renew
 from tests.accounts.factories import market_create, priority_charge, tenant_create
 
 D = Decimal

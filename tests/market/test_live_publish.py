@@ -16,12 +16,12 @@ from django.utils import timezone
 from accounts.models import LedgerEntry
 from accounts.money import money
 from accounts.services import PriorityCharge, request_open, request_settle
+from engines.contract.records import auction_fields
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from market.live import book, periodic, publisher, spend
 from market.live.publisher import RoundsPublisher
 from market.models import Market
-from scheduler_bridge.contract.records import auction_fields
 from scheduler_bridge.settlement import stream as rounds
 from scheduler_bridge.settlement.jsonl import rounds_jsonl_follow
 from tests.accounts.factories import market_create, tenant_create

@@ -8,8 +8,8 @@ import pytest
 from django.contrib.admin.sites import site
 from django.core.exceptions import ValidationError
 
-from market.mechanism import POLICIES
 from market.models import Market, policy_known
+from mechanism import POLICIES
 from tests.accounts.factories import market_create
 
 

@@ -6,9 +6,9 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth import get_user_model
 
-from market.mechanism import POLICIES
 from market.models import DEFAULT_POLICY, Market, ReserveChange
 from market.services import DEMO_MARKET, market_demo_seed, market_reserve_set
+from mechanism import POLICIES
 
 pytestmark = pytest.mark.django_db
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from market.mechanism import WaitingRequest
-from market.mechanism.reference import Req
+from mechanism import WaitingRequest
+from mechanism.reference import Req
 
 # Bids on a grid of quarters: sums and quotients are exact in floating point, so the mechanism
 # and the reference agree on ties exactly.

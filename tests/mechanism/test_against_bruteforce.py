@@ -1,11 +1,11 @@
-"""The mechanism against its brute-force reference, ``market.mechanism.reference``."""
+"""The mechanism against its brute-force reference, ``mechanism.reference``."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.mechanism import POLICIES, clear
-from market.mechanism import reference as ref
+from mechanism import POLICIES, clear
+from mechanism import reference as ref
 
 from .strategies import queues, to_mechanism
 

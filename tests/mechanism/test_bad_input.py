@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from market.mechanism import RequestTree, WaitingRequest, clear
+from mechanism import RequestTree, WaitingRequest, clear
 
 
 @pytest.mark.parametrize("bid", [-1.0, math.nan, math.inf, -math.inf, "3", None, True])
@@ -75,7 +75,7 @@ def test_tree_rejects_unknown_ids_and_bad_updates():
 
 def test_mechanism_imports_no_framework():
     code = (
-        "import sys, market.mechanism, market.mechanism.bench\n"
+        "import sys, mechanism, mechanism.bench\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('django', 'celery', 'sglang',"
         " 'channels', 'torch')]\n"
         "assert not bad, bad\n"

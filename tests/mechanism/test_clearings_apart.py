@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.mechanism import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
-from market.mechanism import reference as ref
+from mechanism import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
+from mechanism import reference as ref
 
 from .strategies import queues, to_mechanism
 from .test_examples import queue

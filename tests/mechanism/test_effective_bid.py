@@ -1,4 +1,4 @@
-"""The reserve rule, stated once (``market.mechanism.requests.effective_bid``, DESIGN.md 4.4): a
+"""The reserve rule, stated once (``mechanism.requests.effective_bid``, DESIGN.md 4.4): a
 bid below the reserve counts as 0; a bid at or above it counts in full. Each representation
 (float $/s, whole ticks, exact Decimal) keeps its own type, so no figure changes."""
 
@@ -9,8 +9,8 @@ from decimal import Decimal
 import pytest
 
 from accounts.money import ZERO
-from market.mechanism import to_ticks
-from market.mechanism.requests import effective_bid
+from mechanism import to_ticks
+from mechanism.requests import effective_bid
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ D:[10] (1) };  root -> C:[9 9 9 9] (4).  Block works: Y-block 1+3+2 = 6, X-block
 
 import pytest
 
-from market.mechanism import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
+from mechanism import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
 
 
 def queue():
@@ -139,7 +139,7 @@ def test_the_order_book_and_a_requests_block():
     # The example queue under dfs-auction-density: the root's children are X = [1 2] (A, B, D:
     # bids 1 + 4 + 0 = 5 $/s over 7 uncached tokens) and C's leaf (2 $/s over 4 tokens).
     # X goes first (5/7 > 2/4).  Below X: Y = [3] (A, B: 5 $/s over 6 tokens) then D's leaf.
-    from market.mechanism.book import block_of, subtree_book
+    from mechanism.book import block_of, subtree_book
 
     tree = RequestTree(queue())
     c = clear_tree(tree, "dfs-auction-density", tokens_per_second=1.0)

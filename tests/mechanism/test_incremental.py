@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from market.mechanism import DFS_AUCTIONS, POLICY, RequestTree, WaitingRequest, clear, clear_tree
-from market.mechanism.tree import PLAN_TOKENS
+from mechanism import DFS_AUCTIONS, POLICY, RequestTree, WaitingRequest, clear, clear_tree
+from mechanism.tree import PLAN_TOKENS
 
 from .test_tree import check_structure, random_request
 
@@ -178,7 +178,7 @@ def test_sharing_finds_the_requests_with_the_prefix_and_their_common_length(seed
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_order_book_read_off_a_dfs_plan_equals_the_walked_one(seed):
-    from market.mechanism.book import _dfs_book, _walked_book
+    from mechanism.book import _dfs_book, _walked_book
 
     # dfs-auction-kv-split's plan has no block for a fully cached subtree: its book is walked.
     read_off = sorted(p for p in DFS_AUCTIONS if not POLICY[p].block_key.split_cached)
@@ -221,7 +221,7 @@ def test_a_tree_of_array_tokens_clears_as_one_of_tuples(seed):
 def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
     # A few system prompts with many requests each: most rounds change a few of a node's
     # children, which the planner patches into the node's sorted blocks instead of re-sorting.
-    import market.mechanism.dfs_auction as dfs_auction
+    import mechanism.dfs_auction as dfs_auction
 
     rng = random.Random(seed)
     systems = [[s] * 30 for s in range(4)]

@@ -2,7 +2,7 @@
 dfs-auction-kv-split: the same with fully cached subtrees split into their blocks.
 
 Hand-worked cases first, then the mechanism's properties on random queues with cache state
-against the brute-force reference (market.mechanism.reference): the order, monotone completions
+against the brute-force reference (mechanism.reference): the order, monotone completions
 in each request's own bid, and the Myerson charges, for both.
 """
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.mechanism import WaitingRequest, clear
-from market.mechanism import reference as ref
+from mechanism import WaitingRequest, clear
+from mechanism import reference as ref
 
 from .strategies import queues, to_mechanism
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.mechanism.pacing import (
+from mechanism.pacing import (
     Exposure,
     PacingAgent,
     exposure_factor,

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.mechanism import BID_POLICIES, POLICIES, WaitingRequest, clear
-from market.mechanism import reference as ref
+from mechanism import BID_POLICIES, POLICIES, WaitingRequest, clear
+from mechanism import reference as ref
 
 from .strategies import BIDS, queues, to_mechanism
 

@@ -1,4 +1,4 @@
-"""Quotes from recent waits (``market.mechanism.quotes``), against hand-worked histories.
+"""Quotes from recent waits (``mechanism.quotes``), against hand-worked histories.
 
 The history: 30 requests bid 0.1 $/s and waited 0.1, 0.2, ..., 3.0 s; 30 bid 0.01 and waited
 1, 2, ..., 30 s; 30 bought no priority (bid 0) and waited 10, 20, ..., 300 s. With groups of at
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from market.mechanism.quotes import BidGroup, Waited, bid_groups, quote, waits_for
+from mechanism.quotes import BidGroup, Waited, bid_groups, quote, waits_for
 
 
 def history() -> list[Waited]:

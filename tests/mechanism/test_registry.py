@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from market.mechanism import (
+from mechanism import (
     BID_POLICIES,
     DFS_AUCTIONS,
     POLICIES,
@@ -16,8 +16,8 @@ from market.mechanism import (
     policy_checked,
     realized_welfare,
 )
-from market.mechanism import reference as ref
-from market.mechanism.policies import AVERAGE_BID, BID_DENSITY, CACHE_KEPT, CACHE_SPLIT, REGISTRY
+from mechanism import reference as ref
+from mechanism.policies import AVERAGE_BID, BID_DENSITY, CACHE_KEPT, CACHE_SPLIT, REGISTRY
 
 
 def test_the_registry_names_the_policies_of_the_design_in_order() -> None:
@@ -87,8 +87,8 @@ def test_the_key_is_the_bid_sum_over_the_size(key) -> None:
 
 @pytest.mark.parametrize("policy", sorted(DFS_AUCTIONS))
 def test_a_block_of_size_zero_goes_first(policy) -> None:
-    from market.mechanism import RequestTree
-    from market.mechanism.plan import NK
+    from mechanism import RequestTree
+    from mechanism.plan import NK
 
     # The root of an empty tree: no requests, no work.
     tree = RequestTree()
@@ -138,10 +138,10 @@ def test_a_clearings_welfare_is_its_planned_welfare() -> None:
 @pytest.mark.parametrize("policy", sorted(DFS_AUCTIONS))
 @pytest.mark.parametrize("overhead", [0, 2])
 def test_the_planners_order_blocks_by_the_registrys_block_key(policy, overhead) -> None:
-    from market.mechanism import RequestTree, to_ticks
-    from market.mechanism.bench import make_queue
-    from market.mechanism.payments import request_block
-    from market.mechanism.tree import Node
+    from mechanism import RequestTree, to_ticks
+    from mechanism.bench import make_queue
+    from mechanism.payments import request_block
+    from mechanism.tree import Node
 
     tree = RequestTree(make_queue(200, 8, seed=3))
     rules = POLICY[policy]

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.mechanism import WaitingRequest, clear
-from market.mechanism import reference as ref
+from mechanism import WaitingRequest, clear
+from mechanism import reference as ref
 
 from .strategies import queues
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from market.mechanism import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
+from mechanism import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
 
 
 def check_structure(tree: RequestTree) -> None:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import aiohttp
 from aiohttp import web
 
-from scheduler_bridge.contract.wire import CUSTOM_PARAMS, auction_read
+from engines.contract.wire import CUSTOM_PARAMS, auction_read
 
 # What the "stalls" engine streams first: SGLang's shape, one token of a 16-token prompt, and
 # (added per request) the bid read from its custom_params, as SGLang's plugin reports it.

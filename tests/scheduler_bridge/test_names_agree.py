@@ -1,11 +1,11 @@
 """Names the engines, the market and settlement must agree on, each defined once.
 
-One list of policy names (``market.mechanism.POLICIES``) and one check of a name
-(``market.mechanism.policies.policy_checked``): the market's model and service, the simulated
+One list of policy names (``mechanism.POLICIES``) and one check of a name
+(``mechanism.policies.policy_checked``): the market's model and service, the simulated
 engine (its class, its command line and its control path) and the SGLang plugin's config accept
 exactly the same names. (That SGLang itself runs the names the plugin leaves to it is checked in
 ``tests/engines/sglang_plugin/test_policy_names.py``.) One default rounds stream
-(``scheduler_bridge.contract.records.DEFAULT_STREAM``) that both engines write and settlement
+(``engines.contract.records.DEFAULT_STREAM``) that both engines write and settlement
 reads."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import json
 
 import pytest
 
+from engines.contract.knobs import MarketKnobs
+from engines.contract.records import DEFAULT_STREAM
+from engines.contract.sinks import RedisStreamSink
 from engines.sglang_plugin.config import MARKET_POLICIES, PluginConfig
 from engines.sim.engine import Engine
 from engines.sim.protocol import BadRequest
 from engines.sim.server import ServerOptions, SimServer, parse_args
-from market.mechanism import BID_POLICIES, POLICIES
 from market.models import Market, policy_known
 from market.services import market_policy_set
-from scheduler_bridge.contract.knobs import MarketKnobs
-from scheduler_bridge.contract.records import DEFAULT_STREAM
-from scheduler_bridge.contract.sinks import RedisStreamSink
+from mechanism import BID_POLICIES, POLICIES
 from scheduler_bridge.settlement.stream import StreamConsumer
 from tests.accounts.factories import market_create
 

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ import redis
 from django.conf import settings
 
 from config.celery import app as celery_app
-from scheduler_bridge.tasks import ping, rounds_consume
+from scheduler_bridge.tasks import RENAMED, ping, rounds_consume
 from tests.conftest import REPO_ROOT
+from tests.scheduler_bridge.workers import celery_worker
 
 WORKER_START_TIMEOUT_S = 60
 
@@ -130,3 +132,48 @@ def test_ping_through_the_redis_broker_by_a_real_worker(
         "pid": celery_worker_process.pid,
     }
     assert answer["pid"] != os.getpid()
+
+
+def test_each_task_is_named_for_its_package_and_the_old_names_still_route() -> None:
+    """Beat queues tasks by the names of the packages that hold them; every name a task once had
+    (``scheduler_bridge.*`` before the move) is still registered, forwarding to a real task."""
+    celery_app.loader.import_default_modules()
+    registered = set(celery_app.tasks)
+    for entry in settings.CELERY_BEAT_SCHEDULE.values():
+        assert entry["task"] in registered, entry
+        assert entry["task"] not in RENAMED, f"beat queues {entry['task']} by its old name"
+    owners = {
+        "market.live_publish": "market.tasks",
+        "market.hold_horizons_renew": "market.tasks",
+        "market.engine_config_push": "market.tasks",
+        "accounts.autobidders_step": "accounts.tasks",
+        "accounts.holds_sweep": "accounts.tasks",
+        "accounts.invoices_generate": "accounts.tasks",
+        "openai_api.batch_run": "openai_api.batches.tasks",
+    }
+    assert sorted(RENAMED.values()) == sorted(owners)
+    for old, new in RENAMED.items():
+        assert old.startswith("scheduler_bridge.") and old in registered
+        assert celery_app.tasks[new].__module__ == owners[new], new
+
+
+@pytest.mark.celery_worker
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_message_queued_under_an_old_name_runs_the_renamed_task(tmp_path: Path) -> None:
+    """A message queued before the upgrade (``scheduler_bridge.invoices_generate``) reaches a
+    worker of this release, which forwards it to ``accounts.invoices_generate`` on the same
+    queue: the invoicing run happens once, with the previous month's period."""
+    with celery_worker(tmp_path) as worker:
+        forwarded_id = celery_app.send_task(
+            "scheduler_bridge.invoices_generate", queue=worker.queue
+        ).get(timeout=60)
+        outcome = celery_app.AsyncResult(forwarded_id).get(timeout=60)
+        log = worker.log.read_text()
+    this_month = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    last_month = (this_month - timedelta(days=1)).replace(day=1)
+    assert (outcome["period_start"], outcome["period_end"]) == (
+        last_month.isoformat(),
+        this_month.isoformat(),
+    )
+    assert f"Task accounts.invoices_generate[{forwarded_id}] succeeded" in log, log

@@ -60,11 +60,11 @@ from accounts.services import DEMO_OPERATOR, DEMO_TENANTS, api_key_create, api_k
 from accounts.services.autobidder import autobidder_configure
 from config.serving import MULTI_WORKER_SERVERS, SERVERS, server_argv
 from config.supervisor import ChildSpec, Process, RestartPolicy, Supervisor
+from engines.contract.wire import ADMIN_TOKEN_ENV
 from engines.router import RouterOptions, router_argv, router_env, router_wait
 from market.engine_control import EngineUnreachable, engine_config_push
 from market.models import Market, Replica
 from market.services import market_demo_seed, replica_set
-from scheduler_bridge.contract.wire import ADMIN_TOKEN_ENV
 
 ROOT = Path(settings.BASE_DIR)
 AGENT_KEY_NAME = "live-market agents"
@@ -434,8 +434,8 @@ class Command(BaseCommand):
         """Embedded mode: the autobidders' pacing steps, the markets' hold horizons and the
         holds sweep (celery beat's jobs with Redis)."""
         from accounts.services import holds_sweep
-        from market.services import hold_horizons_renew
-        from scheduler_bridge.settlement.periodic import autobidders_step_due
+        from accounts.services.periodic import autobidders_step_due
+        from market.holds import hold_horizons_renew
 
         interval = settings.AUTOBID_INTERVAL_S
         swept = time.monotonic()

@@ -15,10 +15,10 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from engines.client import EngineClient, EngineError, EngineUnavailable, generate_body
 from engines.router import Router, RouterOptions, router_argv, router_ready
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
-from scheduler_bridge.client import EngineClient, EngineError, EngineUnavailable, generate_body
 from tests.conftest import ENGINE_ADMIN_TOKEN, dead_port
 
 PROMPT_WORDS = 40

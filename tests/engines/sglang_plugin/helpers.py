@@ -1,7 +1,7 @@
 """Builders for the SGLang plugin's tests: real SGLang requests, caches and random queues.
 
 Everything here makes SGLang's own objects (``Req``, ``RadixCache``, the KV allocator); the
-expected orders and charges are computed by market.mechanism from ``WaitingRequest``s that
+expected orders and charges are computed by mechanism from ``WaitingRequest``s that
 ``waiting_requests`` builds independently of the plugin (its own prefix match on the cache).
 """
 
@@ -18,10 +18,10 @@ from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixPara
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.sampling.sampling_params import SamplingParams
 
+from engines.contract.sinks import MemorySink
 from engines.sglang_plugin.config import PluginConfig
 from engines.sglang_plugin.policy import AuctionSchedulePolicy
-from market.mechanism import WaitingRequest
-from scheduler_bridge.contract.sinks import MemorySink
+from mechanism import WaitingRequest
 
 MISSING = object()  # a request without a bid
 
@@ -88,7 +88,7 @@ def tokens_of(req: Req) -> tuple[int, ...]:
 def waiting_requests(
     queue: Iterable[Req], cache: RadixCache, *, capped: bool = True
 ) -> list[WaitingRequest]:
-    """The queue as market.mechanism sees it, with cached lengths from a fresh match.
+    """The queue as mechanism sees it, with cached lengths from a fresh match.
 
     ``capped``: at most all but the last token, as SGLang's ``num_matched_prefix_tokens``.
     """

@@ -14,13 +14,13 @@ import pytest
 from sglang.srt.managers.schedule_batch import NextBatchPlan, ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
-from engines.sglang_plugin.policy import deferring_adder
-from market.mechanism import clear
-from scheduler_bridge.contract.records import (
+from engines.contract.records import (
     round_record_checked,
     round_record_dumps,
     round_record_loads,
 )
+from engines.sglang_plugin.policy import deferring_adder
+from mechanism import clear
 from tests.engines.sglang_plugin.helpers import (
     PromptSource,
     cache_insert,

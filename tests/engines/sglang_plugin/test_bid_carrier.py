@@ -9,7 +9,7 @@
   accumulator and tokenizer manager carry them to the answer's ``meta_info``, where the engine
   client reads them as it reads the simulated engine's.
 
-The expected prices come from an independent clearing of the same queue (market.mechanism).
+The expected prices come from an independent clearing of the same queue (mechanism).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from sglang.srt.managers.scheduler_components.output_streamer import (
 from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from market.mechanism import WaitingRequest, clear
-from scheduler_bridge.client.answers import meta_parsed
-from scheduler_bridge.contract.wire import AUCTION_META_FIELDS
+from engines.client.answers import meta_parsed
+from engines.contract.wire import AUCTION_META_FIELDS
+from mechanism import WaitingRequest, clear
 from tests.engines.sglang_plugin.helpers import kv_pool, make_req, market_policy
 from tests.engines.sglang_plugin.test_control import one_round
 

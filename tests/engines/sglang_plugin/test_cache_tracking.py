@@ -19,7 +19,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, Ma
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from engines.sglang_plugin import cache_tracking
-from market.mechanism import clear
+from mechanism import clear
 
 from .helpers import PromptSource, make_req, market_policy, tokens_of, waiting_requests
 

@@ -1,4 +1,4 @@
-"""market.mechanism's bid-blind policies order a queue exactly as SGLang 0.5.23 itself does.
+"""mechanism's bid-blind policies order a queue exactly as SGLang 0.5.23 itself does.
 
 For each policy, 1,000 random queues of real ``Req``s over a real ``RadixCache``: requests share
 prefixes (heads of 5 to 40 tokens, some around SGLang's in-batch threshold of 32) and have
@@ -39,7 +39,7 @@ import pytest
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
-from market.mechanism import WaitingRequest, clear
+from mechanism import WaitingRequest, clear
 from tests.engines.sglang_plugin.helpers import (
     PromptSource,
     bid_value,

@@ -12,14 +12,14 @@ import pytest
 from sglang.srt.managers.schedule_batch import NextBatchPlan, ScheduleBatch
 from sglang.srt.managers.schedule_policy import CacheAgnosticPolicy, PrefillAdder, SchedulePolicy
 
-from engines.sglang_plugin.config import PluginConfig
-from engines.sglang_plugin.policy import AuctionSchedulePolicy
-from scheduler_bridge.contract.control import (
+from engines.contract.control import (
     FileControlStore,
     RedisControlStore,
     control_key,
     now_state,
 )
+from engines.sglang_plugin.config import PluginConfig
+from engines.sglang_plugin.policy import AuctionSchedulePolicy
 from tests.engines.sglang_plugin.helpers import kv_pool, make_req, market_policy
 from tests.engines.sglang_plugin.test_admission import admit
 

@@ -24,10 +24,10 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
 
+from engines.client import EngineClient, generate_body
+from engines.contract.wire import AuctionParams
 from engines.router import Router, RouterOptions
 from engines.sglang_plugin.market_queue import auction_of
-from scheduler_bridge.client import EngineClient, generate_body
-from scheduler_bridge.contract.wire import AuctionParams
 from tests.conftest import dead_port
 
 VOCAB = 32_000

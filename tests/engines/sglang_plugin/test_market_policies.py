@@ -1,6 +1,6 @@
 """The plugin's ``calc_priority`` on real SGLang requests and a real ``RadixCache``.
 
-- the market's policies order the queue exactly as ``market.mechanism.clear`` orders the same
+- the market's policies order the queue exactly as ``mechanism.clear`` orders the same
   requests, round after round, while requests arrive, leave, are admitted, come back retracted
   and the cache grows (the plugin keeps its request tree incrementally; ``clear`` starts afresh);
 - SGLang's own policies run unchanged through the plugin's class;
@@ -20,7 +20,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 
 from engines.sglang_plugin.config import PluginConfig
 from engines.sglang_plugin.policy import AuctionSchedulePolicy
-from market.mechanism import MAX_BID, clear
+from mechanism import MAX_BID, clear
 from tests.engines.sglang_plugin.helpers import (
     PromptSource,
     cache_insert,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sglang.srt.managers.schedule_policy import CacheAgnosticPolicy, CacheAwarePolicy
 
 from engines.sglang_plugin.config import MARKET_POLICIES, PluginConfig
-from market.mechanism import POLICIES
+from mechanism import POLICIES
 
 SGLANG_POLICIES = {p.value for p in CacheAwarePolicy} | {p.value for p in CacheAgnosticPolicy}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_bridge.contract.control import FileControlStore, now_state
+from engines.contract.control import FileControlStore, now_state
 
 ROUNDS = 64
 EVERY = 8
@@ -27,9 +27,9 @@ def _free_port() -> int:
 def _rank_main(rank: int, port: int, path: str, out: multiprocessing.Queue) -> None:
     import torch.distributed as dist
 
+    from engines.contract.control import ControlFollower
     from engines.sglang_plugin.market_queue import MarketQueue
     from engines.sglang_plugin.rank_control import RankSharedControl
-    from scheduler_bridge.contract.control import ControlFollower
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

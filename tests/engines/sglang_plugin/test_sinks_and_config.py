@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from engines.contract.knobs import MarketKnobs
+from engines.contract.records import SCHEMA, round_record_loads
+from engines.contract.sinks import MemorySink, RedisStreamSink, sink_for
 from engines.sglang_plugin.config import PluginConfig, config_from_env
-from market.mechanism import DEFAULT_TOKENS_PER_SECOND
-from scheduler_bridge.contract.knobs import MarketKnobs
-from scheduler_bridge.contract.records import SCHEMA, round_record_loads
-from scheduler_bridge.contract.sinks import MemorySink, RedisStreamSink, sink_for
+from mechanism import DEFAULT_TOKENS_PER_SECOND
 from tests.conftest import dead_port
 
 

@@ -266,9 +266,9 @@ def test_tenant_level_charges_need_the_owners_and_match_the_brute_force():
     # Three prompts arriving together, one round admits all: a and b are tenant x's, c tenant
     # y's. With charge_scope "tenant", a is not billed for delaying b; the charges equal the
     # brute-force reference's (delay on the other tenants' requests) at the engine's rate.
-    from market.mechanism import reference as ref
-    from market.mechanism.reference import Req
-    from scheduler_bridge.contract.knobs import MarketKnobs
+    from engines.contract.knobs import MarketKnobs
+    from mechanism import reference as ref
+    from mechanism.reference import Req
 
     spec = [("a", (1, 2, 3), 3.0, "x"), ("b", (4, 5), 2.0, "x"), ("c", (6, 7, 8, 9), 1.0, "y")]
     charges = {}

@@ -11,10 +11,10 @@ import uuid
 import httpx
 import pytest
 
+from engines.contract.control import FileControlStore, now_state
+from engines.contract.records import round_record_checked
+from engines.contract.tokenizer import encode
 from engines.sim.config import EngineConfig
-from scheduler_bridge.contract.control import FileControlStore, now_state
-from scheduler_bridge.contract.records import round_record_checked
-from scheduler_bridge.contract.tokenizer import encode
 from tests.conftest import ENGINE_ADMIN_TOKEN
 from tests.engines.sim.conftest import metric_values
 

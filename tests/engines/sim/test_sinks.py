@@ -12,7 +12,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from scheduler_bridge.contract.records import round_record_checked, round_record_loads
+from engines.contract.records import round_record_checked, round_record_loads
 from tests.conftest import dead_port
 from tests.engines.sim.conftest import metric_values
 

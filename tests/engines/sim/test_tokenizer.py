@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import zlib
 
+from engines.contract.tokenizer import LABEL_CHARS, VOCAB, Tokenizer
 from engines.sim.engine import synthetic_output
-from scheduler_bridge.contract.tokenizer import LABEL_CHARS, VOCAB, Tokenizer
 
 
 def test_pieces_are_words_punctuation_and_whitespace_runs() -> None:

@@ -9,7 +9,7 @@ import json
 import pytest
 from aiohttp import web
 
-from scheduler_bridge.client import (
+from engines.client import (
     EngineClient,
     EngineOverloaded,
     EngineRejected,

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from accounts.models import HoldState, Request, RequestStatus
-from scheduler_bridge.client import (
+from engines.client import (
     EngineClient,
     EngineTimedOut,
     EngineUnavailable,

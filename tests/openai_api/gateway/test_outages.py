@@ -36,13 +36,13 @@ from accounts.models import (
     RequestStatus,
 )
 from accounts.selectors.ledger_check import ledger_check
+from accounts.tasks import autobidders_step
 from benchmarks.faults import TcpProxy, proxied
 from benchmarks.faults import via as faults_via
 from config.celery import app as celery_app
+from engines.contract.control import RedisControlStore, now_state
 from market.live.send import group_send_many
 from market.payloads import market_group
-from scheduler_bridge.contract.control import RedisControlStore, now_state
-from scheduler_bridge.tasks import autobidders_step
 from tests.openai_api.conftest import market_create
 from tests.openai_api.gateway.test_served import _database_url, uvicorn_served
 from tests.openai_api.helpers import HELLO, wait_until

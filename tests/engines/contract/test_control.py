@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_bridge.contract.wire import ControlError, control_read
+from engines.contract.wire import ControlError, control_read
 
 NOW = {"policy": "fcfs", "reserve": 0.25}
 

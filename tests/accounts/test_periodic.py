@@ -2,7 +2,7 @@
 
 Hand-worked numbers; the pacing rule is log(1 + mu) <- clip(log(1 + mu) + eta (spent / target -
 1), 0, log(1 + mu_max)) with eta = eta0 / sqrt(steps in a day) and target = remaining budget x
-interval / seconds left in the day (market.mechanism.pacing).
+interval / seconds left in the day (mechanism.pacing).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from accounts.models import AutobidderStep, BidSource, ChargeKind, Invoice, Ledg
 from accounts.models import Tenant as TenantModel
 from accounts.services import previous_month_bounds
 from accounts.services.autobidder import autobidder_configure
-from scheduler_bridge.settlement.periodic import (
+from accounts.services.periodic import (
     autobidders_step_due,
     invoices_generate_previous_month,
 )
-from scheduler_bridge.tasks import autobidders_step, invoices_generate
+from accounts.tasks import autobidders_step, invoices_generate
 from tests.accounts.factories import market_create, spend, tenant_create
 from tests.scheduler_bridge.workers import celery_worker
 

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
-from market.mechanism import MAX_BID
-from market.mechanism.clearing import REQUEST_SCOPE, charge_scope_checked
+from mechanism import MAX_BID
+from mechanism.clearing import REQUEST_SCOPE, charge_scope_checked
 
 from .records import DEFAULT_STREAM
 

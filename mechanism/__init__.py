@@ -2,7 +2,7 @@
 
 It imports nothing from Django, Celery or SGLang: the engines and the SGLang plugin use it as is.
 
-    from market.mechanism import WaitingRequest, clear, POLICIES
+    from mechanism import WaitingRequest, clear, POLICIES
     c = clear(requests, "dfs-auction-density", reserve=0.01)
     c.order, c.completion, c.payments, c.planned_welfare
 

@@ -33,7 +33,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scheduler_bridge.contract.records import DEFAULT_STREAM, RoundRecord, round_record_dumps
+from engines.contract.records import DEFAULT_STREAM, RoundRecord, round_record_dumps
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from scheduler_bridge.contract.wire import (
+from engines.contract.wire import (
     BID_PATH,
     PARAMS_PATH,
     TENANT_PATH,

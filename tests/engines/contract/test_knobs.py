@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
+from engines.contract.knobs import KNOB_NAMES, MarketKnobs, assigned, split_knobs
 from engines.sglang_plugin.config import PluginConfig, config_from_env
 from engines.sim import Engine, EngineConfig, settings_split
 from engines.sim.server import ServerOptions
-from market.mechanism import DEFAULT_TOKENS_PER_SECOND
-from scheduler_bridge.contract.knobs import KNOB_NAMES, MarketKnobs, assigned, split_knobs
+from mechanism import DEFAULT_TOKENS_PER_SECOND
 
 THE_KNOBS = {
     "market",

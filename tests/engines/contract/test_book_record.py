@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from market.mechanism import RequestTree, WaitingRequest, clear_tree
-from scheduler_bridge.contract.writer import subtree_summaries, token_label, waiting_bids
+from engines.contract.writer import subtree_summaries, token_label, waiting_bids
+from mechanism import RequestTree, WaitingRequest, clear_tree
 
 QUEUE = [
     ("a1", (1, 2, 3, 4, 10, 11, 100), "1", 0.02),
@@ -72,7 +72,7 @@ def test_a_record_with_the_book_carries_the_waiting_bids_sorted_or_an_even_sampl
 
 
 def test_a_record_whose_waiting_bids_are_not_amounts_is_refused():
-    from scheduler_bridge.contract.records import round_record_checked
+    from engines.contract.records import round_record_checked
     from tests.market.live_helpers import record
 
     good = {**record("m", 1), "waiting_bids": [0, 0.001, 2]}

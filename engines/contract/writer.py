@@ -4,7 +4,7 @@ A round is one prefill attempt of an engine's scheduler: the waiting queue was o
 Clearing), and the scheduler admitted some requests from its front. Each admitted request pays
 the priority charge of that round's plan (DESIGN.md 4.5) and carries its block, the top-level
 subtree it waited in ("why this rank"). Every ``book_interval_s`` seconds of the engine's clock
-at most, the record also carries the order book's subtrees (``market.mechanism.book``).
+at most, the record also carries the order book's subtrees (``mechanism.book``).
 Engine-free: the SGLang plugin and the simulated engine both build their records here, so both
 write the same fields, ``epoch`` and ``block`` included.
 
@@ -19,17 +19,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from market.mechanism import BID_SCALE, Clearing, RequestTree
-from market.mechanism.book import block_of, subtree_book
-from market.mechanism.requests import effective_bid
-from market.mechanism.tree import Node
-from scheduler_bridge.contract.records import (
+from engines.contract.records import (
     SCHEMA,
     AdmittedRequest,
     BlockInfo,
     RoundRecord,
     SubtreeSummary,
 )
+from mechanism import BID_SCALE, Clearing, RequestTree
+from mechanism.book import block_of, subtree_book
+from mechanism.requests import effective_bid
+from mechanism.tree import Node
 
 BOOK_DEPTH = 2  # subtree levels in a record
 BOOK_LIMIT = 32  # subtrees in a record

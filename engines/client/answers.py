@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_bridge.contract.wire import CUSTOM_PARAMS, auction_params, auction_value
+from engines.contract.wire import CUSTOM_PARAMS, auction_params, auction_value
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_bridge.contract.control import (
+from engines.contract.control import (
     SCHEMA,
     ControlFollower,
     ControlState,
@@ -14,7 +14,7 @@ from scheduler_bridge.contract.control import (
     control_loads,
     follower_for,
 )
-from scheduler_bridge.contract.wire import ControlError
+from engines.contract.wire import ControlError
 from tests.conftest import dead_port
 
 

@@ -1,21 +1,21 @@
 """The one client of an engine's HTTP API (``http``: ``EngineClient``, its docstring says how it
 waits), what it sends and reads (``answers``) and the errors it raises (``errors``)."""
 
-from scheduler_bridge.client.answers import (
+from engines.client.answers import (
     EngineChunk,
     EngineMeta,
     EngineOutput,
     generate_body,
     meta_parsed,
 )
-from scheduler_bridge.client.errors import (
+from engines.client.errors import (
     EngineError,
     EngineOverloaded,
     EngineRejected,
     EngineTimedOut,
     EngineUnavailable,
 )
-from scheduler_bridge.client.http import (
+from engines.client.http import (
     ANSWER_TIMEOUT_S,
     CONNECT_TIMEOUT_S,
     HEALTH_PATH,

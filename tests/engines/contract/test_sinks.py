@@ -10,7 +10,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from scheduler_bridge.contract.sinks import (
+from engines.contract.sinks import (
     CallbackSink,
     FanoutSink,
     JsonlSink,

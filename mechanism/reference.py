@@ -4,7 +4,7 @@ This is the auction as a specification: the work model (4.1), the orders of fcfs
 and the DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4; the
 Myerson one both as its integral and as the sum over crossing points that the fast charges
 compute), each in a few lines, by brute force. It is slow on purpose (exponential in places)
-and meant for queues of a handful of requests; the rest of ``market.mechanism`` computes the same
+and meant for queues of a handful of requests; the rest of ``mechanism`` computes the same
 things fast, and ``tests/mechanism`` checks that the two agree.
 
 Nothing here shares code with the rest of the package, so that a mistake there is not repeated
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Req:
-    """A waiting request (``market.mechanism.WaitingRequest`` without its checks)."""
+    """A waiting request (``mechanism.WaitingRequest`` without its checks)."""
 
     id: str
     tokens: tuple[int, ...]

@@ -1,4 +1,4 @@
-"""Round-cost benchmark of the mechanism: ``python -m market.mechanism.bench``.
+"""Round-cost benchmark of the mechanism: ``python -m mechanism.bench``.
 
 Waiting queues shaped like real traffic: G shared system prompts of about 2,000 tokens (a Zipf mix
 of popularity), each request a distinct suffix of about 128 tokens, half of the system prompts

@@ -53,12 +53,12 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from scheduler_bridge.client.answers import (
+from engines.client.answers import (
     EngineChunk,
     EngineOutput,
     meta_parsed,
 )
-from scheduler_bridge.client.errors import (
+from engines.client.errors import (
     EngineRejected,
     EngineTimedOut,
     EngineUnavailable,
@@ -67,7 +67,7 @@ from scheduler_bridge.client.errors import (
     _stream_error,
     _transport_error,
 )
-from scheduler_bridge.contract.wire import CONTROL_PATH, control_body
+from engines.contract.wire import CONTROL_PATH, control_body
 
 # Defaults of EngineTimeouts, seconds (the gateway passes its settings, ENGINE_*_TIMEOUT_S).
 CONNECT_TIMEOUT_S = 3.0

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from market.mechanism import MAX_BID, POLICIES, bid_checked
-from market.mechanism.policies import policy_checked
+from mechanism import MAX_BID, POLICIES, bid_checked
+from mechanism.policies import policy_checked
 
 CUSTOM_PARAMS = "custom_params"  # the key in sampling_params
 BID_PARAM = "bid"  # the key in custom_params: the bid, $/s

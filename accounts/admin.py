@@ -1,9 +1,13 @@
 """Django admin for every accounts model. The ledger and the holds are read-only here: money
 moves only through the services (settlement, holds), never by hand."""
 
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib import admin
 from django.http import HttpRequest
 
+from accounts import figures
 from accounts.models import (
     ApiKey,
     Autobidder,
@@ -20,6 +24,23 @@ from accounts.models import (
 )
 from accounts.services.autobidder import autobidder_configure
 from accounts.services.keys import api_key_revoke
+
+
+def shown(field: str, rule: Callable[[Any], str], label: str = "") -> Callable[[Any], str]:
+    """A column (or read-only field) showing ``field`` by the figures' rule
+    (:mod:`accounts.figures`: "$0.00784", "0.00142"), sorted by the field itself."""
+
+    @admin.display(description=label or field.replace("_", " "), ordering=field)
+    def column(obj: Any) -> str:
+        return rule(getattr(obj, field))
+
+    column.__name__ = f"{field}_shown"
+    return column
+
+
+def usd(field: str, label: str = "") -> Callable[[Any], str]:
+    """A money column: :func:`accounts.figures.usd`."""
+    return shown(field, figures.usd, label)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -82,7 +103,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 @admin.register(Budget)
 class BudgetAdmin(admin.ModelAdmin):
-    list_display = ["tenant", "api_key", "period", "limit", "soft_alert_fraction", "updated_at"]
+    list_display = [
+        "tenant", "api_key", "period", usd("limit"),
+        shown("soft_alert_fraction", figures.percent, "soft alert at"), "updated_at",
+    ]  # fmt: skip
     list_filter = ["period", "tenant"]
     search_fields = ["tenant__slug", "api_key__name"]
     raw_id_fields = ["api_key"]
@@ -92,21 +116,26 @@ class BudgetAdmin(admin.ModelAdmin):
 class BudgetCounterAdmin(ReadOnlyAdmin):
     """Kept by the services in step with the ledger and the holds, never by hand."""
 
-    list_display = ["tenant", "api_key", "held", "day_spent", "week_spent", "month_spent",
-                    "spent_total"]  # fmt: skip
+    list_display = ["tenant", "api_key", usd("held"), usd("day_spent"), usd("week_spent"),
+                    usd("month_spent"), usd("spent_total")]  # fmt: skip
     list_filter = ["tenant"]
 
 
 @admin.register(Hold)
 class HoldAdmin(ReadOnlyAdmin):
-    list_display = ["request_id", "tenant", "api_key", "amount", "remaining", "state", "created_at"]
+    list_display = [
+        "request_id", "tenant", "api_key", usd("amount"), usd("remaining"), "state", "created_at",
+    ]  # fmt: skip
     list_filter = ["state", "tenant"]
     search_fields = ["request_id"]
 
 
 @admin.register(Request)
 class RequestAdmin(ReadOnlyAdmin):
-    list_display = ["request_id", "tenant", "market", "bid", "status", "created_at", "finished_at"]
+    list_display = [
+        "request_id", "tenant", "market", shown("bid", figures.usd_per_s), "status", "created_at",
+        "finished_at",
+    ]  # fmt: skip
     list_filter = ["status", "market", "tenant", "request_class"]
     search_fields = ["request_id"]
     date_hierarchy = "created_at"
@@ -116,7 +145,7 @@ class RequestAdmin(ReadOnlyAdmin):
 class LedgerEntryAdmin(ReadOnlyAdmin):
     """The ledger is append-only: entries come from settlement, never from a person."""
 
-    list_display = ["created_at", "tenant", "market", "request", "kind", "amount", "round_id"]
+    list_display = ["created_at", "tenant", "market", "request", "kind", usd("amount"), "round_id"]
     list_filter = ["kind", "market", "tenant"]
     search_fields = ["request__request_id", "round_id"]
     date_hierarchy = "created_at"
@@ -126,7 +155,7 @@ class InvoiceLineInline(admin.TabularInline):
     model = InvoiceLine
     extra = 0
     can_delete = False
-    fields = ["request", "market", "priority_amount", "tokens_amount", "total"]
+    fields = ["request", "market", usd("priority_amount"), usd("tokens_amount"), usd("total")]
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
@@ -137,14 +166,16 @@ class InvoiceLineInline(admin.TabularInline):
 class InvoiceAdmin(ReadOnlyAdmin):
     """Invoices are generated from the ledger (``invoice_generate``), never edited."""
 
-    list_display = ["tenant", "period_start", "period_end", "total", "created_at"]
+    list_display = ["tenant", "period_start", "period_end", usd("total"), "created_at"]
     list_filter = ["tenant"]
     inlines = [InvoiceLineInline]
 
 
 @admin.register(InvoiceLine)
 class InvoiceLineAdmin(ReadOnlyAdmin):
-    list_display = ["invoice", "request", "market", "priority_amount", "tokens_amount", "total"]
+    list_display = [
+        "invoice", "request", "market", usd("priority_amount"), usd("tokens_amount"), usd("total"),
+    ]  # fmt: skip
     list_filter = ["market"]
     search_fields = ["request__request_id"]
 
@@ -153,8 +184,16 @@ class InvoiceLineAdmin(ReadOnlyAdmin):
 class AutobidderAdmin(admin.ModelAdmin):
     """Settings are edited here; the multiplier moves only by the pacing steps."""
 
-    list_display = ["tenant", "enabled", "budget", "period", "mu", "exposure_factor", "updated_at"]
-    readonly_fields = ["mu", "exposure_factor", "spent_start", "spent_in_window", "updated_at"]
+    list_display = [
+        "tenant", "enabled", usd("budget"), "period", shown("mu", figures.figure),
+        shown("exposure_factor", figures.figure), "updated_at",
+    ]  # fmt: skip
+    # The pacing state, shown by the figures' rule and never edited (so not in the form).
+    exclude = ["mu", "exposure_factor", "spent_in_window"]
+    readonly_fields = [
+        shown("mu", figures.figure), shown("exposure_factor", figures.figure), "spent_start",
+        usd("spent_in_window"), "updated_at",
+    ]  # fmt: skip
 
     def save_model(self, request: HttpRequest, obj: Autobidder, form, change: bool) -> None:
         """Save through the service, which validates and recounts the budget's window."""
@@ -177,12 +216,12 @@ class AutobidderStepAdmin(ReadOnlyAdmin):
     list_display = [
         "autobidder",
         "at",
-        "mu",
-        "spent",
-        "target",
-        "window_spent",
-        "exposure_factor",
-        "in_flight",
-        "uncollected",
+        shown("mu", figures.figure),
+        usd("spent"),
+        usd("target"),
+        usd("window_spent"),
+        shown("exposure_factor", figures.figure),
+        usd("in_flight"),
+        usd("uncollected"),
     ]
     list_filter = ["autobidder"]

@@ -9,8 +9,8 @@ A float is converted with ``Decimal(float)``, which is exact (the binary value, 
 so the only rounding is the quantization: ``money(0.1) == Decimal("0.100000000")``.
 
 For people, not the ledger, :func:`cents` rounds an amount to the cent (half up) and
-:func:`cents_str` writes it ("$0.33"): what invoices and the console show. Nothing rounded to
-cents is ever stored or summed.
+:func:`cents_str` writes it ("$0.33"): what an invoice shows as due. Nothing rounded to
+cents is ever stored or summed. Every other figure shown to people: :mod:`accounts.figures`.
 """
 
 from __future__ import annotations
@@ -114,26 +114,6 @@ def per_million(*, tokens: int, price_per_million: Decimal) -> Decimal:
 def money_str(amount: Decimal) -> str:
     """An amount as fixed-point text with its 9 places ("0.000000002", never "2E-9")."""
     return format(amount.quantize(QUANTUM), "f")
-
-
-def money_human(amount: Decimal) -> str:
-    """An amount for a person to read, with a dollar sign: cents from $1 up (thousands
-    separated), 4 places from a cent, 6 from a hundredth of a cent, all 9 below that, so a small
-    amount keeps its significant digits and none reads as a misleading $0.00 (the dashboard's
-    rule, ``fmt.dollars`` in ``static/js/live.js``, in fixed notation). Rounded half to even:
-    for messages (a budget's refusal), never for the ledger. Not to the cent like an invoice's
-    total: a request's worst case and a budget's remainder are often fractions of a cent."""
-    size = abs(amount)
-    if size >= 1 or size == 0:
-        places = 2
-    elif size >= Decimal("0.01"):
-        places = 4
-    elif size >= Decimal("0.0001"):
-        places = 6
-    else:
-        places = MONEY_PLACES
-    shown = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
-    return f"${shown:,f}"
 
 
 CENT = Decimal("0.01")

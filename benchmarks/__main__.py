@@ -28,9 +28,10 @@ from engines.contract.knobs import MarketKnobs
 from engines.sim import settings_split
 from mechanism import POLICIES
 
-from . import html as html_report
+from . import figures
 from .bids import BID_DISTRIBUTIONS, BidSpec
 from .goal import point_goals
+from .html import command_line
 from .progress import Progress
 from .report import findings_table, goal_table, policy_table
 from .runner import Capacities, Point, run_point
@@ -337,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = to_json(main_points, sweep_points, meta)
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     if args.html:
-        html_report.write_report(args.html, main_points, tables, sweep_points, findings)
+        command = command_line("benchmarks", argv)
+        figures.write_report(args.html, main_points, tables, sweep_points, findings, command)
     return 0
 
 

@@ -9,18 +9,18 @@ point and its cost, per server and number of workers, side by side in one run.
 Starts the simulated engine (``--engine-speed``, default 1000: its own step times shrink to
 microseconds) as a subprocess on the database of ``DATABASE_URL`` (migrated first), with a fresh
 tenant (an API key, a monthly budget) and a market pointing at the engine. Then, for each server
-configuration (``SERVER:WORKERS``, served as ``config.serving`` says, DEBUG off), one after the
-other in this run:
+configuration (``SERVER:WORKERS``, served as ``config.serving`` says, DEBUG off, the gateway's
+other settings such as ``GATEWAY_DB_THREADS`` from this environment), one after the other:
 
-- **The rate sweep**, non-streamed: for each rate, ascending, two open-loop arrival streams run
-  side by side for ``--duration`` seconds, one through the gateway (``POST /v1/completions``,
-  with a bid) and one straight to the engine (``POST /generate``, the baseline), with tiny
-  prompts and ``max_tokens`` 1. Arrivals are Poisson (or ``--arrivals fixed``); each request is
-  sent at its time whatever the others are doing. Latency: from sending a request to having read
-  its whole answer. The gateway's added latency is the difference of the two distributions'
-  percentiles. A configuration's sweep stops at the first rate it cannot carry (never with
-  ``--full-sweep`` or ``--repeat`` above 1). Its **saturation point** is the highest rate it
-  carried: achieved >= 0.97 x offered and added p99 <= 50 ms.
+- **The rate sweep**, non-streamed: for each rate, ascending, two open-loop Poisson arrival
+  streams run side by side for ``--duration`` seconds, one through the gateway
+  (``POST /v1/completions``, with a bid) and one straight to the engine (``POST /generate``, the
+  baseline), with tiny prompts and ``max_tokens`` 1; each request is sent at its time whatever
+  the others are doing. Latency: from sending a request to having read its whole answer. The
+  gateway's added latency is the difference of the two distributions' percentiles. A sweep stops
+  at the first rate it cannot carry (with ``--repeat`` above 1, every rate is measured). Its
+  **saturation point** is the highest rate it carried: achieved >= 0.97 x offered and added
+  p99 <= 50 ms.
 - **Streaming** at ``--stream-rate`` (100): the same two streams with ``stream: true``; the
   figure is the time to the first byte of the answer's body, added by the gateway.
 - **CPU per request**: user + system CPU of the gateway's processes (the server and its workers)
@@ -46,20 +46,23 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import aiohttp
+import plotly.graph_objects as go
 import psutil
+from plotly.subplots import make_subplots
 
+from benchmarks.html import Section, Table, command_line, write_page
 from benchmarks.metrics import percentile
-from config.serving import MULTI_WORKER_SERVERS, SERVERS, server_argv
+from config.serving import SERVERS, server_argv
+from engines.router import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_REQUESTS = 300
@@ -71,6 +74,9 @@ SOAK_WARMUP_S = 30.0
 SOAK_WINDOW_S = 60.0
 FLOOR = "floor"  # a pseudo-server: benchmarks.gateway_floor, WORKERS read as commits
 FLOOR_MAX_COMMITS = 8
+BID = "0.001"  # every gateway request's bid, $/s
+MODEL = "bench/sim"  # the bench market's served model
+PERCENTILES = (50, 95, 99)
 
 
 @dataclass
@@ -94,19 +100,24 @@ class PathResult:
 
 @dataclass
 class RatePoint:
-    """Both streams at one offered rate, and what the gateway added (gateway - direct)."""
+    """Both streams at one offered rate."""
 
     rate: float
     stream: bool
     gateway: PathResult
     direct: PathResult
-    added_p50_ms: float
-    added_p95_ms: float
-    added_p99_ms: float
-    added_ttfb_p50_ms: float
-    added_ttfb_p95_ms: float
-    added_ttfb_p99_ms: float
     gateway_cpu_ms_per_request: float
+
+    def added(self, latency: str) -> float:
+        """What the gateway added to ``latency`` (a ``PathResult`` field, ms): its stream's
+        figure less the engine's."""
+        return getattr(self.gateway, latency) - getattr(self.direct, latency)
+
+    def added_ms(self) -> dict[str, float]:
+        """The added percentiles (ms): of the whole answer, or of the first byte when
+        streamed."""
+        prefix = "ttfb_" if self.stream else ""
+        return {f"p{q}": self.added(f"{prefix}p{q}_ms") for q in PERCENTILES}
 
     @property
     def carried(self) -> bool:
@@ -115,7 +126,7 @@ class RatePoint:
         is itself a few percent off the rate)."""
         return (
             self.gateway.achieved_rate >= CARRIED_SHARE * self.gateway.offered_rate
-            and self.added_p99_ms <= CARRIED_ADDED_P99_MS
+            and self.added("p99_ms") <= CARRIED_ADDED_P99_MS
         )
 
 
@@ -156,31 +167,23 @@ def parse_configs(text: str) -> list[tuple[str, int]]:
                 raise ValueError(f"{part}: the floor commits 0 to {FLOOR_MAX_COMMITS} times")
             configs.append((FLOOR, commits))
             continue
-        if server not in SERVERS:
-            raise ValueError(f"unknown server {server!r}; choose from {', '.join(SERVERS)}")
         n = int(workers or 1)
-        if n < 1 or (n > 1 and server not in MULTI_WORKER_SERVERS):
-            raise ValueError(f"{part}: {server} cannot run {n} workers")
+        server_argv(server, host="127.0.0.1", port=0, workers=n)  # refuses what cannot run
         configs.append((server, n))
     if not configs:
         raise ValueError("no server configuration given")
     return configs
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def setup_database(engine_url: str) -> tuple[str, str]:
+def setup_database(engine_url: str) -> str:
     """Migrate, then create a fresh tenant with a key and a budget, and the bench market.
-    Returns (API key, served model)."""
+    Returns the API key."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()
     from django.core.management import call_command
+    from django.db import connections
 
     from accounts.models import Tenant
     from accounts.services import api_key_create, budget_set
@@ -194,49 +197,38 @@ def setup_database(engine_url: str) -> tuple[str, str]:
     Market.objects.update_or_create(
         slug="gateway-bench",
         defaults={
-            "name": "Gateway benchmark",
-            "served_model": "bench/sim",
-            "engine_url": engine_url,
-            "price_input_per_mtok": "3",
-            "price_cached_input_per_mtok": "0.3",
-            "price_output_per_mtok": "15",
-            "reserve": "0",
-            "is_active": True,
+            "name": "Gateway benchmark", "served_model": MODEL, "engine_url": engine_url,
+            "price_input_per_mtok": "3", "price_cached_input_per_mtok": "0.3",
+            "price_output_per_mtok": "15", "reserve": "0", "is_active": True,
         },
-    )
-    from django.db import connections
-
+    )  # fmt: skip
     connections.close_all()
-    return key, "bench/sim"
+    return key
 
 
 def start(argv: list[str], *, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """A subprocess in the repository, its output to ``log``."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env={**os.environ, **(env or {})},
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            argv, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
         )
 
 
 def stop(proc: subprocess.Popen) -> None:
     """Terminate a subprocess (its workers with it); kill what has not ended in 10 s."""
     try:
-        family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+        children = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        family = [proc.pid]
+        children = []
     proc.terminate()
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=5)
-    for pid in family[1:]:
+    for child in children:
         try:
-            psutil.Process(pid).kill()
+            child.kill()
         except psutil.NoSuchProcess:
             pass
 
@@ -280,6 +272,9 @@ class Target:
     body: dict
     headers: dict[str, str]
 
+    def streamed(self) -> Target:
+        return Target(self.url, {**self.body, "stream": True}, self.headers)
+
 
 async def one(
     session: aiohttp.ClientSession, target: Target, body: dict
@@ -306,19 +301,15 @@ async def arrivals_stream(
     *,
     rate: float,
     duration_s: float,
-    arrivals: str,
     seed: int,
     rid_prefix: str,
 ) -> PathResult:
-    """Open loop: one task per arrival at its scheduled time, for ``duration_s`` seconds."""
+    """Open loop: one task per Poisson arrival at its scheduled time, for ``duration_s``."""
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     start_at = loop.time() + 0.05
     tasks, t, i = [], 0.0, 0
-    while True:
-        t += rng.expovariate(rate) if arrivals == "poisson" else 1.0 / rate
-        if t > duration_s:
-            break
+    while (t := t + rng.expovariate(rate)) <= duration_s:
         delay = start_at + t - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -329,9 +320,8 @@ async def arrivals_stream(
         i += 1
     done = await asyncio.gather(*tasks)
     elapsed = loop.time() - start_at
-    served = [(ttfb, total) for ttfb, total, ok in done if ok]
-    totals = sorted(total for _, total in served)
-    ttfbs = sorted(ttfb for ttfb, _ in served)
+    ttfbs = [ttfb for ttfb, _, ok in done if ok]
+    totals = [total for _, total, ok in done if ok]
     ok = len(totals)
     return PathResult(
         sent=len(done),
@@ -339,27 +329,21 @@ async def arrivals_stream(
         errors=len(done) - ok,
         offered_rate=len(done) / duration_s,
         achieved_rate=ok / elapsed if elapsed > 0 else 0.0,
-        p50_ms=percentile(totals, 50),
-        p95_ms=percentile(totals, 95),
-        p99_ms=percentile(totals, 99),
+        **{f"p{q}_ms": percentile(totals, q) for q in PERCENTILES},
         mean_ms=sum(totals) / ok if ok else float("nan"),
-        ttfb_p50_ms=percentile(ttfbs, 50),
-        ttfb_p95_ms=percentile(ttfbs, 95),
-        ttfb_p99_ms=percentile(ttfbs, 99),
+        **{f"ttfb_p{q}_ms": percentile(ttfbs, q) for q in PERCENTILES},
     )
 
 
 @dataclass(frozen=True)
 class Paths:
-    """The gateway's and the engine's targets, non-streamed and streamed."""
+    """The gateway's and the engine's targets."""
 
     gateway: Target
     direct: Target
 
     def streamed(self) -> Paths:
-        gw = Target(self.gateway.url, {**self.gateway.body, "stream": True}, self.gateway.headers)
-        dr = Target(self.direct.url, {**self.direct.body, "stream": True}, self.direct.headers)
-        return Paths(gw, dr)
+        return Paths(self.gateway.streamed(), self.direct.streamed())
 
 
 async def rate_point(
@@ -368,44 +352,30 @@ async def rate_point(
     procs: list[psutil.Process],
     *,
     rate: float,
-    args: argparse.Namespace,
-    stream: bool,
+    duration_s: float,
+    stream: bool = False,
 ) -> RatePoint:
     run = uuid.uuid4().hex[:8]
-    common = {"rate": rate, "duration_s": args.duration, "arrivals": args.arrivals}
     cpu_before = cpu_seconds(procs)
     gw, dr = await asyncio.gather(
-        arrivals_stream(session, paths.gateway, seed=1, rid_prefix=f"g{run}", **common),
-        arrivals_stream(session, paths.direct, seed=2, rid_prefix=f"d{run}", **common),
-    )
+        arrivals_stream(session, paths.gateway, rate=rate, duration_s=duration_s, seed=1,
+                        rid_prefix=f"g{run}"),
+        arrivals_stream(session, paths.direct, rate=rate, duration_s=duration_s, seed=2,
+                        rid_prefix=f"d{run}"),
+    )  # fmt: skip
     cpu = cpu_seconds(procs) - cpu_before
-    return RatePoint(
-        rate=rate,
-        stream=stream,
-        gateway=gw,
-        direct=dr,
-        added_p50_ms=gw.p50_ms - dr.p50_ms,
-        added_p95_ms=gw.p95_ms - dr.p95_ms,
-        added_p99_ms=gw.p99_ms - dr.p99_ms,
-        added_ttfb_p50_ms=gw.ttfb_p50_ms - dr.ttfb_p50_ms,
-        added_ttfb_p95_ms=gw.ttfb_p95_ms - dr.ttfb_p95_ms,
-        added_ttfb_p99_ms=gw.ttfb_p99_ms - dr.ttfb_p99_ms,
-        gateway_cpu_ms_per_request=cpu * 1000 / gw.ok if gw.ok else float("nan"),
-    )
+    return RatePoint(rate, stream, gw, dr, cpu * 1000 / gw.ok if gw.ok else float("nan"))
 
 
-def _point_line(name: str, p: RatePoint) -> str:
-    what = "stream TTFB" if p.stream else "total"
-    added = (
-        (p.added_ttfb_p50_ms, p.added_ttfb_p95_ms, p.added_ttfb_p99_ms)
-        if p.stream
-        else (p.added_p50_ms, p.added_p95_ms, p.added_p99_ms)
-    )
-    return (
-        f"  {name} @ {p.rate:g} req/s ({what}): achieved {p.gateway.achieved_rate:.1f}, added "
-        f"p50/p95/p99 {added[0]:.2f} / {added[1]:.2f} / {added[2]:.2f} ms, "
+def _progress(name: str, p: RatePoint) -> None:
+    added = " / ".join(f"{v:.2f}" for v in p.added_ms().values())
+    print(
+        f"  {name} @ {p.rate:g} req/s ({'stream TTFB' if p.stream else 'total'}): achieved "
+        f"{p.gateway.achieved_rate:.1f}, added p50/p95/p99 {added} ms, "
         f"{p.gateway_cpu_ms_per_request:.2f} ms CPU/request"
-        + ("" if p.stream or p.carried else "  (not carried)")
+        + ("" if p.stream or p.carried else "  (not carried)"),
+        file=sys.stderr,
+        flush=True,
     )
 
 
@@ -420,29 +390,27 @@ async def server_run(
     session: aiohttp.ClientSession,
     paths: Paths,
     proc: subprocess.Popen,
-    *,
-    server: str,
-    workers: int,
+    result: ServerRun,
     args: argparse.Namespace,
 ) -> ServerRun:
-    result = ServerRun(server=server, workers=workers)
     await _warmed(session, paths)
     procs = processes(proc)
     for rate in args.rates:
-        point = await rate_point(session, paths, procs, rate=rate, args=args, stream=False)
+        point = await rate_point(session, paths, procs, rate=rate, duration_s=args.duration)
         result.sweep.append(point)
-        print(_point_line(result.name, point), file=sys.stderr, flush=True)
+        _progress(result.name, point)
         await asyncio.sleep(1)
-        # One repeat stops at its first rate not carried; with repeats, every repeat measures
-        # every rate, so that each median is over the same points.
-        if not point.carried and not args.full_sweep and args.repeat == 1:
+        # With repeats, every repeat measures every rate, so that each median is over the same
+        # points.
+        if not point.carried and args.repeat == 1:
             break
     result.saturation_rate = saturation_rate(result.sweep)
     if args.stream_rate > 0:
         result.streaming = await rate_point(
-            session, paths.streamed(), procs, rate=args.stream_rate, args=args, stream=True
-        )
-        print(_point_line(result.name, result.streaming), file=sys.stderr, flush=True)
+            session, paths.streamed(), procs, rate=args.stream_rate, duration_s=args.duration,
+            stream=True,
+        )  # fmt: skip
+        _progress(result.name, result.streaming)
     return result
 
 
@@ -484,10 +452,8 @@ async def soak(
 ) -> Soak:
     await _warmed(session, paths)
     # Warm-up at the soak's rate: the first minute's mean is taken after it.
-    await arrivals_stream(
-        session, paths.gateway, rate=args.soak_rate, duration_s=SOAK_WARMUP_S,
-        arrivals=args.arrivals, seed=3, rid_prefix="soak-warm",
-    )  # fmt: skip
+    await arrivals_stream(session, paths.gateway, rate=args.soak_rate, duration_s=SOAK_WARMUP_S,
+                          seed=3, rid_prefix="soak-warm")  # fmt: skip
     procs = processes(proc)
     workers_only = procs[1:] if len(procs) > 1 else procs  # uvicorn's supervisor serves nothing
     samples: dict[int, list[tuple[float, int]]] = {p.pid: [] for p in workers_only}
@@ -506,8 +472,8 @@ async def soak(
     sampler = asyncio.create_task(sample())
     try:
         result = await arrivals_stream(
-            session, paths.gateway, rate=args.soak_rate, duration_s=args.soak_s,
-            arrivals=args.arrivals, seed=4, rid_prefix="soak",
+            session, paths.gateway, rate=args.soak_rate, duration_s=args.soak_s, seed=4,
+            rid_prefix="soak",
         )  # fmt: skip
     finally:
         sampler.cancel()
@@ -522,24 +488,18 @@ async def soak(
     )
 
 
-def _gateway_env(db_threads: int | None) -> dict[str, str]:
-    # As in production: DEBUG off (no query log), access logs off (config.serving).
-    env = {"DEBUG": "0", "ALLOWED_HOSTS": "127.0.0.1",
-           "SECRET_KEY": os.environ.get("SECRET_KEY") or uuid.uuid4().hex}  # fmt: skip
-    if db_threads:
-        env["GATEWAY_DB_THREADS"] = str(db_threads)
-    return env
-
-
 class Gateways:
-    """Starts each configuration's gateway (or the floor) on a fresh port."""
+    """Starts each configuration's gateway (or the floor) on a fresh port, against
+    ``engine_url``; their logs in ``logs``, and the paths of the two streams."""
 
-    def __init__(self, logs: Path, db_threads: int | None, engine_url: str) -> None:
-        self.logs, self.env = logs, _gateway_env(db_threads)
-        self.engine_url = engine_url
+    def __init__(self, logs: Path, engine_url: str, key: str) -> None:
+        self.logs, self.engine_url, self.key = logs, engine_url, key
+        # As in production: DEBUG off (no query log), access logs off (config.serving).
+        self.env = {"DEBUG": "0", "ALLOWED_HOSTS": "127.0.0.1",
+                    "SECRET_KEY": os.environ.get("SECRET_KEY") or uuid.uuid4().hex}  # fmt: skip
 
-    def started(self, server: str, workers: int) -> tuple[subprocess.Popen, str]:
-        port = free_port()
+    def started(self, server: str, workers: int) -> tuple[subprocess.Popen, Paths]:
+        (port,) = free_ports(1)
         env = self.env
         if server == FLOOR:
             argv = server_argv("uvicorn", host="127.0.0.1", port=port,
@@ -550,7 +510,18 @@ class Gateways:
         else:
             argv = server_argv(server, host="127.0.0.1", port=port, workers=workers)
         proc = start(argv, env=env, log=self.logs / f"gateway-{server}-{workers}.log")
-        return proc, f"http://127.0.0.1:{port}"
+        gateway = Target(
+            url=f"http://127.0.0.1:{port}/v1/completions",
+            body={"model": MODEL, "prompt": "Hi there", "max_tokens": 1, "bid": BID},
+            headers={"Authorization": f"Bearer {self.key}"},
+        )
+        sampling = {"max_new_tokens": 1, "custom_params": {"bid": float(BID)}}
+        direct = Target(
+            url=f"{self.engine_url}/generate",
+            body={"rid": "x", "text": "Hi there", "sampling_params": sampling},
+            headers={},
+        )
+        return proc, Paths(gateway, direct)
 
 
 def floor_table(create: bool) -> None:
@@ -567,23 +538,8 @@ def floor_table(create: bool) -> None:
     connection.close()
 
 
-def _paths(gateway_base: str, engine_url: str, key: str, model: str, bid: str) -> Paths:
-    gateway = Target(
-        url=f"{gateway_base}/v1/completions",
-        body={"model": model, "prompt": "Hi there", "max_tokens": 1, "bid": bid},
-        headers={"Authorization": f"Bearer {key}"},
-    )
-    sampling = {"max_new_tokens": 1, "custom_params": {"bid": float(bid)}}
-    direct = Target(
-        url=f"{engine_url}/generate",
-        body={"rid": "x", "text": "Hi there", "sampling_params": sampling},
-        headers={},
-    )
-    return Paths(gateway, direct)
-
-
 async def measure(
-    args: argparse.Namespace, gateways: Gateways, engine_url: str, key: str, model: str
+    args: argparse.Namespace, gateways: Gateways
 ) -> tuple[list[ServerRun], Soak | None]:
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=args.timeout)
@@ -591,17 +547,14 @@ async def measure(
     soaked = None
     todo = [(r, c) for r in range(args.repeat) for c in args.configs]  # interleaved repeats
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await wait_ready(session, f"{engine_url}/health")
+        await wait_ready(session, f"{gateways.engine_url}/health")
         for i, (repeat, (server, workers)) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {server}:{workers} (repeat {repeat + 1}/{args.repeat})",
                   file=sys.stderr, flush=True)  # fmt: skip
-            proc, base = gateways.started(server, workers)
+            proc, paths = gateways.started(server, workers)
             try:
-                paths = _paths(base, engine_url, key, model, args.bid)
                 runs.append(
-                    await server_run(
-                        session, paths, proc, server=server, workers=workers, args=args
-                    )
+                    await server_run(session, paths, proc, ServerRun(server, workers), args)
                 )
             finally:
                 stop(proc)
@@ -610,38 +563,32 @@ async def measure(
             server, workers = args.soak
             print(f"[soak] {server}:{workers}, {args.soak_s:g} s at {args.soak_rate:g} req/s",
                   file=sys.stderr, flush=True)  # fmt: skip
-            proc, base = gateways.started(server, workers)
+            proc, paths = gateways.started(server, workers)
             try:
-                paths = _paths(base, engine_url, key, model, args.bid)
                 soaked = await soak(session, paths, proc, server=server, workers=workers, args=args)
             finally:
                 stop(proc)
     return runs, soaked
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-
-
-def _median_of(items: list, cls: type):  # type: ignore[no-untyped-def]
-    """A ``cls`` whose every numeric field is the median of that field over ``items``."""
-    rows = [asdict(i) for i in items]
-    fields = {}
-    for name, value in rows[0].items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            fields[name] = value
-        else:
-            fields[name] = _median([row[name] for row in rows])
-    return cls(**fields)
-
-
 def _median_point(points: list[RatePoint]) -> RatePoint:
-    point = _median_of(points, RatePoint)
-    point.gateway = _median_of([p.gateway for p in points], PathResult)
-    point.direct = _median_of([p.direct for p in points], PathResult)
-    return point
+    """A point whose every figure is the median of that figure over ``points`` (one rate)."""
+
+    def median_path(paths: list[PathResult]) -> PathResult:
+        return PathResult(
+            **{
+                f.name: percentile([getattr(p, f.name) for p in paths], 50)
+                for f in fields(PathResult)
+            }
+        )
+
+    return RatePoint(
+        rate=points[0].rate,
+        stream=points[0].stream,
+        gateway=median_path([p.gateway for p in points]),
+        direct=median_path([p.direct for p in points]),
+        gateway_cpu_ms_per_request=percentile([p.gateway_cpu_ms_per_request for p in points], 50),
+    )
 
 
 def merged(runs: list[ServerRun]) -> list[ServerRun]:
@@ -656,7 +603,9 @@ def merged(runs: list[ServerRun]) -> list[ServerRun]:
         result = ServerRun(server=server, workers=workers)
         rates = sorted(set.intersection(*({p.rate for p in r.sweep} for r in repeats)))
         for rate in rates:
-            result.sweep.append(_median_point([_at(r, rate) for r in repeats]))  # type: ignore[misc]
+            result.sweep.append(
+                _median_point([p for r in repeats for p in r.sweep if p.rate == rate])
+            )
         streams = [r.streaming for r in repeats if r.streaming is not None]
         result.streaming = _median_point(streams) if streams else None
         result.saturation_rate = saturation_rate(result.sweep)
@@ -664,35 +613,24 @@ def merged(runs: list[ServerRun]) -> list[ServerRun]:
     return out
 
 
-def _baseline(runs: list[ServerRun]) -> ServerRun | None:
-    """Today's gateway: Daphne, one process (the ratios' denominator), if it ran."""
-    return next((r for r in runs if r.server == "daphne" and r.workers == 1), None)
-
-
-def _at(run: ServerRun, rate: float) -> RatePoint | None:
-    return next((p for p in run.sweep if p.rate == rate), None)
-
-
 def summary(runs: list[ServerRun], *, target_rate: float = 100.0) -> list[dict]:
     """Per configuration: the issue's figures at ``target_rate`` and the saturation point,
-    with its ratio to Daphne's (one process) of the same run."""
-    base = _baseline(runs)
+    with its ratio to Daphne's (one process, today's gateway) of the same run."""
+    base = next((r for r in runs if r.server == "daphne" and r.workers == 1), None)
     rows = []
     for run in runs:
-        at, streamed = _at(run, target_rate), run.streaming
+        at = next((p for p in run.sweep if p.rate == target_rate), None)
+        added = at.added_ms() if at else {}
+        streamed = run.streaming.added_ms() if run.streaming else {}
         ratio = None
         if base is not None and base.saturation_rate and run.saturation_rate:
             ratio = run.saturation_rate / base.saturation_rate
         rows.append(
             {
                 "config": run.name,
-                "added_p50_ms": at.added_p50_ms if at else None,
-                "added_p95_ms": at.added_p95_ms if at else None,
-                "added_p99_ms": at.added_p99_ms if at else None,
+                **{f"added_{k}_ms": added.get(k) for k in ("p50", "p95", "p99")},
                 "cpu_ms_per_request": at.gateway_cpu_ms_per_request if at else None,
-                "stream_ttfb_added_p50_ms": streamed.added_ttfb_p50_ms if streamed else None,
-                "stream_ttfb_added_p95_ms": streamed.added_ttfb_p95_ms if streamed else None,
-                "stream_ttfb_added_p99_ms": streamed.added_ttfb_p99_ms if streamed else None,
+                **{f"stream_ttfb_added_{k}_ms": streamed.get(k) for k in ("p50", "p95", "p99")},
                 "saturation_rate": run.saturation_rate,
                 "saturation_over_daphne": ratio,
             }
@@ -704,37 +642,20 @@ def _f(value: float | None, fmt: str = ".2f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def table(runs: list[ServerRun], *, target_rate: float = 100.0) -> str:
-    """The report as Markdown: the summary, then every rate point."""
-    lines = [
-        f"| server:workers | added p50 / p95 / p99 ms at {target_rate:g} req/s | CPU ms/req | "
-        "stream TTFB added p50 / p95 / p99 ms | saturation req/s | x Daphne:1 |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in summary(runs, target_rate=target_rate):
-        lines.append(
-            f"| {row['config']} | {_f(row['added_p50_ms'])} / {_f(row['added_p95_ms'])} / "
-            f"{_f(row['added_p99_ms'])} | {_f(row['cpu_ms_per_request'])} | "
-            f"{_f(row['stream_ttfb_added_p50_ms'])} / {_f(row['stream_ttfb_added_p95_ms'])} / "
-            f"{_f(row['stream_ttfb_added_p99_ms'])} | {_f(row['saturation_rate'], 'g')} | "
-            f"{_f(row['saturation_over_daphne'])} |"
-        )
-    lines += [
-        "",
-        "| server:workers | rate | achieved gw / direct | direct p50 / p95 / p99 ms | "
-        "added p50 / p95 / p99 ms | CPU ms/req | carried |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for run in runs:
-        for p in run.sweep:
-            lines.append(
-                f"| {run.name} | {p.rate:g} | {p.gateway.achieved_rate:.1f} / "
-                f"{p.direct.achieved_rate:.1f} | {p.direct.p50_ms:.2f} / {p.direct.p95_ms:.2f} / "
-                f"{p.direct.p99_ms:.2f} | {p.added_p50_ms:.2f} / {p.added_p95_ms:.2f} / "
-                f"{p.added_p99_ms:.2f} | {p.gateway_cpu_ms_per_request:.2f} | "
-                f"{'yes' if p.carried else 'no'} |"
-            )
-    return "\n".join(lines)
+def _three(row: dict, prefix: str) -> str:
+    return " / ".join(_f(row[f"{prefix}_{k}_ms"]) for k in ("p50", "p95", "p99"))
+
+
+def summary_table(rows: list[dict], *, target_rate: float = 100.0) -> Table:
+    """The summary of ``--json`` (:func:`summary`'s rows) as a table."""
+    return Table(
+        ("server:workers", f"added p50 / p95 / p99 at {target_rate:g} req/s (ms)",
+         "gateway CPU per request (ms)", "stream TTFB added p50 / p95 / p99 (ms)",
+         "saturation (req/s)", "x daphne:1"),
+        [(r["config"], _three(r, "added"), _f(r["cpu_ms_per_request"]),
+          _three(r, "stream_ttfb_added"), _f(r["saturation_rate"], "g"),
+          _f(r["saturation_over_daphne"])) for r in rows],
+    )  # fmt: skip
 
 
 def soak_text(s: Soak) -> str:
@@ -748,74 +669,43 @@ def soak_text(s: Soak) -> str:
     return "\n".join(parts)
 
 
-def write_html(runs: list[ServerRun], soaked: Soak | None, path: Path, text: str) -> None:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
+def sweep_figure(runs: list[ServerRun]) -> go.Figure:
+    """Added p95 and p99, achieved / offered and CPU per request against the offered rate."""
     fig = make_subplots(
-        rows=2,
-        cols=2,
-        subplot_titles=(
-            "added p95 (ms) vs offered rate",
-            "added p99 (ms) vs offered rate",
-            "achieved / offered rate (gateway)",
-            "gateway CPU per request (ms)",
-        ),
-    )
+        rows=2, cols=2,
+        subplot_titles=("added p95 (ms) vs offered rate", "added p99 (ms) vs offered rate",
+                        "achieved / offered rate (gateway)", "gateway CPU per request (ms)"),
+    )  # fmt: skip
     for run in runs:
         rates = [p.rate for p in run.sweep]
-        for col, values in (
-            (1, [p.added_p95_ms for p in run.sweep]),
-            (2, [p.added_p99_ms for p in run.sweep]),
-        ):
+        for i, (row, col, values) in enumerate((
+            (1, 1, [p.added("p95_ms") for p in run.sweep]),
+            (1, 2, [p.added("p99_ms") for p in run.sweep]),
+            (2, 1, [p.gateway.achieved_rate / p.gateway.offered_rate for p in run.sweep]),
+            (2, 2, [p.gateway_cpu_ms_per_request for p in run.sweep]),
+        )):  # fmt: skip
             fig.add_trace(
                 go.Scatter(x=rates, y=values, name=run.name, legendgroup=run.name,
-                           showlegend=col == 1, mode="lines+markers"),
-                row=1, col=col,
+                           showlegend=i == 0, mode="lines+markers"),
+                row=row, col=col,
             )  # fmt: skip
-        fig.add_trace(
-            go.Scatter(x=rates,
-                       y=[p.gateway.achieved_rate / p.gateway.offered_rate for p in run.sweep],
-                       name=run.name, legendgroup=run.name, showlegend=False,
-                       mode="lines+markers"),
-            row=2, col=1,
-        )  # fmt: skip
-        fig.add_trace(
-            go.Scatter(x=rates, y=[p.gateway_cpu_ms_per_request for p in run.sweep],
-                       name=run.name, legendgroup=run.name, showlegend=False,
-                       mode="lines+markers"),
-            row=2, col=2,
-        )  # fmt: skip
     for col in (1, 2):
         fig.update_yaxes(type="log", row=1, col=col)
+        fig.update_xaxes(title_text="offered rate (req/s)", row=2, col=col)
     fig.add_hline(y=CARRIED_ADDED_P99_MS, line_dash="dot", row=1, col=2)
     fig.add_hline(y=CARRIED_SHARE, line_dash="dot", row=2, col=1)
-    fig.update_layout(title="The gateway's added latency, by server and workers", height=800)
-    figures = [fig]
-    if soaked is not None:
-        mem = go.Figure()
-        for pid, samples in soaked.samples.items():
-            mem.add_trace(
-                go.Scatter(x=[t for t, _ in samples], y=[rss / 2**20 for _, rss in samples],
-                           name=f"pid {pid}", mode="lines")
-            )  # fmt: skip
-        mem.update_layout(
-            title=f"RSS of the gateway's processes at {soaked.rate:g} req/s "
-            f"({soaked.server}:{soaked.workers})",
-            xaxis_title="seconds",
-            yaxis_title="MiB",
-        )
-        figures.append(mem)
-    body = "".join(
-        f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures)
-    )
-    import html
+    fig.update_layout(height=800)
+    return fig
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>Gateway benchmark</title>"
-        f"</head><body><pre>{html.escape(text)}</pre>{body}</body></html>"
-    )
+
+def soak_figure(soaked: Soak) -> go.Figure:
+    """Each gateway process's RSS over the soak."""
+    fig = go.Figure()
+    for pid, samples in soaked.samples.items():
+        fig.add_trace(go.Scatter(x=[t for t, _ in samples], y=[rss / 2**20 for _, rss in samples],
+                                 name=f"pid {pid}", mode="lines"))  # fmt: skip
+    fig.update_layout(xaxis_title="seconds", yaxis_title="RSS (MiB)")
+    return fig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -828,7 +718,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--servers",
         default="daphne:1,uvicorn:1,granian:1,uvicorn:2",
         help="server configurations SERVER:WORKERS, comma-separated, run in this order "
-        f"(servers: {', '.join(SERVERS)})",
+        f"(servers: {', '.join(SERVERS)}; {FLOOR}:N the floor)",
     )
     p.add_argument("--server", help="one server (with --workers): instead of --servers")
     p.add_argument("--workers", type=int, default=1, help="workers of --server")
@@ -837,27 +727,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="100,150,200,250,300,400,500",
         help="offered rates of the sweep, requests per second, comma-separated",
     )
-    p.add_argument("--full-sweep", action="store_true",
-                   help="measure every rate, also past the first one not carried")  # fmt: skip
     p.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="measure every configuration this many times, interleaved; report the medians",
-    )
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure every configuration this many times, interleaved; report the "
+                   "medians")  # fmt: skip
     p.add_argument("--stream-rate", type=float, default=100.0,
                    help="rate of the streaming point (0: none)")  # fmt: skip
-    p.add_argument("--arrivals", choices=["poisson", "fixed"], default="poisson")
     p.add_argument("--engine-speed", type=float, default=1000.0)
-    p.add_argument("--bid", default="0.001", help="the gateway requests' bid, $/s")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request fails")
-    p.add_argument("--db-threads", type=int, default=None, help="the gateway's GATEWAY_DB_THREADS")
-    p.add_argument(
-        "--soak",
-        metavar="SERVER:WORKERS",
-        help="then run this configuration for --soak-s seconds and report its memory",
-    )
+    p.add_argument("--soak", metavar="SERVER:WORKERS",
+                   help="then run this one for --soak-s seconds and report its memory")  # fmt: skip
     p.add_argument("--soak-s", type=float, default=300.0)
     p.add_argument("--soak-rate", type=float, default=100.0)
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON")
@@ -879,17 +758,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _json(
     runs: list[ServerRun], repeats: list[ServerRun], soaked: Soak | None, args: argparse.Namespace
 ) -> dict:
+    def point_dict(p: RatePoint) -> dict:
+        return {**asdict(p), "added_ms": p.added_ms(), "carried": p.carried}
+
     def run_dict(run: ServerRun) -> dict:
         return {
             **asdict(run),
             "config": run.name,
-            "sweep": [{**asdict(p), "carried": p.carried} for p in run.sweep],
+            "sweep": [point_dict(p) for p in run.sweep],
+            "streaming": point_dict(run.streaming) if run.streaming else None,
         }
 
     return {
+        "command": args.command,
         "settings": {
             "duration_s": args.duration,
-            "arrivals": args.arrivals,
             "engine_speed": args.engine_speed,
             "rates": args.rates,
             "stream_rate": args.stream_rate,
@@ -906,13 +789,14 @@ def _json(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    args.command = command_line("benchmarks.gateway", argv)
     try:
         import uvloop
 
         uvloop.install()  # the load generator's own cost, kept small
     except ImportError:
         pass
-    engine_port = free_port()
+    (engine_port,) = free_ports(1)
     engine_url = f"http://127.0.0.1:{engine_port}"
     logs = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     engine = start(
@@ -922,32 +806,34 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     floors = any(server == FLOOR and n for server, n in args.configs)
     try:
-        key, model = setup_database(engine_url)
+        key = setup_database(engine_url)
         if floors:
             floor_table(create=True)
-        gateways = Gateways(logs, args.db_threads, engine_url)
-        repeats, soaked = asyncio.run(measure(args, gateways, engine_url, key, model))
+        repeats, soaked = asyncio.run(measure(args, Gateways(logs, engine_url, key)))
         runs = merged(repeats)
     finally:
         stop(engine)
         if floors:
             floor_table(create=False)
-    text = (
-        f"{args.duration:g} s per rate, medians of {args.repeat} interleaved repeat(s), "
-        f"{args.arrivals} arrivals, engine speed "
-        f"{args.engine_speed:g}, DEBUG off, GATEWAY_DB_THREADS={args.db_threads or 'default'}, "
-        f"{os.cpu_count()} CPUs; latency: send to last byte (stream: to the first), ms; "
-        f"carried: achieved >= {CARRIED_SHARE:g} x offered and added p99 <= "
-        f"{CARRIED_ADDED_P99_MS:g} ms; logs in {logs}\n\n" + table(runs)
+    settings = (
+        f"{args.duration:g} s per rate, medians of {args.repeat} interleaved repeat(s), Poisson "
+        f"arrivals, engine speed {args.engine_speed:g}, DEBUG off, GATEWAY_DB_THREADS="
+        f"{os.environ.get('GATEWAY_DB_THREADS', 'default')}, {os.cpu_count()} CPUs; latency: "
+        f"send to last byte (stream: to the first), ms; carried: achieved >= {CARRIED_SHARE:g} x "
+        f"offered and added p99 <= {CARRIED_ADDED_P99_MS:g} ms; logs in {logs}"
     )
+    table = summary_table(summary(runs))
+    print(f"{settings}\n\n{table.markdown()}")
     if soaked is not None:
-        text += "\n\n" + soak_text(soaked)
-    print(text)
+        print("\n" + soak_text(soaked))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(_json(runs, repeats, soaked, args), indent=2))
     if args.html:
-        write_html(runs, soaked, Path(args.html), text)
+        sections = [Section("The rate sweep", settings, [table], [sweep_figure(runs)])]
+        if soaked is not None:
+            sections.append(Section("Soak", soak_text(soaked), figures=[soak_figure(soaked)]))
+        write_page(args.html, "Gateway benchmark", sections, command=args.command)
 
 
 if __name__ == "__main__":

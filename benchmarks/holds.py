@@ -39,7 +39,11 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from accounts.rules import HOLD_HORIZON_FLOOR_S, HOLD_HORIZON_PRIOR_S, HOLD_MARGIN
+from benchmarks.html import Section, Table, command_line, write_page
 
 ENGINE_SETTINGS = ("max_running_requests=4", "step_fixed_s=0.03")  # the demo's engine
 SYSTEM_PREFIX = tuple(range(1000, 1300))  # 300 shared prompt tokens
@@ -178,30 +182,28 @@ async def run_rule(
     return out
 
 
-def table(runs: list[RuleRun], budget: Decimal) -> str:
-    rows = [
-        "| holds | bursts | served | refused (429) | unspent at first refusal | spent | unspent "
-        "at the end | priority revenue | uncollected | share of revenue |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def table(runs: list[RuleRun], budget: Decimal) -> Table:
+    columns = (
+        "holds", "bursts", "served", "refused (429)", "unspent at first refusal", "spent",
+        "unspent at the end", "priority revenue", "uncollected", "share of revenue",
+    )  # fmt: skip
+    rows = []
     for r in runs:
         unspent = "never refused" if r.unspent_at_first_refusal is None else (
             f"${Decimal(r.unspent_at_first_refusal):.2f} "
             f"({Decimal(r.unspent_at_first_refusal) / budget:.0%})"
         )  # fmt: skip
         rows.append(
-            f"| {r.rule} | {r.bursts} | {r.served} | {r.refused} | {unspent} "
-            f"| ${Decimal(r.spent):.4f} | ${Decimal(r.unspent):.4f} "
-            f"| ${Decimal(r.priority_revenue):.4f} "
-            f"| ${Decimal(r.uncollected):.6f} | {r.uncollected_share:.3%} |"
-        )
-    return "\n".join(rows)
+            (
+                r.rule, r.bursts, r.served, r.refused, unspent, f"${Decimal(r.spent):.4f}",
+                f"${Decimal(r.unspent):.4f}", f"${Decimal(r.priority_revenue):.4f}",
+                f"${Decimal(r.uncollected):.6f}", f"{r.uncollected_share:.3%}",
+            )
+        )  # fmt: skip
+    return Table(columns, rows)
 
 
-def write_html(runs: list[RuleRun], path: Path, text: str) -> None:
-    import plotly.graph_objects as go  # noqa: PLC0415
-    from plotly.subplots import make_subplots  # noqa: PLC0415
-
+def write_html(runs: list[RuleRun], path: Path, budget: Decimal, command: str) -> None:
     fig = make_subplots(
         rows=1, cols=2,
         subplot_titles=("budget spent after each burst ($)", "requests served, refused"),
@@ -221,10 +223,9 @@ def write_html(runs: list[RuleRun], path: Path, text: str) -> None:
     fig.add_trace(go.Bar(x=[r.rule for r in runs], y=[r.refused for r in runs], name="refused"),
                   row=1, col=2)  # fmt: skip
     fig.update_xaxes(title_text="burst", row=1, col=1)
-    fig.update_layout(title="Holds at a budget's edge: worst case vs sized", barmode="group")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = fig.to_html(include_plotlyjs=True, full_html=False)
-    path.write_text(f"<html><body>{body}<pre>{text}</pre></body></html>")
+    fig.update_layout(barmode="group")
+    section = Section("", tables=[table(runs, budget)], figures=[fig])
+    write_page(path, "Holds at a budget's edge: worst case vs sized", [section], command=command)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -274,15 +275,14 @@ def main(argv: list[str] | None = None) -> None:
             )  # fmt: skip
     finally:
         sim.stop()
-    text = table(runs, args.budget)
-    print(text)
+    print(table(runs, args.budget).markdown())
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
                                          "html": str(args.html), "budget": str(args.budget)},
                                          "runs": [asdict(r) for r in runs]}, indent=2))  # fmt: skip
     if args.html:
-        write_html(runs, args.html, text)
+        write_html(runs, args.html, args.budget, command_line("benchmarks.holds", argv))
 
 
 if __name__ == "__main__":

@@ -1,263 +1,109 @@
-"""``--html OUT``: a self-contained Plotly report (plotly.js inline, no CDN, works offline).
+"""The benchmarks' one HTML writer: every benchmark's ``--html`` report goes through
+:func:`write_page`.
 
-Figures: the TTFT CDF per policy, welfare and cache-hit bars, latency by bid class per policy,
-the goal's trade-off (TTFT against the best bid-blind policy vs welfare capture, a marker per
-bid-using policy and point), and for sweeps, mean TTFT / cache hit rate / welfare against load
-and against sharing.
+A page has a title, the command line that produced it (:func:`command_line`), then sections
+(:class:`Section`) of preformatted text, tables (:class:`Table`, which also renders as Markdown
+for the docs and as aligned text for a terminal) and Plotly figures, with plotly.js inline from
+the plotly package (no CDN: the file works offline).
 """
 
 from __future__ import annotations
 
 import html
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
-from plotly.subplots import make_subplots
 
-from .goal import CAPTURE_MIN, TTFT_SLACK, point_goals
-from .metrics import by_class
-from .report import point_header
-from .runner import Point
-from .sweep import SweepPoint
 
-_CDF_POINTS = 400
-_COLORS = {
-    "fcfs": "#7f7f7f",
-    "lpm": "#1f77b4",
-    "dfs-weight": "#17becf",
-    "highest-bid": "#d62728",
-    "dfs-auction": "#2ca02c",
-    "dfs-auction-density": "#9467bd",
-    "dfs-auction-kv": "#ff7f0e",
-    "dfs-auction-kv-split": "#8c564b",
-}
-_SWEEP_METRICS = (
-    ("mean_ttft_s", "mean TTFT (s)"),
-    ("cache_hit_rate", "cache hit rate"),
-    ("welfare", "welfare ($)"),
+@dataclass(frozen=True)
+class Table:
+    """Rows of cells under column titles; cells come formatted, units in the titles."""
+
+    columns: Sequence[str]
+    rows: Sequence[Sequence[object]]
+
+    def markdown(self) -> str:
+        """A Markdown table, each cell on one line (its whitespace collapsed, ``|`` escaped)."""
+
+        def line(cells: Sequence[object]) -> str:
+            text = (" ".join(str(c).split()).replace("|", "\\|") for c in cells)
+            return "| " + " | ".join(text) + " |"
+
+        return "\n".join(
+            [line(self.columns), "|" + "---|" * len(self.columns), *map(line, self.rows)]
+        )
+
+    def text(self) -> str:
+        """Aligned plain text for a terminal: the first column to the left, the rest right."""
+        cells = [[str(c) for c in self.columns], *([str(c) for c in row] for row in self.rows)]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(self.columns))]
+        return "\n".join(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+            for row in cells
+        )
+
+    def html(self) -> str:
+        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+            for row in self.rows
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+@dataclass(frozen=True)
+class Section:
+    """A heading, then preformatted ``text`` (what the command printed), tables and figures."""
+
+    title: str
+    text: str = ""
+    tables: Sequence[Table] = ()
+    figures: Sequence[go.Figure] = ()
+
+    def html(self) -> str:
+        parts = [f"<h2>{html.escape(self.title)}</h2>"] if self.title else []
+        if self.text:
+            parts.append(f"<pre>{html.escape(self.text)}</pre>")
+        parts += [t.html() for t in self.tables]
+        parts += [
+            f"<div>{f.to_html(full_html=False, include_plotlyjs=False)}</div>" for f in self.figures
+        ]
+        return "".join(parts)
+
+
+def command_line(module: str, argv: Sequence[str] | None = None) -> str:
+    """How the report was asked for: ``python -m MODULE`` and its arguments (``sys.argv``'s
+    when ``argv`` is None)."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+_STYLE = (
+    "body{font-family:sans-serif;margin:2em}pre{font-size:12px;overflow-x:auto}"
+    "table{border-collapse:collapse;font-size:13px;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}code{font-size:13px}"
 )
 
 
-def _color(policy: str) -> str:
-    return _COLORS.get(policy, "#333333")
-
-
-def ttft_cdf(point: Point) -> go.Figure:
-    """Share of requests with TTFT at most x, one line per policy (log x)."""
-    fig = go.Figure()
-    for name, run in point.runs.items():
-        ttfts = sorted(s.ttft_s for s in run.served)
-        n = len(ttfts)
-        idx = sorted({round(i * (n - 1) / (_CDF_POINTS - 1)) for i in range(_CDF_POINTS)})
-        fig.add_trace(
-            go.Scatter(
-                x=[ttfts[i] for i in idx],
-                y=[(i + 1) / n for i in idx],
-                name=name,
-                mode="lines",
-                line={"color": _color(name)},
-            )
-        )
-    fig.update_layout(title="TTFT CDF", xaxis_title="TTFT (s)", yaxis_title="share of requests")
-    fig.update_xaxes(type="log")
-    return fig
-
-
-def welfare_and_hits(point: Point) -> go.Figure:
-    """Realized welfare and cache hit rate, a bar per policy."""
-    fig = make_subplots(
-        rows=1, cols=2, subplot_titles=("welfare ($, -sum bid x TTFT)", "cache hit rate")
-    )
-    names = list(point.runs)
-    colors = [_color(n) for n in names]
-    fig.add_trace(
-        go.Bar(x=names, y=[point.runs[n].metrics.welfare for n in names], marker_color=colors),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Bar(
-            x=names, y=[point.runs[n].metrics.cache_hit_rate for n in names], marker_color=colors
-        ),
-        row=1,
-        col=2,
-    )
-    fig.update_layout(title="Welfare and cache hits", showlegend=False)
-    return fig
-
-
-def latency_by_class(point: Point) -> go.Figure:
-    """Mean and p99 TTFT per bid class (urgent vs background), grouped by policy."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("mean TTFT (s)", "p99 TTFT (s)"))
-    names = list(point.runs)
-    stats = {n: by_class(point.runs[n].served) for n in names}
-    classes = sorted({c for s in stats.values() for c in s})
-    palette = ("#ff7f0e", "#1f77b4", "#2ca02c", "#d62728")
-    for i, cls in enumerate(classes):
-        for col, key in ((1, "mean_ttft_s"), (2, "p99_ttft_s")):
-            fig.add_trace(
-                go.Bar(
-                    x=names,
-                    y=[stats[n].get(cls, {}).get(key) for n in names],
-                    name=cls,
-                    legendgroup=cls,
-                    showlegend=col == 1,
-                    marker_color=palette[i % len(palette)],
-                ),
-                row=1,
-                col=col,
-            )
-    fig.update_layout(title="Latency by bid class", barmode="group")
-    return fig
-
-
-def goal_tradeoff(points: list[tuple[str, Point]]) -> go.Figure:
-    """Mean TTFT / the best bid-blind policy's against welfare capture, a marker per bid-using
-    policy and labelled point; the goal is the lower right of the dashed lines."""
-    fig = go.Figure()
-    series: dict[str, tuple[list[float], list[float], list[str]]] = {}
-    for label, point in points:
-        for name, g in point_goals(point).items():
-            xs, ys, texts = series.setdefault(name, ([], [], []))
-            xs.append(g.capture)
-            ys.append(g.ttft_vs_best)
-            texts.append(f"{label}: hit {g.hit_gap_pp:+.2f} pp vs lpm")
-    for name, (xs, ys, texts) in series.items():
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                text=texts,
-                name=name,
-                mode="markers",
-                marker={"color": _color(name), "size": 9},
-                hovertemplate="%{text}<br>capture %{x:.2f}, TTFT %{y:.3f}x<extra></extra>",
-            )
-        )
-    fig.add_hline(y=TTFT_SLACK, line_dash="dash", line_color="#888")
-    fig.add_vline(x=CAPTURE_MIN, line_dash="dash", line_color="#888")
-    fig.update_layout(
-        title="The goal's trade-off: TTFT ratio vs welfare capture",
-        xaxis_title="capture of highest-bid's welfare gain over lpm",
-        yaxis_title="mean TTFT / best of lpm, dfs-weight",
-    )
-    return fig
-
-
-def _lines(
-    series: dict[object, list[Point]], x_of, x_title: str, col_title, log_x: bool = False
-) -> go.Figure:
-    """Rows: the sweep metrics; columns: ``series`` keys; a line per policy along ``x_of``."""
-    cols = list(series)
-    fig = make_subplots(
-        rows=len(_SWEEP_METRICS),
-        cols=len(cols),
-        subplot_titles=[col_title(c) if r == 0 else "" for r in range(3) for c in cols],
-        vertical_spacing=0.08,
-    )
-    shown: set[str] = set()
-    for ci, c in enumerate(cols, start=1):
-        points = sorted(series[c], key=x_of)
-        policies = list(points[0].runs)
-        for ri, (key, label) in enumerate(_SWEEP_METRICS, start=1):
-            for name in policies:
-                fig.add_trace(
-                    go.Scatter(
-                        x=[x_of(p) for p in points],
-                        y=[p.runs[name].metrics.as_dict()[key] for p in points],
-                        name=name,
-                        legendgroup=name,
-                        showlegend=name not in shown,
-                        mode="lines+markers",
-                        line={"color": _color(name)},
-                    ),
-                    row=ri,
-                    col=ci,
-                )
-                shown.add(name)
-            fig.update_yaxes(title_text=label, row=ri, col=1)
-        fig.update_xaxes(title_text=x_title, row=len(_SWEEP_METRICS), col=ci)
-        if log_x:
-            fig.update_xaxes(type="log")
-    fig.update_layout(height=300 * len(_SWEEP_METRICS))
-    return fig
-
-
-def vs_load(points: list[tuple[int | None, Point]]) -> go.Figure:
-    """The sweep metrics against load, a column per sharing level."""
-    series: dict[object, list[Point]] = {}
-    for groups, p in points:
-        series.setdefault(groups, []).append(p)
-    fig = _lines(
-        series,
-        lambda p: p.load,
-        "load (x measured capacity)",
-        lambda g: f"{g} groups" if g is not None else "",
-    )
-    fig.update_layout(title="Against load")
-    return fig
-
-
-def vs_sharing(points: list[SweepPoint]) -> go.Figure:
-    """The sweep metrics against the number of groups, a column per load."""
-    series: dict[object, list[Point]] = {}
-    groups = {id(sp.point): sp.groups for sp in points}
-    for sp in points:
-        series.setdefault(sp.point.load, []).append(sp.point)
-    fig = _lines(
-        series,
-        lambda p: groups[id(p)],
-        "groups (fewer = more sharing)",
-        lambda load: f"load {load:g}",
-        log_x=True,
-    )
-    fig.update_layout(title="Against sharing")
-    return fig
-
-
-def write_report(
-    path: str | Path,
-    main: list[Point],
-    tables: list[str],
-    sweep: list[SweepPoint] | None = None,
-    findings: str | None = None,
-) -> None:
-    """Write the report for the main run (its first point in detail) and the sweep, if any."""
-    first = main[0]
-    figures = [ttft_cdf(first), welfare_and_hits(first), latency_by_class(first)]
-    if sweep:
-        figures.append(
-            goal_tradeoff(
-                [
-                    (
-                        f"kv {sp.kv_capacity_tokens // 1000}k, {sp.groups} groups, "
-                        f"load {sp.point.load:g}",
-                        sp.point,
-                    )
-                    for sp in sweep
-                ]
-            )
-        )
-    elif any(point_goals(p) for p in main):
-        figures.append(goal_tradeoff([(point_header(p), p) for p in main]))
-    if len(main) > 1:
-        figures.append(vs_load([(None, p) for p in main]))
-    if sweep:
-        for kv in sorted({sp.kv_capacity_tokens for sp in sweep}, reverse=True):
-            at = [sp for sp in sweep if sp.kv_capacity_tokens == kv]
-            for fig in (vs_load([(sp.groups, sp.point) for sp in at]), vs_sharing(at)):
-                fig.update_layout(title=f"{fig.layout.title.text}, KV cache {kv // 1000}k tokens")
-                figures.append(fig)
-    divs = [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
-    pre = "\n\n".join(html.escape(t) for t in tables + ([findings] if findings else []))
+def write_page(path: str | Path, title: str, sections: Sequence[Section], *, command: str) -> None:
+    """Write one self-contained report: ``title``, the ``command`` that produced it, then the
+    sections in order (their parent folders made)."""
     page = (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        "<title>Inference market benchmark</title>"
+        f"<title>{html.escape(title)}</title>"
         f'<script type="text/javascript">{get_plotlyjs()}</script>'
-        "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px;overflow-x:auto}"
-        "</style></head><body>"
-        f"<h1>Inference market benchmark</h1><p>{html.escape(point_header(first))}</p>"
-        f"<pre>{pre}</pre>" + "".join(f"<div>{d}</div>" for d in divs) + "</body></html>\n"
+        f"<style>{_STYLE}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>Produced by <code>{html.escape(command)}</code></p>"
+        + "".join(s.html() for s in sections)
+        + "</body></html>\n"
     )
-    Path(path).write_text(page, encoding="utf-8")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")

@@ -24,10 +24,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from engines.client import EngineClient, EngineError, generate_body
 
 from .bids import BidSpec
-from .metrics import METRIC_KEYS, Served, summarize
+from .html import Section, Table, command_line, write_page
+from .metrics import Served, summarize
+from .report import from_json, policy_rows
 from .workloads import gsp
 
 
@@ -124,18 +129,10 @@ def merge(paths: Sequence[str]) -> dict[str, object]:
     }
 
 
-def table(merged: dict[str, object], base: str = "lpm") -> str:
-    """The benchmark's table, with each figure's ratio to ``base`` when it ran."""
-    policies = merged["policies"]
-    ref = policies.get(base)
-    lines = [f"{'policy':<21}" + "".join(f"{k:>26}" for k in METRIC_KEYS)]
-    for name, row in policies.items():
-        cells = []
-        for k in METRIC_KEYS:
-            ratio = f" x{row[k] / ref[k]:.2f}" if ref and ref[k] else ""
-            cells.append(f"{row[k]:>18.4g}{ratio:>8}")
-        lines.append(f"{name:<21}" + "".join(cells))
-    return "\n".join(lines)
+def table(merged: dict[str, object]) -> str:
+    """The simulated benchmark's policy table (report.policy_rows), ratios to lpm if it ran."""
+    _, titles, rows = policy_rows(*from_json(merged["policies"]))
+    return Table(titles, rows).text()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(out["meta"]["title"])
         print(table(out))
         if args.html:
-            _bars(out, args.html)
+            _bars(out, args.html, command_line("benchmarks.live", argv))
     else:
         out = asyncio.run(drive(args))
         print(json.dumps(out["metrics"], indent=2))
@@ -170,10 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _bars(merged: dict[str, object], path: str) -> None:
-    """Mean TTFT, cache hit rate and welfare per policy, one bar chart each."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
+def _bars(merged: dict[str, object], path: str, command: str) -> None:
+    """The table, and mean TTFT, cache hit rate and welfare per policy, one bar chart each."""
 
     names = list(merged["policies"])
     rows = merged["policies"]
@@ -182,8 +177,9 @@ def _bars(merged: dict[str, object], path: str) -> None:
     )
     for col, key in enumerate(("mean_ttft_s", "cache_hit_rate", "welfare"), start=1):
         fig.add_trace(go.Bar(x=names, y=[rows[n][key] for n in names], name=key), 1, col)
-    fig.update_layout(title=merged["meta"]["title"], showlegend=False, height=450)
-    Path(path).write_text(fig.to_html(include_plotlyjs=True, full_html=True))
+    fig.update_layout(showlegend=False, height=450)
+    section = Section("", table(merged), figures=[fig])
+    write_page(path, merged["meta"]["title"], [section], command=command)
 
 
 if __name__ == "__main__":

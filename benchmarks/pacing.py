@@ -66,6 +66,8 @@ from mechanism.pacing import (
     safe_bid,
 )
 
+from .html import Section, command_line, write_page
+from .metrics import percentile
 from .progress import Progress
 from .workloads import gsp
 
@@ -589,7 +591,7 @@ def table(summary: dict) -> str:
             f"{r['utility_ratio']:>8.3f}{r['utility_ratio_lcb']:>7.3f}"
             f"{r['utility_ratio_cold_start']:>7.3f}{r.get('full_value_ratio', 1.0):>10.3f}"
             f"{r['uncollected_over_budget']:>8.4f}{r['top5_utility_share']:>7.3f}"
-            f"{statistics.median(r['mu_end']):>9.3f}{r['best_fixed_on_training']:>10}"
+            f"{percentile(r['mu_end'], 50):>9.3f}{r['best_fixed_on_training']:>10}"
             f"{r['utility_over_free']:>8.3f}  "
             + " ".join(f"{q:.2f}" for q in r["spend_by_quarter"])
         )
@@ -637,12 +639,13 @@ def write_html(result: dict, path: str) -> None:
     fig.add_hline(y=0.95, line_dash="dot", row=3, col=1)
     fig.update_xaxes(title_text="virtual seconds", row=4, col=1)
     fig.update_yaxes(title_text="mu", type="log", row=4, col=1)
-    fig.update_layout(
-        height=1500, title="Autobidder pacing on the simulated engine", showlegend=True
+    fig.update_layout(height=1500, showlegend=True)
+    write_page(
+        path,
+        "Autobidder pacing on the simulated engine",
+        [Section("Held-out seeds", table(summary), figures=[fig])],
+        command=result["command"],
     )
-    html = fig.to_html(include_plotlyjs=True, full_html=True)
-    with open(path, "w") as f:
-        f.write(html.replace("<body>", "<body><pre>" + table(summary) + "</pre>", 1))
 
 
 def _jsonable(x):
@@ -716,7 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if r.spec.seed == first and r.spec.strategy == "pacing"
     }
     result = {
-        "command": "python -m benchmarks.pacing " + " ".join(argv or sys.argv[1:]),
+        "command": command_line("benchmarks.pacing", argv),
         "setup": asdict(setup),
         "train_seeds": list(train_seeds),
         "held_out_seeds": list(held),

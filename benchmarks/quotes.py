@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
 
+from benchmarks.html import Section, command_line, write_page
 from benchmarks.metrics import percentile
 from benchmarks.progress import Progress
 from benchmarks.runner import Capacities
@@ -237,12 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps([c.row() for c in cells], indent=2))
     if opts.html:
-        opts.html.parent.mkdir(parents=True, exist_ok=True)
-        figure = reliability(cells).to_html(full_html=False, include_plotlyjs=False)
-        opts.html.write_text(
-            '<!DOCTYPE html><html><head><meta charset="utf-8"><title>Quote calibration</title>'
-            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
-            f"<h1>Quote calibration</h1>{figure}<pre>{text}</pre></body></html>"
+        write_page(
+            opts.html,
+            "Quote calibration",
+            [Section("", text, figures=[reliability(cells)])],
+            command=command_line("benchmarks.quotes", argv),
         )
     return 0
 

@@ -46,6 +46,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from engines.client import EngineClient, EngineError, generate_body
 from engines.contract.tokenizer import Tokenizer
 from engines.router import Router, RouterOptions, free_ports
@@ -53,7 +56,8 @@ from engines.sim import EngineConfig
 from mechanism import POLICIES
 
 from .bids import BidSpec
-from .metrics import Served, mean, percentile, ratio, summarize
+from .html import Section, command_line, write_page
+from .metrics import Served, mean, ratio, summarize
 from .progress import Progress
 from .runner import simulate, steady_throughput
 from .workloads import BenchRequest, Workload
@@ -380,7 +384,7 @@ def figures(
             "requests": len(part),
             "cache_hit_rate": m.cache_hit_rate,
             "mean_ttft_s": m.mean_ttft_s,
-            "p99_ttft_s": percentile([s.ttft_s for s in part], 99),
+            "p99_ttft_s": m.p99_ttft_s,
             "welfare": m.welfare,
             "revenue": m.revenue,
             "urgent_mean_ttft_s": by_class["urgent"],
@@ -465,12 +469,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def report_html(rows: list[dict], path: Path, title: str) -> None:
-    """Plotly: merged TTFT, welfare and cache hit against load, one line per (N, policy); and
-    each replica's share of the requests and its cache hit."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
+def report_html(rows: list[dict], path: Path, title: str, command: str) -> None:
+    """The table, and Plotly: merged TTFT, welfare and cache hit against load, one line per
+    (N, policy); and each replica's share of the requests and its cache hit."""
     fig = make_subplots(
         rows=3, cols=2,
         subplot_titles=("mean TTFT (engine s)", "welfare ($, closer to 0 is better)",
@@ -514,9 +515,10 @@ def report_html(rows: list[dict], path: Path, title: str) -> None:
     fig.update_xaxes(title_text="load (x fleet capacity)", row=1, col=2)
     for row, col in ((2, 1), (3, 1), (3, 2)):
         fig.update_xaxes(title_text="load (x fleet capacity)", row=row, col=col)
-    fig.update_layout(title=title, height=1100)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(fig.to_html(include_plotlyjs=True, full_html=True))  # no CDN: offline
+    fig.update_layout(height=1100)
+    write_page(
+        path, title, [Section("Merged figures", table(rows), figures=[fig])], command=command
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -572,7 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(run_setup(setup, reqs, config, speed, progress, args.engine_policy))
     progress.close()
     meta = {
-        "command": "python -m benchmarks.replicas " + " ".join(argv or sys.argv[1:]),
+        "command": command_line("benchmarks.replicas", argv),
         "engine_capacity_rps": capacity,
         "speed": speed,
         "engine_policy": args.engine_policy,
@@ -587,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Replicas behind SGLang's model gateway vs one engine of the same capacity "
         f"({len(base)} shared-prefix requests, {args.groups} groups, DFS auction on each)"
     )
-    report_html(rows, args.html, title)
+    report_html(rows, args.html, title, meta["command"])
     print(table(rows))
     print(f"JSON: {args.json}  report: {args.html}", file=sys.stderr)
     return 0

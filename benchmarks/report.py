@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from .goal import (
     CAPTURE_MIN,
@@ -10,9 +11,12 @@ from .goal import (
     NO_GAIN,
     TTFT_SLACK,
     Goal,
+    checked_policies,
+    goals,
     point_goals,
 )
-from .metrics import METRIC_KEYS, ratio
+from .html import Table
+from .metrics import METRIC_KEYS, PolicyMetrics, ratio
 from .runner import Point
 from .sweep import SweepPoint
 
@@ -31,7 +35,7 @@ _COLUMNS = {
 }
 
 
-def _num(fmt: str, value: float) -> str:
+def formatted(fmt: str, value: float) -> str:
     return "-" if math.isnan(value) else fmt.format(value)
 
 
@@ -51,58 +55,65 @@ def point_header(point: Point) -> str:
     return line
 
 
-def _checks(goal: Goal | None) -> str:
+def goal_checks(goal: Goal | None) -> str:
     """The goal's three checks as ``yes/no/yes`` (hit/TTFT/capture); "-" without a goal."""
     if goal is None:
         return "-"
     return "/".join("n/a" if ok is None else "yes" if ok else "no" for ok in goal.passes)
 
 
-def policy_table(point: Point, base: str = BASE_POLICY) -> str:
-    """One row per policy: every metric with its ratio to ``base`` (lpm), the goal's capture
-    and checks for the bid-using policies (goal.py), and the wall time.
+def policy_rows(
+    metrics: Mapping[str, Mapping[str, float]],
+    goals: Mapping[str, Goal],
+    base: str = BASE_POLICY,
+) -> tuple[str, list[str], list[list[str]]]:
+    """The policy table's column titles and one row per policy: every metric with its ratio to
+    ``base`` (lpm; the first policy when lpm did not run), and the goal's capture and checks for
+    the bid-using policies (goal.py). Returns the base used, the titles and the rows.
 
     Welfare is a loss (negative), so a welfare ratio below 1 means less waiting cost than lpm.
-    Without ``base`` in the run, the ratios are to the first policy.
     """
-    runs = point.runs
-    if base not in runs:
-        base = next(iter(runs))
-    ref = runs[base].metrics.as_dict()
-    met = point_goals(point)
-    cells: list[list[str]] = []
-    for run in runs.values():
-        values = run.metrics.as_dict()
-        row = [run.policy]
+    if base not in metrics:
+        base = next(iter(metrics))
+    ref = metrics[base]
+    titles = ["policy"] + [_COLUMNS[k][0] for k in METRIC_KEYS] + ["capture", "hit/ttft/cap"]
+    rows = []
+    for name, values in metrics.items():
+        row = [name]
         for key in METRIC_KEYS:
-            fmt = _COLUMNS[key][1]
-            row.append(f"{_num(fmt, values[key])} {_ratio(values[key], ref[key])}")
-        goal = met.get(run.policy)
-        row.append("-" if goal is None else _num("{:.2f}", goal.capture))
-        row.append(_checks(goal))
-        row.append(f"{run.wall_s:.1f}")
-        cells.append(row)
-    titles = (
-        ["policy"] + [_COLUMNS[k][0] for k in METRIC_KEYS] + ["capture", "hit/ttft/cap", "wall s"]
-    )
-    widths = [max(len(t), *(len(r[i]) for r in cells)) for i, t in enumerate(titles)]
-    lines = [
-        point_header(point),
-        f"(each cell: value, then x ratio to {base}; wall s = real seconds of simulation;"
-        f" {GOAL_LEGEND})",
-        "  ".join(
-            t.ljust(w) if i == 0 else t.rjust(w)
-            for i, (t, w) in enumerate(zip(titles, widths, strict=True))
-        ),
-    ]
-    for row in cells:
-        lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            row.append(
+                f"{formatted(_COLUMNS[key][1], values[key])} {_ratio(values[key], ref[key])}"
             )
-        )
-    return "\n".join(lines)
+        goal = goals.get(name)
+        row += ["-" if goal is None else formatted("{:.2f}", goal.capture), goal_checks(goal)]
+        rows.append(row)
+    return base, titles, rows
+
+
+def from_json(
+    policies: Mapping[str, Mapping[str, float | None]],
+) -> tuple[dict[str, dict[str, float]], dict[str, Goal]]:
+    """``--json``'s metrics per policy (JSON's null is the NaN it was), and the goal's figures
+    worked out again from them: what :func:`policy_rows` takes."""
+    metrics = {
+        name: PolicyMetrics(**{k: math.nan if v is None else v for k, v in row.items()})
+        for name, row in policies.items()
+    }
+    met = goals(metrics, checked_policies(list(metrics)))
+    return {name: m.as_dict() for name, m in metrics.items()}, met
+
+
+def policy_table(point: Point, base: str = BASE_POLICY) -> str:
+    """:func:`policy_rows` of one point as aligned text, with the wall time of each policy."""
+    metrics = {name: run.metrics.as_dict() for name, run in point.runs.items()}
+    base, titles, cells = policy_rows(metrics, point_goals(point), base)
+    titles.append("wall s")
+    for row, run in zip(cells, point.runs.values(), strict=True):
+        row.append(f"{run.wall_s:.1f}")
+    return (
+        f"{point_header(point)}\n(each cell: value, then x ratio to {base}; wall s = real seconds"
+        f" of simulation; {GOAL_LEGEND})\n" + Table(titles, cells).text()
+    )
 
 
 GOAL_LEGEND = (
@@ -154,21 +165,16 @@ def findings_table(points: list[SweepPoint]) -> str:
         )
         rows.append(
             [
-                v if isinstance(v, str) else _num(fmt, v)
+                v if isinstance(v, str) else formatted(fmt, v)
                 for (_, fmt), v in zip(_FINDING_COLUMNS, values, strict=True)
             ]
         )
-    titles = [t for t, _ in _FINDING_COLUMNS]
-    widths = [max(len(t), *(len(r[i]) for r in rows)) for i, t in enumerate(titles)]
-    lines = [
+    return (
         "findings: dfs = dfs-auction, dens = dfs-auction-density, hb = highest-bid; best = the "
-        "better of lpm and dfs-weight per metric;",
-        "hit gaps in percentage points, welfare gains in % of the other's welfare loss "
-        "(positive: less waiting cost)",
-        "  ".join(t.rjust(w) for t, w in zip(titles, widths, strict=True)),
-    ]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+        "better of lpm and dfs-weight per metric;\nhit gaps in percentage points, welfare gains "
+        "in % of the other's welfare loss (positive: less waiting cost)\n"
+        + Table([t for t, _ in _FINDING_COLUMNS], rows).text()
+    )
 
 
 def goal_table(points: list[SweepPoint]) -> str:
@@ -184,18 +190,13 @@ def goal_table(points: list[SweepPoint]) -> str:
         for p in policies:
             g = sp.findings.goals[p]
             row += [
-                _num("{:.2f}", g.capture),
-                _num("{:+.2f}", g.hit_gap_pp),
-                _num("{:.3f}", g.ttft_vs_best),
-                _checks(g),
+                formatted("{:.2f}", g.capture),
+                formatted("{:+.2f}", g.hit_gap_pp),
+                formatted("{:.3f}", g.ttft_vs_best),
+                goal_checks(g),
             ]
         rows.append(row)
-    widths = [max(len(t), *(len(r[i]) for r in rows)) for i, t in enumerate(titles)]
-    lines = [
-        f"goal: {GOAL_LEGEND}",
-        "  ".join(t.rjust(w) for t, w in zip(titles, widths, strict=True)),
-    ]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines = [f"goal: {GOAL_LEGEND}", Table(titles, rows).text()]
     for p in policies:
         met = sum(1 for sp in points if sp.findings.goals[p].met)
         lines.append(f"{p}: goal met on {met} of {len(points)} points")

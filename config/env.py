@@ -26,8 +26,8 @@ Variables:
   ``BATCH_MAX_BYTES``: batch jobs (``openai_api.batches``). Whole numbers through
   :func:`env_int`; defaults in ``config.settings``.
 - ``ROUNDS_STREAM``, ``ENGINE_ADMIN_TOKEN`` (:func:`env_text`), ``AUTOBID_INTERVAL_S``,
-  ``STALE_REQUEST_S``: settlement, the console's push to engines and
-  the periodic steps; defaults in ``config.settings``.
+  ``AUTO_RESERVE_INTERVAL_S``, ``STALE_REQUEST_S``: settlement, the console's push to engines
+  and the periodic steps; defaults in ``config.settings``.
 - ``MARKET_CONTROL_DIR``: a directory where the market also writes each market's control state
   as ``<slug>.json`` (``engines.contract.control``), for engines that follow a file
   (the embedded mode without Redis). Unset: Redis only (when ``REDIS_URL`` is set).

@@ -30,6 +30,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Redoc's bundle as a static file, for the API reference page (/docs/api/): no CDN.
+    "drf_spectacular_sidecar",
     # The project package is an app too: it holds project-wide commands (check_services).
     "config",
     "accounts",
@@ -87,6 +89,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 ROUNDS_STREAM = env.env_text(os.environ, "ROUNDS_STREAM") or DEFAULT_STREAM
 # Seconds between two pacing steps of each autobidder (accounts.services.autobidder).
 AUTOBID_INTERVAL_S = env.env_seconds(os.environ, "AUTOBID_INTERVAL_S", default=10.0)
+# Seconds between two steps of the markets' automatic reserves (market.reserves): each step
+# measures the priority wait of the requests finished in the last interval.
+AUTO_RESERVE_INTERVAL_S = env.env_seconds(os.environ, "AUTO_RESERVE_INTERVAL_S", default=10.0)
 # Sent as `Authorization: Bearer ...` to engines' /admin/market (market.engine_control).
 ENGINE_ADMIN_TOKEN = env.env_text(os.environ, "ENGINE_ADMIN_TOKEN")
 # The market's control store (engines.contract.control), which engines without an HTTP
@@ -174,6 +179,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "market.hold_horizons_renew",
         "schedule": AUTOBID_INTERVAL_S,
         "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
+    },
+    "auto-reserves": {
+        "task": "market.reserves_auto_step",
+        "schedule": AUTO_RESERVE_INTERVAL_S,
+        "options": {"expires": AUTO_RESERVE_INTERVAL_S, "ignore_result": True},
     },
     "holds-sweep": {
         "task": "accounts.holds_sweep",

@@ -1,9 +1,13 @@
 from django import forms
 from django.contrib import admin
 
+from accounts.admin import shown, usd
+from accounts.figures import exact
 from market.models import ControlChange, Market, Replica, ReserveChange
 from market.services import (
     engine_config_push_on_commit,
+    market_alerts_set,
+    market_auto_reserve_set,
     market_policy_set,
     market_reserve_max_set,
     market_reserve_set,
@@ -15,7 +19,7 @@ class ReserveChangeInline(admin.TabularInline):
     model = ReserveChange
     extra = 0
     can_delete = False
-    fields = ["at", "changed_by", "old", "new"]
+    fields = ["at", "changed_by", "automatic", "old", "new"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None) -> bool:
@@ -33,6 +37,13 @@ class ControlChangeInline(admin.TabularInline):
         return False
 
 
+# Moved through their services (audited as on the console), never saved straight from the form.
+CONTROLLED = (
+    "reserve_max", "reserve", "policy", "auto_reserve", "auto_reserve_target_s", "alert_queue",
+    "alert_ttft_p99_s",
+)  # fmt: skip
+
+
 class MarketAdminForm(forms.ModelForm):
     class Meta:
         model = Market
@@ -43,8 +54,13 @@ class MarketAdminForm(forms.ModelForm):
         reserve, ceiling = data.get("reserve"), data.get("reserve_max")
         if reserve is not None and ceiling is not None and reserve > ceiling:
             self.add_error(
-                "reserve", f"Above the reserve ceiling ({ceiling} $/s): raise the ceiling too."
+                "reserve",
+                f"Above the reserve ceiling ({exact(ceiling)} $/s): raise the ceiling too.",
             )
+        for field in ("auto_reserve_target_s", "alert_ttft_p99_s"):
+            seconds = data.get(field)
+            if seconds is not None and not 0 < seconds < 1e6:
+                self.add_error(field, "A number of seconds > 0.")
         return data
 
 
@@ -61,10 +77,10 @@ class MarketAdmin(admin.ModelAdmin):
         "name",
         "served_model",
         "policy",
-        "reserve",
-        "price_input_per_mtok",
-        "price_cached_input_per_mtok",
-        "price_output_per_mtok",
+        shown("reserve", lambda reserve: f"{exact(reserve)} $/s"),  # as typed: every digit
+        usd("price_input_per_mtok", "input per 1M tokens"),
+        usd("price_cached_input_per_mtok", "cached input per 1M tokens"),
+        usd("price_output_per_mtok", "output per 1M tokens"),
         "is_active",
     ]
     list_filter = ["is_active", "policy"]
@@ -86,7 +102,7 @@ class MarketAdmin(admin.ModelAdmin):
     def save_model(self, request, obj: Market, form, change: bool) -> None:
         # The reserve, its ceiling and the policy moved here go through their services, so each
         # is audited as in the console: the row is saved with their old values first.
-        controlled = [f for f in ("reserve_max", "reserve", "policy") if f in form.changed_data]
+        controlled = [f for f in CONTROLLED if f in form.changed_data]
         if not change or not controlled:
             super().save_model(request, obj, form, change)
             return
@@ -105,6 +121,20 @@ class MarketAdmin(admin.ModelAdmin):
             market_reserve_max_set(market=obj, reserve_max=ceiling, user=request.user)
         if "policy" in wanted:
             market_policy_set(market=obj, policy=wanted["policy"], user=request.user)
+        if {"auto_reserve", "auto_reserve_target_s"} & set(wanted):
+            market_auto_reserve_set(
+                market=obj,
+                enabled=wanted.get("auto_reserve", obj.auto_reserve),
+                target_s=wanted.get("auto_reserve_target_s", obj.auto_reserve_target_s),
+                user=request.user,
+            )
+        if {"alert_queue", "alert_ttft_p99_s"} & set(wanted):
+            market_alerts_set(
+                market=obj,
+                queue=wanted.get("alert_queue", obj.alert_queue),
+                ttft_p99_s=wanted.get("alert_ttft_p99_s", obj.alert_ttft_p99_s),
+                user=request.user,
+            )
 
     def save_formset(self, request, form, formset, change: bool) -> None:
         super().save_formset(request, form, formset, change)

@@ -18,6 +18,7 @@ DEFAULT_POLICY = "dfs-auction-density"
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim)
 DEFAULT_RESERVE_MAX = Decimal("1.000000000")  # $/s: far above the demo's bids (0.001-0.05 $/s)
+DEFAULT_AUTO_RESERVE_TARGET_S = 2.0  # seconds: the service tier "priority"'s default target
 
 
 def policy_known(value: str) -> None:
@@ -97,6 +98,26 @@ class Market(models.Model):
         "what recent requests were charged per $/s of bid (a high quantile), renewed by the "
         "periodic step (accounts.rules.hold_horizon_s).",
     )
+    auto_reserve = models.BooleanField(
+        default=False,
+        help_text="Whether the reserve follows its target wait (market.reserves, every "
+        "AUTO_RESERVE_INTERVAL_S); a manual change of the reserve turns it off.",
+    )
+    auto_reserve_target_s = models.FloatField(
+        default=DEFAULT_AUTO_RESERVE_TARGET_S,
+        help_text="The automatic reserve's target, seconds: requests whose bids buy priority "
+        "see a time to first token at most this long at the 90th percentile.",
+    )
+    alert_queue = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The console alerts when more requests than this wait (empty: never).",
+    )
+    alert_ttft_p99_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="The console alerts when the TTFT p99 is above this many seconds (empty: never).",
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -117,6 +138,15 @@ class Market(models.Model):
             ),
             models.CheckConstraint(
                 condition=models.Q(max_wait_s__gt=0), name="market_max_wait_positive"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(auto_reserve_target_s__gt=0),
+                name="market_auto_reserve_target_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(alert_ttft_p99_s__isnull=True)
+                | models.Q(alert_ttft_p99_s__gt=0),
+                name="market_alert_ttft_positive",
             ),
         ]
 
@@ -149,12 +179,14 @@ class Replica(models.Model):
 
 
 class ReserveChange(models.Model):
-    """Who moved a market's reserve price, from what, to what, and when (dollars per second)."""
+    """Who moved a market's reserve price, from what, to what, and when (dollars per second);
+    ``automatic``: the automatic reserve's step moved it (``changed_by`` is then None)."""
 
     market = models.ForeignKey(Market, on_delete=models.CASCADE, related_name="reserve_changes")
     changed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
+    automatic = models.BooleanField(default=False)
     old = MoneyField()
     new = MoneyField()
     at = models.DateTimeField()
@@ -167,12 +199,16 @@ class ReserveChange(models.Model):
 
 
 class ControlChange(models.Model):
-    """Who switched a market's policy or moved its reserve ceiling, from what, to what, and when
-    (the reserve's own changes are ``ReserveChange``)."""
+    """Who switched a market's policy, moved its reserve ceiling, turned its automatic reserve on
+    or off, or set its alert thresholds, from what, to what, and when (the reserve's own changes
+    are ``ReserveChange``)."""
 
     class Control(models.TextChoices):
         POLICY = "policy", "Ordering policy"
         RESERVE_MAX = "reserve_max", "Reserve ceiling ($/s)"
+        AUTO_RESERVE = "auto_reserve", "Automatic reserve"
+        ALERT_QUEUE = "alert_queue", "Queue alert (requests waiting)"
+        ALERT_TTFT = "alert_ttft_p99", "TTFT p99 alert (s)"
 
     market = models.ForeignKey(Market, on_delete=models.CASCADE, related_name="control_changes")
     control = models.CharField(max_length=16, choices=Control.choices)

@@ -186,7 +186,13 @@ class RequestRow(TypedDict):
     bid: str  # $/s as sent
     bid_source: str  # explicit, autobid or none
     effective_bid: float | None  # $/s, 0 when under the reserve; None before admission
-    position: int | None  # place in its round's order, 0 first
+    position: int | None  # place in the order of the round that admitted it, 0 first
+    # Its place in line when it joined the queue (the first round that ordered it): 1 first;
+    # the requests planned ahead of it; the requests waiting then. None before admission, or
+    # from an engine that does not report them.
+    rank: int | None
+    ahead: int | None
+    queue_len: int | None
     block_bid_mean: float | None  # $/s, the average bid of the subtree it waited in
     block_density: float | None  # $/s per token, that subtree's bid density
     block_requests: int | None  # requests in that subtree

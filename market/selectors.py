@@ -16,6 +16,7 @@ from accounts.money import ZERO
 from market.models import ControlChange, Market, ReserveChange
 from mechanism.quotes import HISTORY_MAX, WINDOW_S, Waited
 from mechanism.requests import effective_bid
+from mechanism.reserve import Finished
 
 
 def markets_active() -> QuerySet[Market]:
@@ -50,6 +51,19 @@ def quote_history(
     )
     reserve = market.reserve
     return [Waited(float(effective_bid(bid, reserve, zero=ZERO)), ttft) for bid, ttft in rows]
+
+
+def finished_in_interval(*, market: Market, since: datetime, until: datetime) -> list[Finished]:
+    """What ``market``'s requests served in (``since``, ``until``] bid ($/s, as sent) and
+    waited for their first token (seconds): what the automatic reserve's step reads."""
+    rows = Request.objects.filter(
+        market=market,
+        status=RequestStatus.SERVED,
+        ttft_s__isnull=False,
+        finished_at__gt=since,
+        finished_at__lte=until,
+    ).values_list("bid", "ttft_s")
+    return [Finished(bid=float(bid), ttft_s=ttft) for bid, ttft in rows]
 
 
 def reserve_changes_for_market(*, market: Market, limit: int = 50) -> QuerySet[ReserveChange]:

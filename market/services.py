@@ -46,13 +46,17 @@ def market_reserve_set(
     and at most the market's ceiling (:class:`ReserveAboveCeiling`, a ValueError).
     The audit row and the new value commit together, with the market row locked so concurrent
     changes record the true old value. Setting the value it already has writes nothing and
-    returns None.
+    returns None. A person (``user``) setting it takes it in hand: the market's automatic
+    reserve, if on, is turned off (audited), even when the value stays.
     """
     new = money_exact(reserve)
     if new > Decimal(str(MAX_BID)):
         raise ValueError(f"reserve must be at most {MAX_BID:g} $/s: {reserve!r}")
     with transaction.atomic():
         locked = Market.objects.select_for_update().get(pk=market.pk)
+        if new <= locked.reserve_max and _who(user) is not None and locked.auto_reserve:
+            _auto_reserve_write(locked, enabled=False, target_s=None, user=user, now=now)
+            market.auto_reserve = False
         if locked.reserve == new:
             market.reserve = new
             return None
@@ -144,6 +148,124 @@ def market_reserve_max_set(
         Market.objects.filter(pk=market.pk).update(reserve_max=new, updated_at=timezone.now())
     market.reserve_max = new
     return change
+
+
+def auto_reserve_text(*, enabled: bool, target_s: float) -> str:
+    """The automatic reserve's state as its audit row writes it ("off", "on, p90 <= 2 s")."""
+    return f"on, p90 <= {target_s:g} s" if enabled else "off"
+
+
+def _auto_reserve_write(
+    locked: Market,
+    *,
+    enabled: bool,
+    target_s: float | None,
+    user: AbstractBaseUser | None,
+    now: datetime | None,
+) -> ControlChange | None:
+    """Turn the locked market's automatic reserve on or off (``target_s``: the new target, None:
+    keep it) and audit it; None when nothing changes."""
+    target = locked.auto_reserve_target_s if target_s is None else target_s
+    old = auto_reserve_text(enabled=locked.auto_reserve, target_s=locked.auto_reserve_target_s)
+    new = auto_reserve_text(enabled=enabled, target_s=target)
+    if (enabled, target) == (locked.auto_reserve, locked.auto_reserve_target_s):
+        return None
+    Market.objects.filter(pk=locked.pk).update(
+        auto_reserve=enabled, auto_reserve_target_s=target, updated_at=timezone.now()
+    )
+    locked.auto_reserve, locked.auto_reserve_target_s = enabled, target
+    if old == new:  # a target moved while off: nothing an operator would read as a change
+        return None
+    return ControlChange.objects.create(
+        market=locked,
+        control=ControlChange.Control.AUTO_RESERVE,
+        changed_by=_who(user),
+        old=old,
+        new=new,
+        at=now or timezone.now(),
+    )
+
+
+def market_auto_reserve_set(
+    *,
+    market: Market,
+    enabled: bool,
+    target_s: float | None = None,
+    user: AbstractBaseUser | None,
+    now: datetime | None = None,
+) -> ControlChange | None:
+    """Turn ``market``'s automatic reserve on (toward ``target_s``: seconds of TTFT p90 for the
+    requests whose bids buy priority; None: the target it has) or off, audited
+    (``ControlChange``). ValueError for a target that is not a number of seconds > 0. None when
+    nothing changed. The reserve itself moves at the next step (``market.reserves``)."""
+    if target_s is not None and not (isinstance(target_s, int | float) and 0 < target_s < 1e6):
+        raise ValueError(f"the target wait must be a number of seconds > 0: {target_s!r}")
+    with transaction.atomic():
+        locked = Market.objects.select_for_update().get(pk=market.pk)
+        change = _auto_reserve_write(
+            locked,
+            enabled=enabled,
+            target_s=None if target_s is None else float(target_s),
+            user=user,
+            now=now,
+        )
+    market.auto_reserve, market.auto_reserve_target_s = (
+        locked.auto_reserve,
+        locked.auto_reserve_target_s,
+    )
+    return change
+
+
+def market_alerts_set(
+    *,
+    market: Market,
+    queue: int | None,
+    ttft_p99_s: float | None,
+    user: AbstractBaseUser | None,
+    now: datetime | None = None,
+) -> list[ControlChange]:
+    """Set the console's alert thresholds of ``market``: more than ``queue`` requests waiting,
+    a TTFT p99 above ``ttft_p99_s`` seconds (None: no alert). ValueError for a negative queue or
+    a wait that is not > 0. Each change is audited (``ControlChange``); the changes made."""
+    if queue is not None and (isinstance(queue, bool) or not isinstance(queue, int) or queue < 0):
+        raise ValueError(f"the queue threshold must be a whole number >= 0: {queue!r}")
+    if ttft_p99_s is not None and not (
+        isinstance(ttft_p99_s, int | float) and 0 < ttft_p99_s < 1e6
+    ):
+        raise ValueError(f"the TTFT threshold must be a number of seconds > 0: {ttft_p99_s!r}")
+    wanted = {
+        ControlChange.Control.ALERT_QUEUE: ("alert_queue", queue),
+        ControlChange.Control.ALERT_TTFT: (
+            "alert_ttft_p99_s",
+            None if ttft_p99_s is None else float(ttft_p99_s),
+        ),
+    }
+    changes = []
+    with transaction.atomic():
+        locked = Market.objects.select_for_update().get(pk=market.pk)
+        for control, (field, value) in wanted.items():
+            old = getattr(locked, field)
+            if old == value:
+                continue
+            changes.append(
+                ControlChange.objects.create(
+                    market=locked,
+                    control=control,
+                    changed_by=_who(user),
+                    old="off" if old is None else f"{old:g}",
+                    new="off" if value is None else f"{value:g}",
+                    at=now or timezone.now(),
+                )
+            )
+            setattr(locked, field, value)
+            setattr(market, field, value)
+        if changes:
+            Market.objects.filter(pk=market.pk).update(
+                alert_queue=locked.alert_queue,
+                alert_ttft_p99_s=locked.alert_ttft_p99_s,
+                updated_at=timezone.now(),
+            )
+    return changes
 
 
 def replica_set(

@@ -1,7 +1,8 @@
 """The market's Celery tasks: ``engine_config_push``, queued by ``market.services`` (through
 :func:`engine_config_push_enqueue`) when an operator changes a market's reserve or policy; and
 what celery beat drives (``CELERY_BEAT_SCHEDULE`` in ``config.settings``): ``live_publish``
-every second, ``hold_horizons_renew`` every ``AUTOBID_INTERVAL_S`` seconds."""
+every second, ``hold_horizons_renew`` every ``AUTOBID_INTERVAL_S`` seconds, ``reserves_auto_step``
+every ``AUTO_RESERVE_INTERVAL_S`` seconds."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import logging
 from typing import Any
 
 from celery import Task, shared_task
+from django.conf import settings
 
-from market import engine_control, holds
+from market import engine_control, holds, reserves
 from market.live.periodic import live_tick
 
 logger = logging.getLogger(__name__)
@@ -67,3 +69,13 @@ def hold_horizons_renew() -> int:
     """Renew every active market's hold horizon from its recent charges (beat: every
     ``AUTOBID_INTERVAL_S``, beside the pacing steps); how many markets."""
     return holds.hold_horizons_renew()
+
+
+@shared_task(name="market.reserves_auto_step", ignore_result=True)
+def reserves_auto_step() -> int:
+    """One step of every automatic reserve (beat: every ``AUTO_RESERVE_INTERVAL_S``), then the
+    push of each reserve moved to its market's engines; how many moved."""
+    moves = reserves.reserves_auto_step(interval_s=settings.AUTO_RESERVE_INTERVAL_S)
+    for move in moves:
+        engine_config_push_enqueue(market_id=move.market_id)
+    return len(moves)

@@ -13,4 +13,6 @@ urlpatterns = [
     path("markets/<slug:slug>/reserve/impact/", views.reserve_impact, name="reserve_impact"),
     path("markets/<slug:slug>/reserve-max/", views.reserve_max_set, name="reserve_max_set"),
     path("markets/<slug:slug>/policy/", views.policy_set, name="policy_set"),
+    path("markets/<slug:slug>/auto-reserve/", views.auto_reserve_set, name="auto_reserve_set"),
+    path("markets/<slug:slug>/alerts/", views.alerts_set, name="alerts_set"),
 ]

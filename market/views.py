@@ -18,6 +18,7 @@ from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -26,6 +27,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.figures import figure
 from accounts.models import Tenant
 from accounts.money import money_exact, money_str
 from market.controls import (
@@ -47,6 +49,8 @@ from market.selectors import (
 )
 from market.services import (
     ReserveAboveCeiling,
+    market_alerts_set,
+    market_auto_reserve_set,
     market_policy_set,
     market_reserve_max_set,
     market_reserve_set,
@@ -113,6 +117,8 @@ def _initial(market: Market) -> dict[str, Any]:
         "tenants": tenants,
         "reserve": money_str(market.reserve),
         "policy": market.policy,
+        "auto_reserve": {"on": market.auto_reserve, "target_s": market.auto_reserve_target_s},
+        "alerts": {"queue": market.alert_queue, "ttft_p99_s": market.alert_ttft_p99_s},
     }
 
 
@@ -157,8 +163,8 @@ def _factor(old: Decimal, new: Decimal) -> str:
     if new == 0:
         return f"That removes the reserve ({rate(old)} $/s now)."
     if new > old:
-        return f"That is {new / old:,.4g}× the reserve in force ({rate(old)} $/s)."
-    return f"That is 1/{old / new:,.4g} of the reserve in force ({rate(old)} $/s)."
+        return f"That is {figure(new / old)}× the reserve in force ({rate(old)} $/s)."
+    return f"That is 1/{figure(old / new)} of the reserve in force ({rate(old)} $/s)."
 
 
 @require_GET
@@ -174,6 +180,7 @@ def console(request: HttpRequest, slug: str) -> HttpResponse:
         "reserve_changes": reserve_changes_for_market(market=market, limit=20),
         "control_changes": control_changes_for_market(market=market, limit=20),
         "confirm_factor": RESERVE_CONFIRM_FACTOR,
+        "auto_reserve_interval_s": settings.AUTO_RESERVE_INTERVAL_S,
         "initial": _initial(market),
         **_confirmations(request, market),
     }
@@ -309,4 +316,70 @@ def policy_set(request: HttpRequest, slug: str) -> HttpResponse:
             messages.success(
                 request, f"Policy {old} → {policy}; the engine applies it from its next round."
             )
+    return redirect(_console_url(market))
+
+
+def _seconds(raw: str) -> float:
+    """A number of seconds typed in a form (ValueError for anything else)."""
+    value = float(raw)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(raw)
+    return value
+
+
+@require_POST
+@staff_required
+def auto_reserve_set(request: HttpRequest, slug: str) -> HttpResponse:
+    """Turn the automatic reserve on toward a target wait (seconds), or off; audited by the
+    service."""
+    market = _market_or_404(slug)
+    enabled = request.POST.get("enabled") == "on"
+    raw = (request.POST.get("target_s") or "").strip()
+    try:
+        target = _seconds(raw) if raw else None
+        change = market_auto_reserve_set(
+            market=market, enabled=enabled, target_s=target, user=request.user
+        )
+    except ValueError:
+        messages.error(
+            request, f"Automatic reserve not changed: {raw!r} is not a number of seconds > 0."
+        )
+    else:
+        if change is None:
+            messages.info(request, "The automatic reserve already is so.")
+        elif enabled:
+            messages.success(
+                request,
+                f"Automatic reserve on: it moves by at most 12.5% every "
+                f"{settings.AUTO_RESERVE_INTERVAL_S:g} s toward a TTFT p90 of "
+                f"{market.auto_reserve_target_s:g} s for the bids that buy priority.",
+            )
+        else:
+            messages.success(request, "Automatic reserve off: the reserve stays where it is.")
+    return redirect(_console_url(market))
+
+
+@require_POST
+@staff_required
+def alerts_set(request: HttpRequest, slug: str) -> HttpResponse:
+    """Set the console's alert thresholds (blank: no alert); audited by the service."""
+    market = _market_or_404(slug)
+    raw_queue = (request.POST.get("alert_queue") or "").strip()
+    raw_ttft = (request.POST.get("alert_ttft_p99_s") or "").strip()
+    try:
+        queue = int(raw_queue) if raw_queue else None
+        ttft = _seconds(raw_ttft) if raw_ttft else None
+        changes = market_alerts_set(market=market, queue=queue, ttft_p99_s=ttft, user=request.user)
+    except ValueError:
+        messages.error(
+            request,
+            f"Alerts not changed: the queue takes a whole number of requests >= 0 "
+            f"({raw_queue!r}), the TTFT p99 a number of seconds > 0 ({raw_ttft!r}); blank for "
+            "no alert.",
+        )
+    else:
+        if changes:
+            messages.success(request, "Alert thresholds saved.")
+        else:
+            messages.info(request, "The alert thresholds already are so.")
     return redirect(_console_url(market))

@@ -63,12 +63,14 @@ def plan_lpm(tree: RequestTree, policy: object, reserve: int, overhead: int) -> 
             start = e.node.parent if e.node.size == 1 else e.node
             x = start
             while x not in passed:
+                assert x is not None  # the root is passed: the walk stops there at the latest
                 x = x.parent
             if x.end >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
                 deprioritized = True
             else:
                 x = start
                 while x not in passed:
+                    assert x is not None  # as above
                     passed.add(x)
                     x = x.parent
         keyed.append(((1, 0, e.tie) if deprioritized else (0, -cached, e.tie), e))
@@ -89,19 +91,21 @@ def plan_dfs_weight(tree: RequestTree, policy: object, reserve: int, overhead: i
     anchored: dict[Node, list[Entry]] = {}
     root = tree.root
     for e in tree.entries.values():
-        c = e.req.cached_len
+        cached = e.req.cached_len
         x = e.node
-        while x is not root and x.start >= c:
-            x = x.parent
+        while x is not root and x.start >= cached:
+            up = x.parent
+            assert up is not None  # only the root has none
+            x = up
         anchored.setdefault(x, []).append(e)
     # The nodes with anchored requests below: (how many, the earliest tie, the blocks in order:
     # child nodes, then requests anchored here).
-    below: dict[Node, tuple[int, tuple, list[Node | Entry]]] = {}
+    below: dict[Node, tuple[int, tuple[float, str], list[Node | Entry]]] = {}
     for x in reversed(nodes):
         own = anchored.get(x, ())
         n = len(own)
         tie = min((e.tie for e in own), default=None)
-        live = []
+        live: list[tuple[int, tuple[float, str], Node]] = []
         for c in x.children.values():
             sub = below.get(c)
             if sub is not None:
@@ -110,11 +114,13 @@ def plan_dfs_weight(tree: RequestTree, policy: object, reserve: int, overhead: i
                 if tie is None or ct < tie:
                     tie = ct
                 live.append((-cn, ct, c))  # ties are unique: the sort never compares nodes
-        if n:
+        if tie is not None:  # something is anchored here or below
             live.sort()
             # Anchors inside this node's edge form a chain: the deeper ones are served first.
-            own = sorted(own, key=lambda e: (-e.req.cached_len, e.tie))
-            below[x] = (n, tie, [c for _, _, c in live] + own)
+            chain = sorted(own, key=lambda e: (-e.req.cached_len, e.tie))
+            blocks: list[Node | Entry] = [c for _, _, c in live]
+            blocks.extend(chain)
+            below[x] = (n, tie, blocks)
     order: list[Entry] = []
     stack = list(reversed(below[root][2])) if root in below else []
     while stack:

@@ -26,8 +26,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
-from . import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
+from . import POLICIES, Clearing, RequestTree, WaitingRequest, clear, clear_tree
 
 SIZES = (1_000, 10_000, 100_000)
 RESERVE = 0.05  # dollars per second: about a sixth of the background bids fall under it
@@ -61,18 +62,20 @@ def make_queue(n: int, groups: int, seed: int = 0) -> list[WaitingRequest]:
     return out
 
 
-def bench_size(n: int, groups: int, repeat: int, progress) -> dict[str, dict[str, float]]:
+def bench_size(
+    n: int, groups: int, repeat: int, progress: Callable[[str], None]
+) -> dict[str, dict[str, float]]:
     """Median seconds per policy and kind of round; repetitions interleave the policies, so that
     a slow spell of the machine falls on all of them alike."""
     reqs = make_queue(n, groups)
     tree = RequestTree(reqs)
 
-    def plan(p: str):
+    def plan(p: str) -> Clearing:
         c = clear_tree(tree, p, reserve=RESERVE)
         _ = c.completion  # the plan: every planned completion
         return c
 
-    runs = {
+    runs: dict[str, Callable[[str], object]] = {
         "order_s": lambda p: clear_tree(tree, p, reserve=RESERVE).order,
         "plan_s": plan,
         "plan_pay_s": lambda p: plan(p).payments,

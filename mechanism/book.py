@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .clearing import Clearing
-from .plan import BSUM, INNER, REQUESTS, WORK
+from .plan import BSUM, INNER, REQUESTS, WORK, Block
 from .requests import BID_SCALE, effective_bid
 from .tree import Node, RequestTree
 
@@ -97,7 +97,10 @@ def _dfs_book(
     totals, and its first position is where its block starts. Time proportional to the blocks
     of the nodes down to ``max_depth``, not to the queue."""
     inside = clearing._plan.inside
-    found: list[tuple] = []  # (depth, -requests, first position, rank, node, block)
+    if inside is None:
+        raise ValueError("the round's plan is not a DFS auction's: it keeps no blocks")
+    # (depth, -requests, first position, rank, node, block)
+    found: list[tuple[int, int, int, int, Node, Block]] = []
     level = [(tree.root, 0, 0)]  # a node, its depth, its block's first position
     while level and len(found) < limit:
         below = []
@@ -165,8 +168,9 @@ def block_of(
     if tree.version != clearing._version:
         raise RuntimeError("the request tree changed since this round was cleared")
     x = tree.entries[request_id].node
-    while x.parent is not tree.root:
-        x = x.parent
+    while (up := x.parent) is not tree.root:
+        assert up is not None  # the walk from a request's node reaches the root first
+        x = up
     if cache is not None and x in cache:
         return cache[x]
     totals = clearing.block_totals(x)  # a DFS plan has them; otherwise they are counted here

@@ -15,6 +15,7 @@ from .welfare import planned_welfare
 
 DEFAULT_TOKENS_PER_SECOND = 10_000.0
 _handle = attrgetter("handle")
+_SEARCHED = 8  # up to this many requests, ``positions`` searches the order once for each
 REQUEST_SCOPE = "request"  # a request pays for the delay it imposes on every other request
 TENANT_SCOPE = "tenant"  # ... on other tenants' requests only
 CHARGE_SCOPES = (REQUEST_SCOPE, TENANT_SCOPE)
@@ -80,6 +81,7 @@ class Clearing:
             counted = self._counted
             overhead = self.overhead_tokens
             cum = cums[-1] if cums else 0
+            x: Node | None
             for e in self._entries[len(cums) : k]:
                 x = e.node
                 if x.size == 1:
@@ -88,6 +90,8 @@ class Clearing:
                     cum += x.ew
                     x = x.parent
                 while x not in counted:
+                    # Once per node: the root is counted, so the walk stops below its parent.
+                    assert x is not None
                     cum += x.ew
                     counted.add(x)
                     x = x.parent
@@ -124,13 +128,22 @@ class Clearing:
         self._check()
         want = set(request_ids)
         found: dict[str, int] = {}
-        if want:
-            for i, e in enumerate(self._entries):
-                rid = e.req.id
-                if rid in want:
-                    found[rid] = i
-                    if len(found) == len(want):
-                        break
+        if len(want) <= _SEARCHED:
+            # A few: the list's own search for each entry (by identity, at C speed: several
+            # times faster a request than the loop below, which reads each entry's id).
+            entries = self._tree.entries
+            for rid in sorted(want):
+                entry = entries.get(rid)
+                if entry is None:  # the order holds every request of the tree, and only those
+                    raise ValueError(f"request {rid!r} was not in this round")
+                found[rid] = self._entries.index(entry)
+            return found
+        for i, e in enumerate(self._entries):
+            rid = e.req.id
+            if rid in want:
+                found[rid] = i
+                if len(found) == len(want):
+                    break
         if len(found) != len(want):
             missing = sorted(want - found.keys())[0]
             raise ValueError(f"request {missing!r} was not in this round")

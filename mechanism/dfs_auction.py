@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter, itemgetter
-from typing import Protocol
+from typing import NamedTuple, Protocol, final
 
 from .plan import BSUM, INNER, TIE, WORK, Block, BlockKey, Plan
 from .requests import effective_bid
@@ -35,6 +35,7 @@ _inner_of = itemgetter(INNER)
 _bsum_of = itemgetter(BSUM)
 _work_of = itemgetter(WORK)
 _handle_of = attrgetter("handle")
+_NO_TIE = (float("inf"), "")  # the tie of a node with no blocks (the root of an empty tree)
 
 
 class KeyedPolicy(Protocol):
@@ -61,14 +62,16 @@ def plan_dfs_auction(tree: RequestTree, policy: KeyedPolicy, reserve: int, overh
     return Plan(
         root_state.flat,
         overhead,
-        blocks=_MemoView(token, "block"),
-        inside=_MemoView(token, "inside"),
+        blocks=_BlockView(token),
+        inside=_InsideView(token),
         root=tree.root,
         handles=root_state.handles,
         key=key,
     )
 
 
+# Final: told from a block by ``type(x) is _Memo`` (tree.py says why).
+@final
 class _Memo:
     """A DFS auction's state at one node holding several requests, kept across rounds.
 
@@ -80,26 +83,30 @@ class _Memo:
     requests of the subtree in service order, and ``handles`` the engine's handles on them
     (``Entry.handle``), in the same order.
 
-    dfs-auction-kv-split: a child that is split (``Node.fully_cached``) has its state, not a
-    block, in ``kids``: its blocks are among this node's. ``split``: this node was split when
-    worked out; then ``gone`` and ``came`` are the blocks that left and joined its blocks then
-    (all of them, old and new, after a rebuild), what its parent patches its own by.
+    dfs-auction-kv-split keeps ``parts`` instead of ``kids``: of each child its block, or, for a
+    child that is split (``Node.fully_cached``), its state: its blocks are among this node's.
+    ``split``: this node was split when worked out; then ``gone`` and ``came`` are the blocks
+    that left and joined its blocks then (all of them, old and new, after a rebuild), what its
+    parent patches its own by.
     """
 
     __slots__ = (
-        "built", "kids", "own", "inside", "bsum", "work", "tie", "block", "flat", "handles",
-        "retie", "split", "gone", "came",
+        "built", "kids", "parts", "own", "inside", "bsum", "work", "tie", "block", "flat",
+        "handles", "retie", "split", "gone", "came",
     )  # fmt: skip
+
+    # Set by the round that works the node out, before anything reads it.
+    block: Block
 
     def __init__(self) -> None:
         self.built = -1
-        self.kids: dict[Node, Block | _Memo] = {}
+        self.kids: dict[Node, Block] = {}
+        self.parts: dict[Node, Block | _Memo] = {}
         self.own: list[Block] = []
         self.inside: list[Block] = []
         self.bsum = 0
         self.work = 0
-        self.tie: tuple | None = None  # the earliest (arrival, id) among the blocks
-        self.block: Block | None = None
+        self.tie: tuple[float, str] | None = None  # the earliest (arrival, id) among the blocks
         self.flat: list[Entry] = []
         self.handles: list[object] = []
         self.retie = False  # the earliest block went: the tie is looked for again (``settle``)
@@ -127,6 +134,14 @@ class _Memo:
         if self.tie is None or block[TIE] < self.tie:
             self.tie = block[TIE]
 
+    def swap(self, gone: Iterable[Block], came: Iterable[Block]) -> None:
+        """Take the blocks ``gone`` out and put the blocks ``came`` in, then ``settle``."""
+        for block in gone:
+            self.drop(block)
+        for block in came:
+            self.add(block)
+        self.settle()
+
     def settle(self) -> None:
         """After drops and adds: the tie looked for again if its block went."""
         blocks = self.inside
@@ -146,29 +161,57 @@ class _Memo:
         self.retie = False
 
 
-class _MemoView:
+class _InsideView:
     """A round's view of the nodes' DFS state under one planner token: ``view[node]`` is that
-    node's ``inside`` list or block (``attr``), as payments.py reads a Plan's dicts."""
+    node's blocks in order (``_Memo.inside``), as payments.py reads a Plan's (plan.NodeLookup)."""
 
-    __slots__ = ("token", "attr")
+    __slots__ = ("token",)
 
-    def __init__(self, token: int, attr: str) -> None:
+    def __init__(self, token: int) -> None:
         self.token = token
-        self.attr = attr
 
-    def __getitem__(self, node: Node):
-        state = _state(node, self.token)
-        if state is None:
-            raise RuntimeError(
-                "the round's planner state is gone (more rounds with other settings cleared "
-                "on this tree since than it keeps); clear the round again"
-            )
-        return getattr(state, self.attr)
+    def __getitem__(self, node: Node) -> list[Block]:
+        return _planned(node, self.token).inside
+
+
+class _BlockView:
+    """The same view of each node's own block (``_Memo.block``)."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __getitem__(self, node: Node) -> Block:
+        return _planned(node, self.token).block
+
+
+def _planned(node: Node, token: int) -> _Memo:
+    """The state a round reads through its views, still kept, or RuntimeError."""
+    state = _state(node, token)
+    if state is None:
+        raise RuntimeError(
+            "the round's planner state is gone (more rounds with other settings cleared "
+            "on this tree since than it keeps); clear the round again"
+        )
+    return state
 
 
 def _state(x: Node, token: int) -> _Memo | None:
     memo = x.memo
-    return None if memo is None else memo.get(token)
+    if memo is None:
+        return None
+    state: _Memo | None = memo.get(token)
+    return state
+
+
+def _kept(x: Node, token: int) -> _Memo:
+    """The state at ``x``, a node holding several requests that this round has brought up to
+    date (its children's before its own: ``_dfs_states``)."""
+    memo = x.memo
+    assert memo is not None
+    state: _Memo = memo[token]
+    return state
 
 
 def _new_state(x: Node, token: int, live: Callable[[], set[int]]) -> _Memo:
@@ -234,7 +277,9 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
             for block in blocks:
                 inner = block[INNER]
                 if type(inner) is Node:
-                    inner_state = inner.memo[token]
+                    memo = inner.memo  # ``_kept``, written out: once per block of a node
+                    assert memo is not None
+                    inner_state: _Memo = memo[token]
                     flat.extend(inner_state.flat)
                     handles.extend(inner_state.handles)
                 else:
@@ -245,15 +290,16 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
             handles = list(map(_handle_of, flat))
         xs.flat = flat
         xs.handles = handles
-    return token, todo[0].memo[token]
+    return token, _kept(root, token)
 
 
 def _node_block(x: Node, xs: _Memo, key: BlockKey) -> Block:
-    """The block of a node holding several requests, from its state's sums, its edge included."""
+    """The block of a node holding several requests, from its state's sums, its edge included
+    (and of the root of an empty tree, which has no blocks and is no one's sibling: no tie)."""
     bsum = xs.bsum
     work = xs.work + x.ew
     nk = key.nk(bsum, x.size, work, key.counts_cached(x))
-    return (nk, xs.tie, x.size, bsum, work, x)
+    return (nk, xs.tie or _NO_TIE, x.size, bsum, work, x)
 
 
 def _child_blocks(
@@ -270,10 +316,10 @@ def _child_blocks(
     (plan.block_cached)."""
     nk = key.nk
     boosted = key.cached_boost != 1.0
-    blocks = []
+    blocks: list[Block] = []
     for c in children:
         if c.size > 1:
-            blocks.append(c.memo[token].block)
+            blocks.append(_kept(c, token).block)
             continue
         (e,) = c.reqs.values()  # a leaf holds one request: the tree keeps no leaf without one
         b = effective_bid(e.ticks, reserve, 0)
@@ -287,7 +333,7 @@ def _own_blocks(x: Node, key: BlockKey, reserve: int, overhead: int, under: bool
     """The blocks of the requests that end at ``x``, one each; ``under``: they count as cached
     (``x`` is a split subtree, dfs-auction-kv-split)."""
     nk = key.nk
-    out = []
+    out: list[Block] = []
     for e in x.reqs.values():
         b = effective_bid(e.ticks, reserve, 0)
         out.append((nk(b, 1, overhead, under), e.tie, 1, b, overhead, e))
@@ -305,7 +351,7 @@ def _rebuild(
 ) -> None:
     """Work a node's blocks out from its children's (an unchanged child's kept) and sort them."""
     old = xs.kids
-    kids: dict[Node, Block | _Memo] = {}
+    kids: dict[Node, Block] = {}
     if xs.built >= 0:
         built = xs.built
         for c in x.children.values():
@@ -383,28 +429,92 @@ def _split_rebuild(
 ) -> None:
     """dfs-auction-kv-split: a node's blocks worked out afresh, a split child's blocks taken in
     as its own, every block keyed for this node's split ``now``."""
-    kids: dict[Node, Block | _Memo] = {}
+    parts: dict[Node, Block | _Memo] = {}
     blocks: list[Block] = []
-    leaves = []
+    leaves: list[Node] = []
     for c in x.children.values():
         if c.size == 1:
             leaves.append(c)
             continue
-        cs = c.memo[token]
+        cs = _kept(c, token)
         if c.fully_cached():
-            kids[c] = cs
+            parts[c] = cs
             blocks.extend(cs.inside)
         else:  # its key depends on whether this node is split: keyed again
-            kids[c] = cs.block = block = _node_block(c, cs, key)
+            parts[c] = cs.block = block = _node_block(c, cs, key)
             blocks.append(block)
     leaf_blocks = _child_blocks(leaves, token, key, reserve, overhead, now)
-    kids.update(zip(leaves, leaf_blocks, strict=True))
+    parts.update(zip(leaves, leaf_blocks, strict=True))
     blocks.extend(leaf_blocks)
     own = _own_blocks(x, key, reserve, overhead, now)
     blocks.extend(own)
-    xs.kids = kids
+    xs.parts = parts
     xs.own = own
     xs.sort_blocks(blocks)
+
+
+class _SplitChanges(NamedTuple):
+    """What changed below a dfs-auction-kv-split node since it was last worked out: the blocks
+    that left its blocks and those that joined them, the changed children's new parts (a block,
+    or a split child's state), and the children gone (cut off or merged away)."""
+
+    gone: list[Block]
+    came: list[Block]
+    parts: dict[Node, Block | _Memo]
+    left: list[Node]
+
+
+def _split_changes(
+    x: Node,
+    xs: _Memo,
+    changed: list[Node],
+    token: int,
+    key: BlockKey,
+    reserve: int,
+    overhead: int,
+) -> _SplitChanges | None:
+    """dfs-auction-kv-split: what the changed children of a node whose split did not change
+    bring and take away (a split child: what its own blocks gained and lost), or None where
+    that is not known from what the node kept (a child that was split and is no longer, or
+    that was split and went)."""
+    parts = xs.parts
+    gone: list[Block] = []
+    came: list[Block] = []
+    records: dict[Node, Block | _Memo] = {}
+    keyed: list[Node] = []  # the changed children that are blocks here
+    new_kids = 0
+    for c in changed:
+        old = parts.get(c)
+        if old is None:
+            new_kids += 1
+        if c.fully_cached():
+            cs = _kept(c, token)
+            if type(old) is _Memo:
+                gone.extend(cs.gone)
+                came.extend(cs.came)
+            else:
+                if old is not None:
+                    gone.append(old)
+                came.extend(cs.inside)
+            records[c] = cs
+            continue
+        if type(old) is _Memo:  # what it held here is known only as its blocks were
+            return None
+        if old is not None:
+            gone.append(old)
+        keyed.append(c)
+    fresh = _child_blocks(keyed, token, key, reserve, overhead, xs.split)
+    records.update(zip(keyed, fresh, strict=True))
+    came.extend(fresh)
+    left: list[Node] = []
+    if len(parts) + new_kids > len(x.children):  # children gone since (cut off, merged away)
+        left = list(parts.keys() - set(x.children.values()))
+        for c in left:
+            old = parts[c]
+            if type(old) is _Memo:
+                return None
+            gone.append(old)
+    return _SplitChanges(gone, came, records, left)
 
 
 def _split_patch(
@@ -416,60 +526,24 @@ def _split_patch(
     reserve: int,
     overhead: int,
 ) -> bool:
-    """dfs-auction-kv-split: patch a node whose split did not change by what changed below it;
-    False, having changed nothing, where it must be worked out afresh instead."""
-    kids = xs.kids
-    under = xs.split
-    gone: list[Block] = []
-    came: list[Block] = []
-    records: dict[Node, Block | _Memo] = {}  # the changed children's, once patched
-    keyed: list[Node] = []  # the changed children that are blocks here
-    new_kids = 0
-    for c in changed:
-        old = kids.get(c)
-        if old is None:
-            new_kids += 1
-        was_split = type(old) is _Memo
-        if c.fully_cached():
-            cs = c.memo[token]
-            if was_split:
-                gone.extend(cs.gone)
-                came.extend(cs.came)
-            else:
-                if old is not None:
-                    gone.append(old)
-                came.extend(cs.inside)
-            records[c] = cs
-            continue
-        if was_split:  # what it held here is known only as its blocks were
-            return False
-        if old is not None:
-            gone.append(old)
-        keyed.append(c)
-    fresh = _child_blocks(keyed, token, key, reserve, overhead, under)
-    records.update(zip(keyed, fresh, strict=True))
-    came.extend(fresh)
-    left: list[Node] = []
-    if len(kids) + new_kids > len(x.children):  # children gone since (cut off, merged away)
-        left = list(kids.keys() - set(x.children.values()))
-        for c in left:
-            old = kids[c]
-            if type(old) is _Memo:
-                return False
-            gone.append(old)
+    """dfs-auction-kv-split: patch a node whose split did not change by what changed below it
+    (``_split_changes``); False, having changed nothing, where it must be worked out afresh
+    instead: what changed is not known, or is most of its blocks."""
+    changes = _split_changes(x, xs, changed, token, key, reserve, overhead)
+    if changes is None:
+        return False
+    gone, came, records, left = changes
     if 4 * (len(gone) + len(came)) > len(xs.inside) + 4:
         return False
+    under = xs.split
     own = _own_blocks(x, key, reserve, overhead, under)
     gone.extend(xs.own)
     came.extend(own)
-    for block in gone:
-        xs.drop(block)
-    for block in came:
-        xs.add(block)
-    xs.settle()
+    xs.swap(gone, came)
+    parts = xs.parts
     for c in left:
-        del kids[c]
-    kids.update(records)
+        del parts[c]
+    parts.update(records)
     xs.own = own
     if under:
         xs.gone, xs.came = gone, came

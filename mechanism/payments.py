@@ -39,12 +39,12 @@ per round, from the round's plan, and answers for one request (``charge``) or fo
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from operator import add
-from typing import Protocol
+from typing import Protocol, overload
 
-from .plan import INNER, NK, REQUESTS, WORK, Block, BlockKey, Plan
+from .plan import BSUM, INNER, NK, REQUESTS, WORK, Block, BlockKey, NodeLookup, Plan
 from .requests import effective_bid
 from .tree import Entry, Node
 
@@ -53,6 +53,10 @@ CumsUpto = Callable[[int], list[int]]
 
 # A node's sibling sums: the blocks' -key, prefix sums of their work and of work x key.
 Sums = tuple[list[float], list[int], list[float]]
+
+# A block of several requests charged after the walk (``dfs_payments``): its node's blocks,
+# their sums, its index there and its first position in the order.
+_Later = tuple[list[Block], Sums, int, int]
 
 
 class Charges(Protocol):
@@ -83,7 +87,16 @@ def _sibling_sums(blocks: list[Block]) -> Sums:
     return nks, [0, *accumulate(works)], [0.0, *accumulate(weighted)]
 
 
-def _passed(nks, pw, pwk, lo, hi, size, others, reserve) -> float:
+def _passed(
+    nks: list[float],
+    pw: list[int],
+    pwk: list[float],
+    lo: int,
+    hi: int,
+    size: float,
+    others: float,
+    reserve: int,
+) -> float:
     """The crossing sum: the charge for passing the blocks ``lo..hi-1`` of a node, each at
     max(its critical bid, reserve), times its work.
 
@@ -111,14 +124,16 @@ def request_block(plan: Plan, entry: Entry, *, reserve: int) -> tuple[Node, int]
     nothing per request.
     """
     key = _key_of(plan)
-    x = entry.node
+    node = entry.node
     b = effective_bid(entry.ticks, reserve, 0)
     work = plan.overhead
-    if x.size == 1:
-        work += x.ew
-        x = x.parent
-    x = _unsplit(x, key.split_cached)
-    siblings = plan.inside[x]
+    if node.size == 1:
+        work += node.ew
+        up = node.parent
+        assert up is not None  # a request never ends at the root: its tokens are not empty
+        node = up
+    x = _unsplit(node, key.split_cached)
+    siblings = _inside_of(plan)[x]
     i = bisect_left(siblings, (key.nk(b, 1, work, key.counts_cached(entry)), entry.tie))
     if i == len(siblings) or siblings[i][INNER] is not entry:
         raise RuntimeError(f"request {entry.req.id!r} is not where its round's plan put it")
@@ -132,6 +147,32 @@ def _key_of(plan: Plan) -> BlockKey:
     return key
 
 
+def _inside_of(plan: Plan) -> NodeLookup[list[Block]]:
+    inside = plan.inside
+    if inside is None:
+        raise ValueError("the plan is not a DFS auction's: it keeps no blocks")
+    return inside
+
+
+def _blocks_of(plan: Plan) -> NodeLookup[Block]:
+    blocks = plan.blocks
+    if blocks is None:
+        raise ValueError("the plan is not a DFS auction's: it keeps no blocks")
+    return blocks
+
+
+def _root_of(plan: Plan) -> Node:
+    root = plan.root
+    if root is None:
+        raise ValueError("the plan is not a DFS auction's: it has no tree")
+    return root
+
+
+# A node's unsplit ancestor is a node: the root is never split (Node.fully_cached).
+@overload
+def _unsplit(x: Node, split: bool) -> Node: ...
+@overload
+def _unsplit(x: Node | None, split: bool) -> Node | None: ...
 def _unsplit(x: Node | None, split: bool) -> Node | None:
     """``x``, or with ``split`` its nearest ancestor that is not split (``Node.fully_cached``):
     a split subtree's blocks are its parent's, and its own block is in no order."""
@@ -156,11 +197,12 @@ def dfs_charge(
     if b <= 0:
         return 0.0, 0
     key = _key_of(plan)
-    blocks_of, inside = plan.blocks, plan.inside
-    x, i = request_block(plan, entry, reserve=reserve)
-    block = inside[x][i]
+    blocks_of, inside = _blocks_of(plan), _inside_of(plan)
+    node, i = request_block(plan, entry, reserve=reserve)
+    block = inside[node][i]
     total = 0.0
     saved = 0
+    x: Node | None = node
     while x is not None:
         siblings = inside[x]
         if len(siblings) > 1:
@@ -191,7 +233,8 @@ def dfs_payments(
 
     The same sums as ``dfs_charge``, taken node by node: the requests of a block are a contiguous
     run of the order (the blocks before it, in service order, hold the positions before it), so
-    each node's sorted siblings are looked up by all its requests in turn (``_block_charges``).
+    each node's sorted siblings are looked up by all its requests in turn (``_node_charges``,
+    ``_block_charges``).
 
     Each request's effective bid is read off its own block as the walk meets it (the planner's,
     reserve applied), so the blocks of several requests are charged after the walk, once the
@@ -204,12 +247,11 @@ def dfs_payments(
     are charged as the walk meets them.
     """
     key = _key_of(plan)
-    size_of, counts_cached = key.size, key.counts_cached
-    boosted = key.cached_boost != 1.0  # else no block counts as cached: not asked per block
-    inside = plan.inside
+    inside = _inside_of(plan)
     n = len(plan.order)
     pay = [0.0] * n
     saved = [0] * n
+    own: _Own | None
     if owners is None:
         bids = [0] * n
         own = None
@@ -218,64 +260,30 @@ def dfs_payments(
         bids = effective_bids(plan.order, reserve)
         own = _Own(owners, bids)
         ahead = pay
-    later = []  # blocks of several requests: (a node's blocks, their sums, an index, its first)
-    stack: list[tuple[Node, int]] = [(plan.root, 0)]  # a node and its first position
+    later: list[_Later] = []
+    stack: list[tuple[Node, int]] = [(_root_of(plan), 0)]  # a node and its first position
     while stack:
         x, start = stack.pop()
         blocks = inside[x]
-        last = len(blocks) - 1
-        if last == 0:
-            _, _, _, bsum, _, inner = blocks[0]
+        if len(blocks) == 1:  # nothing to pass here: on to its one block
+            inner = blocks[0][INNER]
             if type(inner) is Node:
                 stack.append((inner, start))
             else:
-                bids[start] = bsum
+                bids[start] = blocks[0][BSUM]
             continue
-        sums = nks, pw, pwk = _sibling_sums(blocks)
-        starts = None if own is None else _Own.starts(start, blocks)
-        zero = bisect_left(nks, 0.0)  # blocks from here on have key 0
-        for j, block in enumerate(blocks):
-            _, tie, bn, bsum, work, inner = block
-            first = start
-            start += bn
-            if type(inner) is Node:
-                stack.append((inner, first))
-                if j < last and bsum > 0:  # the last block, or one without bids, passes nothing
-                    if own is None:
-                        later.append((blocks, sums, j, first))
-                    else:
-                        size = size_of(bn, work, boosted and counts_cached(inner))
-                        _block_charges(
-                            blocks, sums, j, first, size, bids, reserve, pay, saved, own, starts
-                        )
-                continue
-            bids[first] = bsum
-            if j == last or bsum <= 0:
-                continue
-            # A single request: at bid 0 its key is 0, whatever its bid was.
-            lo = j + 1
-            hi = last + 1 if zero > last else bisect_left(blocks, (0.0, tie), max(lo, zero))
-            if hi <= lo:
-                continue
-            size = size_of(1, work, boosted and counts_cached(inner))
-            if size <= 0:  # its key is infinite whatever its bid
-                continue
-            pay[first] += _passed(nks, pw, pwk, lo, hi, size, 0, reserve)
-            saved[first] += pw[hi] - pw[lo]
-            if own is not None:
-                own.passed(first, first, 1, work, lo, hi, pw, starts)
+        _node_charges(blocks, start, key, reserve, bids, pay, saved, own, stack, later)
+    size_of, counts_cached = key.size, key.counts_cached
+    boosted = key.cached_boost != 1.0
     for blocks, sums, j, first in later:
         _, _, bn, _, work, inner = blocks[j]
         size = size_of(bn, work, boosted and counts_cached(inner))
         _block_charges(blocks, sums, j, first, size, bids, reserve, ahead, saved)
     if ahead is not pay:
         pay = list(map(add, ahead, pay))
-    # The charge lies in [0, bid x saved] (tenant-level: [reserve x saved, bid x saved]);
-    # prefix-sum rounding can stray by a few ulps.
     if own is not None:
-        for k, amount in enumerate(own.amounts):
-            if amount:
-                pay[k] = max(pay[k] - amount, float(reserve * saved[k]))
+        own.take_off(pay, saved, reserve)
+    # The charge lies in [0, bid x saved]; prefix-sum rounding can stray by a few ulps.
     for k, amount in enumerate(pay):
         if amount:
             top = float(bids[k] * saved[k])
@@ -283,8 +291,72 @@ def dfs_payments(
     return pay, saved
 
 
+def _node_charges(
+    blocks: list[Block],
+    start: int,
+    key: BlockKey,
+    reserve: int,
+    bids: list[int],
+    pay: list[float],
+    saved: list[int],
+    own: _Own | None,
+    stack: list[tuple[Node, int]],
+    later: list[_Later],
+) -> None:
+    """The walk at one node with several blocks, the first from position ``start``: each block
+    of one request charged for the siblings it passes, its bid filed in ``bids``; each block of
+    a node pushed on ``stack`` to walk, and, if it holds bids and is not last, charged now
+    (tenant-level, ``own``) or kept in ``later`` for once all its bids are known."""
+    size_of, counts_cached = key.size, key.counts_cached
+    boosted = key.cached_boost != 1.0  # else no block counts as cached: not asked per block
+    last = len(blocks) - 1
+    sums = nks, pw, pwk = _sibling_sums(blocks)
+    starts = [] if own is None else _Own.starts(start, blocks)
+    zero = bisect_left(nks, 0.0)  # blocks from here on have key 0
+    for j, block in enumerate(blocks):
+        _, tie, bn, bsum, work, inner = block
+        first = start
+        start += bn
+        if type(inner) is Node:
+            stack.append((inner, first))
+            if j < last and bsum > 0:  # the last block, or one without bids, passes nothing
+                if own is None:
+                    later.append((blocks, sums, j, first))
+                else:
+                    size = size_of(bn, work, boosted and counts_cached(inner))
+                    _block_charges(
+                        blocks, sums, j, first, size, bids, reserve, pay, saved, own, starts
+                    )
+            continue
+        bids[first] = bsum
+        if j == last or bsum <= 0:
+            continue
+        # A single request: at bid 0 its key is 0, whatever its bid was.
+        lo = j + 1
+        hi = last + 1 if zero > last else bisect_left(blocks, (0.0, tie), max(lo, zero))
+        if hi <= lo:
+            continue
+        size = size_of(1, work, boosted and counts_cached(inner))
+        if size <= 0:  # its key is infinite whatever its bid
+            continue
+        pay[first] += _passed(nks, pw, pwk, lo, hi, size, 0, reserve)
+        saved[first] += pw[hi] - pw[lo]
+        if own is not None:
+            own.passed(first, first, 1, work, lo, hi, pw, starts)
+
+
 def _block_charges(
-    blocks, sums, j, first, size, bids, reserve, pay, saved, own=None, starts=None
+    blocks: list[Block],
+    sums: Sums,
+    j: int,
+    first: int,
+    size: float,
+    bids: list[int],
+    reserve: int,
+    pay: list[float],
+    saved: list[int],
+    own: _Own | None = None,
+    starts: Sequence[int] = (),
 ) -> None:
     """What each request of ``blocks[j]``, a block of several requests from position ``first``
     whose key divides by ``size``, pays for passing the siblings after it, added to ``pay``
@@ -347,7 +419,17 @@ class _Own:
         """The first positions of a node's blocks (and the one after the last), from ``start``."""
         return list(accumulate((b[REQUESTS] for b in blocks), initial=start))
 
-    def passed(self, k: int, first: int, bn: int, work: int, lo: int, hi: int, pw, starts) -> None:
+    def passed(
+        self,
+        k: int,
+        first: int,
+        bn: int,
+        work: int,
+        lo: int,
+        hi: int,
+        pw: list[int],
+        starts: Sequence[int],
+    ) -> None:
         """Request ``k`` of the block at ``first`` (``bn`` requests, ``work``) passes the blocks
         ``lo..hi-1`` of a node whose blocks start at ``starts``."""
         tenant = self.owners[k]
@@ -357,6 +439,14 @@ class _Own:
         delayed = p[starts[hi]] - p[starts[lo]]  # own bids in the passed blocks
         along = p[first + bn] - p[first] - self.bids[k]  # own bids beside it in its block
         self.amounts[k] += work * delayed - along * (pw[hi] - pw[lo])
+
+    def take_off(self, pay: list[float], saved: list[int], reserve: int) -> None:
+        """The tenant-level charges: each standard charge in ``pay`` less what it bills for its
+        tenant's own requests (``amounts``), at least reserve x saved time (the caller caps
+        them at bid x saved time, as every charge)."""
+        for k, amount in enumerate(self.amounts):
+            if amount:
+                pay[k] = max(pay[k] - amount, float(reserve * saved[k]))
 
 
 class DfsCharges:
@@ -373,7 +463,7 @@ class DfsCharges:
     def _sums_at(self, x: Node) -> Sums:
         got = self._sums.get(x)
         if got is None:
-            got = self._sums[x] = _sibling_sums(self.plan.inside[x])
+            got = self._sums[x] = _sibling_sums(_inside_of(self.plan)[x])
         return got
 
     def charge(self, entry: Entry) -> tuple[float, int]:
@@ -445,7 +535,7 @@ class FlatCharges:
         """Priority charge of every request, by position in the order."""
         return [self.charge_at(p)[0] for p in range(len(self.order))]
 
-    def _values_upto(self, k: int) -> list:
+    def _values_upto(self, k: int) -> list[int]:
         values = self.values
         if len(values) <= k:
             cums = self.cums_upto(k)

@@ -20,9 +20,8 @@ planner, the charges and the readers of the registry all call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 from .tree import INF, Entry, Node
 
@@ -46,6 +45,15 @@ REQUESTS: Final = 2
 BSUM: Final = 3
 WORK: Final = 4
 INNER: Final = 5
+
+_Read = TypeVar("_Read", covariant=True)
+
+
+class NodeLookup(Protocol[_Read]):
+    """What a plan keeps per node, read as ``lookup[node]``: a dict, or a view of the state the
+    planner keeps in the nodes (dfs_auction's views)."""
+
+    def __getitem__(self, node: Node, /) -> _Read: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +134,8 @@ class Plan:
         overhead: int,
         cums: list[int] | None = None,
         *,
-        blocks: Mapping[Node, Block] | None = None,
-        inside: Mapping[Node, list[Block]] | None = None,
+        blocks: NodeLookup[Block] | None = None,
+        inside: NodeLookup[list[Block]] | None = None,
         root: Node | None = None,
         handles: list[object] | None = None,
         key: BlockKey | None = None,
@@ -139,8 +147,7 @@ class Plan:
         self.cums = cums
         # DFS orders: the block of each node that holds several blocks. A block of one request
         # is found in its node's (or its leaf's parent's) ``inside`` by its key, so that a round
-        # files nothing per request. Read as ``blocks[node]``: a dict, or a view of the state the
-        # planner keeps in the nodes (dfs_auction._MemoView).
+        # files nothing per request. Read as ``blocks[node]`` (NodeLookup).
         self.blocks = blocks
         # DFS orders: the blocks at each node that holds several (and at the root), in order;
         # read as ``inside[node]`` likewise.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -65,7 +66,7 @@ def eff(bid: float, reserve: float) -> float:
     return bid if bid >= reserve else 0.0
 
 
-def welfare(reqs, comp, reserve) -> float:
+def welfare(reqs: list[Req], comp: dict[str, float], reserve: float) -> float:
     """Planned welfare (DESIGN.md 4.3): -sum(effective bid x planned completion), dollars."""
     return -sum(eff(r.bid, reserve) * comp[r.id] for r in reqs)
 
@@ -85,7 +86,7 @@ def blocks_at(reqs: list[Req], depth: int) -> list[list[Req] | Req]:
     return list(ending) + list(groups.values())
 
 
-def all_dfs_orders(reqs: list[Req], depth: int = 0):
+def all_dfs_orders(reqs: list[Req], depth: int = 0) -> Iterator[list[str]]:
     """Every order that serves each subtree contiguously."""
     if len(reqs) == 1 and len(reqs[0].tokens) == depth:
         yield [reqs[0].id]
@@ -135,7 +136,9 @@ def is_dfs_order(reqs: list[Req], order: list[str], split: bool = False) -> bool
     return True
 
 
-def _block_work(block, depth, done: set, overhead: int) -> int:
+def _block_work(
+    block: list[Req] | Req, depth: int, done: set[tuple[int, ...]], overhead: int
+) -> int:
     """Uncached tokens (below ``depth``) plus overheads of a block."""
     reqs = block if isinstance(block, list) else [block]
     prefixes = set()
@@ -180,7 +183,7 @@ class Keyed:
 def keyed_blocks(
     group: list[Req],
     depth: int,
-    done: set,
+    done: set[tuple[int, ...]],
     density: bool,
     reserve: float,
     overhead: int,
@@ -204,7 +207,7 @@ def keyed_blocks(
             else:
                 return end
 
-    def parts(sub: list[Req], depth: int, under: bool) -> list[tuple]:
+    def parts(sub: list[Req], depth: int, under: bool) -> list[tuple[list[Req] | Req, int, bool]]:
         """The blocks at a branch point, each with its depth and whether it sits right under a
         split subtree's cached prefix."""
         out = []
@@ -222,7 +225,7 @@ def keyed_blocks(
         members = b if isinstance(b, list) else [b]
         bsum = sum(eff(r.bid, reserve) for r in members)
         work = _block_work(b, at, done, overhead)
-        size = work if density else len(members)
+        size: float = work if density else len(members)
         if under or (isinstance(b, list) and b[0].tokens[: at + 1] in done):
             size = size / boost
         key = bsum / size if size > 0 else math.inf
@@ -264,7 +267,7 @@ def fcfs_order(reqs: list[Req]) -> list[str]:
     return [r.id for r in sorted(reqs, key=lambda r: (r.arrival, r.id))]
 
 
-def reference_order(reqs, policy: str, reserve: float, overhead: int) -> list[str]:
+def reference_order(reqs: list[Req], policy: str, reserve: float, overhead: int) -> list[str]:
     """The order of ``policy``, for the policies written out here (not lpm nor dfs-weight)."""
     if policy in DFS_SETTINGS:
         density, boost, split = DFS_SETTINGS[policy]
@@ -281,7 +284,15 @@ def with_bid(reqs: list[Req], rid: str, bid: float) -> list[Req]:
     return [Req(r.id, r.tokens, bid, r.arrival, r.cached_len) if r.id == rid else r for r in reqs]
 
 
-def myerson_bounds(reqs, rid, policy, reserve, overhead, tps, steps=400):
+def myerson_bounds(
+    reqs: list[Req],
+    rid: str,
+    policy: str,
+    reserve: float,
+    overhead: int,
+    tps: float,
+    steps: int = 400,
+) -> tuple[float, float, float]:
     """Bounds on the Myerson payment of ``rid`` from re-clearing at ``steps`` grid bids.
 
     T(z) = C(0) - C(z) is non-decreasing, so left and right Riemann sums bracket its integral.
@@ -306,7 +317,9 @@ def myerson_bounds(reqs, rid, policy, reserve, overhead, tps, steps=400):
     return bid * t_b - right, bid * t_b - left, t_b
 
 
-def crossing_charge(reqs, rid, policy, reserve, overhead, tps) -> tuple[float, float]:
+def crossing_charge(
+    reqs: list[Req], rid: str, policy: str, reserve: float, overhead: int, tps: float
+) -> tuple[float, float]:
     """The Myerson payment of ``rid`` as a sum over crossing points (payments.py states it in
     prose): by bidding b instead of 0, ``rid`` passes blocks; each passed block contributes the
     seconds its work takes x max(its critical bid, reserve), the critical bid being the lowest
@@ -363,17 +376,25 @@ def crossing_charge(reqs, rid, policy, reserve, overhead, tps) -> tuple[float, f
     return charge, saved
 
 
-def vcg_payment(reqs, rid, reserve, overhead, tps) -> float:
+def vcg_payment(reqs: list[Req], rid: str, reserve: float, overhead: int, tps: float) -> float:
     """Clarke pivot, normalised so a zero bid pays nothing: the others' loss of welfare."""
 
-    def others_welfare(rs):
+    def others_welfare(rs: list[Req]) -> float:
         comp = completions(rs, dfs_auction_order(rs, True, reserve, overhead), overhead, tps)
         return sum(-eff(r.bid, reserve) * comp[r.id] for r in rs if r.id != rid)
 
     return others_welfare(with_bid(reqs, rid, 0.0)) - others_welfare(reqs)
 
 
-def tenant_payment(reqs, rid, owners: dict[str, str], policy, reserve, overhead, tps) -> float:
+def tenant_payment(
+    reqs: list[Req],
+    rid: str,
+    owners: dict[str, str],
+    policy: str,
+    reserve: float,
+    overhead: int,
+    tps: float,
+) -> float:
     """The tenant-level charge of ``rid`` (``charge_scope = "tenant"``), by brute force.
 
     dfs-auction-density without a reserve, where the standard charge is the VCG one: the delay

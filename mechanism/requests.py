@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TypeVar
+from typing import TypeVar, overload
 
 # Bids are compared in whole ticks of 1e-9 dollars per second, so that sums of bids, and the
 # differences the payments take of them, are exact: a tie is a tie however the sum was formed.
@@ -109,7 +109,11 @@ def to_ticks(amount: float) -> int:
     return round(amount * BID_SCALE)
 
 
-def effective_bid(bid: Bid, reserve: Bid, zero: Bid = 0.0) -> Bid:
+@overload
+def effective_bid(bid: float, reserve: float) -> float: ...
+@overload
+def effective_bid(bid: Bid, reserve: Bid, zero: Bid) -> Bid: ...
+def effective_bid(bid: Bid, reserve: Bid, zero: Bid | float = 0.0) -> Bid | float:
     """The bid that buys priority (DESIGN.md 4.4): ``bid`` itself when it is at least the reserve,
     else nothing, returned as ``zero`` (0.0 for float bids; pass 0 for ticks, the ledger's zero
     for Decimal amounts) so that each caller keeps its own representation exactly.

@@ -19,6 +19,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any, final
 
 from .requests import WaitingRequest, bid_checked, to_ticks
 
@@ -27,10 +28,17 @@ INF = float("inf")
 # Incremental planners (settings: policy, reserve, overhead) whose state the nodes keep at once.
 PLAN_TOKENS = 8
 
+# A request's place in the bid order (``RequestTree.by_bid``): minus its bid in ticks, then its
+# (arrival, id).
+BidKey = tuple[int, tuple[float, str]]
+
 # Slices shorter than this are compared token by token; longer ones by bisecting on slice equality.
 _SHORT_EDGE = 16
 
 
+# Final: the planners tell nodes from entries by ``type(x) is Node`` (a faster test than
+# isinstance), which the type checker reads both ways only for classes with no subclasses.
+@final
 class Node:
     """A node of the request tree; its edge holds tokens ``seq[start:end]``.
 
@@ -76,7 +84,9 @@ class Node:
         self.size = 0
         self.mark = -1
         self.changed = 0
-        self.memo: dict | None = None
+        # By planner token; each state of its planner's own type (dfs_auction._Memo), which
+        # the planner names where it reads one: this module cannot import it (a cycle).
+        self.memo: dict[int, Any] | None = None
 
     def set_cached(self, cached: int) -> None:
         """Set the deepest cached position below this node, and so its edge's uncached tokens."""
@@ -107,6 +117,7 @@ class Node:
         return cached
 
 
+@final
 class Entry:
     """A request in the tree: the request, the node where it ends, its tie-breaking key
     (arrival, id), its bid in whole ticks (requests.BID_SCALE), kept up to date by ``update``,
@@ -153,13 +164,13 @@ class RequestTree:
         self.stamp = 0  # counter for prefill batches (begin_batch)
         # The requests by (-bid ticks, arrival, id), kept from its first use on (highest-bid's
         # order without a sort per round): keys and entries side by side.
-        self._bid_keys: list[tuple] | None = None
+        self._bid_keys: list[BidKey] | None = None
         self._bid_entries: list[Entry] = []
         # The type of the requests' token sequences (tuple or array("q")), set by the first:
         # edges are compared as slices, and a tuple slice never equals an array's.
-        self._token_type: type | None = None
+        self._token_type: type[Sequence[int]] | None = None
         # Incremental planners' tokens by their key (``plan_token``), the most recent last.
-        self._plan_tokens: dict[tuple, int] = {}
+        self._plan_tokens: dict[tuple[object, ...], int] = {}
         self._last_token = 0
         for req in requests:
             self.insert(req)
@@ -238,7 +249,7 @@ class RequestTree:
                 raise ValueError(f"token ids must be 64-bit integers: {exc}") from None
         return tuple(tokens)
 
-    def plan_token(self, key: tuple) -> int:
+    def plan_token(self, key: tuple[object, ...]) -> int:
         """The token under which an incremental planner with settings ``key`` keeps its state
         in the nodes (``Node.memo``). The tree keeps the ``PLAN_TOKENS`` most recent; an older
         key gets a new token, so its planner starts over instead of reading stale state."""
@@ -256,7 +267,7 @@ class RequestTree:
         """The planner tokens in use (``plan_token``); a node's state under another is stale."""
         return set(self._plan_tokens.values())
 
-    def by_bid(self) -> tuple[list[tuple], list[Entry]]:
+    def by_bid(self) -> tuple[list[BidKey], list[Entry]]:
         """The waiting requests by highest bid, then earliest (arrival, id): their sort keys
         ``(-ticks, (arrival, id))`` and entries, in that order. Kept up to date from the first
         call on; do not modify."""
@@ -307,7 +318,7 @@ class RequestTree:
         node = entry.node
         del node.reqs[request_id]
         v = self.version + 1
-        x = node
+        x: Node | None = node
         while x is not None:
             x.size -= 1
             x.changed = v
@@ -317,6 +328,7 @@ class RequestTree:
         # Keep the trie compressed: drop empty leaves, merge nodes left with one child.
         while node is not root and not node.reqs:
             parent = node.parent
+            assert parent is not None  # only the root has none, and the walk stops below it
             if not node.children:
                 del parent.children[node.seq[node.start]]
                 if parent.cached == node.cached:
@@ -347,16 +359,17 @@ class RequestTree:
         if bid is None:  # the cached length alone (the engines' common case): no re-filing
             req = req.with_cached_len(old if cached_len is None else cached_len)
         else:
-            changes: dict[str, object] = {"bid": bid_checked(bid, request_id=request_id)}
-            if cached_len is not None:
-                changes["cached_len"] = cached_len
-            req = replace(req, **changes)
+            req = replace(
+                req,
+                bid=bid_checked(bid, request_id=request_id),
+                cached_len=old if cached_len is None else cached_len,
+            )
             self._bid_unfile(entry)
             entry.ticks = to_ticks(req.bid)
             self._bid_file(entry)
         entry.req = req
         v = self.version + 1
-        x = entry.node
+        x: Node | None = entry.node
         while x is not None:
             x.changed = v
             x = x.parent
@@ -380,15 +393,15 @@ class RequestTree:
         """Uncached tokens the request shares with the requests added to the batch ``stamp``:
         what admitting it to that batch would compute a second time (<= 0: nothing)."""
         entry = self.entries[request_id]
-        x = entry.node
-        while x.mark != stamp:
-            x = x.parent
+        x = _batch_mark(entry.node, stamp)
         return x.end - entry.req.cached_len
 
     def batch_add(self, request_id: str, stamp: int) -> None:
         """Add a request to the batch ``stamp``: its prefix counts as being computed."""
-        x = self.entries[request_id].node
-        while x.mark != stamp:
+        x: Node | None = self.entries[request_id].node
+        if self.root.mark != stamp:  # checked first, so that a stale stamp marks nothing
+            raise _stale_batch(stamp)
+        while x is not None and x.mark != stamp:  # the root is marked: the walk stops there
             x.mark = stamp
             x = x.parent
 
@@ -444,13 +457,28 @@ class RequestTree:
 
     def path(self, request_id: str) -> list[Node]:
         """The nodes from the root down to the node where the request ends."""
-        node = self.entries[request_id].node
-        out = []
+        node: Node | None = self.entries[request_id].node
+        out: list[Node] = []
         while node is not None:
             out.append(node)
             node = node.parent
         out.reverse()
         return out
+
+
+def _batch_mark(x: Node, stamp: int) -> Node:
+    """The nearest node from ``x`` up that the batch ``stamp`` computes (the root, at least, once
+    the batch has begun); ValueError if ``stamp`` is not the current batch."""
+    y: Node | None = x
+    while y is not None and y.mark != stamp:
+        y = y.parent
+    if y is None:
+        raise _stale_batch(stamp)
+    return y
+
+
+def _stale_batch(stamp: int) -> ValueError:
+    return ValueError(f"batch {stamp} is not the tree's current batch (begin_batch)")
 
 
 def _entries_below(x: Node) -> Iterator[Entry]:

@@ -14,6 +14,11 @@ urlpatterns = [
         dashboard_views.tenant_dashboard,
         name="tenant_dashboard",
     ),
+    path(
+        "tenants/<slug:slug>/dashboard/quotes/",
+        dashboard_views.tenant_quotes,
+        name="tenant_quotes",
+    ),
     path("tenants/<slug:slug>/batches/", console_views.batch_upload, name="batch_upload"),
     path(
         "tenants/<slug:slug>/batches/<str:public_id>/output/",

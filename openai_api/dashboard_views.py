@@ -3,7 +3,9 @@ the autobidder's multiplier, recent requests and why they ranked where they did,
 keys. Members of the tenant (and operators) only; anyone else gets 404, anonymous a login.
 
 The live parts arrive over ``/ws/tenants/<slug>/`` (``market.consumers.TenantConsumer``) as
-spend ticks, in the same shapes as the initial data rendered here (``market.payloads``).
+spend ticks, in the same shapes as the initial data rendered here (``market.payloads``). What a
+bid buys at each market (the bid -> time to first token curve, from the quotes' computation,
+``gateway.selectors.quote_curve``) is polled from ``tenant_quotes`` every ``QUOTES_POLL_S``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
@@ -34,15 +37,30 @@ from accounts.selectors.live import (
 from accounts.views import tenant_page
 from accounts.windows import window_for
 from market.live.spend import request_row, spend_tick
+from market.models import Market
 from market.payloads import SpendTick
 from openai_api.batches.console_views import can_submit_batches
 from openai_api.batches.selectors import batches_for_tenant
+from openai_api.gateway.selectors import quote_curve
 
 LATENCY_LOOKBACK = timedelta(hours=1)
 AUTOBID_LOOKBACK = timedelta(hours=24)
 RECENT_REQUESTS = 25
 INVOICES_SHOWN = 6
 BATCHES_SHOWN = 10
+QUOTES_POLL_S = 10  # seconds between two reads of the quote curves by an open dashboard
+
+
+def _quote_curves() -> list[dict[str, Any]]:
+    """The bid -> time to first token curve of every active market (anonymous: bids and waits)."""
+    return [quote_curve(market=m) for m in Market.objects.filter(is_active=True).order_by("slug")]
+
+
+@require_GET
+@tenant_page
+def tenant_quotes(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """The dashboard's quote curves, as JSON: ``{"markets": [quote_curve, ...]}``."""
+    return JsonResponse({"markets": _quote_curves(), "poll_s": QUOTES_POLL_S})
 
 
 def _pacing(tenant: Tenant, tick: SpendTick, now: datetime) -> dict[str, Any]:
@@ -100,6 +118,11 @@ def tenant_dashboard(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             ],
         },
         "requests": [request_row(w) for w in requests_why(tenant=tenant, limit=RECENT_REQUESTS)],
+        "quotes": {
+            "url": reverse("dashboard:tenant_quotes", args=[tenant.slug]),
+            "poll_s": QUOTES_POLL_S,
+            "markets": _quote_curves(),
+        },
     }
     context = {
         "tenant": tenant,

@@ -1,10 +1,12 @@
 """Routes of the tenant-facing API, mounted at the site root by ``config/urls.py``: the
-OpenAI-compatible gateway and batch API (``/v1/...``) and the gateway's ``/metrics``."""
+OpenAI-compatible gateway and batch API (``/v1/...``), the gateway's ``/metrics``, and the API's
+reference (``/v1/openapi.json``, rendered at ``/docs/api/``)."""
 
 from django.urls import path
 
 from openai_api.batches import views as batch_views
 from openai_api.gateway import views
+from openai_api.openapi import views as reference_views
 
 app_name = "gateway"
 
@@ -19,5 +21,7 @@ urlpatterns = [
     path("v1/batches/<str:batch_id>/cancel", batch_views.batch_cancel_view, name="batch_cancel"),
     path("v1/batches/<str:batch_id>/output", batch_views.batch_output, name="batch_output"),
     path("v1/batches/<str:batch_id>/errors", batch_views.batch_errors, name="batch_errors"),
+    path("v1/openapi.json", reference_views.openapi_json, name="openapi"),
     path("metrics", views.prometheus, name="metrics"),
+    path("docs/api/", reference_views.reference_page, name="api_reference"),
 ]

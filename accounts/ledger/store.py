@@ -8,8 +8,9 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Protocol
 
+from accounts.figures import duration, usd, usd_apart
 from accounts.models import ApiKey, Hold, LedgerEntry, Request, Tenant
-from accounts.money import PostedPrices, money_human
+from accounts.money import PostedPrices
 from accounts.selectors.budgets import BudgetStatus
 
 
@@ -65,8 +66,8 @@ class Settled:
 class BudgetExhausted(Exception):
     """A request does not fit a budget. Carries what the gateway's 429 ``insufficient_quota``
     answer needs; its message is for a person: the budget that refused (scope and period), its
-    spent, held and left, what the request needed, and when it resets, in rounded dollars (the
-    exact figures are on ``status``)."""
+    spent, held and left, what the request needed, and when it resets, as figures for people
+    (:mod:`accounts.figures`; the exact figures are on ``status``)."""
 
     def __init__(self, *, status: BudgetStatus, amount: Decimal) -> None:
         self.status = status
@@ -81,13 +82,13 @@ class BudgetExhausted(Exception):
             "It never resets."
             if status.resets_at is None or status.seconds_until_reset is None
             else f"It resets at {status.resets_at.isoformat()} "
-            f"(in {status.seconds_until_reset:.0f} s)."
+            f"(in {duration(status.seconds_until_reset)})."
         )
+        left, needs = usd_apart(status.remaining, amount)
         super().__init__(
-            f"{whose} budget of {money_human(status.limit)} {per} is exhausted: "
-            f"{money_human(status.spent)} spent, {money_human(status.held)} held for requests "
-            f"in flight, {money_human(status.remaining)} left; this request needs up to "
-            f"{money_human(amount)}. {when}"
+            f"{whose} budget of {usd(status.limit)} {per} is exhausted: "
+            f"{usd(status.spent)} spent, {usd(status.held)} held for requests "
+            f"in flight, {left} left; this request needs up to {needs}. {when}"
         )
 
 

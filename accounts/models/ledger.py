@@ -105,6 +105,11 @@ class PriorityDetail(CapDetail):
     engine_charge: float  # dollars, as the engine computed it
     block: BlockDetail
     engine: NotRequired[str]  # the replica that served it (its round record's engine id)
+    # Its place in line when it joined the queue (1 first), the requests planned ahead of it and
+    # those waiting then (the engine's round record's ``rank``, ``ahead``, ``queue_len``).
+    rank: NotRequired[int]
+    ahead: NotRequired[int]
+    queue_len: NotRequired[int]
 
 
 class TokensDetail(CapDetail):

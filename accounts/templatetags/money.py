@@ -1,19 +1,13 @@
-"""``{% load money %}``: ``{{ amount|dollars }}``, an exact amount as fixed-point text;
-``{{ amount|cents }}``, an amount rounded to the cent for people ("$0.33", "< $0.01")."""
+"""``{% load money %}``: ``{{ amount|cents }}``, an amount rounded to the cent for an invoice
+("$0.33", "< $0.01"): what is due is paid in cents. Every other figure: ``{% load figures %}``."""
 
 from decimal import Decimal
 
 from django import template
 
-from accounts.money import cents_str, money_str
+from accounts.money import cents_str
 
 register = template.Library()
-
-
-@register.filter
-def dollars(amount: Decimal | None) -> str:
-    """``Decimal("2E-9")`` -> ``"0.000000002"``; empty for None."""
-    return "" if amount is None else money_str(Decimal(amount))
 
 
 @register.filter

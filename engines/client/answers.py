@@ -31,6 +31,11 @@ class EngineMeta:
     time_saved_s: float | None = None
     block: Mapping[str, Any] | None = None  # the subtree it waited in (a round record's)
     engine: str | None = None  # the engine (replica) that admitted it
+    # Its place in line when it joined the queue (records.AdmittedRequest): 1 first, the
+    # requests planned ahead of it, the requests waiting then.
+    rank: int | None = None
+    ahead: int | None = None
+    queue_len: int | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -103,6 +108,9 @@ def meta_parsed(data: Mapping[str, Any]) -> EngineMeta:
         time_saved_s=_finite(auction_value(info, "time_saved_s")),
         block=block if isinstance(block := auction_value(info, "block"), dict) else None,
         engine=engine if isinstance(engine := auction_value(info, "engine"), str) else None,
+        rank=_count_or_none(auction_value(info, "rank")),
+        ahead=_count_or_none(auction_value(info, "ahead")),
+        queue_len=_count_or_none(auction_value(info, "queue_len")),
         raw=info,
     )
 
@@ -113,6 +121,10 @@ def _is_int(value: Any) -> bool:
 
 def _count(value: Any) -> int:
     return value if _is_int(value) and value >= 0 else 0
+
+
+def _count_or_none(value: Any) -> int | None:
+    return value if _is_int(value) and value >= 0 else None
 
 
 def _finite(value: Any) -> float | None:

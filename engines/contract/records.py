@@ -69,6 +69,14 @@ class AdmittedRequest(TypedDict):
     prompt_tokens: int
     cached_tokens: int
     block: BlockInfo
+    # Its place in line when it joined the queue: in the first round that ordered it (the
+    # round that admitted it, for a request admitted at once). ``rank`` counts from 1 (1: first
+    # in line), ``ahead`` the waiting requests that round planned before it (rank - 1), and
+    # ``queue_len`` the requests waiting in that round, itself included. Optional: records of
+    # engines from before these fields are still read.
+    rank: NotRequired[int]
+    ahead: NotRequired[int]
+    queue_len: NotRequired[int]
 
 
 class RoundRecord(TypedDict):
@@ -93,6 +101,10 @@ class RoundRecord(TypedDict):
     waiting_bids: NotRequired[list[float]]
 
 
+# An admitted request's place in line (AdmittedRequest): optional, ints when there.
+PLACE_FIELDS = ("rank", "ahead", "queue_len")
+
+
 def auction_fields(record: RoundRecord, entry: AdmittedRequest) -> dict[str, Any]:
     """The auction's ``meta_info`` fields (``wire.AUCTION_META_FIELDS``) of a request that
     ``record`` admitted (``entry``): what both engines tell the request's client, and all that
@@ -107,6 +119,7 @@ def auction_fields(record: RoundRecord, entry: AdmittedRequest) -> dict[str, Any
         "time_saved_s": entry["time_saved_s"],
         "block": entry["block"],
         "engine": record["engine"],
+        **{name: cast(dict[str, Any], entry)[name] for name in PLACE_FIELDS if name in entry},
     }
 
 
@@ -168,6 +181,8 @@ def round_record_checked(obj: Any) -> RoundRecord:
     for i, adm in enumerate(obj["admitted"]):
         _check_fields(adm, _ADMITTED_FIELDS, f"{where}, admitted[{i}]")
         _check_fields(adm["block"], _BLOCK_FIELDS, f"{where}, admitted[{i}].block")
+        place = {name: int for name in PLACE_FIELDS if name in adm}
+        _check_fields(adm, place, f"{where}, admitted[{i}]")
         if adm["request_id"] in seen:
             raise ValueError(f"{where}: request {adm['request_id']!r} admitted twice")
         seen.add(adm["request_id"])

@@ -44,9 +44,11 @@ TENANT_PATH = f"{PARAMS_PATH}.{TENANT_PARAM}"
 _TENANT_TAG = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 # The auction's meta_info fields: the bid read and the effective bid ($/s), the priority charge
-# ($), round_id, position (0 first), planned seconds, the subtree it waited in (``block``, a
-# round record's) and the engine (replica) that admitted it. The gateway settles the priority
-# charge from these: they are its only route to the ledger.
+# ($), round_id, position (in the admitting round's order, 0 first), planned seconds, the
+# subtree it waited in (``block``, a round record's), the engine (replica) that admitted it, and
+# its place in line when it joined the queue: ``rank`` (from 1), ``ahead`` (rank - 1) and
+# ``queue_len`` of that round (records.AdmittedRequest). The gateway settles the priority charge
+# from these: they are its only route to the ledger.
 AUCTION_META_FIELDS = (
     "bid",
     "effective_bid",
@@ -57,6 +59,9 @@ AUCTION_META_FIELDS = (
     "time_saved_s",
     "block",
     "engine",
+    "rank",
+    "ahead",
+    "queue_len",
 )
 
 CONTROL_PATH = "/admin/market"

@@ -3,8 +3,9 @@
 A round is one prefill attempt of an engine's scheduler: the waiting queue was ordered (one
 Clearing), and the scheduler admitted some requests from its front. Each admitted request pays
 the priority charge of that round's plan (DESIGN.md 4.5) and carries its block, the top-level
-subtree it waited in ("why this rank"). Every ``book_interval_s`` seconds of the engine's clock
-at most, the record also carries the order book's subtrees (``mechanism.book``).
+subtree it waited in ("why this rank") and its place in line when it joined the queue (``rank``,
+``ahead``, ``queue_len``: see ``RoundRecorder.placed``). Every ``book_interval_s`` seconds of the
+engine's clock at most, the record also carries the order book's subtrees (``mechanism.book``).
 Engine-free: the SGLang plugin and the simulated engine both build their records here, so both
 write the same fields, ``epoch`` and ``block`` included.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,26 @@ class RoundRecorder:
         self.epoch = epoch if epoch is not None else f"{int(time.time() * 1000):x}"
         self.seq = 0  # the last round's
         self._next_book = 0.0  # engine seconds
+        # Each waiting request's place in the first round that ordered it: (position, 0 first;
+        # requests in that round's queue). Taken when it is admitted, dropped if it leaves.
+        self._places: dict[str, tuple[int, int]] = {}
+
+    def placed(self, clearing: Clearing, arrived: Iterable[str]) -> None:
+        """Note where the round ``clearing`` put the requests ``arrived`` (those it is the first
+        round to order): a request's ``rank`` is that place, counted from 1, and ``ahead`` the
+        requests the plan put before it. The place at admission to the batch says little (the
+        scheduler admits from the front: almost always the first few); the place when it joined
+        the queue says how far back its bid and its subtree put it. Call it after every round
+        that cleared, before the round admits; scans the order only as far as the last of them."""
+        ids = [rid for rid in arrived if rid not in self._places]
+        if ids:
+            queue_len = len(clearing)
+            for rid, position in clearing.positions(ids).items():
+                self._places[rid] = (position, queue_len)
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request's place: it left the queue without being admitted."""
+        self._places.pop(request_id, None)
 
     def next_round(self) -> tuple[int, str]:
         """Number the next round: its ``seq`` and ``round_id`` (unique across engines and runs)."""
@@ -107,6 +128,7 @@ class RoundRecorder:
         if seq is None:
             seq, _ = self.next_round()
         position = clearing.positions(a.request_id for a in admitted)
+        places = self._places
         reserve = clearing.reserve
         blocks: dict[Any, Any] = {}  # block_of's cache: one walk per top-level subtree
         entries: list[AdmittedRequest] = []
@@ -120,6 +142,8 @@ class RoundRecorder:
                 "bid_mean": block.bid_mean,
                 "density": block.density,
             }
+            # Not placed (an engine that did not say it arrived): its place in this round.
+            first, queue_len = places.pop(rid, (position[rid], len(clearing)))
             entries.append(
                 {
                     "request_id": rid,
@@ -132,6 +156,9 @@ class RoundRecorder:
                     "prompt_tokens": a.prompt_tokens,
                     "cached_tokens": a.cached_tokens,
                     "block": block_info,
+                    "rank": first + 1,
+                    "ahead": first,
+                    "queue_len": queue_len,
                 }
             )
         record: RoundRecord = {

@@ -118,6 +118,7 @@ class MarketQueue:
             log.info("market plugin: matching every waiting request every round (%s)", why)
         self._caps: dict[str, int] = {}
         self._rematch: set[str] = set()
+        self._arrived: list[str] = []  # in the tree, no round has ordered them yet
         self._orders = 0  # rounds ordered, for the waiting-prefix refresh
         self.clearing: Clearing | None = None
         self._cleared_version = -1
@@ -133,11 +134,15 @@ class MarketQueue:
 
     def reset(self) -> None:
         """Forget every request; the next ``order`` rebuilds the tree from the queue."""
+        if self.recorder is not None:
+            for rid in self._members.values():
+                self.recorder.forget(rid)  # placed again on their way back in
         self.tree = RequestTree()
         self._members.clear()
         self._outside.clear()
         self._caps.clear()
         self._rematch.clear()
+        self._arrived.clear()
         if self.tracker is not None:
             self.tracker.changes.clear()  # every request is matched afresh on its way back in
         self.clearing = None
@@ -186,6 +191,9 @@ class MarketQueue:
             self.apply_control(state)
         front = self._sync(waiting_queue)
         clearing = self.clear()
+        if self.recorder is not None:  # the place in line of the requests new to the market
+            self.recorder.placed(clearing, self._arrived)
+        self._arrived.clear()
         ordered = clearing.handles()
         waiting_queue[:] = front + ordered if front else ordered
         self.clearing = clearing
@@ -247,8 +255,10 @@ class MarketQueue:
             new = self._full_diff(waiting_queue)
         else:
             new.reverse()
+        arrived = self._arrived
         for req in new:
-            self._arrive(req)
+            if self._arrive(req):
+                arrived.append(req.rid)
         if self._rematch:
             self._match_again()
         if not outside:
@@ -268,22 +278,23 @@ class MarketQueue:
         fresh = present - members.keys() - outside.keys()
         return [req for req, key in zip(waiting_queue, ids, strict=True) if key in fresh]
 
-    def _arrive(self, req: Req) -> None:
-        """A request new to the queue: into the tree (matched once), or out of the market."""
+    def _arrive(self, req: Req) -> bool:
+        """A request new to the queue: into the tree (matched once; True), or out of the market
+        (False)."""
         if not isinstance(req.rid, str):
             self._unreadable(req, TypeError("its rid is not a string"))
             self._outside[id(req)] = req
-            return
+            return False
         if req.to_finish is not None or req.finished_reason is not None:
             self._outside[id(req)] = req  # being aborted: SGLang finishes it
-            return
+            return False
         try:
             auction = auction_of(req)
         except ValueError as exc:
             self.bad_bids += 1
             abort_for_bad_bid(req, exc)
             self._outside[id(req)] = req
-            return
+            return False
         rid = req.rid
         output = req.output_ids
         # A copy (SGLang's arrays are the request's own): array("q") as SGLang keeps them.
@@ -291,7 +302,7 @@ class MarketQueue:
         if rid in self.tree:  # the same id twice in the queue: the second waits outside
             self._unreadable(req, ValueError(f"request id {rid!r} is already waiting"))
             self._outside[id(req)] = req
-            return
+            return False
         match_kv_cache(req, self.tree_cache, tokens)
         arrival = req.time_stats.wait_queue_entry_time
         try:
@@ -309,12 +320,13 @@ class MarketQueue:
         except (TypeError, ValueError) as exc:  # e.g. an empty rid, no tokens
             self._unreadable(req, exc)
             self._outside[id(req)] = req
-            return
+            return False
         self._members[id(req)] = rid
         if self.tracker is not None and cache_tracking.tracked(req):
             self._caps[rid] = req._compute_max_prefix_len(len(tokens))
         else:
             self._rematch.add(rid)
+        return True
 
     def _forget(self, rid: str) -> None:
         """Take a request out of the tree (admitted, or gone from the queue)."""
@@ -322,6 +334,8 @@ class MarketQueue:
         self._caps.pop(rid, None)
         self._rematch.discard(rid)
         self.tree.remove(rid)
+        if self.recorder is not None:
+            self.recorder.forget(rid)  # a place not taken by a record: it left unpriced
 
     def _match_again(self) -> None:
         """Match the requests the cache's changes do not tell about, as SGLang would."""

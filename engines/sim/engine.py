@@ -65,7 +65,8 @@ class SimRequest:
     generated: int = 0
     output: tuple[int, ...] = ()
     # The auction's fields from its admitting round's record (records.auction_fields): the bid
-    # read, charge (dollars), round_id, position, planned seconds. Empty until admitted.
+    # read, charge (dollars), round_id, position, planned seconds, its place in line when it
+    # joined the queue (rank, ahead, queue_len). Empty until admitted.
     auction: dict[str, Any] = field(default_factory=dict, repr=False)
     # Engine state:
     computed: int = field(default=0, repr=False)  # prompt tokens in the KV cache so far
@@ -85,6 +86,11 @@ class SimRequest:
     def position(self) -> int | None:
         """Its place in the admitting round's order, 0 first."""
         return self.auction.get("position")
+
+    @property
+    def rank(self) -> int | None:
+        """Its place in line when a round first ordered it, 1 first (records.AdmittedRequest)."""
+        return self.auction.get("rank")
 
     @property
     def planned_completion_s(self) -> float | None:
@@ -153,6 +159,7 @@ class Engine:
         self.chunked: SimRequest | None = None
         self.outside = 0  # KV tokens running requests hold outside the tree (reservations)
         self._by_memo: dict[KVNode, set[str]] = {}  # waiting request ids by match end
+        self._arrived: dict[str, None] = {}  # waiting, no round has ordered them yet (in order)
         # Counters for /metrics and the benchmark.
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
@@ -203,6 +210,7 @@ class Engine:
             WaitingRequest(req.id, req.tokens, req.bid, req.arrival, cached, owner=req.owner)
         )
         self.waiting[req.id] = req
+        self._arrived[req.id] = None
 
     def cancel(self, request_id: str) -> bool:
         """Drop a waiting request (its client went away); False if it is not waiting."""
@@ -210,6 +218,8 @@ class Engine:
             return False
         self._unfile(self.waiting.pop(request_id))
         self.tree.remove(request_id)
+        self._arrived.pop(request_id, None)
+        self.recorder.forget(request_id)
         return True
 
     def _cached(self, req: SimRequest) -> int:
@@ -305,6 +315,8 @@ class Engine:
             overhead_tokens=knobs.overhead_tokens,
             charge_scope=knobs.charge_scope,
         )
+        self.recorder.placed(clearing, self._arrived)  # the place in line of those new to it
+        self._arrived.clear()
         defer = policy in DFS_AUCTIONS and knobs.in_batch_defer_tokens > 0
         batch = self.tree.begin_batch() if defer else None
         kv = self.kv

@@ -8,8 +8,10 @@ dollars per second of waiting):
 
 - ``bid``, ``effective_bid`` (0 when the bid is under the reserve: it buys no priority),
   ``reserve``, ``bid_source`` (``explicit``, ``autobid``, ``none``);
-- ``rank``: the request's position in the order of the round that admitted it (0 first), when
-  the engine reports it; ``round_id`` likewise;
+- ``rank``: the request's place in line when it joined the engine's queue, 1 first: its place
+  in the order planned by the first round that ordered it (the round that admitted it, when it
+  was admitted at once); ``ahead``: the waiting requests that plan put before it (``rank`` - 1);
+  both when the engine reports them (null otherwise); ``round_id``: the round that admitted it;
 - ``priority_charge`` and ``token_charge``: the ledger's entries for this request, as settled
   (a charge the budget could not cover is cut, and says so in ``priority_charge_capped_by``);
   ``priority_charge`` is ``null`` when the engine reported none.
@@ -58,7 +60,8 @@ def auction_body(
         "effective_bid": money_str(effective_bid),
         "reserve": money_str(reserve),
         "bid_source": bid_source,
-        "rank": meta.position if meta is not None else None,
+        "rank": meta.rank if meta is not None else None,
+        "ahead": meta.ahead if meta is not None else None,
         "round_id": meta.round_id if meta is not None else None,
         "priority_charge": None if priority is None else money_str(priority.amount),
         "priority_charge_capped_by": None if priority is None else priority.detail.get("capped_by"),

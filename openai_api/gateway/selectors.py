@@ -29,7 +29,7 @@ from accounts.money import money_str
 from accounts.selectors import budget_statuses_for_key, tenant_month_spend
 from market.models import Market
 from market.selectors import quote_history
-from mechanism.quotes import WINDOW_S, bid_groups, quote, waits_for
+from mechanism.quotes import WINDOW_S, BidGroup, bid_groups, quote, waits_for
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -166,14 +166,55 @@ def quote_for(
             )
     if bid is not None:
         group = waits_for(groups, float(bid))
-        body["waits"] = None if group is None else {
-            "bid": money_str(bid),
-            "bids_from": money_str(Decimal(repr(group.low))),
-            "bids_to": money_str(Decimal(repr(group.high))),
-            "requests": len(group.waits),
-            **{f"ttft_p{round(q * 100)}_s": group.quantile(q) for q in (0.5, 0.9, 0.99)},
-        }  # fmt: skip
+        body["waits"] = None if group is None else {"bid": money_str(bid), **_group_body(group)}
     return body
+
+
+def _group_body(group: BidGroup) -> dict[str, Any]:
+    """A group of neighbouring recent bids as the answers show it: its bids' range ($/s, exact
+    strings), its requests and its waits' quantiles (seconds to the first token)."""
+    return {
+        "bids_from": money_str(Decimal(repr(group.low))),
+        "bids_to": money_str(Decimal(repr(group.high))),
+        "requests": len(group.waits),
+        **{f"ttft_p{round(q * 100)}_s": group.quantile(q) for q in (0.5, 0.9, 0.99)},
+    }
+
+
+# A market's bid -> wait curve, kept this many seconds: every open dashboard asks for it.
+CURVE_TTL_S = 5.0
+_curves: TtlCache[int, dict[str, Any]] = TtlCache(ttl_s=lambda: CURVE_TTL_S)
+
+
+def quote_curve(*, market: Market) -> dict[str, Any]:
+    """What each bid bought lately at ``market``, for the tenant dashboard's bid -> time to
+    first token chart: the groups of neighbouring bids that ``GET /v1/quotes`` reads
+    (``mechanism.quotes.bid_groups``), lowest bids first, each with its median bid and waits,
+    and the quote for the market's priority target (``priority_quote``'s rule). The book stays
+    anonymous: only bids and waits. Kept ``CURVE_TTL_S`` seconds."""
+    found, curve = _curves.get(market.pk)
+    if found:
+        return curve
+    history = quote_history(market=market)
+    groups = bid_groups(history)
+    target = _priority_bid(groups, market) if groups else None
+    curve = {
+        "market": market.slug,
+        "model": market.served_model,
+        "reserve": money_str(market.reserve),
+        "based_on": {"requests": len(history), "window_s": WINDOW_S},
+        "groups": [
+            {"median_bid": money_str(Decimal(repr(g.median_bid))), **_group_body(g)}
+            for g in reversed(groups)
+        ],
+        "target": {
+            "ttft_s": market.priority_ttft_s,
+            "probability": market.priority_probability,
+            "bid": None if target is None else money_str(target),
+        },
+    }
+    _curves.put(market.pk, curve)
+    return curve
 
 
 # A market's quote for its priority target, kept this many seconds: reading the history takes
@@ -191,11 +232,15 @@ def priority_quote(*, market: Market) -> Decimal | None:
     found, quoted = _priority_quotes.get(key)
     if found:
         return quoted
-    groups = bid_groups(quote_history(market=market))
-    bid = quote(groups, ttft_s=market.priority_ttft_s, p=market.priority_probability)
-    quoted = None if bid is None else _at_least_reserve(bid, market)
+    quoted = _priority_bid(bid_groups(quote_history(market=market)), market)
     _priority_quotes.put(key, quoted)
     return quoted
+
+
+def _priority_bid(groups: list[BidGroup], market: Market) -> Decimal | None:
+    """The quote from ``groups`` for ``market``'s priority target, as a tenant would bid it."""
+    bid = quote(groups, ttft_s=market.priority_ttft_s, p=market.priority_probability)
+    return None if bid is None else _at_least_reserve(bid, market)
 
 
 def _at_least_reserve(bid: float, market: Market) -> Decimal:
@@ -208,3 +253,4 @@ def caches_clear() -> None:
     """Forget cached markets and quotes (tests; an operator's change that must apply at once)."""
     _markets.clear()
     _priority_quotes.clear()
+    _curves.clear()

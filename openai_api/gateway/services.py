@@ -28,6 +28,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from django.conf import settings
 from django.db import transaction
 
+from accounts.figures import usd
 from accounts.ledger import Outcome
 from accounts.models import PriorityDetail
 from accounts.money import money
@@ -84,6 +85,10 @@ def _priority_charge(meta: EngineMeta) -> PriorityCharge | None:
     }
     if meta.engine is not None:
         detail["engine"] = meta.engine  # which replica admitted it
+    if meta.rank is not None and meta.ahead is not None and meta.queue_len is not None:
+        detail["rank"] = meta.rank  # its place in line when it joined the queue
+        detail["ahead"] = meta.ahead
+        detail["queue_len"] = meta.queue_len
     return PriorityCharge(amount=money(meta.charge), round_id=meta.round_id, detail=dict(detail))
 
 
@@ -129,10 +134,10 @@ def _engine_failure(exc: EngineError, *, charged: Settled | None = None) -> Gate
     if charged is not None and charged.tokens is not None:
         error = EngineTimeout if isinstance(exc, EngineTimedOut) else EngineDown
         priority = charged.priority
-        also = "" if priority is None else f" with the request's priority (${priority.amount:f})"
+        also = "" if priority is None else f" with the request's priority ({usd(priority.amount)})"
         return error(
             f"the engine failed mid-answer; the tokens sent were charged "
-            f"(${charged.tokens.amount:f}){also}, the rest of the answer is not: {exc.message}"
+            f"({usd(charged.tokens.amount)}){also}, the rest of the answer is not: {exc.message}"
         )
     if isinstance(exc, EngineOverloaded):
         seconds = max(1, round(exc.retry_after_s))

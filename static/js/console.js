@@ -160,10 +160,16 @@
     bucket.welfare += r.welfare;
     bucket.requests += r.admitted;
     state.revenueDirty = true;
+    if (initial.auto_reserve && initial.auto_reserve.on) {
+      // The automatic reserve moves it between page loads: what the engine applies is the news.
+      initial.reserve = String(r.reserve);
+      $("kpi-reserve").textContent = `${numbers.exact(initial.reserve)} $/s`;
+    }
     const reserveNote = $("kpi-engine-reserve");
     reserveNote.dataset.reserve = String(r.reserve);
     const reserveApplied = Math.abs(r.reserve - Number(initial.reserve)) < 1e-12;
-    reserveNote.textContent = reserveApplied ? "$/s · in effect" : `$/s · engine at ${fmt.rate(r.reserve)}`;
+    // Reserves are settings an operator typed: shown with all their digits (numbers.exact).
+    reserveNote.textContent = reserveApplied ? "in effect" : `engine at ${numbers.exact(r.reserve)} $/s`;
     reserveNote.title = reserveApplied ? "the engine's last round used this reserve"
       : "the engine's last round used another reserve: the change is on its way";
     reserveNote.classList.toggle("pending", !reserveApplied);
@@ -185,12 +191,12 @@
     $("kpi-revenue").textContent = last ? fmt.dollars(last.priority) : "—";
     Plotly.react("chart-revenue", [
       {type: "bar", name: "priority charges", x: xs, y: shown.map((m) => m.priority),
-       marker: {color: "#5b8cff"}, hovertemplate: "$%{y:.4f}"},
+       marker: {color: "#5b8cff"}, hovertext: shown.map((m) => fmt.dollars(m.priority)), hovertemplate: "%{hovertext}"},
       {type: "bar", name: "token charges", x: xs, y: shown.map((m) => m.tokens),
-       marker: {color: "#b9ccf7"}, hovertemplate: "$%{y:.4f}"},
+       marker: {color: "#b9ccf7"}, hovertext: shown.map((m) => fmt.dollars(m.tokens)), hovertemplate: "%{hovertext}"},
       {type: "scatter", mode: "lines+markers", name: "waiting cost (−welfare)", x: xs,
        y: shown.map((m) => -m.welfare), line: {color: "#e08a2e", width: 2}, marker: {size: 4},
-       hovertemplate: "$%{y:.4f}"},
+       hovertext: shown.map((m) => fmt.dollars(-m.welfare)), hovertemplate: "%{hovertext}"},
     ], layout({
       barmode: "stack",
       yaxis: {title: {text: "$ per minute", standoff: 4}},
@@ -213,17 +219,50 @@
     $("kpi-running").textContent = fmt.int(s.running);
     $("kpi-cache").textContent = fmt.pct(s.cache_hit_rate);
     $("kpi-tps").textContent = s.tokens_per_second === null ? "—" : fmt.int(s.tokens_per_second);
-    $("kpi-ttft").textContent = s.ttft_p50_s === null ? "—"
-      : `${fmt.seconds(s.ttft_p50_s)} / ${fmt.seconds(s.ttft_p99_s)}`;
-    $("kpi-ttft-window").textContent = s.window_s ? `seconds, last ${Math.round(s.window_s)} s`
-      : "seconds, since the engine started";
+    const ttft = $("kpi-ttft");
+    if (s.ttft_p50_s === null) ttft.textContent = "—";  // each figure kept whole when it wraps:
+    else ttft.replaceChildren(el("span", {class: "nowrap"}, fmt.seconds(s.ttft_p50_s)), " / ",
+                              el("span", {class: "nowrap"}, fmt.seconds(s.ttft_p99_s)));
+    $("kpi-ttft-window").textContent = s.window_s ? `last ${fmt.duration(s.window_s)}`
+      : "since the engine started";
     renderReplicas(s.replicas || []);
+    renderAlerts(s);
     const latest = state.engine[state.engine.length - 1];
     if (s.up && (!latest || s.at > latest.t)) {
       state.engine.push({t: s.at, queue: s.queue, tps: s.tokens_per_second});
       while (state.engine.length && state.engine[0].t < s.at - ENGINE_HISTORY_S) state.engine.shift();
       renderEngine();
     }
+  }
+
+  /** The operator's thresholds (initial.alerts) against the live status: a banner naming each
+   * figure above its threshold, and its KPI marked. The same rule as the Prometheus alerts
+   * (deploy/prometheus/alerts.yml): strictly above. */
+  function renderAlerts(s) {
+    const limits = initial.alerts || {};
+    const crossed = [];
+    const queueHigh = limits.queue !== null && limits.queue !== undefined && s.queue !== null
+      && s.queue > limits.queue;
+    if (queueHigh) {
+      crossed.push(`Queue: ${fmt.int(s.queue)} requests waiting, above the threshold of ` +
+                   `${fmt.int(limits.queue)}.`);
+    }
+    const ttftHigh = limits.ttft_p99_s !== null && limits.ttft_p99_s !== undefined
+      && s.ttft_p99_s !== null && s.ttft_p99_s > limits.ttft_p99_s;
+    if (ttftHigh) {
+      crossed.push(`TTFT p99: ${fmt.seconds(s.ttft_p99_s)}, above the threshold of ` +
+                   `${fmt.seconds(limits.ttft_p99_s)}.`);
+    }
+    $("kpi-queue").parentElement.classList.toggle("alerting", queueHigh);
+    $("kpi-ttft").parentElement.classList.toggle("alerting", ttftHigh);
+    const banner = $("alerts");
+    banner.hidden = crossed.length === 0;
+    banner.dataset.crossed = [queueHigh ? "queue" : "", ttftHigh ? "ttft_p99" : ""]
+      .filter(Boolean).join(" ");
+    const list = el("ul");
+    for (const line of crossed) list.append(el("li", {}, line));
+    banner.replaceChildren(document.createTextNode(
+      `Alert: ${crossed.length} threshold${crossed.length === 1 ? "" : "s"} crossed`), list);
   }
 
   function renderReplicas(replicas) {
@@ -290,12 +329,12 @@
         const fill = el("span", {class: meterClass(share)});
         fill.style.width = `${(share * 100).toFixed(1)}%`;
         meter.append(fill);
-        wrap.append(meter, el("span", {class: "small muted"}, `${(share * 100).toFixed(0)}%`));
+        wrap.append(meter, el("span", {class: "small muted"}, fmt.pct(share)));
         used.append(wrap);
       }
       tr.append(used);
       tr.append(cell(fmt.dollars(t.spent_today), "num"));
-      tr.append(cell(b && b.resets_at ? `in ${fmt.duration(b.resets_at - Date.now() / 1000)}` : "never"));
+      tr.append(cell(b && b.resets_at ? `in ${fmt.duration(Math.max(0, b.resets_at - Date.now() / 1000))}` : "never"));
       fresh.append(tr);
     }
     body.replaceChildren(fresh);
@@ -325,11 +364,11 @@
       return;
     }
     if (asked !== impactAsked) return;  // a newer value was typed meanwhile
-    const shown = fmt.rate(answer.reserve);
+    const shown = `${numbers.exact(answer.reserve)} $/s`;  // as typed
     const parts = [];
     const i = answer.impact;
     if (answer.above_ceiling) {
-      parts.push(`Above the ceiling (${fmt.rate(answer.ceiling)} $/s): it would be refused.`);
+      parts.push(`Above the ceiling (${numbers.exact(answer.ceiling)} $/s): it would be refused.`);
     } else if (!i) {
       parts.push("No book from the engines yet: nothing to count.");
     } else if (!i.waiting) {
@@ -337,7 +376,7 @@
     } else {
       const about = i.exact ? "" : "about ";
       parts.push(`In the book now, ${about}${i.below} of ${i.waiting} waiting bids are below ` +
-                 `${shown} $/s (${i.below_now} below the current reserve)`);
+                 `${shown} (${i.below_now} below the current reserve)`);
       if (i.lose_priority) parts.push(`: ${i.lose_priority} would lose their priority.`);
       else if (i.gain_priority) parts.push(`: ${i.gain_priority} would gain priority.`);
       else parts.push(".");
@@ -367,8 +406,8 @@
     "tenant.spend": (m) => { state.tenants.set(m.tenant, m); renderTenants(); },
   };
 
-  $("kpi-reserve").textContent = fmt.rate(initial.reserve);
-  $("reserve-input").value = fmt.rate(initial.reserve).replace(/,/g, "");
+  $("kpi-reserve").textContent = `${numbers.exact(initial.reserve)} $/s`;
+  $("reserve-input").value = numbers.exact(initial.reserve);
   if (initial.book) bookSet(initial.book); else { $("book").hidden = true; }
   if (initial.engine) engineStatus(initial.engine);
   renderEngine();

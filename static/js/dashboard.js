@@ -27,9 +27,9 @@
     if (b) {
       $("kpi-window-label").textContent = `Spent this ${b.period === "none" ? "budget" : b.period}`;
       $("kpi-spent").textContent = fmt.dollars(b.spent);
-      $("kpi-limit").textContent = `$ of ${fmt.dollars(b.limit)} budget`;
+      $("kpi-limit").textContent = `of ${fmt.dollars(b.limit)} budget`;
       $("kpi-remaining").textContent = fmt.dollars(b.remaining);
-      $("kpi-held").textContent = `$ · ${fmt.dollars(b.held)} held in flight`;
+      $("kpi-held").textContent = `${fmt.dollars(b.held)} held in flight`;
       $("kpi-held").title = "reserved for requests in flight (their worst case)";
       const share = Number(b.limit) > 0 ? Math.min(1, Number(b.spent) / Number(b.limit)) : 0;
       const meter = $("kpi-meter");
@@ -38,11 +38,11 @@
     } else {
       $("kpi-window-label").textContent = "Spent this month";
       $("kpi-spent").textContent = fmt.dollars(t.spent_window);
-      $("kpi-limit").textContent = "$ · no budget: spending is not capped";
+      $("kpi-limit").textContent = "no budget: spending is not capped";
       $("kpi-remaining").textContent = "∞";
       $("kpi-held").textContent = "no budget";
     }
-    if (t.autobidder) $("kpi-mu").textContent = Number(t.autobidder.mu).toFixed(3);
+    if (t.autobidder) $("kpi-mu").textContent = fmt.figure(t.autobidder.mu);
     renderReset();
   }
 
@@ -53,7 +53,7 @@
       $("kpi-reset-at").textContent = b ? "this budget does not reset" : "";
       return;
     }
-    $("kpi-reset").textContent = fmt.duration(b.resets_at - Date.now() / 1000);
+    $("kpi-reset").textContent = fmt.duration(Math.max(0, b.resets_at - Date.now() / 1000));
     $("kpi-reset-at").textContent = fmt.date(b.resets_at);
   }
 
@@ -63,7 +63,8 @@
     const actual = [[p.start, "0"], ...p.points];
     const traces = [{
       type: "scatter", mode: "lines", name: "actual spend $", line: {color: "#5b8cff", width: 2.5, shape: "hv"},
-      x: actual.map((q) => unixDate(q[0])), y: actual.map((q) => Number(q[1])), hovertemplate: "$%{y:.6f}",
+      x: actual.map((q) => unixDate(q[0])), y: actual.map((q) => Number(q[1])),
+      hovertext: actual.map((q) => fmt.dollars(q[1])), hovertemplate: "%{hovertext}",
     }];
     if (p.limit !== null) {
       traces.unshift({
@@ -72,7 +73,7 @@
       });
     }
     $("pacing-note").textContent = p.limit !== null
-      ? `this ${p.period}, vs an even pace to $${fmt.dollars(p.limit)}` : "this month (no budget)";
+      ? `this ${p.period}, vs an even pace to ${fmt.dollars(p.limit)}` : "this month (no budget)";
     Plotly.react("chart-pacing", traces, layout({
       xaxis: {range: [unixDate(p.start), unixDate(p.end)]},
       yaxis: {title: {text: "$", standoff: 4}},
@@ -95,10 +96,11 @@
       const pts = state.latency.filter((p) => p.cls === cls);
       const color = CLASS_COLORS[i % CLASS_COLORS.length];
       traces.push({type: "scatter", mode: "markers", name: `${cls} TTFT`, x: pts.map((p) => unixDate(p.t)),
-                   y: pts.map((p) => p.ttft), marker: {color, size: 5}, hovertemplate: "%{y:.3f} s"});
+                   y: pts.map((p) => p.ttft), marker: {color, size: 5},
+                   hovertext: pts.map((p) => fmt.seconds(p.ttft)), hovertemplate: "%{hovertext}"});
       traces.push({type: "scatter", mode: "markers", name: `${cls} end-to-end`, x: pts.map((p) => unixDate(p.t)),
                    y: pts.map((p) => p.e2e), marker: {color, size: 6, symbol: "diamond-open"},
-                   hovertemplate: "%{y:.3f} s"});
+                   hovertext: pts.map((p) => fmt.seconds(p.e2e)), hovertemplate: "%{hovertext}"});
       const ttft = pts.map((p) => p.ttft), e2e = pts.map((p) => p.e2e);
       const tr = el("tr", {"data-class": cls});
       tr.append(cell(cls), cell(fmt.int(pts.length), "num"),
@@ -124,7 +126,7 @@
     $("mu-empty").hidden = state.mu.length > 0;
     Plotly.react("chart-mu", [{
       type: "scatter", mode: "lines", name: "μ", line: {color: "#a05bd6", width: 2, shape: "hv"},
-      x: state.mu.map((s) => unixDate(s[0])), y: state.mu.map((s) => s[1]), hovertemplate: "μ = %{y:.3f}",
+      x: state.mu.map((s) => unixDate(s[0])), y: state.mu.map((s) => s[1]), hovertext: state.mu.map((s) => `μ = ${fmt.figure(s[1])}`), hovertemplate: "%{hovertext}",
     }], layout({yaxis: {title: {text: "μ", standoff: 4}}, showlegend: false}), PLOT_CONFIG);
   }
 
@@ -141,8 +143,12 @@
       if (r.effective_bid === 0 && Number(r.bid) > 0) bid.title = "under the reserve: no priority";
       tr.append(bid);
       tr.append(cell(fmt.rate(r.block_bid_mean), "num"), cell(fmt.density(r.block_density), "num"));
-      const rank = cell(r.position === null ? "—" : `#${r.position + 1}`, "num");
-      if (r.engine) rank.title = `in the queue of replica ${r.engine}`;
+      // Its place in line when it joined the queue (the first round that ordered it), 1 first.
+      const rank = cell(r.rank === null ? "—" : `#${fmt.int(r.rank)} of ${fmt.int(r.queue_len)}`, "num");
+      if (r.rank !== null) {
+        rank.title = `${fmt.int(r.ahead)} waiting ahead of it when it joined the queue` +
+          (r.engine ? ` of replica ${r.engine}` : "");
+      }
       tr.append(rank);
       tr.append(cell(fmt.seconds(r.time_saved_s), "num"));
       tr.append(cell(fmt.dollars(r.priority_charge), "num"), cell(fmt.dollars(r.token_charge), "num"));
@@ -157,6 +163,71 @@
     $("requests").querySelector("tbody").replaceChildren(fresh);
     $("requests-empty").hidden = rows.length > 0;
     $("requests").hidden = rows.length === 0;
+  }
+
+  // --- what a bid buys: each market's bid -> time to first token curve -----------------------------
+  // Polled from the dashboard's quotes URL (the same groups of recent bids GET /v1/quotes reads).
+  function renderQuotes(markets) {
+    const box = $("quote-curves");
+    box.dataset.markets = String(markets.length);
+    if (!markets.length) {
+      box.replaceChildren(el("p", {class: "empty"}, "No active market."));
+      return;
+    }
+    box.querySelector(".empty")?.remove();
+    for (const m of markets) {
+      const id = `quote-${m.market}`;
+      let part = box.querySelector(`[data-market="${CSS.escape(m.market)}"]`);
+      if (!part) {
+        part = el("div", {class: "quote-curve", "data-market": m.market});
+        part.append(el("h3", {class: "small"}, m.model), el("p", {class: "small muted quote-target"}),
+                    el("div", {class: "chart chart-small", id}));
+        box.append(part);
+      }
+      part.dataset.groups = String(m.groups.length);
+      const t = m.target;
+      const within = `a first token within ${fmt.seconds(t.ttft_s)} ${fmt.pct(t.probability)} of the time`;
+      part.querySelector(".quote-target").textContent = !m.groups.length
+        ? `Too few requests served in the last ${fmt.seconds(m.based_on.window_s)} to draw (${fmt.int(m.based_on.requests)}).`
+        : t.bid === null ? `No recent bid bought ${within}.`
+          : `Bid ${fmt.rate(t.bid)} for ${within} · from ${fmt.int(m.based_on.requests)} requests`;
+      const xs = m.groups.map((g) => Number(g.median_bid));
+      const hover = (key) => m.groups.map((g) =>
+        `bids ${fmt.rate(g.bids_from)} to ${fmt.rate(g.bids_to)} (${fmt.int(g.requests)} requests): ${fmt.seconds(g[key])}`);
+      const traces = [
+        {type: "scatter", mode: "lines+markers", name: "TTFT p50", x: xs, y: m.groups.map((g) => g.ttft_p50_s),
+         line: {color: "#5b8cff", width: 2}, hovertext: hover("ttft_p50_s"), hovertemplate: "%{hovertext}<extra></extra>"},
+        {type: "scatter", mode: "lines+markers", name: "TTFT p90", x: xs, y: m.groups.map((g) => g.ttft_p90_s),
+         line: {color: "#e08a2e", width: 2, dash: "dash"}, hovertext: hover("ttft_p90_s"), hovertemplate: "%{hovertext}<extra></extra>"},
+      ];
+      if (t.bid !== null) {
+        traces.push({type: "scatter", mode: "markers", name: "priority quote", x: [Number(t.bid)], y: [t.ttft_s],
+                     marker: {symbol: "star", size: 13, color: "#c93c3c"},
+                     hovertext: [`${fmt.rate(t.bid)}: ${within}`], hovertemplate: "%{hovertext}<extra></extra>"});
+      }
+      const chart = $(id);
+      chart.hidden = !m.groups.length;  // the line above says why there is no curve
+      if (chart.hidden) continue;
+      // Bids span orders of magnitude: a log axis, unless a group bid 0 (flex, or under the reserve).
+      const positive = xs.every((x) => x > 0) && (t.bid === null || Number(t.bid) > 0);
+      Plotly.react(id, traces, layout({
+        xaxis: positive ? {type: "log", dtick: "D2", title: {text: "bid $/s", standoff: 4}}
+          : {type: "linear", title: {text: "bid $/s", standoff: 4}},
+        yaxis: {title: {text: "TTFT s", standoff: 4}}, hovermode: "closest",
+      }), PLOT_CONFIG);
+    }
+    for (const part of box.querySelectorAll(".quote-curve")) {
+      if (!markets.some((m) => m.market === part.dataset.market)) part.remove();
+    }
+  }
+
+  async function pollQuotes() {
+    try {
+      const response = await fetch(initial.quotes.url, {headers: {Accept: "application/json"}});
+      if (response.ok) renderQuotes((await response.json()).markets);
+    } catch (err) {
+      console.error("quotes: not refreshed", err);  // the last curve stays on screen
+    }
   }
 
   // --- spend ticks -----------------------------------------------------------------------------
@@ -203,7 +274,9 @@
   renderSpend();
   renderRequests();
   redraw();
+  renderQuotes(initial.quotes.markets);
   setInterval(() => { renderReset(); redraw(); }, 1000);
+  setInterval(pollQuotes, initial.quotes.poll_s * 1000);
 
   window.live = new LiveSocket(initial.socket, (message) => {
     if (message.kind === "spend.tick") spendTick(message);

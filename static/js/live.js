@@ -3,6 +3,7 @@
  * LiveSocket(path, onMessage, stateElement) opens ws(s)://host/path, hands every JSON message to
  * onMessage, and when the socket drops shows "reconnecting…" in stateElement (the page keeps
  * showing its last state) and tries again after 0.5, 1, 2, 4 ... 15 s (with jitter).
+ * Needs numbers.js loaded first (fmt below is its rule).
  */
 "use strict";
 
@@ -51,62 +52,19 @@ class LiveSocket {
   }
 }
 
+/** Figures for the live pages: numbers.js's rule (static/js/numbers.js), each with its unit. */
 const fmt = {
-  /** Dollars: exact strings or numbers; small amounts keep their significant digits. */
-  dollars(value) {
-    if (value === null || value === undefined || value === "") return "—";
-    const x = Number(value);
-    if (!Number.isFinite(x)) return "—";
-    const a = Math.abs(x);
-    if (a === 0) return "0.00";
-    if (a >= 100) return x.toLocaleString("en-US", {maximumFractionDigits: 2, minimumFractionDigits: 2});
-    if (a >= 1) return x.toFixed(2);
-    if (a >= 0.01) return x.toFixed(4);
-    if (a >= 0.0001) return x.toFixed(6);
-    return x.toPrecision(3);
-  },
-  /** A bid or reserve in $/s: up to 4 significant digits, no trailing zeros. */
-  rate(value) {
-    if (value === null || value === undefined || value === "") return "—";
-    const x = Number(value);
-    if (!Number.isFinite(x)) return "—";
-    if (x === 0) return "0";
-    if (Math.abs(x) >= 1000) return x.toLocaleString("en-US", {maximumFractionDigits: 2});
-    const digits = Math.max(0, 3 - Math.floor(Math.log10(Math.abs(x))));
-    return x.toFixed(Math.min(digits, 9)).replace(/\.?0+$/, "");
-  },
-  /** Bid density $/s per token, shown per 1,000 tokens. */
+  dollars: numbers.usd,  // "$0.00784", "$9.26"
+  rate: numbers.usdPerS,  // "0.0126 $/s"
+  /** Bid density, $/s per token, shown per 1,000 tokens. */
   density(value) {
-    if (value === null || value === undefined) return "—";
-    return fmt.rate(Number(value) * 1000);
+    return value === null || value === undefined ? "—" : numbers.usdPerS(Number(value) * 1000);
   },
-  seconds(value) {
-    if (value === null || value === undefined || !Number.isFinite(Number(value))) return "—";
-    const x = Number(value);
-    if (x === 0) return "0";
-    if (x < 0.01) return `${(x * 1000).toFixed(1)} ms`;
-    if (x < 10) return x.toFixed(2);
-    return x.toFixed(1);
-  },
-  int(value) {
-    if (value === null || value === undefined) return "—";
-    return Math.round(Number(value)).toLocaleString("en-US");
-  },
-  pct(value) {
-    if (value === null || value === undefined) return "—";
-    return `${(Number(value) * 100).toFixed(1)}%`;
-  },
-  /** A duration in seconds as "3 d 4 h", "2 h 5 m", "4 m 10 s". */
-  duration(s) {
-    if (s === null || s === undefined) return "—";
-    s = Math.max(0, Math.floor(s));
-    const d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600);
-    const m = Math.floor((s % 3600) / 60), sec = s % 60;
-    if (d) return `${d} d ${h} h`;
-    if (h) return `${h} h ${m} m`;
-    if (m) return `${m} m ${sec} s`;
-    return `${sec} s`;
-  },
+  seconds: numbers.duration,  // "84.7 ms", "2.1 s", "2 min 5 s"
+  duration: numbers.duration,  // "28 d 9 h"
+  int: numbers.count,
+  pct: numbers.percent,
+  figure: numbers.figure,
   time(unix) {
     if (!unix) return "—";
     return new Date(unix * 1000).toLocaleTimeString("en-GB", {hour12: false});

@@ -117,6 +117,7 @@ def test_a_reserve_moved_in_the_admin_is_audited(
         "max_wait_s": "60",
         "priority_ttft_s": "2",
         "priority_probability": "0.9",
+        "auto_reserve_target_s": "2",
         "is_active": "on",
         "reserve_changes-TOTAL_FORMS": "0",
         "reserve_changes-INITIAL_FORMS": "0",
@@ -166,3 +167,40 @@ def test_a_reserve_moved_in_the_admin_is_audited(
     assert page.status_code == 200 and "Above the reserve ceiling" in page.content.decode()
     market.refresh_from_db()
     assert market.reserve == Decimal("2")
+
+
+def test_the_admin_shows_figures_by_the_one_rule(operator_client) -> None:
+    """The issue saw the exposure factor as 0.0014224666666666666 and amounts with 9 places:
+    three significant digits, money with its $, cents from $1 (accounts/figures.py)."""
+    from accounts.models import Autobidder, AutobidderStep
+    from accounts.services.autobidder import autobidder_configure
+
+    tenant = Tenant.objects.get(slug="acme")
+    auto = autobidder_configure(
+        tenant=tenant, enabled=True, budget="12.5", values={"interactive": "0.01"}
+    )
+    Autobidder.objects.filter(pk=auto.pk).update(exposure_factor=0.0014224666666666666, mu=0.5)
+    AutobidderStep.objects.create(
+        autobidder=auto,
+        at=datetime(2026, 10, 5, tzinfo=UTC),
+        mu=1.23456,
+        spent=Decimal("0.007840000"),
+        target=Decimal("0.0000742"),
+        window_spent=Decimal("9.264900000"),
+        exposure_factor=0.0014224666666666666,
+        in_flight=Decimal("0"),
+        uncollected=Decimal("1234.565"),
+    )
+    listing = operator_client.get(admin_url(Autobidder, "changelist")).content.decode()
+    assert "0.00142" in listing and "0.0014224666666666666" not in listing
+    assert "$12.50" in listing
+    change = operator_client.get(admin_url(Autobidder, "change", auto.pk)).content.decode()
+    assert "0.00142" in change and "0.0014224666666666666" not in change
+    assert 'name="mu"' not in change and 'name="exposure_factor"' not in change  # not editable
+    steps = operator_client.get(admin_url(AutobidderStep, "changelist")).content.decode()
+    for shown in ("1.23", "$0.00784", "$0.0000742", "$9.26", "$0.00", "$1,234.57", "0.00142"):
+        assert f">{shown}<" in steps, shown
+    ledger = operator_client.get(admin_url(LedgerEntry, "changelist")).content.decode()
+    assert ">$0.50<" in ledger and "0.500000000" not in ledger  # the charge of 0.5 from spend()
+    budgets = operator_client.get(admin_url(Budget, "changelist")).content.decode()
+    assert ">$5.00<" in budgets

@@ -362,19 +362,20 @@ def test_the_refusal_says_which_budget_its_spent_held_and_left_and_when_it_reset
     hold(tenant, D("0.75"), "h1", key=key)
     with pytest.raises(BudgetExhausted) as refused:
         hold(tenant, D("0.500123456"), "h2", key=key)
-    # The key's week: 2.5 - 1.25 spent - 0.75 held = 0.5 left < 0.500123456 (shown to 4
-    # places). NOW is Wednesday 2026-11-18 15:30 UTC; the week ends Monday 2026-11-23 00:00,
-    # 4 days 8.5 hours later: 4 x 86400 + 8.5 x 3600 = 376200 s.
+    # The key's week: 2.5 - 1.25 spent - 0.75 held = 0.5 left < 0.500123456. Both read $0.50
+    # to three significant digits, so the sentence gives both all their digits. NOW is
+    # Wednesday 2026-11-18 15:30 UTC; the week ends Monday 2026-11-23 00:00, 4 days 8.5 hours
+    # later (4 x 86400 + 8.5 x 3600 = 376200 s): "4 d 8 h", floored.
     assert str(refused.value) == (
-        "This API key's budget of $2.50 per week is exhausted: $1.25 spent, $0.7500 held for "
-        "requests in flight, $0.5000 left; this request needs up to $0.5001. It resets at "
-        "2026-11-23T00:00:00+00:00 (in 376200 s)."
+        "This API key's budget of $2.50 per week is exhausted: $1.25 spent, $0.75 held for "
+        "requests in flight, $0.50 left; this request needs up to $0.500123456. It resets at "
+        "2026-11-23T00:00:00+00:00 (in 4 d 8 h)."
     )
     budget_set(tenant=tenant, limit="1.75", period=Period.NONE)  # the tenant's, now binding
     with pytest.raises(BudgetExhausted) as refused:
         hold(tenant, D("0.25"), "h3", key=key)
     # 1.75 - 1.25 - 0.75 = -0.25: nothing left (the limit was lowered under what is used)
     assert str(refused.value) == (
-        "The tenant's budget of $1.75 with no period is exhausted: $1.25 spent, $0.7500 held "
-        "for requests in flight, $0.00 left; this request needs up to $0.2500. It never resets."
+        "The tenant's budget of $1.75 with no period is exhausted: $1.25 spent, $0.75 held "
+        "for requests in flight, $0.00 left; this request needs up to $0.25. It never resets."
     )

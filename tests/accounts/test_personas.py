@@ -79,7 +79,7 @@ ENDPOINTS = [
 
 # What of A's own data each read endpoint must show to those who may read it.
 OWN_DATA = {
-    "tenant home": "10.000000000",  # A's budget limit
+    "tenant home": "$10.00",  # A's budget limit, as people read it (accounts/figures.py)
     "key list": "a-key-name",
     "invoice list": "INV-acme",
     "invoice": "2026-10-15",  # the day of a-req-old's charge: the page and PDF sum by day

@@ -62,6 +62,7 @@ def test_html_report_is_self_contained(tmp_path) -> None:
     page = out.read_text()
     assert "<script src=" not in page  # nothing loaded from elsewhere, no CDN
     assert "* plotly.js v" in page  # the library itself is inline
+    assert "Produced by <code>python -m benchmarks --gsp-num-groups 4 " in page  # its command
     assert page.count("Plotly.newPlot") >= 4
     for title in ("TTFT CDF", "Welfare and cache hits", "Latency by bid class", "Against load"):
         assert title in page

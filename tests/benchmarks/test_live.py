@@ -45,4 +45,6 @@ def test_drive_two_policies_and_merge(tmp_path):
     assert live.main(["--merge", *map(str, outs), "--json", str(merged), "--html", str(html)]) == 0
     table = json.loads(merged.read_text())
     assert list(table["policies"]) == ["lpm", "dfs-auction-density"]
-    assert "<script" in html.read_text() and 'src="http' not in html.read_text()
+    page = html.read_text()
+    assert "* plotly.js v" in page and "<script src=" not in page  # inline, no CDN
+    assert "lpm" in page and "dfs-auction-density" in page and "mean TTFT, s" in page

@@ -36,4 +36,6 @@ def test_a_small_run_quotes_and_checks_every_probe(tmp_path) -> None:
     }
     for r in rows:
         assert r["probes"] > 0 and 0 <= r["within"] <= r["quoted"] <= r["probes"]
-    assert "Quote calibration" in html.read_text()
+    page = html.read_text()
+    assert "<title>Quote calibration</title>" in page and "<script src=" not in page
+    assert "gsp-uniform" in page and "gsp-zipf" in page and "within T" in page  # the table

@@ -57,7 +57,10 @@ def test_a_small_run_writes_rows_for_the_gateway_and_the_baseline(tmp_path) -> N
     # Round robin spreads 30 requests over both replicas, 15 each.
     assert [v["requests"] for v in routed["per_replica"].values()] == [15, 15]
     assert list(single["per_replica"]) == ["rep-0"]
-    assert html.read_text().count("plotly") > 0
+    page = html.read_text()
+    assert "* plotly.js v" in page and "<script src=" not in page  # inline, no CDN
+    assert "python -m benchmarks.replicas --replicas 2" in page  # the command that made it
+    assert "2x round_robin @ 1" in page and "2x one engine @ 1" in page  # the table's rows
 
 
 def test_the_variants_set_smgs_defaults_or_open_the_balance_gate() -> None:

@@ -193,8 +193,17 @@ def live_fleet(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
         yield live
 
 
+@pytest.fixture
+def quiet_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
+    """The live market without the load generator: a test sends each request itself."""
+    with _live(asgi_server, tmp_path, replicas=1, agents=False) as live:
+        yield live
+
+
 @contextmanager
-def _live(asgi_server, tmp_path: Path, *, replicas: int) -> Iterator[LiveMarket]:
+def _live(
+    asgi_server, tmp_path: Path, *, replicas: int, agents: bool = True
+) -> Iterator[LiveMarket]:
     caches_clear()
     api_key_cache_clear()
     eager = celery_app.conf.task_always_eager
@@ -241,11 +250,12 @@ def _live(asgi_server, tmp_path: Path, *, replicas: int) -> Iterator[LiveMarket]
         replicas=sims if router is not None else [],
     )  # fmt: skip
     services: LiveServices = live_services_start(loop=asgi_server.loop, rounds_jsonl=files)
-    load = LoadGenerator(live).start()
+    load = LoadGenerator(live).start() if agents else None
     try:
         yield live
     finally:
-        load.stop()
+        if load is not None:
+            load.stop()
         services.stop()
         if router is not None:
             router.stop()

@@ -9,11 +9,14 @@ an invoice as CSV, and cannot open the operator console.
 from __future__ import annotations
 
 import re
+import threading
 
+import httpx
 import pytest
 
 from market.models import Market, ReserveChange
 from tests.browser.conftest import LiveMarket, login, screenshot
+from tests.openai_api.helpers import wait_until
 
 pytestmark = pytest.mark.browser
 PlaywrightTimeout = pytest.importorskip("playwright.sync_api").TimeoutError
@@ -88,7 +91,7 @@ def test_the_operator_watches_the_book_and_moves_the_reserve(page, live_market: 
     assert (change.changed_by.username, str(change.new)) == ("operator", "0.002000000")
     assert Market.objects.get(pk=live_market.market.pk).reserve == change.new
     page.wait_for_selector("#kpi-engine-reserve[data-reserve='0.002']", timeout=45_000)
-    assert page.inner_text("#kpi-engine-reserve") == "$/s · in effect"
+    assert page.inner_text("#kpi-engine-reserve") == "in effect"  # the $/s is on the value
     assert live_market.sim.call(lambda: live_market.sim.server.engine.reserve) == 0.002
     screenshot(page, "console-reserve-changed")
 
@@ -110,6 +113,20 @@ def test_a_tenant_watches_spend_live_and_exports_an_invoice(page, live_market: L
     )
     assert "globex" not in page.content().lower()
     page.wait_for_selector("#latency-table tbody tr[data-class]", timeout=45_000)
+    # What a bid buys: the market's bid -> time to first token curve, from the quotes' groups
+    # of recent bids (20 requests a group), polled while the agents' requests are served.
+    curve = f"#quote-curves .quote-curve[data-market='{live_market.market.slug}']"
+    page.wait_for_function(
+        f'Number(document.querySelector("{curve}")?.dataset.groups) >= 2', timeout=120_000
+    )
+    points = page.evaluate(
+        f'() => document.querySelector("{curve} .js-plotly-plot").data.map(t => t.x.length)'
+    )
+    assert len(points) >= 2 and points[0] >= 2 and points[0] == points[1], points  # p50, p90
+    assert "Bid " in page.inner_text(f"{curve} .quote-target") or "No recent bid" in (
+        page.inner_text(f"{curve} .quote-target")
+    )
+    page.locator("#quotes").scroll_into_view_if_needed()
     screenshot(page, "dashboard")
 
     with page.expect_download() as download_info:
@@ -228,3 +245,62 @@ def test_the_operator_reads_the_book_and_switches_the_policy_once_asked(
     assert Market.objects.get(pk=live_market.market.pk).policy == "highest-bid"
     page.wait_for_selector("#kpi-engine-policy[data-policy='highest-bid']", timeout=45_000)
     screenshot(page, "console-policy-audited")
+
+
+def test_a_tenant_reads_each_requests_place_in_line(page, quiet_market: LiveMarket):
+    """Five requests, ranks worked by hand. A long prompt (12,000 tokens: 16 chunks of 768 at
+    1 ms a token, ~12 s) is admitted alone (#1 of 1); while it is prefilled no round runs, so
+    four requests sent meanwhile are first ordered together, by the round after its last chunk.
+    Their prompts have the same number of tokens and distinct first tokens (four subtrees of
+    equal work under the root): dfs-auction-density orders them by bid, 0.1 > 0.05 > 0.01 >
+    0.001 $/s: #1, #2, #3, #4 of 4."""
+    live = quiet_market
+    market = live.market.served_model
+    headers = {"Authorization": f"Bearer {live.keys['acme']}"}
+    engine = live.sim.server.engine
+    ids: dict[str, str] = {}
+
+    def send(name: str, prompt: str, bid: str) -> None:
+        body = {"model": market, "prompt": prompt, "max_tokens": 2, "bid": bid}
+        answer = httpx.post(f"{live.server.url}/v1/completions", json=body, headers=headers,
+                            timeout=90)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        ids[name] = answer.json()["id"].removeprefix("cmpl-")
+
+    blocker = threading.Thread(target=send, args=("long", "block " * 6000, "0"))
+    blocker.start()
+    wait_until(lambda: live.sim.call(lambda: engine.chunked is not None), timeout_s=30)
+    bids = {"alpha": "0.001", "bravo": "0.1", "charlie": "0.01", "delta": "0.05"}
+    senders = [
+        threading.Thread(target=send, args=(n, f"{n} " + "words of a long document " * 20, b))
+        for n, b in bids.items()
+    ]
+    for t in senders:
+        t.start()
+    # All four wait, and the long prompt is still being prefilled: no round has ordered them.
+    wait_until(
+        lambda: live.sim.call(lambda: len(engine.waiting) == 4 and engine.chunked is not None),
+        timeout_s=30,
+    )
+    for t in [blocker, *senders]:
+        t.join(timeout=90)
+    assert set(ids) == {"long", *bids}
+
+    login(page, live.server, "acme_admin", "/tenants/acme/dashboard/")
+    page.wait_for_selector("#requests tbody tr[data-request]")
+
+    def rank_of(name: str) -> str:
+        return page.inner_text(f"#requests tr[data-request='{ids[name]}'] td:nth-child(6)")
+
+    shown = {name: rank_of(name) for name in ids}
+    assert shown == {
+        "long": "#1 of 1",
+        "bravo": "#1 of 4",
+        "delta": "#2 of 4",
+        "charlie": "#3 of 4",
+        "alpha": "#4 of 4",
+    }, shown
+    title = page.get_attribute(f"#requests tr[data-request='{ids['alpha']}'] td:nth-child(6)",
+                               "title")  # fmt: skip
+    assert title.startswith("3 waiting ahead of it"), title
+    screenshot(page, "dashboard-ranks")

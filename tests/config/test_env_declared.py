@@ -24,6 +24,7 @@ DECLARED = {
     # read by hand in config.settings before, through config.env now: the same values
     "ROUNDS_STREAM": ("inference-market:rounds", " im-x:rounds ", "im-x:rounds"),
     "AUTOBID_INTERVAL_S": ("10.0", "2.5", "2.5"),
+    "AUTO_RESERVE_INTERVAL_S": ("10.0", "30", "30.0"),
     "ENGINE_ADMIN_TOKEN": ("None", " s3cret ", "s3cret"),
     "MARKET_CONTROL_DIR": ("None", " /tmp/control ", "/tmp/control"),
     "INVOICE_DUE_DAYS": ("30", "0", "0"),

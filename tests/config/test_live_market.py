@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from pathlib import Path
 
 import psutil
@@ -488,3 +490,39 @@ def test_two_live_markets_run_side_by_side_and_neither_touches_the_others_engine
         if second is not None:
             second.stop()
         first.stop()
+
+
+def test_embedded_the_automatic_reserve_steps_in_process(tmp_path, seeded):
+    """Without Redis, live_market's pacing thread runs the automatic reserve's step: with a
+    target no wait can meet (1 microsecond), each interval that served a request bidding above
+    the reserve raises it by the full eighth: 0.001 -> 0.001125 -> 0.001265625 -> ..., each move
+    a ReserveChange marked automatic, by nobody."""
+    db, key = seeded
+    auto = tmp_path / "auto.sqlite3"
+    shutil.copy(db, auto)
+    conn = sqlite3.connect(auto)
+    with conn:
+        conn.execute("UPDATE market_market SET auto_reserve = 1, auto_reserve_target_s = 1e-6")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # into the file LiveMarket copies
+    conn.close()
+    market = LiveMarket(tmp_path, auto, "--no-agents", "--replicas", "1",
+                        AUTO_RESERVE_INTERVAL_S="0.5")  # fmt: skip
+    try:
+        market.up()
+        deadline = time.monotonic() + 30
+        rows: list[tuple] = []
+        while time.monotonic() < deadline and len(rows) < 3:
+            assert _chat(market.base, key, len(rows), bid=0.05)[0] == 200
+            with sqlite3.connect(market.var.parent / "live.sqlite3") as conn:
+                rows = conn.execute(
+                    "SELECT old, new, automatic, changed_by_id FROM market_reservechange "
+                    "ORDER BY at, id"
+                ).fetchall()
+    finally:
+        market.stop()
+    assert len(rows) >= 3, market.output
+    expected = Decimal("0.001")
+    for old, new, automatic, who in rows:
+        assert (Decimal(str(old)), automatic, who) == (expected, 1, None)
+        expected = (expected * Decimal("1.125")).quantize(Decimal("1e-9"))
+        assert Decimal(str(new)) == expected

@@ -209,7 +209,8 @@ def test_the_dashboard_shows_what_the_autobidder_reserved_and_gave_away(client, 
     logged_in(client, world, "a_viewer")
     page = client.get(DASHBOARD).content.decode()
     safety = page[page.index('id="autobid-safety"') :]
-    assert "0.125 × $0.400000" in safety and "(given away): $0.002500" in safety
+    # By the figures' rule: money to three significant digits, no zeros past the cents.
+    assert "0.125 × $0.40;" in safety and "(given away): $0.0025." in safety
 
 
 @pytest.fixture

@@ -73,6 +73,22 @@ def test_tree_rejects_unknown_ids_and_bad_updates():
     assert tree.get("a").bid == 1.0  # a rejected update changes nothing
 
 
+def test_a_stale_prefill_batch_is_refused_and_marks_nothing():
+    tree = RequestTree(
+        [WaitingRequest("a", [1, 2, 3], 1.0, 0.0), WaitingRequest("b", [1, 2, 4], 1.0, 1.0)]
+    )
+    old = tree.begin_batch()
+    new = tree.begin_batch()
+    with pytest.raises(ValueError, match=f"batch {old} is not"):
+        tree.batch_add("a", old)
+    with pytest.raises(ValueError, match=f"batch {old} is not"):
+        tree.batch_recomputed("b", old)
+    # The current batch is as it was: with "a" in it, "b" computes its 2 shared, uncached
+    # tokens ([1, 2]) a second time.
+    tree.batch_add("a", new)
+    assert tree.batch_recomputed("b", new) == 2
+
+
 def test_mechanism_imports_no_framework():
     code = (
         "import sys, mechanism, mechanism.bench\n"

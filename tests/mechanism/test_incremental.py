@@ -138,6 +138,10 @@ def test_handles_positions_and_the_order_read_lazily():
     assert c.positions(pick) == {pick[0]: 7, pick[1]: 2}
     with pytest.raises(ValueError, match="nope"):
         c.positions(["nope"])
+    # Many at once (one scan of the order rather than a search for each): the same places.
+    assert c.positions(reversed(c.order)) == {rid: i for i, rid in enumerate(c.order)}
+    with pytest.raises(ValueError, match="nope"):
+        c.positions([*c.order, "nope"])
     tree.remove("r0")
     with pytest.raises(RuntimeError, match="changed"):
         c.handles()

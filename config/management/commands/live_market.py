@@ -431,15 +431,26 @@ class Command(BaseCommand):
             raise CommandError(f"{exc}; see var/logs/router.log") from None
 
     def _pace(self, stop: threading.Event) -> None:
-        """Embedded mode: the autobidders' pacing steps, the markets' hold horizons and the
-        holds sweep (celery beat's jobs with Redis)."""
+        """Embedded mode: the autobidders' pacing steps, the markets' hold horizons, their
+        automatic reserves and the holds sweep (celery beat's jobs with Redis)."""
         from accounts.services import holds_sweep
         from accounts.services.periodic import autobidders_step_due
         from market.holds import hold_horizons_renew
+        from market.tasks import reserves_auto_step
 
         interval = settings.AUTOBID_INTERVAL_S
-        swept = time.monotonic()
-        while not stop.wait(interval):
+        reserve_interval = settings.AUTO_RESERVE_INTERVAL_S
+        swept = paced = reserved = time.monotonic()
+        while not stop.wait(min(interval, reserve_interval)):
+            if time.monotonic() - reserved >= reserve_interval:
+                reserved = time.monotonic()
+                try:
+                    reserves_auto_step()  # the task's body, in this process (pushes included)
+                except Exception as exc:  # noqa: BLE001 (stepped again next interval)
+                    self.stderr.write(f"automatic reserve step failed: {exc}")
+            if time.monotonic() - paced < interval:
+                continue
+            paced = time.monotonic()
             try:
                 autobidders_step_due(interval_s=interval)
                 hold_horizons_renew()

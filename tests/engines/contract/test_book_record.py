@@ -80,3 +80,19 @@ def test_a_record_whose_waiting_bids_are_not_amounts_is_refused():
     for bad in ([-0.001], ["0.1"], [True], [float("nan")], 0.1):
         with pytest.raises(ValueError, match="waiting_bids"):
             round_record_checked({**record("m", 1), "waiting_bids": bad})
+
+
+def test_an_admitted_requests_place_in_line_is_optional_but_whole_when_there():
+    from engines.contract.records import auction_fields, round_record_checked
+    from tests.market.live_helpers import admitted, record
+
+    old = record("m", 1, admitted_requests=[admitted("r1")])  # an engine from before the fields
+    assert "rank" not in auction_fields(old, round_record_checked(old)["admitted"][0])
+    placed = {**admitted("r2"), "rank": 3, "ahead": 2, "queue_len": 7}
+    new = record("m", 2, admitted_requests=[placed])
+    fields = auction_fields(new, round_record_checked(new)["admitted"][0])
+    assert (fields["rank"], fields["ahead"], fields["queue_len"]) == (3, 2, 7)
+    for name, bad in [("rank", "3"), ("ahead", 1.5), ("queue_len", True)]:
+        broken = record("m", 3, admitted_requests=[{**placed, name: bad}])
+        with pytest.raises(ValueError, match=name):
+            round_record_checked(broken)

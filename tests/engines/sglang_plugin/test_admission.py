@@ -172,6 +172,58 @@ def test_round_record_prices_the_admitted_from_the_round(policy: str, seed: int)
     assert len(sink.records) == 1
 
 
+def test_rank_is_the_place_in_line_when_a_round_first_ordered_the_request() -> None:
+    # The simulated engine's hand-worked case (tests/engines/sim/test_engine.py, same name), in
+    # SGLang's queue: one 10-token prompt admitted a round, work = uncached tokens + 1 overhead
+    # token a request, dfs-auction-density. Round 1 orders p1 p2 b d c a (the shared subtree of
+    # p1 and p2: 0.06 / 14 tokens, ahead of b's 0.04 / 11); round 2 first orders e and f, which
+    # arrived meanwhile: e b d c f a p2 (p2 bids 0; nothing was prefilled, so its prefix is
+    # uncached still: 0 / 11). Both engines report the same places.
+    allocator, cache = kv_pool(4_096)
+    pol, sink = market_policy("dfs-auction-density", cache, overhead_tokens=1)
+    shared = list(range(100, 108))
+    queue = [
+        make_req("p1", [*shared, 200, 201], bid=0.06, arrival=1.0),
+        make_req("p2", [*shared, 300, 301], bid=0.0, arrival=1.0),
+        make_req("a", range(10, 20), bid=0.01, arrival=1.0),
+        make_req("b", range(20, 30), bid=0.04, arrival=1.0),
+        make_req("c", range(30, 40), bid=0.02, arrival=1.0),
+        make_req("d", range(40, 50), bid=0.03, arrival=1.0),
+    ]
+    later = [
+        make_req("e", range(50, 60), bid=0.05, arrival=1.5),
+        make_req("f", range(60, 70), bid=0.015, arrival=1.5),
+    ]
+    while queue or later:
+        pol.calc_priority(queue)
+        adder, _ = admit(PrefillAdder, allocator, cache, queue, rem_input=10)
+        assert len(adder.can_run_list) == 1
+        pol.finish_round(
+            NextBatchPlan(
+                batch_to_run=ScheduleBatch(reqs=adder.can_run_list),
+                running_batch=ScheduleBatch(reqs=[]),
+            )
+        )
+        queue = [r for r in queue if r not in adder.can_run_list] + later  # as the scheduler
+        later = []
+    got = {
+        a["request_id"]: (a["rank"], a["ahead"], a["queue_len"])
+        for record in sink.records
+        for a in record["admitted"]
+    }
+    assert got == {
+        "p1": (1, 0, 6),
+        "p2": (2, 1, 6),
+        "b": (3, 2, 6),
+        "d": (4, 3, 6),
+        "c": (5, 4, 6),
+        "a": (6, 5, 6),
+        "e": (1, 0, 7),
+        "f": (5, 4, 7),
+    }
+    assert {a["position"] for record in sink.records for a in record["admitted"]} == {0}
+
+
 def test_some_rounds_charge_something() -> None:
     """The record tests above are not all zeros: bids buy priority and pay for it."""
     charges = []

@@ -79,6 +79,10 @@ def test_the_bid_field_orders_and_prices_the_request(policy: str) -> None:
             "effective_bid": [BIDS[name]],
             "block": [entry["block"]],
             "engine": [record["engine"]],
+            # Its place in line: this round is the first to order it, with all three waiting.
+            "rank": [position + 1],
+            "ahead": [position],
+            "queue_len": [3],
         }
     assert expected.charge("hi") > 0  # the test prices something
 

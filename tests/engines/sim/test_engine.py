@@ -162,6 +162,47 @@ def test_charges_come_from_the_admitting_round():
     assert records[0]["waiting"] == 2 and records[1]["waiting"] == 1
 
 
+def test_rank_is_the_place_in_line_when_a_round_first_ordered_the_request():
+    # One 10-token prefill per step (budget 10 tokens), steps of 1 + 10 x 0.1 = 2 s; the plan's
+    # work is the uncached tokens plus 1 overhead token a request; dfs-auction-density orders
+    # sibling subtrees by bid sum / work.
+    # t=0: p1 and p2 share 8 tokens (a subtree of work 8 + (2+1) + (2+1) = 14 tokens, bids
+    # 0.06 + 0 -> 0.00429 $/s a token); b, d, c, a stand alone (11 tokens each: 0.04/11 =
+    # 0.00364, 0.03/11 = 0.00273, 0.02/11 = 0.00182, 0.01/11 = 0.00091). Inside the shared
+    # subtree p1 (0.06) goes before p2 (0). Plan of round 1: p1 p2 b d c a -> ranks 1..6 of 6,
+    # although p2 bids nothing: its prefix goes first. Round 1 admits p1.
+    # t=0.5: e (0.05) and f (0.015) arrive, first ordered by round 2 at t=2, where p2's shared
+    # 8 tokens are cached (work 2 + 1 = 3, bid 0: last) and e = 0.05/11 = 0.00455,
+    # f = 0.015/11 = 0.00136: e b d c f a p2 -> e 1 of 7, f 5 of 7.
+    cfg = EngineConfig(**{**TOY.__dict__, "max_prefill_tokens": 10, "chunked_prefill_size": 10})
+    e = Engine(cfg, "dfs-auction-density")
+    shared = list(range(100, 108))
+    requests = [
+        req("p1", [*shared, 200, 201], bid=0.06),
+        req("p2", [*shared, 300, 301], bid=0.0),
+        req("a", range(10, 20), bid=0.01),
+        req("b", range(20, 30), bid=0.04),
+        req("c", range(30, 40), bid=0.02),
+        req("d", range(40, 50), bid=0.03),
+        req("e", range(50, 60), bid=0.05, arrival=0.5),
+        req("f", range(60, 70), bid=0.015, arrival=0.5),
+    ]
+    r = run(e, requests)
+    got = {rid: (x.rank, x.auction["ahead"], x.auction["queue_len"]) for rid, x in r.items()}
+    assert got == {
+        "p1": (1, 0, 6),
+        "p2": (2, 1, 6),
+        "b": (3, 2, 6),
+        "d": (4, 3, 6),
+        "c": (5, 4, 6),
+        "a": (6, 5, 6),
+        "e": (1, 0, 7),
+        "f": (5, 4, 7),
+    }
+    # The place in the round that admitted it says nothing here: each was at the front.
+    assert {x.position for x in r.values()} == {0}
+
+
 def test_dfs_auction_defers_a_second_request_sharing_an_uncached_prefix():
     # P and Q share 40 uncached tokens; computing them twice in one batch would waste 40 tokens,
     # so Q waits one step and then finds them cached.  fcfs admits both at once (as SGLang does)

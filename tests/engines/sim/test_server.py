@@ -356,23 +356,26 @@ def test_disconnect_while_running_lets_it_finish(start_server) -> None:
 
 def test_full_queue_answers_429_with_retry_after(start_server) -> None:
     sim = start_server(max_queue=1, settings=["max_running_requests=1", SLOW_DECODE])
-    blocker = _blocker(sim.url, "blocker", 200, threading.Event())
+    # The blocker decodes for 30 s (600 tokens at 0.05 s), long enough on a loaded machine for
+    # the waiter to be seen queued behind it before the third request arrives.
+    blocker = _blocker(sim.url, "blocker", 600, threading.Event())
     waiter = threading.Thread(
         target=generate,
         args=(sim.url,),
         kwargs={"text": "in the queue", "sampling_params": {"max_new_tokens": 2}},
     )
     waiter.start()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 20
     while not sim.call(lambda: len(sim.server.engine.waiting)) and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert sim.call(lambda: len(sim.server.engine.waiting)) == 1, "the waiter never queued"
     r = generate(sim.url, text="one too many")
     assert r.status_code == 429
     assert r.headers["Retry-After"] == "1"
     assert r.json()["error"]["type"] == "rate_limit_error"
     dup = generate(sim.url, text="again", rid="blocker")
     assert dup.status_code == 400 and dup.json()["error"]["param"] == "rid"
-    waiter.join(60)
+    waiter.join(90)
     blocker.join(60)
 
 

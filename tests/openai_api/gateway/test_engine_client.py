@@ -123,6 +123,9 @@ SGLANG_AUCTION = {
     "position": [2],
     "planned_completion_s": [0.25],
     "time_saved_s": [0.125],
+    "rank": [5],
+    "ahead": [4],
+    "queue_len": [9],
 }
 
 
@@ -139,6 +142,7 @@ async def test_sglang_answers_carry_the_auction_fields_as_customized_info():
         assert (meta.bid, meta.charge, meta.round_id, meta.position) == (
             0.5, 0.0125, "sglang@h:1:abc:7", 2
         )  # fmt: skip
+        assert (meta.rank, meta.ahead, meta.queue_len) == (5, 4, 9)
     finally:
         await client.aclose()
         await runner.cleanup()

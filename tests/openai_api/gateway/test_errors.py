@@ -178,17 +178,21 @@ def test_429_insufficient_quota_when_the_budget_is_exhausted(gateway, acme, mark
     assert answer.headers["x-should-retry"] == "false"
     assert "Retry-After" not in answer.headers
     # The worst case: 16 x $3 + 20 x $15 per million = $0.000348 > the $0.0003 left of the
-    # day's budget (amounts under a cent shown to 6 places); it resets at the next 00:00 UTC.
+    # day's budget (three significant digits: $0.0003, $0.000348); it resets at the next
+    # 00:00 UTC, in whole hours and minutes (or minutes and seconds), floored.
     now = datetime.now(UTC)
     midnight = datetime.combine(now.date() + timedelta(days=1), time(), tzinfo=UTC)
     message = error["message"]
     assert message.startswith(
-        "The tenant's budget of $0.000300 per day is exhausted: $0.00 spent, $0.00 held for "
-        "requests in flight, $0.000300 left; this request needs up to $0.000348. "
+        "The tenant's budget of $0.0003 per day is exhausted: $0.00 spent, $0.00 held for "
+        "requests in flight, $0.0003 left; this request needs up to $0.000348. "
         f"It resets at {midnight.isoformat()} (in "
     )
-    seconds = int(re.search(r"\(in (\d+) s\)\.$", message).group(1))
-    assert abs(seconds - (midnight - now).total_seconds()) < 5
+    until = re.search(r"\(in ([^)]+)\)\.$", message).group(1)
+    assert re.fullmatch(r"(\d+ h( \d+ min)?|\d+ min( \d+ s)?|[\d.]+ s)", until), until
+    unit_s = {"h": 3600, "min": 60, "s": 1}
+    seconds = sum(float(n) * unit_s[u] for n, u in re.findall(r"([\d.]+) (h|min|s)", until))
+    assert -5 < (midnight - now).total_seconds() - seconds < 60 + 5  # floored to the minute
     assert not Request.objects.exists()
     assert not Hold.objects.exists()
 

@@ -54,7 +54,7 @@ def test_chat_with_a_bid_in_extra_body(gateway, acme, market):
     assert auction["effective_bid"] == "0.010000000"
     assert auction["reserve"] == "0.000000000"
     assert auction["bid_source"] == "explicit"
-    assert auction["rank"] == 0  # alone in its round
+    assert (auction["rank"], auction["ahead"]) == (1, 0)  # alone in the queue: first in line
     assert auction["round_id"]
     assert auction["priority_charge"] == "0.000000000"  # nobody else was waiting
     assert auction["priority_charge_capped_by"] is None
@@ -255,7 +255,7 @@ def test_a_winning_bid_under_contention_pays_and_a_zero_bid_does_not(
     for t in [*threads, winner]:
         t.join(timeout=30)
     won = results["winner"].model_extra["auction"]
-    assert won["rank"] == 0
+    assert (won["rank"], won["ahead"]) == (1, 0)  # its bid put it first in line at once
     charge = Decimal(won["priority_charge"])
     # it jumped ahead of requests bidding $0.001/s: it pays for their delay, less than its bid
     # times the whole run of the queue (60 s is far more than it waited)
@@ -303,8 +303,8 @@ def test_an_exhausted_key_raises_rate_limit_error_insufficient_quota_and_is_not_
         "insufficient_quota",
     )
     assert error.body["message"].startswith(
-        "This API key's budget of $0.001000 per day is exhausted: $0.000400 spent, $0.000300 "
-        "held for requests in flight, $0.000300 left; this request needs up to $0.000348. "
+        "This API key's budget of $0.001 per day is exhausted: $0.0004 spent, $0.0003 "
+        "held for requests in flight, $0.0003 left; this request needs up to $0.000348. "
         "It resets at "
     )
     assert Request.objects.filter(tenant=acme.tenant).count() == 1  # "spent"'s, no other

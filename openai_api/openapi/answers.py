@@ -1,0 +1,318 @@
+"""The ``/v1`` API's answers as pydantic models, from which the OpenAPI document's JSON Schemas
+are derived (``document``): the shapes ``gateway.responses``, ``gateway.selectors`` and
+``batches.selectors`` write. Unknown fields are forbidden, so an undocumented field in an answer
+of the running gateway fails the tests (``tests/openai_api/openapi/test_answers.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from accounts.money import MONEY_PLACES
+
+MONEY_TEXT = rf"^-?[0-9]+\.[0-9]{{{MONEY_PLACES}}}$"
+
+Money = Annotated[
+    str,
+    Field(
+        pattern=MONEY_TEXT,
+        description=f"dollars, an exact decimal string with {MONEY_PLACES} places",
+    ),
+]
+MoneyPerSecond = Annotated[
+    str,
+    Field(
+        pattern=MONEY_TEXT,
+        description=f"dollars per second of waiting, an exact decimal string ({MONEY_PLACES} "
+        "places)",
+    ),
+]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PromptTokensDetails(_Answer):
+    cached_tokens: int = Field(ge=0, description="prompt tokens found in the engine's KV cache")
+
+
+class Usage(_Answer):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+    prompt_tokens_details: PromptTokensDetails
+
+
+class Auction(_Answer):
+    """What the request bid and paid (``gateway.responses.auction_body``)."""
+
+    bid: MoneyPerSecond
+    effective_bid: MoneyPerSecond = Field(description="0 under the market's reserve")
+    reserve: MoneyPerSecond
+    bid_source: Literal["explicit", "autobid", "none", "tier"]
+    rank: int | None = Field(
+        ge=1,
+        description="its place in line when it joined the engine's queue, 1 first (null when "
+        "the engine does not report it)",
+    )
+    ahead: int | None = Field(ge=0, description="the waiting requests planned before it")
+    round_id: str | None
+    priority_charge: Money | None = Field(description="null when the engine reported none")
+    priority_charge_capped_by: str | None = Field(
+        description="the budget that cut the priority charge, if one did"
+    )
+    token_charge: Money | None
+
+
+Tier = Literal["default", "flex", "priority"]
+Finish = Literal["stop", "length"]
+
+
+class AssistantMessage(_Answer):
+    role: Literal["assistant"]
+    content: str
+    refusal: None
+
+
+class ChatChoice(_Answer):
+    index: Literal[0]
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: Finish
+
+
+class TextChoice(_Answer):
+    index: Literal[0]
+    text: str
+    logprobs: None
+    finish_reason: Finish | None
+
+
+class _CompletionAnswer(_Answer):
+    id: str
+    created: int = Field(description="Unix time, seconds")
+    model: str
+    service_tier: Tier = Field(description="the tier the request was served at")
+    system_fingerprint: None
+
+
+class ChatCompletion(_CompletionAnswer):
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
+    usage: Usage
+    auction: Auction
+
+
+class TextCompletion(_CompletionAnswer):
+    object: Literal["text_completion"]
+    choices: list[TextChoice]
+    usage: Usage
+    auction: Auction
+
+
+class ChunkDelta(_Answer):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Answer):
+    index: Literal[0]
+    delta: ChunkDelta
+    logprobs: None
+    finish_reason: Finish | None
+
+
+class ChatCompletionChunk(_CompletionAnswer):
+    """One server-sent event of a streamed chat completion; the last (with
+    ``stream_options.include_usage``, else the one with the finish) has usage and auction."""
+
+    object: Literal["chat.completion.chunk"]
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    auction: Auction | None = None
+
+
+class TextCompletionChunk(_CompletionAnswer):
+    object: Literal["text_completion"]
+    choices: list[TextChoice]
+    usage: Usage | None = None
+    auction: Auction | None = None
+
+
+class ModelEntry(_Answer):
+    id: str = Field(description="the market's served model")
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    market: str = Field(description="the market's slug")
+
+
+class ModelList(_Answer):
+    object: Literal["list"]
+    data: list[ModelEntry]
+
+
+class Budget(_Answer):
+    object: Literal["budget"]
+    budget_id: int
+    scope: Literal["tenant", "key"]
+    period: Literal["day", "week", "month", "none"]
+    currency: Literal["usd"]
+    limit: Money
+    spent: Money
+    held: Money = Field(description="reserved by requests in flight")
+    remaining: Money = Field(description="limit - spent - held")
+    window_start: str = Field(description="ISO 8601, UTC")
+    resets_at: str | None = Field(description="ISO 8601, UTC; null for period none")
+    seconds_until_reset: float | None = Field(description="seconds; null for period none")
+    soft_alert: bool
+
+
+class TenantMonth(_Answer):
+    month_start: str = Field(description="ISO 8601, UTC")
+    spent_this_month: Money
+    held: Money
+
+
+class BudgetList(_Answer):
+    object: Literal["list"]
+    data: list[Budget]
+    tenant: TenantMonth
+
+
+class QuoteBasis(_Answer):
+    requests: int = Field(ge=0, description="requests served in the window")
+    window_s: float = Field(description="seconds")
+
+
+class QuoteTarget(_Answer):
+    ttft_s: float = Field(description="seconds to first token")
+    probability: float
+
+
+class QuoteWaits(_Answer):
+    bid: MoneyPerSecond
+    bids_from: MoneyPerSecond
+    bids_to: MoneyPerSecond
+    requests: int = Field(ge=0)
+    ttft_p50_s: float = Field(description="seconds")
+    ttft_p90_s: float = Field(description="seconds")
+    ttft_p99_s: float = Field(description="seconds")
+
+
+class Quote(_Answer):
+    """``GET /v1/quotes`` (``gateway.selectors.quote_for``)."""
+
+    object: Literal["quote"]
+    model: str
+    reserve: MoneyPerSecond
+    based_on: QuoteBasis
+    reason: str | None = Field(default=None, description="why a quote is missing")
+    target: QuoteTarget | None = None
+    bid: MoneyPerSecond | None = Field(
+        default=None,
+        description="the bid that bought the target; null when none did (see reason)",
+    )
+    waits: QuoteWaits | None = Field(default=None, description="the waits the given bid buys")
+
+
+class BatchFailure(_Answer):
+    code: str
+    message: str
+
+
+class BatchFailures(_Answer):
+    object: Literal["list"]
+    data: list[BatchFailure]
+
+
+class RequestCounts(_Answer):
+    total: int = Field(ge=0)
+    completed: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    cancelled: int = Field(ge=0)
+
+
+class Batch(_Answer):
+    """OpenAI's batch object, with result URLs instead of file ids; times Unix seconds."""
+
+    id: str
+    object: Literal["batch"]
+    endpoint: str | None
+    model: str | None
+    status: Literal["validating", "in_progress", "completed", "failed", "cancelling", "cancelled"]
+    errors: BatchFailures | None
+    output_url: str
+    errors_url: str
+    created_at: int
+    in_progress_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+
+
+class BatchList(_Answer):
+    object: Literal["list"]
+    data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class BatchLineError(_Answer):
+    code: str = Field(
+        description="the error code the line's request got, or batch_cancelled, "
+        "batch_failed, answer_lost"
+    )
+    message: str
+
+
+class BatchResultResponse(_Answer):
+    status_code: int
+    request_id: str | None
+    body: dict[str, Any] | None = Field(description="the endpoint's answer or error body")
+
+
+class BatchResultLine(_Answer):
+    """One JSONL line of ``/output`` or ``/errors``."""
+
+    id: str
+    custom_id: str
+    response: BatchResultResponse | None
+    error: BatchLineError | None
+
+
+class ErrorDetail(_Answer):
+    message: str
+    type: str = Field(description="OpenAI's category: invalid_request_error, ...")
+    param: str | None = Field(description="the field, header or parameter at fault")
+    code: str = Field(description="the reason, one of the codes listed for the status")
+    lines: list[dict[str, Any]] | None = Field(
+        default=None, description="invalid_batch_input only: each bad line"
+    )
+    bad_lines: int | None = Field(default=None, description="invalid_batch_input only")
+
+
+class Error(_Answer):
+    error: ErrorDetail
+
+
+ANSWERS: tuple[type[BaseModel], ...] = (
+    ChatCompletion,
+    TextCompletion,
+    ChatCompletionChunk,
+    TextCompletionChunk,
+    ModelList,
+    BudgetList,
+    Quote,
+    Batch,
+    BatchList,
+    BatchResultLine,
+    Error,
+)

@@ -1,0 +1,437 @@
+"""The OpenAPI 3.1 document of everything under ``/v1`` (served at ``/v1/openapi.json``, rendered
+at ``/docs/api/``): its JSON Schemas derived from the pydantic models of ``bodies`` (requests)
+and ``answers``, its error codes from the gateway's error classes (``gateway.errors`` and the
+few raised with a code of their own), each operation listing the codes it can answer with,
+under their HTTP status.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from openai_api.batches.input import BatchInputInvalid, BatchTooLarge
+from openai_api.batches.services import BatchNotCancellable, BatchNotFound
+from openai_api.gateway import errors as e
+from openai_api.gateway.chat_templates import TemplateUnavailable
+from openai_api.gateway.validation import MAX_BID, MAX_TOKENS_LIMIT, QUOTE_MAX_TTFT_S
+from openai_api.openapi import answers, bodies
+
+OPENAPI_VERSION = "3.1.0"
+_REF = "#/components/schemas/{model}"
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    """One ``error.code`` the API answers with, its HTTP status and OpenAI ``type``."""
+
+    code: str
+    status: int
+    type: str
+    when: str
+
+
+def _code(
+    kind: type[e.GatewayError], when: str, *, code: str | None = None, status: int | None = None
+) -> ErrorCode:
+    return ErrorCode(code or kind.code, status or kind.status, kind.type, when)
+
+
+ERROR_CODES: tuple[ErrorCode, ...] = (
+    _code(e.MalformedRequest, "the body is not JSON or a field has the wrong type or is missing"),
+    _code(e.MalformedRequest, "the Host header is not in ALLOWED_HOSTS", code="invalid_host"),
+    _code(
+        e.MalformedRequest,
+        "the engine refused the request (its message is passed on)",
+        code="engine_rejected",
+    ),
+    _code(BatchInputInvalid, "a batch line is malformed (each bad line listed)", status=400),
+    _code(BatchInputInvalid, "a batch line has an unacceptable value", status=422),
+    _code(e.InvalidApiKey, "no API key, an unknown or a revoked one"),
+    _code(e.NotFound, "no such endpoint", code="unknown_url"),
+    _code(e.ModelNotFound, "no active market serves the model"),
+    _code(BatchNotFound, "no such batch for this tenant"),
+    _code(e.MethodNotAllowed, "the endpoint does not take this method"),
+    _code(BatchNotCancellable, "the batch has already finished"),
+    _code(e.BodyTooLarge, "the body is larger than the server takes"),
+    _code(BatchTooLarge, "more bytes or lines than a batch may have"),
+    _code(e.InvalidValue, "well-formed but unacceptable: a bad bid, max_tokens out of range, ..."),
+    _code(
+        e.BudgetExhaustedError,
+        "the request's worst case does not fit a budget; sent with "
+        "x-should-retry: false and no Retry-After",
+    ),
+    _code(e.EngineBusy, "the engine's queue is full; Retry-After says when to try again"),
+    _code(e.ServerError, "the gateway itself failed"),
+    _code(e.EngineBidLost, "the engine did not read the bid sent; not charged"),
+    _code(e.EngineDown, "the engine is down or failed; not charged"),
+    _code(TemplateUnavailable, "the market's chat template cannot be loaded"),
+    _code(e.DatabaseBusy, "a database lock was not had in time; Retry-After"),
+    _code(e.DatabaseUnavailable, "the database could not be reached; Retry-After"),
+    _code(e.EngineTimeout, "the engine went silent past its timeouts; not charged"),
+)
+BY_CODE: dict[str, list[ErrorCode]] = {}
+for _entry in ERROR_CODES:
+    BY_CODE.setdefault(_entry.code, []).append(_entry)
+
+# Codes any /v1 answer may carry; each operation adds its own.
+_EVERYWHERE = ("invalid_host", "invalid_api_key", "method_not_allowed", "internal_error")
+_DATABASE = ("database_busy", "database_unavailable")
+_COMPLETION_CODES = (
+    "malformed_request",
+    "engine_rejected",
+    "invalid_value",
+    "request_too_large",
+    "model_not_found",
+    "insufficient_quota",
+    "queue_full",
+    "engine_bid_lost",
+    "engine_unavailable",
+    "chat_template_unavailable",
+    "engine_timeout",
+    *_DATABASE,
+)
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(model=name)}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _error_responses(codes: tuple[str, ...]) -> dict[str, Any]:
+    """One response per status among ``codes`` (and the codes every answer may carry), its
+    schema an Error whose ``code`` is one of that status's."""
+    by_status: dict[int, list[ErrorCode]] = {}
+    for code in (*codes, *_EVERYWHERE):
+        for entry in BY_CODE[code]:
+            by_status.setdefault(entry.status, []).append(entry)
+    responses = {}
+    for status, entries in sorted(by_status.items()):
+        names = sorted({entry.code for entry in entries})
+        response: dict[str, Any] = {
+            "description": "; ".join(f"`{x.code}`: {x.when}" for x in entries),
+            "content": _json(
+                {
+                    "allOf": [
+                        _ref("Error"),
+                        {"properties": {"error": {"properties": {"code": {"enum": names}}}}},
+                    ]
+                }
+            ),
+        }
+        headers = {}
+        if {"queue_full", "database_busy", "database_unavailable"} & set(names):
+            headers["Retry-After"] = {
+                "description": "seconds to wait before a retry (queue_full, database_*)",
+                "schema": {"type": "integer"},
+            }
+        if "insufficient_quota" in names:
+            headers["x-should-retry"] = {
+                "description": "false for insufficient_quota: waiting is no remedy",
+                "schema": {"type": "string"},
+            }
+        if headers:
+            response["headers"] = headers
+        responses[str(status)] = response
+    return responses
+
+
+def _header(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "header",
+        "required": False,
+        "description": description,
+        "schema": {"type": "string"},
+    }
+
+
+def _query(
+    name: str, schema: dict[str, Any], description: str, *, required: bool = False
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "description": description,
+        "schema": schema,
+    }
+
+
+_BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _operation(
+    *,
+    operation_id: str,
+    summary: str,
+    description: str,
+    answer: dict[str, Any],
+    codes: tuple[str, ...] = (),
+    parameters: list[dict[str, Any]] | None = None,
+    body: dict[str, Any] | None = None,
+    tag: str,
+) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "operationId": operation_id,
+        "summary": summary,
+        "description": description,
+        "tags": [tag],
+        "responses": {"200": answer, **_error_responses(codes)},
+    }
+    if parameters:
+        operation["parameters"] = parameters
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": body}
+    return operation
+
+
+def _completion(endpoint: str, request: str, answer: str, chunk: str) -> dict[str, Any]:
+    return _operation(
+        operation_id=endpoint.replace(".", "_") + "_create",
+        summary=f"Create a {endpoint.replace('.', ' ').replace('_', ' ')}",
+        description=(
+            "OpenAI's endpoint with a bid. The gateway holds the request's worst case against "
+            "the budgets, forwards it to the market's engine with its bid, settles the token "
+            "and priority charges from the answer, and answers with OpenAI's shape plus "
+            "`auction`. With `stream`, server-sent events of chunks end with `data: [DONE]`; the "
+            "last chunk carries `usage` (with `stream_options.include_usage`) and `auction`; an "
+            'error after the first event is sent as an event `{"error": {...}}`.'
+        ),
+        parameters=[
+            _header("X-Bid", f"the bid, dollars per second (0..{MAX_BID:f}; as the body's `bid`)"),
+            _header("X-Request-Class", "the request class (as the body's `request_class`)"),
+        ],
+        body=_json(_ref(request)),
+        answer={
+            "description": "the completion, or (with `stream`) its chunks",
+            "content": {
+                **_json(_ref(answer)),
+                "text/event-stream": {
+                    "schema": {"type": "string", "description": f"`data: <{chunk}>` events"},
+                },
+            },
+        },
+        codes=_COMPLETION_CODES,
+        tag="completions",
+    )
+
+
+def _paths() -> dict[str, Any]:
+    return {
+        "/v1/chat/completions": {
+            "post": _completion(
+                "chat.completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"
+            )
+        },
+        "/v1/completions": {
+            "post": _completion(
+                "text_completion", "CompletionRequest", "TextCompletion", "TextCompletionChunk"
+            )
+        },
+        "/v1/models": {
+            "get": _operation(
+                operation_id="models_list",
+                summary="List the models served",
+                description="One entry per active market, its served model as the `id`.",
+                answer={"description": "the models", "content": _json(_ref("ModelList"))},
+                codes=_DATABASE,
+                tag="markets",
+            )
+        },
+        "/v1/quotes": {
+            "get": _operation(
+                operation_id="quote_read",
+                summary="Quote what a bid buys",
+                description=(
+                    "From the waits of the market's requests served recently, grouped by bid: the "
+                    "bid that bought a first token within `ttft_s` seconds with `probability` "
+                    "(never below the reserve), and the waits `bid` buys. Give `ttft_s`, `bid` or "
+                    "both."
+                ),
+                parameters=[
+                    _query(
+                        "model",
+                        {"type": "string", "minLength": 1},
+                        "the market's model",
+                        required=True,
+                    ),
+                    _query(
+                        "ttft_s",
+                        {"type": "number", "exclusiveMinimum": 0, "maximum": QUOTE_MAX_TTFT_S},
+                        "seconds to first token",
+                    ),
+                    _query(
+                        "probability",
+                        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                        "0.9 unless given",
+                    ),
+                    _query(
+                        "bid",
+                        {"type": "string", "pattern": bodies.BID_TEXT_PATTERN},
+                        "dollars per second: the waits it buys are quoted",
+                    ),
+                ],
+                answer={"description": "the quote", "content": _json(_ref("Quote"))},
+                codes=("malformed_request", "invalid_value", "model_not_found", *_DATABASE),
+                tag="markets",
+            )
+        },
+        "/v1/budgets": {
+            "get": _operation(
+                operation_id="budgets_list",
+                summary="The budgets this key's requests must fit",
+                description="The tenant's budgets, then the key's own: spent, held and left in "
+                "their current window; and the tenant's spend this UTC month.",
+                answer={"description": "the budgets", "content": _json(_ref("BudgetList"))},
+                codes=_DATABASE,
+                tag="budgets",
+            )
+        },
+        "/v1/batches": {
+            "get": _operation(
+                operation_id="batches_list",
+                summary="List the tenant's batches, newest first",
+                description="A page of batches; `after` a batch id continues the list.",
+                parameters=[
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": 100},
+                        "batches per page, 20 unless given",
+                    ),
+                    _query("after", {"type": "string"}, "the last batch id of the page before"),
+                ],
+                answer={"description": "the batches", "content": _json(_ref("BatchList"))},
+                codes=("malformed_request", "batch_not_found", *_DATABASE),
+                tag="batches",
+            ),
+            "post": _operation(
+                operation_id="batch_create",
+                summary="Submit a batch",
+                description="The JSONL itself (a `BatchLine` per line; `application/jsonl` or "
+                "`text/plain`), or JSON. The whole file is checked first, each "
+                "line's body by its endpoint's rules; a bad file is refused whole.",
+                body={
+                    **_json(_ref("BatchCreateRequest")),
+                    "application/jsonl": {"schema": {"type": "string"}},
+                    "text/plain": {"schema": {"type": "string"}},
+                },
+                answer={"description": "the batch", "content": _json(_ref("Batch"))},
+                codes=(
+                    "malformed_request",
+                    "invalid_batch_input",
+                    "invalid_value",
+                    "batch_too_large",
+                    *_DATABASE,
+                ),
+                tag="batches",
+            ),
+        },
+        "/v1/batches/{batch_id}": {
+            "get": _operation(
+                operation_id="batch_read",
+                summary="A batch",
+                description="The batch object.",
+                parameters=[_BATCH_ID],
+                answer={"description": "the batch", "content": _json(_ref("Batch"))},
+                codes=("malformed_request", "batch_not_found", *_DATABASE),
+                tag="batches",
+            )
+        },
+        "/v1/batches/{batch_id}/cancel": {
+            "post": _operation(
+                operation_id="batch_cancel",
+                summary="Cancel a batch",
+                description="Pending lines are cancelled; lines in flight finish.",
+                parameters=[_BATCH_ID],
+                answer={"description": "the batch", "content": _json(_ref("Batch"))},
+                codes=("malformed_request", "batch_not_found", "batch_not_cancellable", *_DATABASE),
+                tag="batches",
+            )
+        },
+        **{
+            f"/v1/batches/{{batch_id}}/{kind}": {
+                "get": _operation(
+                    operation_id=f"batch_{kind}",
+                    summary=f"A batch's {kind} file",
+                    description=f"JSONL, a `BatchResultLine` per {what}.",
+                    parameters=[_BATCH_ID],
+                    answer={
+                        "description": "JSONL",
+                        "content": {"application/jsonl": {"schema": {"type": "string"}}},
+                    },
+                    codes=("malformed_request", "batch_not_found", *_DATABASE),
+                    tag="batches",
+                )
+            }
+            for kind, what in (("output", "answered line"), ("errors", "line not served"))
+        },
+        "/v1/openapi.json": {
+            "get": {
+                "operationId": "openapi_read",
+                "summary": "This document",
+                "tags": ["reference"],
+                "security": [],
+                "responses": {
+                    "200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})},
+                    **{k: r for k, r in _error_responses(()).items() if k != "401"},
+                },
+            }
+        },
+    }
+
+
+def _description() -> str:
+    rows = "\n".join(
+        f"| {x.status} | `{x.code}` | `{x.type}` | {x.when} |"
+        for x in sorted(ERROR_CODES, key=lambda x: (x.status, x.code))
+    )
+    return (
+        "The market's OpenAI-compatible API. Every request carries a **bid**: dollars per "
+        "second of waiting its owner pays to be served sooner (`bid` in the body or `X-Bid`), "
+        "or OpenAI's `service_tier` (`flex` bids 0, `priority` the market's quote), or leaves "
+        "it to the tenant's autobidder. Each answer says what was bid and charged in "
+        f"`auction`. `max_tokens` is at most {MAX_TOKENS_LIMIT}.\n\n"
+        "Authenticate with `Authorization: Bearer <API key>`. Money is exact decimal strings; "
+        "integers are written without a fraction (`1`, not `1.0`). Every error is "
+        '`{"error": {"message", "type", "param", "code"}}`:\n\n'
+        "| status | code | type | when |\n|---|---|---|---|\n" + rows
+    )
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document (built once per process)."""
+    _, schemas = models_json_schema(
+        [(model, "validation") for model in (*bodies.REQUESTS, *answers.ANSWERS)],
+        ref_template=_REF,
+    )
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {"title": "Inference market API", "version": "v1", "description": _description()},
+        "tags": [
+            {"name": "completions", "description": "chat and text completions, with bids"},
+            {"name": "markets", "description": "the models served and what a bid buys"},
+            {"name": "budgets", "description": "what a key may still spend"},
+            {"name": "batches", "description": "OpenAI's Batch API with bids"},
+            {"name": "reference", "description": "this document"},
+        ],
+        "security": [{"apiKey": []}],
+        "paths": _paths(),
+        "components": {
+            "schemas": schemas["$defs"],
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "an API key of the tenant (im_...), from its API keys page",
+                }
+            },
+        },
+    }

@@ -1,0 +1,33 @@
+"""``GET /v1/openapi.json`` (the document, no key needed) and ``GET /docs/api/`` (the document
+rendered by Redoc, whose bundle is served as a static file of the drf-spectacular-sidecar
+package: no CDN)."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET
+
+from openai_api.gateway.errors import GatewayError
+from openai_api.gateway.views import _error, _methods
+
+
+@csrf_exempt
+async def openapi_json(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/openapi.json``."""
+    try:
+        _methods(request, "GET")
+    except GatewayError as exc:
+        return _error(exc)
+    # Imported here: pydantic and the models take about 0.4 s to import, which a gateway
+    # process that is never asked for its reference need not spend.
+    from openai_api.openapi.document import openapi_document
+
+    return JsonResponse(openapi_document())
+
+
+@require_GET
+def reference_page(request: HttpRequest) -> HttpResponse:
+    """``GET /docs/api/``: the reference, rendered in the browser from ``/v1/openapi.json``."""
+    return render(request, "openai_api/api_reference.html")

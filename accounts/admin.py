@@ -4,6 +4,7 @@ moves only through the services (settlement, holds), never by hand."""
 from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
@@ -22,7 +23,7 @@ from accounts.models import (
     Request,
     Tenant,
 )
-from accounts.services.autobidder import autobidder_configure
+from accounts.services.autobidder import autobidder_configure, class_setting
 from accounts.services.keys import api_key_revoke
 
 
@@ -180,9 +181,37 @@ class InvoiceLineAdmin(ReadOnlyAdmin):
     search_fields = ["request__request_id"]
 
 
+class AutobidderForm(forms.ModelForm):
+    """Each class's value or latency target checked by the service's rule (``class_setting``),
+    so a malformed one is a field error, not a failed save."""
+
+    class Meta:
+        model = Autobidder
+        exclude = ["mu", "exposure_factor", "spent_in_window"]
+        help_texts = {
+            "values": "Per request class, a value in dollars per second of waiting, or a latency "
+            "target the autobidder bids the market's quote for (first token within ttft_s "
+            'seconds with probability p), e.g. {"background": "0.001", "chat": {"ttft_s": 2, '
+            '"p": 0.9}}.'
+        }
+
+    def clean_values(self) -> dict[str, Any]:
+        values = self.cleaned_data["values"]
+        if not isinstance(values, dict):
+            raise forms.ValidationError('give an object of request classes, e.g. {"chat": "0.05"}')
+        for name, raw in values.items():
+            try:
+                class_setting(name, raw)
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return values
+
+
 @admin.register(Autobidder)
 class AutobidderAdmin(admin.ModelAdmin):
     """Settings are edited here; the multiplier moves only by the pacing steps."""
+
+    form = AutobidderForm
 
     list_display = [
         "tenant", "enabled", usd("budget"), "period", shown("mu", figures.figure),

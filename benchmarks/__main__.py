@@ -46,7 +46,7 @@ from .sweep import (
     sweep_requests,
 )
 from .trace import load_trace
-from .workloads import Workload, agents, gsp, nosharing
+from .workloads import Workload, agents, chat, gsp, nosharing
 
 
 def _positives(text: str, kind: type, noun: str) -> tuple:
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the market's ordering policies side by side on the simulated engine.",
     )
     src = p.add_argument_group("workload")
-    src.add_argument("--workload", choices=("gsp", "agents", "nosharing"), default="gsp")
+    src.add_argument("--workload", choices=("gsp", "agents", "nosharing", "chat"), default="gsp")
     src.add_argument("--trace", metavar="FILE.jsonl", help="replay a trace instead")
     src.add_argument("--time-scale", type=float, default=1.0, help="multiplies trace arrivals")
     src.add_argument("--seed", type=int, default=0)
@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--nosharing-requests", type=int, default=1024)
     n.add_argument("--nosharing-prompt-len", type=int, default=2176)
     n.add_argument("--nosharing-output-len", type=int, default=256)
+    c = p.add_argument_group("chat (heavy-tailed prompts branching from one system prompt)")
+    c.add_argument("--chat-requests", type=int, default=1024)
+    c.add_argument("--chat-conversations", type=int, default=256)
+    c.add_argument("--chat-system-prompt-len", type=int, default=64, help="tokens")
+    c.add_argument("--chat-median-len", type=int, default=256, help="median prompt, tokens")
+    c.add_argument("--chat-sigma", type=float, default=1.25, help="lognormal sigma of lengths")
+    c.add_argument("--chat-output-len", type=int, default=128, help="tokens")
     b = p.add_argument_group("bids ($ per second of waiting)")
     b.add_argument("--bids", choices=BID_DISTRIBUTIONS, default="two-class")
     b.add_argument("--bid-value", type=float, default=0.1, help="constant")
@@ -155,6 +162,17 @@ def _workload(args: argparse.Namespace, bids: BidSpec) -> Workload:
             message_len=args.agents_message_len,
             output_len=args.agents_output_len,
             think_s=args.agents_think_s,
+            bids=bids,
+            seed=args.seed,
+        )
+    if args.workload == "chat":
+        return chat(
+            num_requests=args.chat_requests,
+            conversations=args.chat_conversations,
+            system_prompt_len=args.chat_system_prompt_len,
+            median_len=args.chat_median_len,
+            sigma=args.chat_sigma,
+            output_len=args.chat_output_len,
             bids=bids,
             seed=args.seed,
         )

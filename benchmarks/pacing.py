@@ -39,6 +39,20 @@ training seeds; the figures are on held-out seeds: spend / budget per seed, its 
 settlement, utility / the best fixed multiplier's per seed with the lower end of its 95% t
 interval, paired differences with their intervals, uncollected / budget, the share of utility
 from the top 5 requests, and the spend per quarter of the period (stationarity).
+
+**A latency target** (``--latency-target TTFT_S,P``, only this case, on the held-out seeds):
+the focal tenant's requests are one class asking for a first token within TTFT_S seconds with
+probability P. ``target`` is the autobidder as the gateway runs it: the class is worth the quote
+for the target (``mechanism.quotes`` over the newest ``HISTORY_MAX`` served requests of every
+tenant, read again every ``QUOTE_REFRESH_S``; the cap when nothing is quoted, never above it),
+bid as quote / (1 + mu), paced from mu = 0 with the default eta0. Against it, in the same runs
+and budgets: ``quote0``, the period's first quote held as a fixed bid (the cap until one is
+read: at these targets the warm-up's history often quotes nothing), ``quote-median``, the
+median of the quotes the ``target`` run of the same seed read, held as a fixed bid (a second
+pass), and ``mu=0``, the tenant's own values; all within the budget by the same safety rule.
+Reported: the share of the period's requests served within TTFT_S (and the paired difference
+by seed), spend / budget, and the share of the quote's reads that found one.
+The cap stands for the tenant's ``priority_bid_cap``: its warm-up values' 90th percentile.
 """
 
 from __future__ import annotations
@@ -50,6 +64,7 @@ import multiprocessing
 import random
 import statistics
 import sys
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
@@ -65,6 +80,7 @@ from mechanism.pacing import (
     mu_max_for,
     safe_bid,
 )
+from mechanism.quotes import HISTORY_MAX, Waited, bid_groups, quote
 
 from .html import Section, command_line, write_page
 from .metrics import percentile
@@ -91,6 +107,13 @@ POLICY = "dfs-auction-density"
 MIN_WAIT_BOUND_S = 0.5
 WAIT_BOUND_FACTOR = 4.0
 MU_MAX_WAIT_BOUND_S = 1.0  # the wait bound mu_max is derived with (a long wait in this regime)
+# The latency-target case (--latency-target): the quote is read again this often, as the gateway
+# keeps one (openai_api.gateway.selectors.PRIORITY_QUOTE_TTL_S), virtual seconds.
+QUOTE_REFRESH_S = 5.0
+# "quote-median": a fixed bid, the median of the quotes the "target" run of the same seed and
+# budget read (a second pass: the fixed quote one would have picked knowing the period).
+TARGET_STRATEGIES = ("target", "quote0", "quote-median", "mu=0")
+TARGET_CAP_PERCENTILE = 90.0
 
 # The t quantile t_{0.975, df} for the 95% intervals (df = seeds - 1).
 _T975 = {
@@ -142,6 +165,10 @@ class Spec:
     eta0: float = DEFAULT_ETA0
     mu0: float = 0.0  # pacing's warm start
     gradient_clip: float = DEFAULT_GRADIENT_CLIP
+    # The class's latency target (TTFT seconds, probability), for "target" (the autobidder
+    # bidding the quote, paced) and "quote0" (the period's first quote, then fixed).
+    target: tuple[float, float] | None = None
+    fixed_bid: float = 0.0  # "quote-median": the bid, $/s
 
 
 @dataclass
@@ -162,6 +189,8 @@ class Outcome:
     curve: list[tuple[float, float, float]] = field(default_factory=list)  # (t, spend, mu)
     mu_end: float = 0.0
     mu_mean: float = 0.0  # time average of mu over the period's updates
+    met: int = 0  # period requests served within the latency target's TTFT
+    quotes: list[float] = field(default_factory=list)  # the quotes read, $/s (nan: none)
 
 
 @lru_cache(maxsize=4)
@@ -193,7 +222,9 @@ def workload(seed: int, setup: Setup) -> tuple[tuple, ...]:
 class _Focal:
     """The focal tenant's bidder and its books for one run: the safety rule as live."""
 
-    def __init__(self, spec: Spec, setup: Setup, rate: float, value_max: float) -> None:
+    def __init__(
+        self, spec: Spec, setup: Setup, rate: float, value_max: float, cap: float = math.inf
+    ) -> None:
         self.spec = spec
         self.budget = spec.budget
         self.out = Outcome(spec)
@@ -204,10 +235,14 @@ class _Focal:
         self.interval_spent = 0.0
         self.agent: PacingAgent | None = None
         self.mu = 0.0
-        if spec.strategy.startswith("pacing"):  # "pacing-cold": the same, started at mu = 0
+        # A latency target: what the class is worth now, the quote (the gateway's rule: the
+        # tenant's cap when nothing is quoted, and never above it).
+        self.cap = cap
+        self.worth: float | None = None
+        if spec.strategy.startswith("pacing") or spec.strategy == "target":
             target_rate = spec.budget / setup.period_s
             mu_max = mu_max_for(
-                value_max=value_max,
+                value_max=min(value_max, cap),
                 arrival_rate=rate,
                 wait_bound_s=MU_MAX_WAIT_BOUND_S,
                 target_rate=target_rate,
@@ -229,12 +264,27 @@ class _Focal:
     def remaining(self) -> float:
         return max(0.0, self.budget - self.out.paid)
 
+    def requote(self, history: Iterable[Waited]) -> None:
+        """Read the quote for the target from the market's recent requests ("quote0": until
+        one is found, then held)."""
+        held = self.spec.strategy == "quote0" and any(math.isfinite(q) for q in self.out.quotes)
+        if self.spec.target is None or held:
+            return
+        ttft_s, p = self.spec.target
+        quoted = quote(bid_groups(history), ttft_s=ttft_s, p=p)
+        self.out.quotes.append(math.nan if quoted is None else quoted)
+        self.worth = self.cap if quoted is None else min(quoted, self.cap)
+
     def bid(self, rid: str, value: float, bound: float) -> float:
         s = self.spec.strategy
         if s == "zero":
             return 0.0
         if s == "free":
             return value
+        if s in ("target", "quote0"):
+            value = self.cap if self.worth is None else self.worth
+        elif s == "quote-median":
+            value = self.spec.fixed_bid
         mu = self.agent.mu if self.agent is not None else self.mu
         bid = safe_bid(
             shaded=value / (1.0 + mu),
@@ -285,13 +335,19 @@ def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
     info = {r[0]: (r[4], r[5]) for r in reqs}
     # mu_max from what the tenant's warm-up showed: its top value and its arrival rate.
     seen = [r[5] for r in reqs if r[4] == spec.tenant and r[3] < start]
-    focal = _Focal(spec, setup, len(seen) / start, max(seen, default=1.0))
+    # A target class's cap (the tenant's priority_bid_cap live): its warm-up values' 90th
+    # percentile, what it would pay for one request in ten.
+    cap = percentile(seen, TARGET_CAP_PERCENTILE) if seen else 1.0
+    focal = _Focal(spec, setup, len(seen) / start, max(seen, default=1.0), cap)
     focal.out.requests = len(focal_ids)
     knobs = MarketKnobs(book_interval_s=None, charge_scope=setup.charge_scope)
     engine = Engine(EngineConfig(), POLICY, knobs=knobs)
     interval = setup.period_s / setup.updates
     next_tick = [start + interval]
     pending = set(focal_ids)
+    # What the market's served requests bid and waited, newest last (the quote's history).
+    history: deque[Waited] = deque(maxlen=HISTORY_MAX)
+    next_quote = [start]
 
     class Arrivals(ArrivalQueue):
         def pop_due(self, now: float) -> list[SimRequest]:
@@ -304,6 +360,9 @@ def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
             return due
 
     def on_step(step) -> None:
+        if step.end >= next_quote[0]:
+            focal.requote(history)
+            next_quote[0] = step.end + QUOTE_REFRESH_S
         if step.record is not None:
             for adm in step.record["admitted"]:
                 rid = adm["request_id"]
@@ -316,7 +375,10 @@ def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
             next_tick[0] += interval
 
     def on_finished(req: SimRequest) -> None:
+        history.append(Waited(bid=req.bid, ttft_s=req.ttft))
         if req.id in focal_ids:
+            if spec.target is not None and req.ttft <= spec.target[0]:
+                focal.out.met += 1
             _, value = info[req.id]
             cost = value * req.ttft
             focal.out.cost += cost
@@ -576,6 +638,92 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
     return out
 
 
+def target_case(runner: Runner, target: tuple[float, float], *, tenants, shares, seeds) -> dict:
+    """The focal tenant's requests as one class with a latency target (TTFT seconds,
+    probability), on the held-out seeds, under each budget share: the autobidder bidding the
+    quote paced ("target"), the period's first quote as a fixed bid ("quote0"), the median of
+    the quotes "target" read ("quote-median"), and the tenant's values ("mu=0"), all within
+    the same budget by the same safety rule; "zero" and "free" for reference. Per strategy:
+    the share of the period's requests served within the TTFT, and spend / budget, per seed."""
+    bases = [Spec(s, t, k, target=target) for s in seeds for t in tenants for k in ("free", "zero")]
+    outs = runner.many(bases, "latency target: free and zero runs")
+    free = {(o.spec.seed, o.spec.tenant): o for o in outs if o.spec.strategy == "free"}
+    specs = [
+        _budgeted(Spec(s, t, k, target=target), free[s, t], share)
+        for s in seeds
+        for t in tenants
+        for share in shares
+        for k in TARGET_STRATEGIES
+        if k != "quote-median"
+    ]
+    outs += runner.many(specs, "latency target")
+    second = [
+        replace(o.spec, strategy="quote-median", fixed_bid=statistics.median(quoted))
+        for o in outs
+        if o.spec.strategy == "target" and (quoted := [q for q in o.quotes if math.isfinite(q)])
+    ]
+    outs += runner.many(second, "latency target: the median quote, fixed")
+    summary: dict[str, dict] = {}
+    for t in tenants:
+        for share in (math.inf, *shares):
+            for k in ("zero", "free") if share == math.inf else TARGET_STRATEGIES:
+                mine = [o for o in outs if (o.spec.tenant, o.spec.share, o.spec.strategy) == (
+                    t, share, k)]  # fmt: skip
+                if not mine:
+                    continue
+                met = [o.met / o.requests for o in mine if o.requests]
+                spend = [o.paid / o.spec.budget for o in mine if share != math.inf]
+                summary[f"{t}@{share:g} {k}"] = {
+                    "met_share": interval(met),
+                    "met_share_per_seed": met,
+                    "spend_over_budget": spend,
+                    # How often the target was quoted at all (else the class bid the cap), and
+                    # the first quote read, $/s (nan: none at the period's start).
+                    "quoted_share": statistics.fmean(
+                        math.isfinite(q) for o in mine for q in o.quotes
+                    ) if any(o.quotes for o in mine) else math.nan,
+                    "quote_at_start": [o.quotes[0] if o.quotes else math.nan for o in mine],
+                    "fixed_bid": [o.spec.fixed_bid for o in mine],
+                }  # fmt: skip
+    # Paired by seed: the autobidder's met share less each fixed bid's, under the same budget.
+    paired: dict[str, dict] = {}
+    for t in tenants:
+        for share in shares:
+            met = {
+                (o.spec.strategy, o.spec.seed): o.met / o.requests
+                for o in outs
+                if (o.spec.tenant, o.spec.share) == (t, share) and o.requests
+            }
+            for k in TARGET_STRATEGIES[1:]:
+                diffs = [met["target", s] - met[k, s] for s in seeds if (k, s) in met]
+                paired[f"{t}@{share:g} target - {k}"] = {"met_share": interval(diffs)}
+    return {"target": {"ttft_s": target[0], "p": target[1]}, "summary": summary, "paired": paired}
+
+
+def target_table(result: dict) -> str:
+    """The latency-target case, one line per tenant, budget share and strategy."""
+    ttft_s, p = result["target"]["ttft_s"], result["target"]["p"]
+    lines = [
+        f"latency target: TTFT <= {ttft_s:g} s with p = {p:g}",
+        f"{'tenant@s strategy':<24}{'seeds':>6}{'met share (95% CI)':>24}"
+        f"{'spend/budget mean, max':>26}{'quoted':>8}",
+    ]
+    for key, r in result["summary"].items():
+        mean, lo, hi = r["met_share"]
+        spend = r["spend_over_budget"]
+        money = f"{statistics.fmean(spend):.3f}, {max(spend):.3f}" if spend else "-"
+        seeds = len(r["met_share_per_seed"])
+        lines.append(
+            f"{key:<24}{seeds:>6}{mean:>10.3f} ({lo:.3f}-{hi:.3f}){money:>26}"
+            f"{r['quoted_share']:>8.2f}"
+        )
+    lines.append("paired by seed (the seeds both ran), met share difference (95% CI):")
+    for key, r in result["paired"].items():
+        mean, lo, hi = r["met_share"]
+        lines.append(f"  {key:<28}{mean:>+8.3f} ({lo:+.3f} to {hi:+.3f})")
+    return "\n".join(lines)
+
+
 def table(summary: dict) -> str:
     """The held-out figures, one line per tenant and budget share."""
     head = (
@@ -687,6 +835,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--grid", type=int, default=len(MU_GRID), help="fixed mu points used")
     parser.add_argument("--workers", type=int, default=max(1, multiprocessing.cpu_count()))
+    parser.add_argument(
+        "--latency-target",
+        metavar="TTFT_S,P",
+        help="run only the latency-target case (held-out seeds): the focal tenant's class asks "
+        "for a first token within TTFT_S seconds with probability P",
+    )
     parser.add_argument("--json", help="write the result to this file")
     parser.add_argument("--html", help="write a Plotly report to this file")
     args = parser.parse_args(argv)
@@ -700,6 +854,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid = MU_GRID[::step]
     train_seeds = TRAIN_SEEDS[: args.train_seeds]
     held = HELD_OUT_SEEDS[: args.held_out_seeds]
+    if args.latency_target:
+        return _target_main(args, argv, setup, tenants, shares, held)
     n_train = len(train_seeds) * len(tenants) * (2 + len(shares) * (len(grid) + len(eta0s)))
     n_held = len(held) * len(tenants) * (2 + len(shares) * 4)
     bar = Progress(n_train + n_held, enabled=True)
@@ -734,6 +890,38 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump(_jsonable(result), f, indent=1)
     if args.html:
         write_html(result, args.html)
+    return 0
+
+
+def _target_main(args, argv, setup: Setup, tenants, shares, seeds) -> int:
+    ttft_s, p = (float(x) for x in args.latency_target.split(","))
+    if not (ttft_s > 0 and 0 < p < 1):
+        raise SystemExit(f"--latency-target: want TTFT_S > 0 and 0 < P < 1, got {ttft_s}, {p}")
+    n = len(seeds) * len(tenants) * (2 + len(shares) * len(TARGET_STRATEGIES))  # at most
+    bar = Progress(n, enabled=True)
+    runner = Runner(setup, args.workers, bar)
+    try:
+        case = target_case(runner, (ttft_s, p), tenants=tenants, shares=shares, seeds=seeds)
+    finally:
+        runner.close()
+        bar.close()
+    result = {
+        "command": command_line("benchmarks.pacing", argv),
+        "setup": asdict(setup),
+        "held_out_seeds": list(seeds),
+        "latency_target": case,
+    }
+    print(target_table(case))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(_jsonable(result), f, indent=1)
+    if args.html:
+        write_page(
+            args.html,
+            "Autobidding to a latency target on the simulated engine",
+            [Section("Held-out seeds", target_table(case))],
+            command=result["command"],
+        )
     return 0
 
 

@@ -12,7 +12,9 @@ token or two, so the only sharing is the sharing the workload puts there.
 
 from __future__ import annotations
 
+import math
 import random
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from .bids import BidSpec
@@ -270,3 +272,88 @@ def agents(
         f"message -> {output_len} tokens, think {think_s:g} s"
     )
     return Workload("agents", key, sessions=tuple(out), title=title)
+
+
+# chat: the lognormal quantile at 0.99 in standard deviations (p99 / median = exp(Z99 x sigma)).
+_Z99 = 2.3263478740408408
+
+
+def chat(
+    *,
+    num_requests: int = 1024,
+    conversations: int = 256,
+    system_prompt_len: int = 64,
+    median_len: int = 256,
+    sigma: float = 1.25,
+    output_len: int = 128,
+    bids: BidSpec | None = None,
+    seed: int = 0,
+) -> Workload:
+    """Production-like chat: heavy-tailed prompt lengths over one shared system prompt.
+
+    Every prompt starts with the same ``system_prompt_len`` tokens (the root of the request
+    tree), then its conversation's history: ``conversations`` branches from that root. Each
+    request belongs to a conversation drawn uniformly; a conversation's later turns extend its
+    earlier ones (turn k's prompt is a prefix of turn k+1's), and come later in the list.
+
+    Prompt lengths (tokens, system prompt included) are the system prompt plus a lognormal
+    conversation part whose median makes the whole prompt's median ``median_len``; with the
+    default ``sigma`` the p99 is about 14x the median (production traces: median ~7k tokens,
+    p99 ~85k; here at about 1/32 of that). The lengths drawn for a conversation are sorted
+    before being given to its turns in order, so the lengths of all requests are still the
+    independent draws.
+    """
+    _positive(
+        num_requests=num_requests,
+        conversations=conversations,
+        system_prompt_len=system_prompt_len,
+        output_len=output_len,
+    )
+    if not median_len > system_prompt_len:
+        raise ValueError(
+            f"median_len ({median_len} tokens) must exceed system_prompt_len "
+            f"({system_prompt_len} tokens)"
+        )
+    if not 0 < sigma < 4:
+        raise ValueError(f"sigma must be in (0, 4), got {sigma}")
+    if conversations > VOCAB:
+        raise ValueError(f"at most {VOCAB} conversations, got {conversations}")
+    rng = random.Random(f"{seed}:chat")
+    system = random_tokens(rng, system_prompt_len)
+    owners = rng.choices(range(conversations), k=num_requests)
+    mu = math.log(median_len - system_prompt_len)
+    lengths: dict[int, list[int]] = {}
+    for c in owners:
+        lengths.setdefault(c, []).append(max(1, round(rng.lognormvariate(mu, sigma))))
+    # The first token of each history differs from every other's: one branch each.
+    firsts = rng.sample(range(VOCAB), conversations)
+    histories: dict[int, tuple[int, ...]] = {}
+    for c, ls in lengths.items():
+        ls.sort(reverse=True)  # popped from the end: shortest turn first
+        histories[c] = (firsts[c], *random_tokens(rng, ls[0] - 1))
+    bids = bids or BidSpec()
+    bid_rng = random.Random(f"{seed}:bids")
+    requests = []
+    turns: Counter[int] = Counter()
+    for i, c in enumerate(owners):
+        bid, cls = bids.draw(bid_rng)
+        n = lengths[c].pop()
+        rid = f"c{c:04d}-t{turns[c]:03d}-r{i:05d}"
+        turns[c] += 1
+        requests.append(BenchRequest(rid, system + histories[c][:n], output_len, bid, cls))
+    key = (
+        f"chat:{seed}:{num_requests}/{conversations}:{system_prompt_len}+"
+        f"ln({median_len},{sigma})->{output_len}:{bids}"
+    )
+    title = (
+        f"chat: {num_requests} requests in {conversations} conversations under one "
+        f"{system_prompt_len}-token system prompt, prompt lengths lognormal (median "
+        f"{median_len}, p99 ~{median_len_p99(median_len, system_prompt_len, sigma)} tokens) "
+        f"-> {output_len} tokens"
+    )
+    return Workload("chat", key, tuple(requests), title=title)
+
+
+def median_len_p99(median_len: int, system_prompt_len: int, sigma: float) -> int:
+    """The p99 prompt length (tokens) of ``chat`` with these parameters, from the lognormal."""
+    return round(system_prompt_len + (median_len - system_prompt_len) * math.exp(_Z99 * sigma))

@@ -322,7 +322,7 @@ def _child_blocks(
             blocks.append(_kept(c, token).block)
             continue
         (e,) = c.reqs.values()  # a leaf holds one request: the tree keeps no leaf without one
-        b = effective_bid(e.ticks, reserve, 0)
+        b = effective_bid(e.ticks, reserve, 0) + e.credit  # the age credit counts as bid here
         work = c.ew + overhead
         cached = boosted and (under or c.edge_cached())
         blocks.append((nk(b, 1, work, cached), e.tie, 1, b, work, e))
@@ -335,7 +335,7 @@ def _own_blocks(x: Node, key: BlockKey, reserve: int, overhead: int, under: bool
     nk = key.nk
     out: list[Block] = []
     for e in x.reqs.values():
-        b = effective_bid(e.ticks, reserve, 0)
+        b = effective_bid(e.ticks, reserve, 0) + e.credit
         out.append((nk(b, 1, overhead, under), e.tie, 1, b, overhead, e))
     return out
 

@@ -28,6 +28,10 @@ highest-bid: lowering i's bid moves i alone later in a flat order; placed right 
 completes when m completes in the actual plan (the same prefix of work is done), so the steps are
 the plan's own completion times, with critical bids the passed requests' bids.
 
+Age credits (aging.py): a request's credit is in its block's bid sum but is not its bid. Its
+bid z varies with the credit kept, so the credit counts with the others' bids (in ``others``;
+a lone request's key at bid 0 is its credit's) and nobody is charged for a credit.
+
 Bids and reserve here are in bid ticks, amounts in ticks x tokens and savings in tokens: divide
 by BID_SCALE x tokens_per_second for dollars, by tokens_per_second for seconds.
 
@@ -125,7 +129,7 @@ def request_block(plan: Plan, entry: Entry, *, reserve: int) -> tuple[Node, int]
     """
     key = _key_of(plan)
     node = entry.node
-    b = effective_bid(entry.ticks, reserve, 0)
+    b = effective_bid(entry.ticks, reserve, 0) + entry.credit  # the planner's: bid and age credit
     work = plan.overhead
     if node.size == 1:
         work += node.ew
@@ -258,7 +262,9 @@ def dfs_payments(
         ahead = [0.0] * n
     else:
         bids = effective_bids(plan.order, reserve)
-        own = _Own(owners, bids)
+        # What the standard charge bills for a request counts the others' credits with their
+        # bids (aging.py): so does what the tenant-level charge takes off.
+        own = _Own(owners, [b + e.credit for b, e in zip(bids, plan.order, strict=True)])
         ahead = pay
     later: list[_Later] = []
     stack: list[tuple[Node, int]] = [(_root_of(plan), 0)]  # a node and its first position
@@ -270,7 +276,7 @@ def dfs_payments(
             if type(inner) is Node:
                 stack.append((inner, start))
             else:
-                bids[start] = blocks[0][BSUM]
+                bids[start] = blocks[0][BSUM] - inner.credit
             continue
         _node_charges(blocks, start, key, reserve, bids, pay, saved, own, stack, later)
     size_of, counts_cached = key.size, key.counts_cached
@@ -328,18 +334,22 @@ def _node_charges(
                         blocks, sums, j, first, size, bids, reserve, pay, saved, own, starts
                     )
             continue
-        bids[first] = bsum
-        if j == last or bsum <= 0:
-            continue
-        # A single request: at bid 0 its key is 0, whatever its bid was.
-        lo = j + 1
-        hi = last + 1 if zero > last else bisect_left(blocks, (0.0, tie), max(lo, zero))
-        if hi <= lo:
+        credit = inner.credit  # its age credit: in its key, not its bid (aging.py)
+        bids[first] = b = bsum - credit
+        if j == last or b <= 0:
             continue
         size = size_of(1, work, boosted and counts_cached(inner))
         if size <= 0:  # its key is infinite whatever its bid
             continue
-        pay[first] += _passed(nks, pw, pwk, lo, hi, size, 0, reserve)
+        # A single request: at bid 0 its key is its credit's, 0 without one.
+        lo = j + 1
+        if credit:
+            hi = bisect_left(blocks, (-(credit / size), tie), lo)
+        else:
+            hi = last + 1 if zero > last else bisect_left(blocks, (0.0, tie), max(lo, zero))
+        if hi <= lo:
+            continue
+        pay[first] += _passed(nks, pw, pwk, lo, hi, size, credit, reserve)
         saved[first] += pw[hi] - pw[lo]
         if own is not None:
             own.passed(first, first, 1, work, lo, hi, pw, starts)

@@ -19,18 +19,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
 class Req:
-    """A waiting request (``mechanism.WaitingRequest`` without its checks)."""
+    """A waiting request (``mechanism.WaitingRequest`` without its checks), with its age credit
+    ($/s, ``age_credit``): what the DFS auctions add to its effective bid in its block's key.
+    The credit is not money: a request's charge is for what its bid buys over bidding 0, its
+    credit kept (``crossing_charge``)."""
 
     id: str
     tokens: tuple[int, ...]
     bid: float
     arrival: float
     cached_len: int = 0
+    credit: float = 0.0
 
 
 def cached_prefixes(reqs: list[Req]) -> set[tuple[int, ...]]:
@@ -223,7 +227,7 @@ def keyed_blocks(
     keyed = []
     for b, at, under in parts(group, depth, False):
         members = b if isinstance(b, list) else [b]
-        bsum = sum(eff(r.bid, reserve) for r in members)
+        bsum = sum(eff(r.bid, reserve) + r.credit for r in members)
         work = _block_work(b, at, done, overhead)
         size: float = work if density else len(members)
         if under or (isinstance(b, list) and b[0].tokens[: at + 1] in done):
@@ -281,7 +285,7 @@ def reference_order(reqs: list[Req], policy: str, reserve: float, overhead: int)
 
 def with_bid(reqs: list[Req], rid: str, bid: float) -> list[Req]:
     """The same queue with request ``rid`` bidding ``bid``, the others unchanged."""
-    return [Req(r.id, r.tokens, bid, r.arrival, r.cached_len) if r.id == rid else r for r in reqs]
+    return [replace(r, bid=bid) if r.id == rid else r for r in reqs]
 
 
 def myerson_bounds(
@@ -358,8 +362,10 @@ def crossing_charge(
         blocks = keyed_blocks(group, depth, done, density, reserve, overhead, boost, split)
         mine = next(k for k in blocks if rid in k.ids())
         members = mine.block if isinstance(mine.block, list) else [mine.block]
-        # Summed afresh, not mine.bsum - bid: that can round across a tie.
+        # Summed afresh, not mine.bsum - bid: that can round across a tie. The request's own
+        # credit counts with the others' bids: it is in its key whatever it bids.
         others = sum(eff(r.bid, reserve) for r in members if r.id != rid)
+        others += sum(r.credit for r in members)
 
         def ahead(z: float, k: Keyed, mine: Keyed = mine, others: float = others) -> bool:
             """``rid``'s block goes ahead of ``k`` when ``rid`` bids ``z``."""
@@ -398,8 +404,9 @@ def tenant_payment(
     """The tenant-level charge of ``rid`` (``charge_scope = "tenant"``), by brute force.
 
     dfs-auction-density without a reserve, where the standard charge is the VCG one: the delay
-    ``rid``'s bid imposes on the *other tenants'* requests, weighted by their bids (re-clearing
-    with ``rid`` at 0 and comparing every completion), within [0, bid x T(bid)]. Otherwise: the
+    ``rid``'s bid imposes on the *other tenants'* requests, weighted by their bids plus their age
+    credits (re-clearing with ``rid`` at 0 and comparing every completion), less ``rid``'s own
+    credit x T(bid), within [0, bid x T(bid)]. Otherwise: the
     Myerson payment (the grid's midpoint) less the same delay on its own tenant's other
     requests, within [reserve x T(bid), bid x T(bid)]. ``owners`` maps ids to tenants; "" is a
     tenant of its own.
@@ -415,16 +422,25 @@ def tenant_payment(
 
     def delay_on(same: bool) -> float:
         return sum(
-            eff(r.bid, reserve) * (base[r.id] - at0[r.id])
+            (eff(r.bid, reserve) + r.credit) * (base[r.id] - at0[r.id])
             for r in reqs
             if r.id != rid and ((owners.get(r.id, "") == me and me != "") == same)
         )
 
     if reserve == 0 and policy == "dfs-auction-density":
-        charge = delay_on(False)
+        # Less the value of the time its bid saves it at its own credit: the credit is no bid.
+        charge = delay_on(False) - next(r.credit for r in reqs if r.id == rid) * saved
         low = 0.0
     else:
         lo, hi, _ = myerson_bounds(reqs, rid, policy, reserve, overhead, tps, steps=400)
         charge = (lo + hi) / 2 - delay_on(True)
         low = reserve * saved
     return min(max(charge, low), bid * saved)
+
+
+def age_credit(r: Req, now: float, wait_s: float, density: float, steps: int) -> float:
+    """The age credit ($/s) of ``r`` at ``now`` (mechanism.aging states the rule): the steps of
+    ``wait_s / steps`` seconds it has waited, at most ``steps``, times ``density`` x its prompt
+    tokens / ``steps``."""
+    level = sum(1 for m in range(1, steps + 1) if r.arrival + m * wait_s / steps <= now)
+    return density * len(r.tokens) * level / steps

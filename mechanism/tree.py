@@ -121,9 +121,11 @@ class Node:
 class Entry:
     """A request in the tree: the request, the node where it ends, its tie-breaking key
     (arrival, id), its bid in whole ticks (requests.BID_SCALE), kept up to date by ``update``,
-    and the engine's own handle on it (``RequestTree.insert``'s ``handle``; None if not given)."""
+    and the engine's own handle on it (``RequestTree.insert``'s ``handle``; None if not given).
+    ``credit``: its age credit in ticks (aging.py; 0 unless the tree's ``set_credit`` gave one),
+    which the DFS auctions add to its bid in their keys and the charges keep apart from it."""
 
-    __slots__ = ("req", "node", "tie", "ticks", "handle")
+    __slots__ = ("req", "node", "tie", "ticks", "handle", "credit")
 
     def __init__(self, req: WaitingRequest, node: Node, handle: object = None) -> None:
         self.req = req
@@ -131,6 +133,7 @@ class Entry:
         self.tie = (req.arrival, req.id)
         self.ticks = to_ticks(req.bid)
         self.handle = handle
+        self.credit = 0
 
 
 def common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
@@ -380,6 +383,22 @@ class RequestTree:
             self._lower_cached(entry.node, old)
         self.version += 1
         return entry.req
+
+    def set_credit(self, request_id: str, credit: int) -> None:
+        """Give a waiting request an age credit of ``credit`` bid ticks (aging.py): the change
+        reaches the incremental planners as a change of its node, like a bid's."""
+        entry = self.entries.get(request_id)
+        if entry is None:
+            raise ValueError(f"request {request_id!r} is not waiting")
+        if isinstance(credit, bool) or not isinstance(credit, int) or credit < 0:
+            raise ValueError(f"request {request_id!r}: credit must be an int >= 0, got {credit!r}")
+        entry.credit = credit
+        v = self.version + 1
+        x: Node | None = entry.node
+        while x is not None:
+            x.changed = v
+            x = x.parent
+        self.version = v
 
     # --- in-batch sharing (for the engines' admission loop) -----------------------------------
 

@@ -20,7 +20,7 @@ not the autobidder's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -61,6 +61,51 @@ AUTOBID_LOCK_SPACE = 0x61627064  # "abpd"
 
 
 @dataclass(frozen=True)
+class LatencyTarget:
+    """A request class's target instead of a value: a first token within ``ttft_s`` seconds
+    with probability ``p``. The class is worth, per second of waiting, what the market quotes
+    for that target now (``GET /v1/quotes``' rule, computed where the request is admitted)."""
+
+    ttft_s: float
+    p: float
+
+    def stored(self) -> dict[str, float]:
+        """As the ``values`` JSON keeps it."""
+        return {"ttft_s": self.ttft_s, "p": self.p}
+
+
+ClassSetting = Decimal | LatencyTarget
+# The bid a latency target is worth now, dollars per second: the gateway's quote for it in the
+# request's market, under the tenant's cap (accounts cannot read a market's history itself).
+Quoted = Callable[[LatencyTarget], Decimal]
+
+
+def class_setting(name: str, raw: object) -> ClassSetting:
+    """A request class's entry in ``values``: a value (dollars per second of waiting, a decimal
+    string or number) or a latency target ``{"ttft_s": T, "p": p}`` with T > 0 seconds and
+    0 < p < 1. ValueError naming the class and what is wrong."""
+    if not isinstance(raw, dict):
+        try:
+            return money_exact(raw)  # type: ignore[arg-type]
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"request class {name!r}: {exc}") from None
+    if set(raw) != {"ttft_s", "p"}:
+        raise ValueError(
+            f'request class {name!r}: a latency target is {{"ttft_s": T, "p": p}} exactly, '
+            f"got the keys {sorted(raw)}"
+        )
+    ttft_s, p = raw["ttft_s"], raw["p"]
+    for label, number in (("ttft_s", ttft_s), ("p", p)):
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise ValueError(f"request class {name!r}: {label} must be a number, got {number!r}")
+    if not (math.isfinite(ttft_s) and ttft_s > 0):
+        raise ValueError(f"request class {name!r}: ttft_s must be > 0 seconds, got {ttft_s!r}")
+    if not 0 < p < 1:
+        raise ValueError(f"request class {name!r}: p must lie strictly between 0 and 1, got {p!r}")
+    return LatencyTarget(ttft_s=float(ttft_s), p=float(p))
+
+
+@dataclass(frozen=True)
 class AutoBid:
     """The autobidder's bid for one request, and its consent cap."""
 
@@ -81,7 +126,7 @@ def autobidder_configure(
     enabled: bool,
     budget: Decimal | str,
     period: str = AutobidPeriod.DAY,
-    values: dict[str, Decimal | str],
+    values: dict[str, Decimal | str | dict[str, float]],
     max_wait_s: float = 60.0,
     eta: float = DEFAULT_ETA0,
     mu_max: float = DEFAULT_MU_CEILING,
@@ -91,16 +136,18 @@ def autobidder_configure(
     ``eta`` is the step's eta0 (the step is eta0 / sqrt(updates per window)); ``mu_max`` a
     ceiling on the multiplier bound each step derives (``mu_max_for``). Changing settings keeps
     the multiplier (clipped to the new ``mu_max``): a change mid-window does not start the
-    pacing over.
+    pacing over. A class's entry in ``values`` is a value or a latency target
+    (:func:`class_setting`).
     """
     if period not in AutobidPeriod.values:
         raise ValueError(f"unknown autobidder period {period!r}")
     budget = money_exact(budget)
-    clean = {}
+    clean: dict[str, str | dict[str, float]] = {}
     for name, value in values.items():
         if not isinstance(name, str) or not name or len(name) > 50:
             raise ValueError(f"bad request class name {name!r}")
-        clean[name] = str(money_exact(value))
+        setting = class_setting(name, value)
+        clean[name] = setting.stored() if isinstance(setting, LatencyTarget) else str(setting)
     if enabled and not clean:
         raise ValueError("an enabled autobidder needs a value for at least one request class")
     for label, number, low in (
@@ -184,15 +231,31 @@ def autobid_admission(*, tenant: Tenant) -> Iterator[None]:
         yield
 
 
-def autobid(*, tenant: Tenant, request_class: str, now: datetime | None = None) -> AutoBid | None:
+def autobid(
+    *,
+    tenant: Tenant,
+    request_class: str,
+    now: datetime | None = None,
+    quoted: Quoted | None = None,
+) -> AutoBid | None:
     """The autobidder's bid for a request of ``request_class``, or None when it does not bid
     (disabled, no autobidder, or no value for that class): the shaded value within the safety
-    rule's exposure reserve (``safe_bid``, exactly in Decimal), rounded down to the tick."""
+    rule's exposure reserve (``safe_bid``, exactly in Decimal), rounded down to the tick.
+
+    A class with a latency target is worth ``quoted(target)`` (the caller's quote for it), then
+    shaded and capped the same way, so its spend stays within the same budget."""
     auto = Autobidder.objects.filter(tenant=tenant, enabled=True).first()
     if auto is None or request_class not in auto.values:
         return None
     now = now or timezone.now()
-    shaded = Decimal(auto.values[request_class]) / Decimal(repr(1.0 + auto.mu))
+    setting = class_setting(request_class, auto.values[request_class])
+    if isinstance(setting, LatencyTarget):
+        if quoted is None:
+            raise ValueError(
+                f"request class {request_class!r} has a latency target: no quote given"
+            )
+        setting = quoted(setting)
+    shaded = setting / Decimal(repr(1.0 + auto.mu))
     bid = safe_bid(
         shaded=shaded,
         remaining=max(auto.budget_left(now=now), ZERO),
@@ -242,6 +305,13 @@ def _arrival_rate(*, tenant_id: int, start: datetime, now: datetime) -> float | 
     return n / seconds if n and seconds > 0 else None
 
 
+def _value_bound(name: str, raw: object, tenant: Tenant) -> float:
+    """The most a class is worth, $/s, for the multiplier's bound: its value, or for a latency
+    target the tenant's ``priority_bid_cap`` (the gateway never values a quote above it)."""
+    setting = class_setting(name, raw)
+    return float(tenant.priority_bid_cap if isinstance(setting, LatencyTarget) else setting)
+
+
 def autobidder_step(
     *, tenant: Tenant, interval_s: float, now: datetime | None = None, every_s: float | None = None
 ) -> AutobidderStep | None:
@@ -264,7 +334,7 @@ def autobidder_step(
         period_s = (window.end - window.start).total_seconds()
         before = _spent(tenant_id=tenant.pk, start=window.start, end=start)
         step_spent = _spent(tenant_id=tenant.pk, start=start, end=now)
-        values = {k: float(v) for k, v in auto.values.items()}
+        values = {k: _value_bound(k, v, tenant) for k, v in auto.values.items()}
         rate = _arrival_rate(tenant_id=tenant.pk, start=window.start, now=now)
         mu_max = auto.mu_max
         if rate is not None:

@@ -24,7 +24,7 @@ from accounts.models import ApiKey, BidSource, Tenant
 from accounts.money import ZERO, money, per_million
 from accounts.rules import priority_hold
 from accounts.services import BudgetExhausted, request_fail, request_open
-from accounts.services.autobidder import autobid, autobid_admission, autobids
+from accounts.services.autobidder import LatencyTarget, autobid, autobid_admission, autobids
 from market.models import Market
 from mechanism.requests import effective_bid
 from openai_api.gateway import metrics
@@ -37,7 +37,7 @@ from openai_api.gateway.errors import (
     ModelNotFound,
 )
 from openai_api.gateway.keys import api_key_authenticated
-from openai_api.gateway.selectors import market_for_model, priority_quote
+from openai_api.gateway.selectors import market_for_model, priority_quote, target_quote
 from openai_api.gateway.validation import CHAT, CompletionParams
 
 
@@ -134,21 +134,33 @@ def request_admit_for(
     if params.service_tier == "flex":  # served when capacity allows: no priority bought
         return opened(ZERO, BidSource.TIER, ZERO, ZERO, tier="flex")
     if params.service_tier == "priority":
-        quoted = priority_quote(market=market)
-        cap = tenant.priority_bid_cap
-        bid = cap if quoted is None else min(quoted, cap)
+        bid = capped_quote(priority_quote(market=market), tenant)
         effective = effective_bid(bid, reserve, zero=ZERO)
         return opened(bid, BidSource.TIER, effective, effective * wait_s, tier="priority")
     if not autobids(tenant=tenant, request_class=params.request_class):
         return opened(ZERO, BidSource.NONE, ZERO, ZERO)
+
+    def quoted(target: LatencyTarget) -> Decimal:  # a class's latency target, as tier priority
+        return capped_quote(
+            target_quote(market=market, ttft_s=target.ttft_s, probability=target.p), tenant
+        )
+
     # The autobidder's bid depends on its requests in flight: bid and open as one admission.
     with autobid_admission(tenant=tenant):
-        auto = autobid(tenant=tenant, request_class=params.request_class)
+        auto = autobid(tenant=tenant, request_class=params.request_class, quoted=quoted)
         if auto is None:
             return opened(ZERO, BidSource.NONE, ZERO, ZERO)
         effective = effective_bid(auto.bid, reserve, zero=ZERO)
         cap = auto.worst_case if effective > 0 else ZERO
         return opened(auto.bid, BidSource.AUTOBID, effective, cap)
+
+
+def capped_quote(quoted: Decimal | None, tenant: Tenant) -> Decimal:
+    """What a quote is bid as, dollars per second: the quote under the tenant's
+    ``priority_bid_cap``, the cap itself when nothing is quoted (too short a history, or no
+    recent bid bought the target)."""
+    cap = tenant.priority_bid_cap
+    return cap if quoted is None else min(quoted, cap)
 
 
 async def admitted_for(params: CompletionParams, key: str | None, trace: Trace) -> Admitted:

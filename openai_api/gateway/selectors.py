@@ -217,8 +217,9 @@ def quote_curve(*, market: Market) -> dict[str, Any]:
     return curve
 
 
-# A market's quote for its priority target, kept this many seconds: reading the history takes
-# one query of up to quotes.HISTORY_MAX rows, too much for every request of tier "priority".
+# A market's quote for a target (its priority target, an autobidder class's), kept this many
+# seconds: reading the history takes one query of up to quotes.HISTORY_MAX rows, too much for
+# every request of tier "priority" or of a class with a latency target.
 PRIORITY_QUOTE_TTL_S = 5.0
 _priority_quotes: TtlCache[tuple[int, float, float], Decimal | None] = TtlCache(
     ttl_s=lambda: PRIORITY_QUOTE_TTL_S
@@ -228,18 +229,33 @@ _priority_quotes: TtlCache[tuple[int, float, float], Decimal | None] = TtlCache(
 def priority_quote(*, market: Market) -> Decimal | None:
     """The bid quoted now for ``market``'s priority target (a first token within
     ``priority_ttft_s`` seconds ``priority_probability`` of the time); None when none is."""
-    key = (market.pk, market.priority_ttft_s, market.priority_probability)
+    return target_quote(
+        market=market, ttft_s=market.priority_ttft_s, probability=market.priority_probability
+    )
+
+
+def target_quote(*, market: Market, ttft_s: float, probability: float) -> Decimal | None:
+    """The bid quoted now for a first token within ``ttft_s`` seconds with ``probability`` at
+    ``market`` (the priority tier's target, or an autobidder class's), as a tenant would bid it;
+    None when none is. Kept ``PRIORITY_QUOTE_TTL_S`` seconds per target."""
+    key = (market.pk, ttft_s, probability)
     found, quoted = _priority_quotes.get(key)
     if found:
         return quoted
-    quoted = _priority_bid(bid_groups(quote_history(market=market)), market)
+    quoted = _target_bid(bid_groups(quote_history(market=market)), market, ttft_s, probability)
     _priority_quotes.put(key, quoted)
     return quoted
 
 
 def _priority_bid(groups: list[BidGroup], market: Market) -> Decimal | None:
     """The quote from ``groups`` for ``market``'s priority target, as a tenant would bid it."""
-    bid = quote(groups, ttft_s=market.priority_ttft_s, p=market.priority_probability)
+    return _target_bid(groups, market, market.priority_ttft_s, market.priority_probability)
+
+
+def _target_bid(
+    groups: list[BidGroup], market: Market, ttft_s: float, probability: float
+) -> Decimal | None:
+    bid = quote(groups, ttft_s=ttft_s, p=probability)
     return None if bid is None else _at_least_reserve(bid, market)
 
 

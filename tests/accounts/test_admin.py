@@ -204,3 +204,35 @@ def test_the_admin_shows_figures_by_the_one_rule(operator_client) -> None:
     assert ">$0.50<" in ledger and "0.500000000" not in ledger  # the charge of 0.5 from spend()
     budgets = operator_client.get(admin_url(Budget, "changelist")).content.decode()
     assert ">$5.00<" in budgets
+
+
+def test_the_admin_takes_a_latency_target_and_refuses_a_malformed_one(operator_client) -> None:
+    """A class's latency target is set in the admin's values; p = 1 is a field error naming the
+    class and the rule (0 < p < 1), and the saved settings stay as they were."""
+    from accounts.models import Autobidder
+
+    tenant = Tenant.objects.get(slug="acme")
+    form = {
+        "tenant": str(tenant.pk),
+        "enabled": "on",
+        "budget": "5",
+        "period": "day",
+        "values": '{"chat": {"ttft_s": 2, "p": 0.9}, "batch": "0.001"}',
+        "max_wait_s": "60",
+        "eta": "1",
+        "mu_max": "1000",
+        "spent_start_0": "2026-01-01",
+        "spent_start_1": "00:00:00",
+    }
+    response = operator_client.post(admin_url(Autobidder, "add"), form)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    auto = Autobidder.objects.get(tenant=tenant)
+    assert auto.values == {"chat": {"ttft_s": 2.0, "p": 0.9}, "batch": "0.001000000"}
+    bad = {**form, "values": '{"chat": {"ttft_s": 2, "p": 1}}'}
+    page = operator_client.post(admin_url(Autobidder, "change", auto.pk), bad)
+    assert page.status_code == 200
+    assert "request class &#x27;chat&#x27;: p must lie strictly between 0 and 1" in (
+        page.content.decode()
+    )
+    auto.refresh_from_db()
+    assert auto.values["chat"] == {"ttft_s": 2.0, "p": 0.9}

@@ -9,6 +9,7 @@ import pytest
 from accounts.models import Autobidder, BidSource, ChargeKind, LedgerEntry, Request
 from accounts.services import request_open
 from accounts.services.autobidder import (
+    LatencyTarget,
     autobid,
     autobid_in_flight,
     autobidder_configure,
@@ -203,3 +204,97 @@ def test_bad_settings_are_refused(kwargs, word):
     settings = {"tenant": tenant, "enabled": True, "budget": "1", "values": {"i": "0.1"}}
     with pytest.raises(ValueError, match=word):
         autobidder_configure(**{**settings, **kwargs})
+
+
+# A request class with a latency target instead of a value (issue 33, item 3).
+TARGET = {"ttft_s": 2, "p": 0.9}
+
+
+@pytest.fixture
+def initech():
+    tenant = tenant_create("initech")
+    autobidder_configure(
+        tenant=tenant,
+        enabled=True,
+        budget="8.64",
+        period="day",
+        values={"chat": TARGET, "background": "0.001"},
+        max_wait_s=10.0,
+    )
+    return tenant
+
+
+def test_a_target_class_bids_the_quote_shaded_by_mu(initech):
+    # Stored as given (floats), beside the value class. mu = 1.5: the quote 0.006 $/s is bid
+    # as 0.006 / 2.5 = 0.0024, the value 0.001 as 0.0004, both within the budget's bound
+    # (nothing spent: $8.64 / 10 s = 0.864 $/s).
+    auto = Autobidder.objects.get(tenant=initech)
+    assert auto.values == {"chat": {"ttft_s": 2.0, "p": 0.9}, "background": "0.001000000"}
+    Autobidder.objects.filter(tenant=initech).update(mu=1.5)
+    asked = []
+
+    def quoted(target: LatencyTarget) -> Decimal:
+        asked.append(target)
+        return Decimal("0.006")
+
+    got = autobid(tenant=initech, request_class="chat", now=NOW, quoted=quoted)
+    assert got.bid == Decimal("0.0024")
+    assert got.worst_case == Decimal("0.024")  # x max_wait_s 10
+    assert asked == [LatencyTarget(ttft_s=2.0, p=0.9)]
+    value_bid = autobid(tenant=initech, request_class="background", now=NOW, quoted=quoted)
+    assert value_bid.bid == Decimal("0.0004")
+    assert len(asked) == 1  # a value class asks for no quote
+
+
+def test_a_target_class_bids_within_the_budgets_bound(initech):
+    # $8.63 spent of $8.64 leaves $0.01; factor 1 and a 10 s bound allow 0.001 $/s at most,
+    # under the quote 0.006 / (1 + 0).
+    charged(initech, market_create(), "r1", "8.63", at=NOW - timedelta(hours=1))
+    got = autobid(tenant=initech, request_class="chat", now=NOW, quoted=lambda _t: Decimal("0.006"))
+    assert got.bid == Decimal("0.001")
+
+
+def test_a_target_class_needs_a_quote(initech):
+    with pytest.raises(ValueError, match="latency target"):
+        autobid(tenant=initech, request_class="chat", now=NOW)
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ({"ttft_s": 0, "p": 0.9}, "ttft_s must be > 0"),
+        ({"ttft_s": -1.5, "p": 0.9}, "ttft_s must be > 0"),
+        ({"ttft_s": float("inf"), "p": 0.9}, "ttft_s must be > 0"),
+        ({"ttft_s": 2, "p": 1}, "p must lie strictly between 0 and 1"),
+        ({"ttft_s": 2, "p": 0}, "p must lie strictly between 0 and 1"),
+        ({"ttft_s": 2, "p": 1.5}, "p must lie strictly between 0 and 1"),
+        ({"ttft_s": "2", "p": 0.9}, "ttft_s must be a number"),
+        ({"ttft_s": 2, "p": True}, "p must be a number"),
+        ({"ttft_s": 2}, "a latency target is .* exactly, got the keys \\['ttft_s'\\]"),
+        ({"ttft_s": 2, "p": 0.9, "bid": "0.1"}, "a latency target is .* exactly"),
+    ],
+)
+def test_a_malformed_target_is_refused_and_changes_nothing(initech, target, words):
+    with pytest.raises(ValueError, match=f"request class 'chat': {words}"):
+        autobidder_configure(tenant=initech, enabled=True, budget="1", values={"chat": target})
+    auto = Autobidder.objects.get(tenant=initech)
+    assert (auto.budget, auto.values["chat"]) == (Decimal("8.64"), {"ttft_s": 2.0, "p": 0.9})
+
+
+def test_a_step_bounds_mu_by_the_cap_for_a_target_class():
+    # Only a target class: the most it is worth is the tenant's priority_bid_cap, 2.16 $/s.
+    # One autobid request since midnight at 12:00 (43,200 s): 1 / 43,200 a second; the budget's
+    # rate is 86.40 / 86,400 = 0.001 $/s; max_wait_s 60. mu_max = 2.16 x 60 / 43,200 / 0.001 - 1
+    # = 2. Started at mu 5 (clipped to 2), a minute with no spend (gradient -1) and eta 0.5 over
+    # 1,440 steps: log(1 + mu) = log 3 - 0.5 / sqrt(1440).
+    tenant = tenant_create("umbrella")
+    tenant.priority_bid_cap = Decimal("2.16")
+    tenant.save()
+    autobidder_configure(
+        tenant=tenant, enabled=True, budget="86.40", period="day", values={"chat": TARGET}, eta=0.5
+    )
+    Autobidder.objects.filter(tenant=tenant).update(mu=5.0)
+    noon = NOW.replace(hour=12, minute=0, second=0)
+    charged(tenant, market_create(), "a", "0.01", at=noon - timedelta(hours=2))
+    step = autobidder_step(tenant=tenant, interval_s=60, now=noon)
+    assert step.mu == pytest.approx(3 * math.exp(-0.5 / math.sqrt(1440)) - 1, rel=1e-9)

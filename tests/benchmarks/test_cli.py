@@ -123,7 +123,7 @@ def test_sweep_findings(tmp_path, capsys) -> None:
     assert "Against sharing" in page and "TTFT ratio vs welfare capture" in page
 
 
-@pytest.mark.parametrize("workload", ["agents", "nosharing"])
+@pytest.mark.parametrize("workload", ["agents", "nosharing", "chat"])
 def test_other_workloads_run(workload, tmp_path) -> None:
     out = tmp_path / "o.json"
     small = {
@@ -131,6 +131,9 @@ def test_other_workloads_run(workload, tmp_path) -> None:
                    "--agents-message-len", "16", "--agents-output-len", "8"],
         "nosharing": ["--nosharing-requests", "30", "--nosharing-prompt-len", "64",
                       "--nosharing-output-len", "8"],
+        "chat": ["--chat-requests", "30", "--chat-conversations", "3",
+                 "--chat-system-prompt-len", "400", "--chat-median-len", "480",
+                 "--chat-output-len", "8"],
     }[workload]  # fmt: skip
     assert main(["--workload", workload, *small, "--json", str(out), "--bids", "uniform"]) == 0
     doc = json.loads(out.read_text())

@@ -87,3 +87,59 @@ def test_the_charge_scope_comparison_scores_both_scopes(monkeypatch):
         free = pacing.run(pacing.Spec(5, "A", "free"), setup)
         assert got[scope]["utility_by_mu"][0.0] == pytest.approx(zero.cost - free.cost - free.paid)
         assert got[scope]["free_paid_mean"] == pytest.approx(free.paid)
+
+
+def target_focal(strategy: str, cap: float) -> pacing._Focal:
+    spec = pacing.Spec(0, "A", strategy, 100.0, 0.5, target=(0.5, 0.75))
+    return pacing._Focal(spec, pacing.Setup(period_s=10.0, updates=10), 1.0, 8.0, cap)
+
+
+def history(high_wait: float) -> list:
+    """30 requests bid 2 $/s and waited 0.01..0.30 s, 30 bid 0.1 and waited ``high_wait``
+    + 0.01..0.30 s: groups {2 x 30}, {0.1 x 30}."""
+    waits = [0.01 * k for k in range(1, 31)]
+    fast = [pacing.Waited(bid=2.0, ttft_s=w) for w in waits]
+    return fast + [pacing.Waited(bid=0.1, ttft_s=high_wait + w) for w in waits]
+
+
+def test_a_latency_target_is_worth_the_quote_under_the_cap():
+    # Target 0.5 s at p 0.75: the 23rd wait of a group (ceil(22.5)). Low bids waited 1.01..1.30
+    # s (23rd: 1.23 > 0.5), high bids 0.01..0.30 (0.23): the quote is the high group's median
+    # bid, 2. Under a cap of 3 the class is worth 2; mu = 1 (set by hand) bids 1.
+    f = target_focal("target", 3.0)
+    f.requote(history(1.0))
+    assert f.out.quotes == [2.0] and f.worth == 2.0
+    f.agent.mu = 1.0
+    assert f.bid("r", 0.01, 1.0) == pytest.approx(1.0)  # the request's own value is not read
+    # When the low bids waited 0.01..0.30 s too, both groups meet it: the quote is the lower
+    # group's median, 0.1. A cap of 1.5 bounds a quote of 2; no quote at all is the cap.
+    f.requote(history(0.0))
+    assert f.worth == pytest.approx(0.1)
+    capped = target_focal("target", 1.5)
+    capped.requote(history(1.0))
+    assert capped.worth == 1.5
+    capped.requote([])  # too short a history: nothing quoted
+    assert math.isnan(capped.out.quotes[-1]) and capped.worth == 1.5
+
+
+def test_the_fixed_quote_is_the_first_one_found():
+    # Nothing quoted yet: the cap (3). Then 2, held: a later history quoting 0.1 is not read.
+    f = target_focal("quote0", 3.0)
+    f.requote([])
+    assert f.bid("r0", 0.01, 1.0) == 3.0
+    f.requote(history(1.0))
+    f.requote(history(0.0))
+    assert f.out.quotes[1:] == [2.0] and f.bid("r", 0.01, 1.0) == 2.0  # mu 0: the quote
+
+
+def test_the_target_strategies_stay_within_the_budget(monkeypatch):
+    monkeypatch.setattr(pacing, "WARMUP_S", 10.0)
+    setup = pacing.Setup(period_s=2.0, updates=20)
+    free = pacing.run(pacing.Spec(3, "A", "free", target=(0.3, 0.75)), setup)
+    for strategy in pacing.TARGET_STRATEGIES:
+        spec = pacing.Spec(
+            3, "A", strategy, free.paid * 0.5, 0.5, target=(0.3, 0.75), fixed_bid=0.5
+        )
+        out = pacing.run(spec, setup)
+        assert out.paid <= spec.budget * (1 + 1e-12) and out.settled == out.requests
+        assert 0 <= out.met <= out.requests and out.quotes

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 
 import pytest
 
 from benchmarks.bids import BidSpec
-from benchmarks.workloads import agents, gsp, nosharing
+from benchmarks.workloads import agents, chat, gsp, nosharing
+from mechanism import RequestTree, WaitingRequest
 
 
 def _group(rid: str) -> int:
@@ -126,3 +128,59 @@ def test_agent_sessions_start_at_rate_over_turns() -> None:
     once = w.all_at_once()
     assert {s.start for s in once.sessions} == {0.0}
     assert {t for s in once.sessions for t in s.think_s} == {0.0}
+
+
+def _quantile(sorted_values: list[int], q: float) -> float:
+    """The ``q`` quantile of sorted values, by linear interpolation (statistics' 'inclusive')."""
+    return statistics.quantiles(sorted_values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def test_chat_prompt_lengths_are_heavy_tailed_as_the_lognormal_says() -> None:
+    w = chat(num_requests=20_000, conversations=2_000, system_prompt_len=64, median_len=256,
+             sigma=1.25, seed=3)  # fmt: skip
+    lengths = sorted(len(r.tokens) for r in w.requests)
+    median = statistics.median(lengths)
+    p99 = _quantile(lengths, 0.99)
+    # Worked independently: the conversation part is lognormal with median 256 - 64 = 192, so
+    # the p99 prompt is 64 + 192 exp(z99 x 1.25), z99 the standard normal 0.99 quantile.
+    z99 = statistics.NormalDist().inv_cdf(0.99)
+    expected_p99 = 64 + 192 * math.exp(z99 * 1.25)  # 3579 tokens
+    assert median == pytest.approx(256, rel=0.03)
+    assert p99 == pytest.approx(expected_p99, rel=0.10)
+    assert p99 / median >= 10
+    # the default workload's own sample is as heavy-tailed
+    default = sorted(len(r.tokens) for r in chat(seed=0).requests)
+    assert _quantile(default, 0.99) / statistics.median(default) >= 10
+
+
+def test_chat_branches_from_one_system_prompt() -> None:
+    w = chat(num_requests=300, conversations=40, system_prompt_len=32, median_len=80, seed=5)
+    tree = RequestTree(
+        [WaitingRequest(r.id, r.tokens, bid=r.bid, arrival=float(i))
+         for i, r in enumerate(w.requests)]
+    )  # fmt: skip
+    (system,) = tree.root.children.values()  # one root: the system prompt
+    assert (system.start, system.end) == (0, 32)
+    assert system.reqs == {}  # no request is the system prompt alone
+    used = {r.id[:5] for r in w.requests}
+    assert len(system.children) == len(used)  # one branch per conversation
+    assert 30 <= len(used) <= 40
+    # A conversation's turns come in order, each extending the one before.
+    last: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for r in w.requests:
+        conv, turn = r.id[:5], int(r.id[7:10])
+        before_turn, before = last.get(conv, (-1, ()))
+        assert turn == before_turn + 1
+        assert r.tokens[: len(before)] == before
+        last[conv] = (turn, r.tokens)
+
+
+def test_chat_is_deterministic_and_refuses_bad_shapes() -> None:
+    assert chat(num_requests=50, seed=2).requests == chat(num_requests=50, seed=2).requests
+    assert chat(num_requests=50, seed=2).requests != chat(num_requests=50, seed=3).requests
+    with pytest.raises(ValueError, match="median_len"):
+        chat(system_prompt_len=300, median_len=256)
+    with pytest.raises(ValueError, match="sigma"):
+        chat(sigma=0)
+    with pytest.raises(ValueError, match="conversations must be >= 1"):
+        chat(conversations=0)

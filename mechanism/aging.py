@@ -1,0 +1,126 @@
+"""Bounded waiting: an age credit that grows in a few steps, so that no request starves.
+
+Under the DFS auctions a long prompt with a low bid has a low bid density, and while short and
+urgent work keeps arriving it can wait without end. The operator's wait bound lifts it:
+
+    level(a) = how many of the times W/k, 2W/k, ..., W the request has waited (0..k)
+    credit   = level / k x density x its prompt tokens      ($/s; whole bid ticks in the tree)
+
+for a request that has waited ``a`` seconds, with the bound ``wait_s`` W, ``steps`` k and the
+``density`` d in dollars per second per prompt token. The DFS auctions key a block by its
+effective bids plus its credits over its size (dfs_auction.py): a lone request that has waited W
+ranks as if it bid about d per token of its work more than it did, whatever its length. The
+credit depends on the request's age and length, never on a bid, and grows in k steps only.
+
+The charges (payments.py) keep the real bids apart from the credit. A request's charge is what
+its bid buys over bidding 0, its credit kept: its own credit counts with the others' bids in its
+block (the key at bid z is (others + own credit + z) / size), so the critical bid for passing a
+sibling of key k is k x size - others - own credit, and nobody pays for a credit. Since the
+credit does not move with the own bid, the order stays monotone in it and the Myerson charge is
+the crossing sum, exactly. Put the other way (the envelope theorem over the weighted welfare):
+the charge is the delay the bid imposes on the others, valued at their bids plus their credits,
+less the request's own credit times the time its bid saves it. The ledger sees bids and charges
+only: a credit is never money.
+
+Rounds stay incremental: a request's credit changes k times at most, and ``AgeClock`` keeps the
+time of each request's next step in a heap, so a round gives new credits only to the requests
+that crossed a step since the last one (``RequestTree.set_credit`` marks their paths changed,
+as a new bid would) and the planner redoes only those paths.
+
+The tenant-level charges (payments.TenantCharges) take off what the standard charge bills for
+the own tenant's other requests, so at their bids plus their credits, the same weights.
+
+Not covered yet: quotes (quotes.py) and the order book (book.py) read bids only, and no
+operator setting or engine turns the bound on (benchmarks/aging.py runs it on the simulated
+engine).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from .requests import MAX_BID, to_ticks
+from .tree import RequestTree
+
+
+@dataclass(frozen=True, slots=True)
+class AgeCredit:
+    """The operator's wait bound: after ``wait_s`` seconds of waiting a request ranks as if it
+    bid ``density`` dollars per second per prompt token more, reached in ``steps`` equal steps."""
+
+    wait_s: float
+    density: float
+    steps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("wait_s", "density"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if not (math.isfinite(self.wait_s) and self.wait_s > 0):
+            raise ValueError(f"wait_s must be finite and > 0 seconds, got {self.wait_s!r}")
+        if not 0 < self.density <= MAX_BID:
+            raise ValueError(
+                f"density must be in (0, {MAX_BID:g}] $/s per token, got {self.density!r}"
+            )
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not self.steps >= 1:
+            raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
+
+    def step_at(self, arrival: float, level: int) -> float:
+        """When a request that arrived at ``arrival`` reaches credit level ``level`` (seconds)."""
+        return arrival + level * self.wait_s / self.steps
+
+    def level(self, arrival: float, now: float) -> int:
+        """The credit level (0..steps) at ``now`` of a request that arrived at ``arrival``."""
+        level = 0
+        while level < self.steps and self.step_at(arrival, level + 1) <= now:
+            level += 1
+        return level
+
+    def credit_ticks(self, level: int, prompt_tokens: int) -> int:
+        """The credit (bid ticks, rounded down) at ``level`` of a prompt of ``prompt_tokens``."""
+        return to_ticks(self.density) * prompt_tokens * level // self.steps
+
+
+class AgeClock:
+    """The credits of a tree's waiting requests, brought up to date round by round.
+
+    ``admit`` each request as it joins the tree; ``advance`` before each round gives the new
+    credits of those that crossed a step. A request that left the tree is dropped when its next
+    step comes up. Each request costs O(log n) per step, ``steps`` steps at most.
+    """
+
+    def __init__(self, credit: AgeCredit) -> None:
+        self.credit = credit
+        self._next: list[tuple[float, str]] = []  # (time of the next step, request id)
+        self._level: dict[str, tuple[float, int]] = {}  # request id -> (arrival, level)
+
+    def admit(self, request_id: str, arrival: float) -> None:
+        """Start the clock of a request that arrived at ``arrival`` (seconds), at level 0."""
+        self._level[request_id] = (arrival, 0)
+        heapq.heappush(self._next, (self.credit.step_at(arrival, 1), request_id))
+
+    def advance(self, tree: RequestTree, now: float) -> int:
+        """Give the requests that crossed a step by ``now`` their new credits; returns how many
+        changed."""
+        heap = self._next
+        levels = self._level
+        credit = self.credit
+        changed = 0
+        while heap and heap[0][0] <= now:
+            _, rid = heapq.heappop(heap)
+            entry = tree.entries.get(rid)
+            got = levels.get(rid)
+            if entry is None or got is None or entry.req.arrival != got[0]:
+                levels.pop(rid, None)  # it left the tree (admitted, cancelled)
+                continue
+            arrival = got[0]
+            level = credit.level(arrival, now)
+            levels[rid] = (arrival, level)
+            tree.set_credit(rid, credit.credit_ticks(level, len(entry.req.tokens)))
+            changed += 1
+            if level < credit.steps:
+                heapq.heappush(heap, (credit.step_at(arrival, level + 1), rid))
+        return changed

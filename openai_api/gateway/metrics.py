@@ -1,8 +1,8 @@
 """The gateway's Prometheus metrics, in a registry of its own, served at ``GET /metrics``.
 
 Labels: ``market`` (slug; ``-`` before a market is known), ``endpoint`` (``chat``,
-``completions``, ``models``, ``budgets``), ``status`` (the HTTP status), ``error`` (the error
-body's code).
+``completions``, ``models``, ``budgets``, ``quotes``, ``usage_completions``, ``costs``),
+``status`` (the HTTP status), ``error`` (the error body's code).
 
 | metric | kind | meaning |
 |---|---|---|

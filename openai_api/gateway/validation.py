@@ -14,13 +14,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.http import QueryDict
+
 import mechanism
 from accounts.money import MONEY_PLACES, QUANTUM, decimal_text
+from accounts.selectors.usage import (
+    BUCKET_WIDTHS,
+    DEFAULT_BUCKET_WIDTH,
+    LATEST_UNIX_S,
+    PAGE_LIMITS,
+    UsageQuery,
+)
 from accounts.text import json_problem, text_problem
 from openai_api.gateway.errors import InvalidValue, MalformedRequest
 
@@ -425,3 +434,86 @@ def _query_number(
         bound = "at most" if high_included else "below"
         raise InvalidValue(f"{name} must be above 0 and {bound} {high:g}, got {text}", param=name)
     return value
+
+
+_USAGE_PARAMS = frozenset(
+    {"start_time", "end_time", "bucket_width", "group_by", "group_by[]", "limit", "page"}
+)
+
+
+def usage_params(query: QueryDict, *, groups: Collection[str], now: int) -> UsageQuery:
+    """The query of ``GET /v1/organization/usage/completions`` and ``/costs`` (OpenAI's):
+    ``start_time`` (Unix seconds, required), ``end_time`` (``now`` unless given),
+    ``bucket_width``, ``group_by`` (repeated, ``group_by[]`` or comma-separated, each one of
+    ``groups``), ``limit`` and ``page``. MalformedRequest (400) naming the parameter otherwise;
+    a parameter it does not know (OpenAI's ``models``, ``project_ids`` filters) is refused, not
+    ignored, so that no answer is silently wider than asked."""
+    for name in query:
+        if name not in _USAGE_PARAMS:
+            raise MalformedRequest(
+                f"{_short(name)} is not a parameter of this endpoint", param=name
+            )
+    start_time = _unix_seconds(query, "start_time")
+    if start_time is None:
+        raise MalformedRequest("start_time is required (Unix seconds)", param="start_time")
+    end_time = _unix_seconds(query, "end_time")
+    end_time = now if end_time is None else end_time
+    if end_time <= start_time:
+        raise MalformedRequest(
+            f"end_time ({end_time}) must be after start_time ({start_time})", param="end_time"
+        )
+    width = query.get("bucket_width", DEFAULT_BUCKET_WIDTH)
+    if width not in BUCKET_WIDTHS:
+        raise MalformedRequest(
+            f"bucket_width must be one of {', '.join(BUCKET_WIDTHS)}, got {_short(width)}",
+            param="bucket_width",
+        )
+    group_by: list[str] = []
+    for text in query.getlist("group_by") + query.getlist("group_by[]"):
+        for name in text.split(","):
+            if name.strip() not in groups:
+                raise MalformedRequest(
+                    f"group_by must name fields among {', '.join(groups)}, got {_short(name)}",
+                    param="group_by",
+                )
+            if name.strip() not in group_by:
+                group_by.append(name.strip())
+    default, most = PAGE_LIMITS[width]
+    limit = _unix_seconds(query, "limit")
+    if limit is not None and not 1 <= limit <= most:
+        raise MalformedRequest(
+            f"limit must be 1 to {most} buckets for bucket_width {width}, got {limit}",
+            param="limit",
+        )
+    asked = UsageQuery(
+        start_time=start_time,
+        end_time=end_time,
+        bucket_width=width,
+        group_by=tuple(group_by),
+        limit=default if limit is None else limit,
+    )
+    page = _unix_seconds(query, "page")
+    if page is not None and not (
+        asked.first_bucket <= page < end_time and page % asked.width_s == 0
+    ):
+        raise MalformedRequest(
+            "page is not a page of this window and bucket_width: pass the next_page of the "
+            "answer before, with the same start_time, end_time and bucket_width",
+            param="page",
+        )
+    return replace(asked, page=page)
+
+
+def _unix_seconds(query: QueryDict, name: str) -> int | None:
+    """The query parameter ``name`` as a whole number from 0 to ``LATEST_UNIX_S`` (ASCII
+    digits); None if absent."""
+    text = query.get(name)
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit() and len(text) <= 15 and int(text) <= LATEST_UNIX_S):
+        raise MalformedRequest(
+            f"{name} must be a whole number from 0 to {LATEST_UNIX_S} (ASCII digits), got "
+            f"{_short(text)}",
+            param=name,
+        )
+    return int(text)

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP endpoints (thin: the flow is in ``services``).
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed or not), ``GET /v1/models``,
-``GET /v1/budgets``, ``GET /v1/quotes``, authenticated by ``Authorization: Bearer <API key>``;
+``GET /v1/budgets``, ``GET /v1/quotes``, ``GET /v1/organization/usage/completions``,
+``GET /v1/organization/costs``, authenticated by ``Authorization: Bearer <API key>``;
 ``GET /metrics`` for Prometheus, with ``Authorization: Bearer <METRICS_TOKEN>`` (off while that
 setting is unset). Every error is an OpenAI-style JSON body (``errors``).
 """
@@ -18,6 +19,12 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from accounts.selectors.usage import (
+    COST_GROUPS,
+    USAGE_GROUPS,
+    completions_usage_for_tenant,
+    costs_for_tenant,
+)
 from openai_api.gateway import metrics, services
 from openai_api.gateway.db import db_call
 from openai_api.gateway.errors import (
@@ -37,6 +44,7 @@ from openai_api.gateway.validation import (
     body_parsed,
     completion_params,
     quote_params,
+    usage_params,
 )
 
 logger = logging.getLogger(__name__)
@@ -157,6 +165,37 @@ async def quotes(request: HttpRequest) -> HttpResponse:
         return await services.quote_read(key=key, params=quote_params(request.GET))
 
     return await _key_read(request, "quotes", read)
+
+
+def _usage_read(
+    request: HttpRequest, endpoint: str, groups: dict[str, str], select: Callable[..., dict]
+) -> Awaitable[HttpResponse]:
+    """A usage read of the key's tenant: authenticated, then ``select(tenant_id=, query=)``
+    over the page that the query asks for (``validation.usage_params``)."""
+
+    async def read(key: str | None) -> dict:
+        api_key = await db_call(api_key_authenticated, key=key)
+        query = usage_params(request.GET, groups=groups, now=int(time.time()))
+        return await db_call(select, tenant_id=api_key.tenant_id, query=query)
+
+    return _key_read(request, endpoint, read)
+
+
+@csrf_exempt
+async def usage_completions(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/organization/usage/completions?start_time=S[&end_time=E][&bucket_width=W]
+    [&group_by=G][&limit=N][&page=P]``: the tenant's tokens and requests per time bucket
+    (``accounts.selectors.usage``)."""
+    return await _usage_read(
+        request, "usage_completions", USAGE_GROUPS, completions_usage_for_tenant
+    )
+
+
+@csrf_exempt
+async def costs(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/organization/costs`` (the query of ``usage_completions``): the tenant's
+    charges per time bucket, by line item ``tokens`` or ``priority`` when grouped so."""
+    return await _usage_read(request, "costs", COST_GROUPS, costs_for_tenant)
 
 
 def _metrics_allowed(request: HttpRequest) -> None:

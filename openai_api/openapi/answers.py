@@ -219,6 +219,70 @@ class Quote(_Answer):
     waits: QuoteWaits | None = Field(default=None, description="the waits the given bid buys")
 
 
+_GROUP = "null unless grouped by it"
+
+
+class _UsageGroups(_Answer):
+    model: str | None = Field(description=f"the market's served model; {_GROUP}")
+    market: str | None = Field(description=f"the market's slug; {_GROUP}")
+    api_key_id: str | None = Field(description=f"the key's visible start, im_<prefix>; {_GROUP}")
+    request_class: str | None = Field(description=f"the requests' class; {_GROUP}")
+
+
+class UsageCompletionsResult(_UsageGroups):
+    object: Literal["organization.usage.completions.result"]
+    input_tokens: int = Field(ge=0, description="prompt tokens, cached ones included")
+    input_cached_tokens: int = Field(ge=0, description="prompt tokens found in the KV cache")
+    output_tokens: int = Field(ge=0)
+    num_model_requests: int = Field(ge=0, description="requests served")
+
+
+class CostAmount(_Answer):
+    value: Money
+    currency: Literal["usd"]
+
+
+class CostsResult(_UsageGroups):
+    object: Literal["organization.costs.result"]
+    amount: CostAmount
+    line_item: Literal["tokens", "priority"] | None = Field(
+        description="the charge's kind: tokens (posted prices x tokens) or priority (the "
+        f"auction's priority charge); {_GROUP}"
+    )
+
+
+class UsageCompletionsBucket(_Answer):
+    object: Literal["bucket"]
+    start_time: int = Field(description="Unix seconds, included")
+    end_time: int = Field(description="Unix seconds, excluded")
+    results: list[UsageCompletionsResult]
+
+
+class CostsBucket(_Answer):
+    object: Literal["bucket"]
+    start_time: int = Field(description="Unix seconds, included")
+    end_time: int = Field(description="Unix seconds, excluded")
+    results: list[CostsResult]
+
+
+class UsageCompletionsPage(_Answer):
+    """``GET /v1/organization/usage/completions`` (``accounts.selectors.usage``)."""
+
+    object: Literal["page"]
+    data: list[UsageCompletionsBucket]
+    has_more: bool
+    next_page: str | None = Field(description="the page parameter of the next page; null last")
+
+
+class CostsPage(_Answer):
+    """``GET /v1/organization/costs`` (``accounts.selectors.usage``)."""
+
+    object: Literal["page"]
+    data: list[CostsBucket]
+    has_more: bool
+    next_page: str | None = Field(description="the page parameter of the next page; null last")
+
+
 class BatchFailure(_Answer):
     code: str
     message: str
@@ -311,6 +375,8 @@ ANSWERS: tuple[type[BaseModel], ...] = (
     ModelList,
     BudgetList,
     Quote,
+    UsageCompletionsPage,
+    CostsPage,
     Batch,
     BatchList,
     BatchResultLine,

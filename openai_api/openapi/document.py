@@ -13,6 +13,13 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
+from accounts.selectors.usage import (
+    BUCKET_WIDTHS,
+    COST_GROUPS,
+    DEFAULT_BUCKET_WIDTH,
+    PAGE_LIMITS,
+    USAGE_GROUPS,
+)
 from openai_api.batches.input import BatchInputInvalid, BatchTooLarge
 from openai_api.batches.services import BatchNotCancellable, BatchNotFound
 from openai_api.gateway import errors as e
@@ -167,6 +174,35 @@ def _query(
 _BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
+_BUCKETS = (
+    "Buckets are aligned to UTC minutes, hours or days and clipped to "
+    "[`start_time`, `end_time`); a page holds `limit` of them, empty ones included; pass "
+    "`next_page` as `page` (with the same window) for the next. An unknown parameter (OpenAI's "
+    "`models`, `project_ids` filters) is refused, not ignored."
+)
+
+
+def _usage_parameters(groups: tuple[str, ...]) -> list[dict[str, Any]]:
+    seconds = {"type": "string", "pattern": "^[0-9]+$"}
+    limits = ", ".join(f"{w}: {d} (at most {m})" for w, (d, m) in PAGE_LIMITS.items())
+    return [
+        _query("start_time", seconds, "Unix seconds, included", required=True),
+        _query("end_time", seconds, "Unix seconds, excluded; now unless given"),
+        _query(
+            "bucket_width",
+            {"type": "string", "enum": list(BUCKET_WIDTHS)},
+            f"{DEFAULT_BUCKET_WIDTH} unless given",
+        ),
+        _query(
+            "group_by",
+            {"type": "array", "items": {"type": "string", "enum": list(groups)}},
+            "fields to group the results by (repeated, or comma-separated)",
+        ),
+        _query("limit", seconds, f"buckets per page, by bucket_width: {limits}"),
+        _query("page", seconds, "the next_page of the answer before"),
+    ]
+
+
 def _operation(
     *,
     operation_id: str,
@@ -294,6 +330,41 @@ def _paths() -> dict[str, Any]:
                 tag="budgets",
             )
         },
+        "/v1/organization/usage/completions": {
+            "get": _operation(
+                operation_id="usage_completions",
+                summary="The tenant's tokens and requests per time bucket",
+                description=(
+                    "OpenAI's usage endpoint for the key's tenant (all of its keys): the served "
+                    "requests per bucket by the second they finished, their input tokens "
+                    "(cached ones included), cached input and output tokens. " + _BUCKETS
+                ),
+                parameters=_usage_parameters(tuple(USAGE_GROUPS)),
+                answer={
+                    "description": "a page of buckets",
+                    "content": _json(_ref("UsageCompletionsPage")),
+                },
+                codes=("malformed_request", *_DATABASE),
+                tag="usage",
+            )
+        },
+        "/v1/organization/costs": {
+            "get": _operation(
+                operation_id="costs",
+                summary="The tenant's charges per time bucket",
+                description=(
+                    "OpenAI's costs endpoint for the key's tenant: the ledger's charges per "
+                    "bucket by the second they were charged, in exact dollars (a decimal "
+                    "string, where OpenAI sends a number); grouped by `line_item`, the token "
+                    "charges (`tokens`) and the auction's priority charges (`priority`) apart. "
+                    + _BUCKETS
+                ),
+                parameters=_usage_parameters(tuple(COST_GROUPS)),
+                answer={"description": "a page of buckets", "content": _json(_ref("CostsPage"))},
+                codes=("malformed_request", *_DATABASE),
+                tag="usage",
+            )
+        },
         "/v1/batches": {
             "get": _operation(
                 operation_id="batches_list",
@@ -419,6 +490,7 @@ def openapi_document() -> dict[str, Any]:
             {"name": "completions", "description": "chat and text completions, with bids"},
             {"name": "markets", "description": "the models served and what a bid buys"},
             {"name": "budgets", "description": "what a key may still spend"},
+            {"name": "usage", "description": "what the tenant used and was charged, over time"},
             {"name": "batches", "description": "OpenAI's Batch API with bids"},
             {"name": "reference", "description": "this document"},
         ],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -132,10 +133,27 @@ def test_reads_answer_as_documented(gateway, acme, market):
             http.get("/v1/quotes", params={"model": market.served_model, "bid": "0.01"}),
             "/v1/quotes",
         )
+        now = int(time.time())  # the served request's minute, and the next
+        window = {"start_time": now - 60, "end_time": now + 60, "group_by": "model,api_key_id",
+                  "bucket_width": "1m"}  # fmt: skip
+        usage = checked(
+            http.get("/v1/organization/usage/completions", params=window),
+            "/v1/organization/usage/completions",
+        )
+        costs = checked(
+            http.get("/v1/organization/costs", params={**window, "group_by": "line_item"}),
+            "/v1/organization/costs",
+        )
     assert market.served_model in [m["id"] for m in models["data"]]
     assert [b["period"] for b in budgets["data"]] == ["month"]  # acme's budget
     assert quote["bid"] is None and quote["reason"]  # nothing served yet
     assert served["based_on"]["requests"] >= 1
+    # The served request's minute: one result of the key and model, and its two charges.
+    (bucket,) = [b for b in usage["data"] if b["results"]]
+    assert [(r["model"], r["num_model_requests"]) for r in bucket["results"]] == [
+        (market.served_model, 1)
+    ]
+    assert {r["line_item"] for b in costs["data"] for r in b["results"]} <= {"tokens", "priority"}
 
 
 def test_batches_answer_as_documented(gateway, acme, market):

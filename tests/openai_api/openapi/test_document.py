@@ -57,7 +57,7 @@ def test_every_v1_route_is_documented_and_nothing_else():
         if route.startswith("v1/")
     }
     assert routes == set(openapi_document()["paths"])
-    assert len(routes) == 11
+    assert len(routes) == 13
 
 
 def _error_classes() -> dict[str, type[GatewayError]]:

@@ -15,26 +15,26 @@ from market.services import (
 from mechanism import POLICIES
 
 
-class ReserveChangeInline(admin.TabularInline):
-    model = ReserveChange
+class _AuditInline(admin.TabularInline):
+    """An audit trail shown read-only: rows are written by the services, never in the admin."""
+
     extra = 0
     can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class ReserveChangeInline(_AuditInline):
+    model = ReserveChange
     fields = ["at", "changed_by", "automatic", "old", "new"]
     readonly_fields = fields
 
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
 
-
-class ControlChangeInline(admin.TabularInline):
+class ControlChangeInline(_AuditInline):
     model = ControlChange
-    extra = 0
-    can_delete = False
     fields = ["at", "changed_by", "control", "old", "new"]
     readonly_fields = fields
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
 
 
 # Moved through their services (audited as on the console), never saved straight from the form.

@@ -4,9 +4,10 @@ side by side with lpm, dfs-weight and highest-bid on the same arrivals, at sever
     python -m benchmarks.aging                      # chat workload, loads 0.8,1.0,1.2,1.5
     python -m benchmarks.aging --wait-s 3 --density 0.05 --steps 4 --loads 1.2
 
-The bound is not a registered policy: the engine that runs it here (``aged_engine``) is the
-simulated engine with an ``AgeClock`` moved on before each round, and the charges are the DFS
-auctions' own (payments.py keeps the credit apart from the bids). Each cell is a ratio to lpm's
+The bound is not a policy but a market knob (``MarketKnobs.wait_bound_s``, with ``wait_steps``
+and ``wait_density``): the simulated engine runs it as it runs it live (``mechanism.aging
+.WaitBound`` before each round), and the charges are the DFS auctions' own (payments.py keeps
+the credit apart from the bids). Each cell is a ratio to lpm's
 figure at the same load, except the goal's columns (benchmarks.goal): mean TTFT over the better
 of lpm's and dfs-weight's, hit rate minus lpm's in percentage points, and capture.
 """
@@ -18,9 +19,8 @@ import sys
 from collections.abc import Sequence
 
 from engines.contract.knobs import MarketKnobs
-from engines.contract.records import RoundRecord
-from engines.sim import Engine, EngineConfig, SimRequest
-from mechanism.aging import AgeClock, AgeCredit
+from engines.sim import EngineConfig
+from mechanism.aging import DEFAULT_DENSITY, DEFAULT_STEPS
 
 from .goal import goals
 from .html import command_line
@@ -50,28 +50,6 @@ def _x(value: float, base: float, digits: int) -> str:
     return "x" + format(ratio(value, base), f".{digits}f")
 
 
-def aged_engine(credit: AgeCredit) -> type[Engine]:
-    """The simulated engine with the wait bound: each request's age credit moved on before each
-    round (only those that crossed a step change the tree)."""
-
-    class AgedEngine(Engine):
-        def __init__(self, config: EngineConfig, policy: str, *, knobs: MarketKnobs) -> None:
-            super().__init__(config, policy, knobs=knobs)
-            self.clock = AgeClock(credit)
-
-        def submit(self, req: SimRequest) -> None:
-            super().submit(req)
-            self.clock.admit(req.id, req.arrival)
-
-        def _round(
-            self, now: float, chunks: list[tuple[SimRequest, int]], budget: int
-        ) -> RoundRecord | None:
-            self.clock.advance(self.tree, now)
-            return super()._round(now, chunks, budget)
-
-    return AgedEngine
-
-
 def run(args: argparse.Namespace) -> str:
     """Every load's runs, as one table of ratios."""
     workload = chat(
@@ -81,13 +59,13 @@ def run(args: argparse.Namespace) -> str:
         sigma=args.chat_sigma,
         seed=args.seed,
     )
-    credit = AgeCredit(wait_s=args.wait_s, density=args.density, steps=args.steps)
+    bound = MarketKnobs(wait_bound_s=args.wait_s, wait_density=args.density, wait_steps=args.steps)
     config = EngineConfig()
     capacities = Capacities()
     lines = [
         workload.title,
-        f"wait bound: {credit.wait_s:g} s in {credit.steps} steps, credit "
-        f"${credit.density:g}/s per prompt token at the bound",
+        f"wait bound: {bound.wait_bound_s:g} s in {bound.wait_steps} steps, credit "
+        f"${bound.wait_density:g}/s per prompt token at the bound",
         "ratios to lpm at the same load; goal: mean TTFT / best(lpm, dfs-weight), hit - lpm "
         "(pp), capture of highest-bid's welfare gain",
         f"{'load':>5} {'policy':<26} {'p99 TTFT':>9} {'mean TTFT':>9} {'hit':>7} "
@@ -99,9 +77,7 @@ def run(args: argparse.Namespace) -> str:
             capacities=capacities,
         )  # fmt: skip
         for policy in AUCTIONS:
-            point.runs[policy + BOUNDED] = simulate(
-                point.workload, policy, config, engine_type=aged_engine(credit)
-            )
+            point.runs[policy + BOUNDED] = simulate(point.workload, policy, config, knobs=bound)
         metrics = {name: r.metrics for name, r in point.runs.items()}
         priced = [p for p in metrics if p not in BASELINES or p == "highest-bid"]
         goal = goals(metrics, priced)
@@ -127,8 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.aging", description=DESCRIPTION)
     p.add_argument("--loads", type=_loads, default=(0.8, 1.0, 1.2, 1.5), help="x capacity")
     p.add_argument("--wait-s", type=float, default=8.0, help="wait bound, seconds")
-    p.add_argument("--density", type=float, default=0.05, help="$/s per prompt token at the bound")
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument(
+        "--density", type=float, default=DEFAULT_DENSITY, help="$/s per prompt token at the bound"
+    )
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     p.add_argument("--chat-requests", type=int, default=2048)
     p.add_argument("--chat-conversations", type=int, default=256)
     p.add_argument("--chat-median-len", type=int, default=256, help="tokens")

@@ -58,7 +58,8 @@ def policies_block(doc: dict) -> str:
 
 def sweep_goals_block(doc: dict) -> str:
     """``python -m benchmarks --sweep --json``: per sweep point, each checked policy's capture,
-    TTFT against the best bid-blind policy, hit gap to lpm and goal checks; then on how many
+    TTFT against the best bid-blind policy, hit gap to lpm, p99 TTFT against lpm's and goal
+    checks; then on how many
     points each policy met the goal."""
     grid = doc["sweep"]["grid"]
     per_point = [from_json(p["policies"])[1] for p in grid]
@@ -66,13 +67,13 @@ def sweep_goals_block(doc: dict) -> str:
 
     def cell(g: Goal) -> str:
         return (
-            f"{formatted('{:.2f}', g.capture)} / {g.ttft_vs_best:.2f} / {g.hit_gap_pp:+.1f} "
-            f"({goal_checks(g)})"
+            f"{formatted('{:.2f}', g.capture)} / {g.ttft_vs_best:.2f} / {g.hit_gap_pp:+.1f} / "
+            f"{g.tail_vs_lpm:.2f} ({goal_checks(g)})"
         )
 
     points = Table(
         ["KV (k tokens)", "groups", "load (x capacity)"]
-        + [f"{name}: capture / TTFT ratio / hit pp (checks)" for name in policies],
+        + [f"{name}: capture / TTFT ratio / hit pp / p99 ratio (checks)" for name in policies],
         [
             [f"{p['kv_capacity_tokens'] / 1000:g}", p["groups"], f"{p['load']:g}"]
             + [cell(g[name]) for name in policies]

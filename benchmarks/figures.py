@@ -1,7 +1,8 @@
 """The policy benchmark's report (``python -m benchmarks --html``), written by the benchmarks'
 one writer (``html.write_page``).
 
-Figures: the TTFT CDF per policy, welfare and cache-hit bars, latency by bid class per policy,
+Figures: the TTFT CDF per policy, the TTFT tail per bid class (the share of requests waiting at
+least x, log-log), welfare and cache-hit bars, latency by bid class per policy,
 the goal's trade-off (TTFT against the best bid-blind policy vs welfare capture, a marker per
 bid-using policy and point), and for sweeps, mean TTFT / cache hit rate / welfare against load
 and against sharing.
@@ -43,13 +44,19 @@ def _color(policy: str) -> str:
     return _COLORS.get(policy, "#333333")
 
 
+def _sampled(ttfts: list[float]) -> list[int]:
+    """At most ``_CDF_POINTS`` indices into the sorted ``ttfts``, the first and last included."""
+    n = len(ttfts)
+    return sorted({round(i * (n - 1) / (_CDF_POINTS - 1)) for i in range(_CDF_POINTS)})
+
+
 def ttft_cdf(point: Point) -> go.Figure:
     """Share of requests with TTFT at most x, one line per policy (log x)."""
     fig = go.Figure()
     for name, run in point.runs.items():
         ttfts = sorted(s.ttft_s for s in run.served)
         n = len(ttfts)
-        idx = sorted({round(i * (n - 1) / (_CDF_POINTS - 1)) for i in range(_CDF_POINTS)})
+        idx = _sampled(ttfts)
         fig.add_trace(
             go.Scatter(
                 x=[ttfts[i] for i in idx],
@@ -61,6 +68,48 @@ def ttft_cdf(point: Point) -> go.Figure:
         )
     fig.update_layout(title="TTFT CDF", xaxis_title="TTFT (s)", yaxis_title="share of requests")
     fig.update_xaxes(type="log")
+    return fig
+
+
+def ttft_tail(ttfts: list[float]) -> tuple[list[float], list[float]]:
+    """The tail of a TTFT distribution: sampled TTFTs x (ascending) and the share of requests
+    whose TTFT is at least x (from 1 down to 1/n, so a log axis shows the slowest request)."""
+    ordered = sorted(ttfts)
+    n = len(ordered)
+    idx = _sampled(ordered) if n else []
+    return [ordered[i] for i in idx], [(n - i) / n for i in idx]
+
+
+def ttft_tail_by_class(point: Point) -> go.Figure:
+    """The TTFT tail per bid class (a panel each), one line per policy, both axes log: who
+    waits longest under each policy, and whether it is the low bidders who pay for priority."""
+    classes = sorted({s.bid_class for run in point.runs.values() for s in run.served})
+    fig = make_subplots(
+        rows=1,
+        cols=max(len(classes), 1),
+        shared_yaxes=True,
+        subplot_titles=[f"bid class {cls}" for cls in classes],
+    )
+    for col, cls in enumerate(classes, start=1):
+        for name, run in point.runs.items():
+            x, y = ttft_tail([s.ttft_s for s in run.served if s.bid_class == cls])
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    mode="lines",
+                    line={"color": _color(name)},
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(type="log", title_text="TTFT (s)", row=1, col=col)
+    fig.update_yaxes(type="log", title_text="share with TTFT at least x", row=1, col=1)
+    fig.update_yaxes(type="log")
+    fig.update_layout(title="TTFT tail by bid class")
     return fig
 
 
@@ -227,7 +276,12 @@ def write_report(
     """Write the report for the main run (its first point in detail) and the sweep, if any;
     ``command``: the command line that ran them."""
     first = main[0]
-    figures = [ttft_cdf(first), welfare_and_hits(first), latency_by_class(first)]
+    figures = [
+        ttft_cdf(first),
+        ttft_tail_by_class(first),
+        welfare_and_hits(first),
+        latency_by_class(first),
+    ]
     if sweep:
         figures.append(
             goal_tradeoff(

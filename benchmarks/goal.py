@@ -7,7 +7,9 @@ the unconstrained priority order:
 - ``hit``: its cache hit rate is at least lpm's minus ``HIT_SLACK_PP`` percentage points;
 - ``ttft``: its mean TTFT is at most ``TTFT_SLACK`` x the better mean TTFT of lpm and dfs-weight;
 - ``capture``: it captures at least ``CAPTURE_MIN`` of highest-bid's welfare gain over lpm,
-  capture = (welfare - welfare(lpm)) / (welfare(highest-bid) - welfare(lpm)).
+  capture = (welfare - welfare(lpm)) / (welfare(highest-bid) - welfare(lpm));
+- ``tail``: its 99th-percentile TTFT is at most ``TAIL_SLACK`` x lpm's: priority may not buy
+  the mean at the price of starving the requests that bid least (issue 35's bounded waiting).
 
 Welfare is realized welfare, -sum(bid x TTFT) (metrics.py). Where highest-bid gains less than
 ``NO_GAIN`` of lpm's welfare loss (no queue to speak of: priority buys nothing), capture is NaN
@@ -32,6 +34,7 @@ NEEDED = (*BID_BLIND_CACHE_AWARE, UNCONSTRAINED)
 HIT_SLACK_PP = 1.0
 TTFT_SLACK = 1.05
 CAPTURE_MIN = 0.8
+TAIL_SLACK = 1.25
 NO_GAIN = 0.01
 
 
@@ -42,14 +45,16 @@ class Goal:
     capture: float
     hit_gap_pp: float  # cache hit rate - lpm's, percentage points
     ttft_vs_best: float  # mean TTFT / the better of lpm's and dfs-weight's
+    tail_vs_lpm: float  # p99 TTFT / lpm's
 
     @property
-    def passes(self) -> tuple[bool, bool, bool | None]:
-        """(hit, ttft, capture); capture None where it does not apply (NaN)."""
+    def passes(self) -> tuple[bool, bool, bool | None, bool]:
+        """(hit, ttft, capture, tail); capture None where it does not apply (NaN)."""
         return (
             self.hit_gap_pp >= -HIT_SLACK_PP,
             self.ttft_vs_best <= TTFT_SLACK,
             None if math.isnan(self.capture) else self.capture >= CAPTURE_MIN,
+            self.tail_vs_lpm <= TAIL_SLACK,
         )
 
     @property
@@ -58,14 +63,16 @@ class Goal:
         return all(ok is not False for ok in self.passes)
 
     def as_dict(self) -> dict[str, object]:
-        hit, ttft, capture = self.passes
+        hit, ttft, capture, tail = self.passes
         return {
             "capture": self.capture,
             "hit_gap_pp": self.hit_gap_pp,
             "ttft_vs_best": self.ttft_vs_best,
+            "tail_vs_lpm": self.tail_vs_lpm,
             "hit_ok": hit,
             "ttft_ok": ttft,
             "capture_ok": capture,
+            "tail_ok": tail,
         }
 
 
@@ -93,6 +100,7 @@ def goals(metrics: Mapping[str, PolicyMetrics], policies: list[str]) -> dict[str
             capture=capture(m.welfare, base.welfare, top),
             hit_gap_pp=(m.cache_hit_rate - base.cache_hit_rate) * 100,
             ttft_vs_best=m.mean_ttft_s / best_ttft,
+            tail_vs_lpm=m.p99_ttft_s / base.p99_ttft_s,
         )
     return out
 

@@ -133,8 +133,10 @@ def t975(df: int) -> float:
 
 
 def interval(xs: Sequence[float]) -> tuple[float, float, float]:
-    """Mean and 95% t interval of ``xs``."""
+    """Mean and 95% t interval of ``xs`` (all three NaN when there are none)."""
     n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, math.nan
     mean = statistics.fmean(xs)
     if n < 2:
         return mean, math.nan, math.nan
@@ -606,7 +608,7 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
         "utility_ratio_ucb": hi,
         "utility_ratio_per_seed": r_warm,
         "utility_minus_best_fixed": {"mean": diff[0], "ci95": [diff[1], diff[2]]},
-        "utility_ratio_cold_start": interval(r_cold)[0] if r_cold else math.nan,
+        "utility_ratio_cold_start": interval(r_cold)[0],
         "spend_over_budget_cold_start": [cold_by_seed[s].spend_over_budget for s in order],
         "uncollected_over_budget": max(by_seed[s].uncollected_over_budget for s in order),
         "uncollected_over_budget_mean": statistics.fmean(
@@ -626,8 +628,14 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
         "free_spend_by_quarter": [
             statistics.fmean(free_scored[s, t].quarters[q] for s in order) for q in range(4)
         ],
+        # A seed where the free run gained nothing (a short period can admit none of the
+        # tenant's requests) has no ratio to it.
         "utility_over_free": interval(
-            [by_seed[s].utility / free_scored[s, t].utility for s in order]
+            [
+                by_seed[s].utility / free_scored[s, t].utility
+                for s in order
+                if free_scored[s, t].utility
+            ]
         )[0],
     }
     if full:

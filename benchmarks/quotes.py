@@ -8,10 +8,12 @@ For each workload with shared prefixes (SGLang's generated-shared-prefix one wit
 with zipf-popular groups) and each load (x the engine's measured capacity), the simulated
 engine serves the workload in virtual time under the product's default policy. Every
 ``--probe-every`` seconds after the first quarter of the arrivals, for each (T, p) asked, the
-quote is computed exactly as ``GET /v1/quotes`` computes it (``mechanism.quotes`` over
-the requests served in the last ``WINDOW_S`` seconds) and a probe request bidding it (the prompt
-of a random request of the workload, under a new id) is submitted; when it is served its time
-to first token is checked against T. The T asked are the 30th, 60th and 90th percentiles of the
+quote is computed exactly as ``GET /v1/quotes`` computes it (``mechanism.quotes`` over the
+requests that arrived in the last ``WINDOW_S`` seconds and were served, probes included, their
+waits scaled by ``queue_scaled`` to the queue of the engine's latest round record with a book,
+as the market's live book has it) and a probe request bidding it (the prompt of a random
+request of the workload, under a new id) is submitted; when it is served its time to first
+token is checked against T. The T asked are the 30th, 60th and 90th percentiles of the
 times to first token served before the first probe (once a group's worth was served). A quote
 of None (no recent bid met the target) submits nothing and is counted as unquoted.
 
@@ -40,9 +42,18 @@ from engines.contract.knobs import MarketKnobs
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
 from engines.sim.engine import StepResult
-from mechanism.quotes import HISTORY_MAX, MIN_GROUP, WINDOW_S, Waited, bid_groups, quote
+from mechanism import DEFAULT_POLICY
+from mechanism.quotes import (
+    HISTORY_MAX,
+    MIN_GROUP,
+    WINDOW_S,
+    Waited,
+    bid_groups,
+    queue_scaled,
+    quote,
+)
 
-POLICY = "dfs-auction-density"  # the product's default (market.models.DEFAULT_POLICY; a test)
+POLICY = DEFAULT_POLICY  # the product's default (market.models.DEFAULT_POLICY; a test)
 PROBABILITIES = (0.5, 0.9)
 T_PERCENTILES = (30, 60, 90)
 TOLERANCE = 0.05  # the share may fall short of p by this much
@@ -84,7 +95,7 @@ def calibrate(
 ) -> list[Cell]:
     """Serve ``workload`` at ``rate_rps`` with probes bidding their quotes (see the module)."""
     timed = workload.at_rate(rate_rps, seed)
-    engine = Engine(config, POLICY, knobs=replace(MarketKnobs(), book_interval_s=None))
+    engine = Engine(config, POLICY, knobs=MarketKnobs())  # a book every book_interval_s
     queue = ArrivalQueue(
         [SimRequest(r.id, r.tokens, r.max_new_tokens, r.bid, r.arrival) for r in timed.requests]
     )
@@ -92,23 +103,26 @@ def calibrate(
     first_probe = arrivals[len(arrivals) // 4]
     last_probe = arrivals[-1]
     rng = random.Random(f"{seed}:probes")
-    served: list[tuple[float, Waited]] = []  # (finished at, what it bid and waited)
+    served: list[tuple[float, Waited]] = []  # (arrived at, what it bid and waited)
     probes: dict[str, tuple[Cell, float]] = {}  # probe id -> its cell, its T
     cells: dict[tuple[float, float], Cell] = {}
     next_probe = first_probe
     numbers = itertools.count(1)
+    waiting: int | None = None  # the queue of the latest record with a book (the live book's)
 
     def probe(now: float) -> None:
         """Each cell's probe, bidding its quote from what was served by ``now``."""
-        # What the market's selector reads: served in the window, the newest HISTORY_MAX.
-        history = [w for at, w in served if at >= now - WINDOW_S][-HISTORY_MAX:]
+        # What the market's selector reads: served, arrived in the window, the newest
+        # HISTORY_MAX by arrival (the ledger's created_at).
+        recent = sorted((x for x in served if x[0] >= now - WINDOW_S), key=lambda x: x[0])
+        history = [w for _, w in recent[-HISTORY_MAX:]]
         if not cells and len(history) >= MIN_GROUP:  # the targets: from what was served
             waits = [w.ttft_s for w in history]
             for q in T_PERCENTILES:
                 for p in PROBABILITIES:
                     t = max(0.001, round(percentile(waits, q), 3))
                     cells[(t, p)] = Cell(workload.name, load, t, p)
-        groups = bid_groups(history)
+        groups = bid_groups(queue_scaled(history, waiting=waiting))
         for (t, p), cell in cells.items():
             cell.probes += 1
             bid = quote(groups, ttft_s=t, p=p) if groups else None
@@ -121,7 +135,13 @@ def calibrate(
             engine.submit(SimRequest(rid, like.tokens, like.max_new_tokens, bid, now))
 
     def stepped(result: StepResult) -> None:
-        nonlocal next_probe
+        nonlocal next_probe, waiting
+        record = result.record
+        # What market.live.book keeps: a record with the book, or one that emptied the queue.
+        if record is not None and (
+            record.get("subtrees") or record["waiting"] <= len(record["admitted"])
+        ):
+            waiting = record["waiting"]
         if next_probe <= result.end and next_probe <= last_probe:
             probe(result.end)
             next_probe += probe_every_s
@@ -129,11 +149,12 @@ def calibrate(
     def finished(req: SimRequest) -> None:
         assert req.first_token_at is not None and req.finished_at is not None
         ttft = req.first_token_at - req.arrival
+        # Every served request is in the history, probes too: the ledger has them all.
+        served.append((req.arrival, Waited(req.bid, ttft, req.auction.get("queue_len"))))
         if req.id in probes:
             cell, t = probes.pop(req.id)
             cell.within += ttft <= t
         else:
-            served.append((req.finished_at, Waited(req.bid, ttft)))
             progress.advance()
 
     run_virtual(engine, queue, on_step=stepped, on_finished=finished)

@@ -9,6 +9,7 @@ from .goal import (
     CAPTURE_MIN,
     HIT_SLACK_PP,
     NO_GAIN,
+    TAIL_SLACK,
     TTFT_SLACK,
     Goal,
     checked_policies,
@@ -56,7 +57,8 @@ def point_header(point: Point) -> str:
 
 
 def goal_checks(goal: Goal | None) -> str:
-    """The goal's three checks as ``yes/no/yes`` (hit/TTFT/capture); "-" without a goal."""
+    """The goal's four checks as ``yes/no/yes/no`` (hit/TTFT/capture/p99); "-" without a
+    goal."""
     if goal is None:
         return "-"
     return "/".join("n/a" if ok is None else "yes" if ok else "no" for ok in goal.passes)
@@ -76,7 +78,7 @@ def policy_rows(
     if base not in metrics:
         base = next(iter(metrics))
     ref = metrics[base]
-    titles = ["policy"] + [_COLUMNS[k][0] for k in METRIC_KEYS] + ["capture", "hit/ttft/cap"]
+    titles = ["policy"] + [_COLUMNS[k][0] for k in METRIC_KEYS] + ["capture", "hit/ttft/cap/p99"]
     rows = []
     for name, values in metrics.items():
         row = [name]
@@ -120,7 +122,7 @@ GOAL_LEGEND = (
     "capture = share of highest-bid's welfare gain over lpm; goal checks: hit >= lpm's "
     f"- {HIT_SLACK_PP:g} pp, mean TTFT <= {TTFT_SLACK:g} x the better of lpm and dfs-weight, "
     f"capture >= {CAPTURE_MIN:g} (n/a where highest-bid gains under {NO_GAIN:.0%} of lpm's "
-    "welfare loss)"
+    f"welfare loss), p99 TTFT <= {TAIL_SLACK:g} x lpm's"
 )
 
 _FINDING_COLUMNS = (
@@ -179,11 +181,12 @@ def findings_table(points: list[SweepPoint]) -> str:
 
 def goal_table(points: list[SweepPoint]) -> str:
     """One row per sweep point: for each bid-using policy, its capture, hit gap to lpm, TTFT
-    against the best bid-blind policy and the three checks; then how many points each met."""
+    against the best bid-blind policy, p99 TTFT against lpm's and the four checks; then how many
+    points each met."""
     policies = list(points[0].findings.goals) if points else []
     titles = ["kv k", "groups", "load"]
     for p in policies:
-        titles += [f"{p} capture", "hit pp", "TTFT/best", "hit/ttft/cap"]
+        titles += [f"{p} capture", "hit pp", "TTFT/best", "p99/lpm", "hit/ttft/cap/p99"]
     rows = []
     for sp in points:
         row = [f"{sp.kv_capacity_tokens / 1000:g}", str(sp.groups), f"{sp.point.load:g}"]
@@ -193,6 +196,7 @@ def goal_table(points: list[SweepPoint]) -> str:
                 formatted("{:.2f}", g.capture),
                 formatted("{:+.2f}", g.hit_gap_pp),
                 formatted("{:.3f}", g.ttft_vs_best),
+                formatted("{:.2f}", g.tail_vs_lpm),
                 goal_checks(g),
             ]
         rows.append(row)

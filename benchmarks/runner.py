@@ -69,13 +69,11 @@ def simulate(
     *,
     knobs: MarketKnobs | None = None,
     on_served: Callable[[], None] | None = None,
-    engine_type: type[Engine] = Engine,
 ) -> PolicyRun:
     """Serve every request of ``workload`` under ``policy`` on a fresh engine (no order books:
-    the benchmark reads no round record's subtrees); ``engine_type``: an Engine subclass for a
-    variant of the market under test (aging.py)."""
+    the benchmark reads no round record's subtrees)."""
     knobs = replace(knobs or MarketKnobs(), book_interval_s=None)
-    engine = engine_type(config, policy, knobs=knobs)
+    engine = Engine(config, policy, knobs=knobs)
     first = list(workload.requests)
     turns: dict[str, tuple[Session, int]] = {}
     classes = {r.id: r.bid_class for r in workload.requests}

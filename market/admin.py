@@ -11,8 +11,9 @@ from market.services import (
     market_policy_set,
     market_reserve_max_set,
     market_reserve_set,
+    market_wait_bound_set,
 )
-from mechanism import POLICIES
+from mechanism import OFFERED
 
 
 class _AuditInline(admin.TabularInline):
@@ -40,7 +41,7 @@ class ControlChangeInline(_AuditInline):
 # Moved through their services (audited as on the console), never saved straight from the form.
 CONTROLLED = (
     "reserve_max", "reserve", "policy", "auto_reserve", "auto_reserve_target_s", "alert_queue",
-    "alert_ttft_p99_s",
+    "alert_ttft_p99_s", "wait_bound_s",
 )  # fmt: skip
 
 
@@ -91,9 +92,9 @@ class MarketAdmin(admin.ModelAdmin):
     form = MarketAdminForm
 
     def formfield_for_dbfield(self, db_field, request, **kwargs):
-        if db_field.name == "policy":  # a choice among the registry's policies as they are now
+        if db_field.name == "policy":  # a choice among the policies offered for a market
             return forms.ChoiceField(
-                choices=[(p, p) for p in POLICIES],
+                choices=[(p, p) for p in OFFERED],
                 initial=db_field.default,
                 help_text=db_field.help_text,
             )
@@ -121,6 +122,10 @@ class MarketAdmin(admin.ModelAdmin):
             market_reserve_max_set(market=obj, reserve_max=ceiling, user=request.user)
         if "policy" in wanted:
             market_policy_set(market=obj, policy=wanted["policy"], user=request.user)
+        if "wait_bound_s" in wanted:
+            market_wait_bound_set(
+                market=obj, wait_bound_s=wanted["wait_bound_s"], user=request.user
+            )
         if {"auto_reserve", "auto_reserve_target_s"} & set(wanted):
             market_auto_reserve_set(
                 market=obj,

@@ -31,7 +31,7 @@ POLICY_DESCRIPTIONS: dict[str, str] = {
     "dfs-auction-kv": "As dfs-auction-density, with a cached subtree's work counted at a "
     "quarter, so it keeps its place under KV pressure.",
     "dfs-auction-kv-split": "As dfs-auction-kv, and a fully cached subtree's requests compete "
-    "one by one among their parent's.",
+    "one by one among their parent's (the default).",
 }
 
 

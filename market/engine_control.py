@@ -1,4 +1,5 @@
-"""Tell a market's engines its ordering policy and reserve price when an operator changes them.
+"""Tell a market's engines its ordering policy, reserve price and wait bound when an operator
+changes them.
 
 ``market.services`` enqueues ``market.tasks.engine_config_push_enqueue`` with
 ``transaction.on_commit``; the Celery task ``market.engine_config_push`` then, with
@@ -9,10 +10,11 @@ the market as it is when the task runs:
    when that is set). Engines that follow the store read it within their poll interval, and a
    replica that starts or restarts reads it first: the SGLang plugin does, since SGLang has no
    route for the market's control;
-2. sends ``{"policy", "reserve"}`` to the control path (``engines.contract.wire``:
-   ``POST <url>/admin/market``, applied from its next round; ``Authorization: Bearer
-   ENGINE_ADMIN_TOKEN`` when that setting is set) of every engine of the market
-   (``control_targets``: each enabled replica; a market without replicas, its entry point),
+2. sends ``{"policy", "reserve", "wait_bound_s"}`` to the control path
+   (``engines.contract.wire``: ``POST <url>/admin/market``, applied from its next round;
+   ``Authorization: Bearer ENGINE_ADMIN_TOKEN`` when that setting is set) of every engine of
+   the market (``control_targets``: each enabled replica; a market without replicas, its entry
+   point),
    through the one engine client. An engine that answers 404 there has no such route (SGLang):
    it follows the store, and the push counts as published, not refused. An engine that cannot
    be reached is retried on its own (``url``), so that one replica away neither holds back nor
@@ -76,12 +78,13 @@ def control_stores(slug: str) -> list[ControlStore]:
 
 
 def control_publish(market: Market) -> bool:
-    """Write the market's policy and reserve to its control stores; False when there are none.
+    """Write the market's policy, reserve and wait bound to its control stores; False when there
+    are none.
 
     Raises :class:`EngineUnreachable` when one cannot be written (a retry may help).
     """
     stores = control_stores(market.slug)
-    state = now_state(market.policy, float(market.reserve))
+    state = now_state(market.policy, float(market.reserve), market.wait_bound_s)
     try:
         for store in stores:
             store.write(state)
@@ -114,9 +117,10 @@ def engine_config_push(
     engines: Sequence[str] | None = None,
     timeout_s: float = TIMEOUT_S,
 ) -> PushOutcome:
-    """Write the market's current policy and reserve ($/s) to its control store and POST them
-    to its engines (``url``: only that one, if it still is one of them; ``engines``: these
-    base URLs instead of the market's, as ``live_market`` pushes to the engines it started).
+    """Write the market's current policy, reserve ($/s) and wait bound (s) to its control store
+    and POST them to its engines (``url``: only that one, if it still is one of them;
+    ``engines``: these base URLs instead of the market's, as ``live_market`` pushes to the
+    engines it started).
 
     Returns what happened (of several engines: ``refused`` if one refused, else ``published`` if
     one only follows the store, else ``pushed``); raises :class:`EngineUnreachable` naming the
@@ -158,6 +162,7 @@ def _push(market: Market, base_url: str, *, published: bool, timeout_s: float) -
                 base_url=base_url,
                 policy=market.policy,
                 reserve=float(market.reserve),
+                wait_bound_s=market.wait_bound_s,
                 token=settings.ENGINE_ADMIN_TOKEN,
                 timeout_s=timeout_s,
             )
@@ -178,7 +183,7 @@ def _push(market: Market, base_url: str, *, published: bool, timeout_s: float) -
         )  # fmt: skip
         return "refused"
     logger.info(
-        "engine config: market %s -> %s: policy %s, reserve %s $/s",
-        market.slug, base_url, market.policy, market.reserve,
+        "engine config: market %s -> %s: policy %s, reserve %s $/s, wait bound %g s",
+        market.slug, base_url, market.policy, market.reserve, market.wait_bound_s,
     )  # fmt: skip
     return "pushed"

@@ -12,9 +12,9 @@ from django.db import models
 
 from accounts.money import MoneyField
 from accounts.rules import HOLD_HORIZON_PRIOR_S
-from mechanism import POLICIES
+from mechanism import DEFAULT_POLICY, POLICIES
+from mechanism.aging import WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S, wait_bound_checked
 
-DEFAULT_POLICY = "dfs-auction-density"
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim)
 DEFAULT_RESERVE_MAX = Decimal("1.000000000")  # $/s: far above the demo's bids (0.001-0.05 $/s)
@@ -29,6 +29,14 @@ def policy_known(value: str) -> None:
             "%(value)r is not a policy; the policies are %(names)s",
             params={"value": value, "names": ", ".join(POLICIES)},
         )
+
+
+def wait_bound_known(value: float) -> None:
+    """A market's wait bound is 0 (off) or in the mechanism's range (``wait_bound_checked``)."""
+    try:
+        wait_bound_checked(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
 
 
 class Market(models.Model):
@@ -118,6 +126,12 @@ class Market(models.Model):
         blank=True,
         help_text="The console alerts when the TTFT p99 is above this many seconds (empty: never).",
     )
+    wait_bound_s = models.FloatField(
+        default=0.0,
+        validators=[wait_bound_known],
+        help_text="Requests waiting longer than this are served ahead of bids; 0 turns it off "
+        "(seconds; the DFS auctions only: an age credit in steps, never money).",
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -147,6 +161,11 @@ class Market(models.Model):
                 condition=models.Q(alert_ttft_p99_s__isnull=True)
                 | models.Q(alert_ttft_p99_s__gt=0),
                 name="market_alert_ttft_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(wait_bound_s=0)
+                | models.Q(wait_bound_s__gte=WAIT_BOUND_MIN_S, wait_bound_s__lte=WAIT_BOUND_MAX_S),
+                name="market_wait_bound_off_or_in_range",
             ),
         ]
 
@@ -200,8 +219,8 @@ class ReserveChange(models.Model):
 
 class ControlChange(models.Model):
     """Who switched a market's policy, moved its reserve ceiling, turned its automatic reserve on
-    or off, or set its alert thresholds, from what, to what, and when (the reserve's own changes
-    are ``ReserveChange``)."""
+    or off, set its alert thresholds or its wait bound, from what, to what, and when (the
+    reserve's own changes are ``ReserveChange``)."""
 
     class Control(models.TextChoices):
         POLICY = "policy", "Ordering policy"
@@ -209,6 +228,7 @@ class ControlChange(models.Model):
         AUTO_RESERVE = "auto_reserve", "Automatic reserve"
         ALERT_QUEUE = "alert_queue", "Queue alert (requests waiting)"
         ALERT_TTFT = "alert_ttft_p99", "TTFT p99 alert (s)"
+        WAIT_BOUND = "wait_bound_s", "Wait bound (s)"
 
     market = models.ForeignKey(Market, on_delete=models.CASCADE, related_name="control_changes")
     control = models.CharField(max_length=16, choices=Control.choices)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, F, FloatField, QuerySet, Sum
+from django.db.models import Count, F, FloatField, IntegerField, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, TruncMinute
 from django.utils import timezone
@@ -37,8 +37,12 @@ def quote_history(
     limit: int = HISTORY_MAX,
 ) -> list[Waited]:
     """What ``market``'s recent served requests bid and waited: each one's bid as it would buy
-    priority at the reserve now, and its time to first token (seconds)."""
+    priority at the reserve now, its time to first token (seconds) and the queue it joined
+    (its priority entry's ``queue_len``, None when the engine reported none)."""
     now = now or timezone.now()
+    queue_len = LedgerEntry.objects.filter(
+        request=OuterRef("pk"), kind=ChargeKind.PRIORITY
+    ).values_list(Cast(KeyTextTransform("queue_len", "detail"), IntegerField()))[:1]
     rows = (
         Request.objects.filter(
             market=market,
@@ -47,10 +51,13 @@ def quote_history(
             created_at__gte=now - timedelta(seconds=window_s),
         )
         .order_by("-created_at")
-        .values_list("bid", "ttft_s")[:limit]
+        .values_list("bid", "ttft_s", Subquery(queue_len))[:limit]
     )
     reserve = market.reserve
-    return [Waited(float(effective_bid(bid, reserve, zero=ZERO)), ttft) for bid, ttft in rows]
+    return [
+        Waited(float(effective_bid(bid, reserve, zero=ZERO)), ttft, queue)
+        for bid, ttft, queue in rows
+    ]
 
 
 def finished_in_interval(*, market: Market, since: datetime, until: datetime) -> list[Finished]:

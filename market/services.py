@@ -13,7 +13,8 @@ from accounts.money import money_exact
 from market.models import ControlChange, Market, Replica, ReserveChange
 from market.tasks import engine_config_push_enqueue
 from mechanism import MAX_BID
-from mechanism.policies import policy_checked
+from mechanism.aging import wait_bound_checked
+from mechanism.policies import policy_offered
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +83,14 @@ def market_policy_set(
     user: AbstractBaseUser | None,
     now: datetime | None = None,
 ) -> str | None:
-    """Set ``market``'s ordering policy (a name in ``mechanism.POLICIES``).
+    """Set ``market``'s ordering policy (one of ``mechanism.OFFERED``).
 
-    ValueError for an unknown name. Returns the old policy, or None when it already had this
-    one (nothing written). The change is audited (``ControlChange``: who, when, old and new)
-    in the same transaction, and the engine is told once it has committed, as for the reserve.
+    ValueError for an unknown name or a baseline not offered for a market. Returns the old
+    policy, or None when it already had this one (nothing written). The change is audited
+    (``ControlChange``: who, when, old and new) in the same transaction, and the engine is told
+    once it has committed, as for the reserve.
     """
-    policy_checked(policy)
+    policy_offered(policy)
     with transaction.atomic():
         locked = Market.objects.select_for_update().get(pk=market.pk)
         old = locked.policy
@@ -109,6 +111,41 @@ def market_policy_set(
         engine_config_push_on_commit(market_id=market.pk)
     market.policy = policy
     return old
+
+
+def market_wait_bound_set(
+    *,
+    market: Market,
+    wait_bound_s: object,
+    user: AbstractBaseUser | None,
+    now: datetime | None = None,
+) -> ControlChange | None:
+    """Set ``market``'s wait bound (seconds, 0: off): requests waiting longer are served ahead
+    of bids under the DFS auctions (``mechanism.aging``).
+
+    ValueError unless it is 0 or in the mechanism's range (``wait_bound_checked``). None when it
+    already has this value (nothing written). The change is audited (``ControlChange``) and
+    pushed to the engines once committed, with the policy and reserve.
+    """
+    new = wait_bound_checked(wait_bound_s)
+    with transaction.atomic():
+        locked = Market.objects.select_for_update().get(pk=market.pk)
+        if locked.wait_bound_s == new:
+            market.wait_bound_s = new
+            return None
+        change = ControlChange.objects.create(
+            market=locked,
+            control=ControlChange.Control.WAIT_BOUND,
+            changed_by=_who(user),
+            old=f"{locked.wait_bound_s:g}",
+            new=f"{new:g}",
+            at=now or timezone.now(),
+        )
+        Market.objects.filter(pk=market.pk).update(wait_bound_s=new, updated_at=timezone.now())
+        logger.info("market %s: wait bound %g s -> %g s", locked.slug, locked.wait_bound_s, new)
+        engine_config_push_on_commit(market_id=market.pk)
+    market.wait_bound_s = new
+    return change
 
 
 def market_reserve_max_set(

@@ -39,6 +39,7 @@ from market.controls import (
 from market.live.book import book_reserve_impact, book_snapshot
 from market.live.engine_status import engine_chart, engine_status_last
 from market.live.spend import tenant_spend_now
+from market.live.whatif import whatif_for_market
 from market.models import Market
 from market.selectors import (
     control_changes_for_market,
@@ -54,9 +55,11 @@ from market.services import (
     market_policy_set,
     market_reserve_max_set,
     market_reserve_set,
+    market_wait_bound_set,
 )
 from market.templatetags.units import rate
-from mechanism import POLICIES
+from mechanism import OFFERED
+from mechanism.aging import WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S
 
 View = Callable[..., HttpResponse]
 REVENUE_MINUTES = 60
@@ -141,7 +144,7 @@ def _confirmations(request: HttpRequest, market: Market) -> dict[str, Any]:
                 "impact": _impact(market, new),
             }
     policy = request.GET.get("confirm_policy")
-    if policy in POLICIES and policy != market.policy:
+    if policy in OFFERED and policy != market.policy:
         asked["confirm_policy"] = {
             "new": policy,
             "old": market.policy,
@@ -175,12 +178,18 @@ def console(request: HttpRequest, slug: str) -> HttpResponse:
     context = {
         "market": market,
         "markets": markets_active(),
-        "policies": [(p, policy_description(p)) for p in POLICIES],
+        # What may be chosen, and the policy in force if it is no longer offered.
+        "policies": [
+            (p, policy_description(p))
+            for p in (OFFERED if market.policy in OFFERED else (market.policy, *OFFERED))
+        ],
         "policy_description": policy_description(market.policy),
         "reserve_changes": reserve_changes_for_market(market=market, limit=20),
         "control_changes": control_changes_for_market(market=market, limit=20),
         "confirm_factor": RESERVE_CONFIRM_FACTOR,
         "auto_reserve_interval_s": settings.AUTO_RESERVE_INTERVAL_S,
+        "wait_bound_min_s": WAIT_BOUND_MIN_S,
+        "wait_bound_max_s": WAIT_BOUND_MAX_S,
         "initial": _initial(market),
         **_confirmations(request, market),
     }
@@ -226,6 +235,15 @@ def reserve_impact(request: HttpRequest, slug: str) -> JsonResponse:
             "impact": _impact_json(_impact(market, new)),
         }
     )
+
+
+@require_GET
+@staff_required
+def reserve_whatif(request: HttpRequest, slug: str) -> JsonResponse:
+    """The reserve what-if (``market.live.whatif``): the market's recorded queues of the last
+    hour cleared again at a range of reserves, around the reserve in force."""
+    market = _market_or_404(slug)
+    return JsonResponse(dict(whatif_for_market(market.slug, current=float(market.reserve))))
 
 
 @require_POST
@@ -303,12 +321,12 @@ def policy_set(request: HttpRequest, slug: str) -> HttpResponse:
     question saying what the new policy does); audited by the service."""
     market = _market_or_404(slug)
     policy = (request.POST.get("policy") or "").strip()
-    if policy in POLICIES and policy != market.policy and request.POST.get("confirmed") != policy:
+    if policy in OFFERED and policy != market.policy and request.POST.get("confirmed") != policy:
         return redirect(_console_url(market, confirm_policy=policy))
     try:
         old = market_policy_set(market=market, policy=policy, user=request.user)
-    except ValueError:
-        messages.error(request, f"Policy not changed: {policy!r} is not a policy.")
+    except ValueError as exc:
+        messages.error(request, f"Policy not changed: {exc}.")
     else:
         if old is None:
             messages.info(request, f"The policy already is {policy}.")
@@ -316,6 +334,35 @@ def policy_set(request: HttpRequest, slug: str) -> HttpResponse:
             messages.success(
                 request, f"Policy {old} → {policy}; the engine applies it from its next round."
             )
+    return redirect(_console_url(market))
+
+
+@require_POST
+@staff_required
+def wait_bound_set(request: HttpRequest, slug: str) -> HttpResponse:
+    """Set the market's wait bound (seconds, 0: off); audited by the service."""
+    market = _market_or_404(slug)
+    raw = (request.POST.get("wait_bound_s") or "").strip()
+    try:
+        value = _seconds(raw)
+    except ValueError:
+        messages.error(request, f"Wait bound not changed: {raw!r} is not a number of seconds.")
+        return redirect(_console_url(market))
+    try:
+        change = market_wait_bound_set(market=market, wait_bound_s=value, user=request.user)
+    except ValueError as exc:
+        messages.error(request, f"Wait bound not changed: {exc}.")
+    else:
+        if change is None:
+            messages.info(request, f"The wait bound already is {market.wait_bound_s:g} s.")
+        elif market.wait_bound_s:
+            messages.success(
+                request,
+                f"Wait bound {change.old} s → {change.new} s: requests waiting longer are served "
+                "ahead of bids from the engines' next round.",
+            )
+        else:
+            messages.success(request, "Wait bound off: bids alone order the queue again.")
     return redirect(_console_url(market))
 
 

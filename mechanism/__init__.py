@@ -20,12 +20,15 @@ from .clearing import DEFAULT_TOKENS_PER_SECOND, Clearing, clear, clear_tree
 from .pacing import Exposure, PacingAgent, mu_max_for, safe_bid
 from .policies import (
     BID_POLICIES,
+    DEFAULT_POLICY,
     DFS_AUCTIONS,
+    OFFERED,
     POLICIES,
     POLICY,
     Policy,
     block_key,
     policy_checked,
+    policy_offered,
 )
 from .requests import BID_SCALE, MAX_BID, WaitingRequest, bid_checked, to_ticks
 from .tree import RequestTree
@@ -35,8 +38,10 @@ __all__ = [
     "BID_SCALE",
     "MAX_BID",
     "BID_POLICIES",
+    "DEFAULT_POLICY",
     "DEFAULT_TOKENS_PER_SECOND",
     "DFS_AUCTIONS",
+    "OFFERED",
     "POLICIES",
     "POLICY",
     "Policy",
@@ -52,6 +57,7 @@ __all__ = [
     "mu_max_for",
     "planned_welfare",
     "policy_checked",
+    "policy_offered",
     "realized_welfare",
     "safe_bid",
     "to_ticks",

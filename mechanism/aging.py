@@ -30,9 +30,11 @@ as a new bid would) and the planner redoes only those paths.
 The tenant-level charges (payments.TenantCharges) take off what the standard charge bills for
 the own tenant's other requests, so at their bids plus their credits, the same weights.
 
-Not covered yet: quotes (quotes.py) and the order book (book.py) read bids only, and no
-operator setting or engine turns the bound on (benchmarks/aging.py runs it on the simulated
-engine).
+The operator sets the bound per market (``wait_bound_checked``: 0 turns it off); both engines
+read it from their knobs (engines.contract.knobs) and run it through one ``WaitBound``, which
+gives the credits under the DFS auctions only and follows a change of the bound at the next round.
+
+Not covered yet: quotes (quotes.py) and the order book (book.py) read bids only.
 """
 
 from __future__ import annotations
@@ -44,6 +46,27 @@ from dataclasses import dataclass
 from .requests import MAX_BID, to_ticks
 from .tree import RequestTree
 
+DEFAULT_STEPS = 4  # the credit's steps up to the bound
+DEFAULT_DENSITY = 0.05  # $/s per prompt token at the bound: above the bid densities one sees
+# The operator's bound, seconds: 0 (off) or in this range. Below half a second the credit would
+# step every round or two; above an hour no request waits that long behind a running engine.
+WAIT_BOUND_MIN_S = 0.5
+WAIT_BOUND_MAX_S = 3600.0
+
+
+def wait_bound_checked(value: object) -> float:
+    """The operator's wait bound in seconds (0: off), as a float; ValueError saying the range."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (value == 0 or WAIT_BOUND_MIN_S <= value <= WAIT_BOUND_MAX_S)
+    ):
+        raise ValueError(
+            f"the wait bound must be 0 (off) or {WAIT_BOUND_MIN_S:g}..{WAIT_BOUND_MAX_S:g} "
+            f"seconds, got {value!r}"
+        )
+    return float(value)
+
 
 @dataclass(frozen=True, slots=True)
 class AgeCredit:
@@ -52,7 +75,7 @@ class AgeCredit:
 
     wait_s: float
     density: float
-    steps: int = 4
+    steps: int = DEFAULT_STEPS
 
     def __post_init__(self) -> None:
         for name in ("wait_s", "density"):
@@ -124,3 +147,41 @@ class AgeClock:
             if level < credit.steps:
                 heapq.heappush(heap, (credit.step_at(arrival, level + 1), rid))
         return changed
+
+
+class WaitBound:
+    """An engine's wait bound, round by round: the one rule both engines run on their tree.
+
+    ``admit`` each request as it joins the tree; ``advance`` before each round, with the credit
+    rule in effect (``MarketKnobs.age_credit``: None when the bound is off or the policy is not a
+    DFS auction). A new rule takes effect in that round: the credits given under the old one are
+    taken back, and every waiting request's clock starts again from its arrival, so a request
+    that has waited long gets its level at once. Between changes only the requests that crossed
+    a step change the tree (``AgeClock``).
+    """
+
+    def __init__(self) -> None:
+        self.credit: AgeCredit | None = None
+        self.clock: AgeClock | None = None
+
+    def admit(self, request_id: str, arrival: float) -> None:
+        """A request joined the tree at ``arrival`` (seconds, the engine's clock)."""
+        if self.clock is not None:
+            self.clock.admit(request_id, arrival)
+
+    def advance(self, tree: RequestTree, now: float, credit: AgeCredit | None) -> int:
+        """Bring the tree's credits to ``now`` under ``credit``; returns how many changed."""
+        changed = 0
+        if credit != self.credit:
+            for rid, entry in tree.entries.items():
+                if entry.credit:
+                    tree.set_credit(rid, 0)
+                    changed += 1
+            self.credit = credit
+            self.clock = None if credit is None else AgeClock(credit)
+            if self.clock is not None:
+                for rid, entry in tree.entries.items():
+                    self.clock.admit(rid, entry.req.arrival)
+        if self.clock is None:
+            return changed
+        return changed + self.clock.advance(tree, now)

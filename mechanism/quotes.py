@@ -6,6 +6,11 @@ down, neighbouring bid levels are joined until a group holds at least ``min_size
 (the lowest bids join the last group when too few are left). A group says what a bid in its
 range bought lately: its waits' quantiles.
 
+- :func:`queue_scaled` brings the waits up to the queue of now: while a queue grows
+  (overload), a request that joined a shorter queue waited less than one joining now will,
+  so its wait is scaled by the requests waiting now over those waiting when it joined (never
+  down: at a light load a wait is mostly fixed costs, a prefill step, which a shorter queue
+  does not shorten).
 - :func:`waits_for` is the distribution a bid buys: the quantiles of its group's waits.
 - :func:`quote` is the bid needed now to be served within ``ttft_s`` with probability ``p``:
   walking the groups from the highest bid down, the last group whose ``p``-quantile, and that
@@ -14,7 +19,9 @@ range bought lately: its waits' quantiles.
   None when even the highest bids waited longer, or when the history is too short to say.
 
 Pure and Django-free: the market's selector reads the history from the ledger's requests
-(time to first token, effective bid at the reserve now), the gateway serves the quote.
+(time to first token, effective bid at the reserve now, the queue it joined), the gateway
+scales it to the queue of the market's live book and serves the quote; ``benchmarks.quotes``
+calls the same functions on the simulated engine's records.
 """
 
 from __future__ import annotations
@@ -32,11 +39,29 @@ HISTORY_MAX = 2000
 
 @dataclass(frozen=True)
 class Waited:
-    """One recent request: its effective bid ($/s of waiting; 0 bought no priority) and its
-    time to first token (seconds)."""
+    """One recent request: its effective bid ($/s of waiting; 0 bought no priority), its
+    time to first token (seconds) and the requests waiting in its engine's queue when it
+    joined, itself included (a round record's ``queue_len``; None when not known)."""
 
     bid: float
     ttft_s: float
+    queue_len: int | None = None
+
+
+def queue_scaled(history: Iterable[Waited], *, waiting: float | None) -> list[Waited]:
+    """``history`` with each wait scaled to a queue of ``waiting`` requests (per engine, as a
+    round counts them: ``queue_len``'s measure), by ``max(1, waiting / queue_len)``: what the
+    wait would be if the queue it joined had been as long as now (see the module). A request
+    whose ``queue_len`` is not known, or every one when ``waiting`` is None, keeps its wait."""
+    if waiting is not None and not (math.isfinite(waiting) and waiting >= 0):
+        raise ValueError(f"waiting must be a count >= 0, got {waiting}")
+    scaled = []
+    for w in history:
+        if waiting is None or not w.queue_len or waiting <= w.queue_len:
+            scaled.append(w)
+        else:
+            scaled.append(Waited(w.bid, w.ttft_s * waiting / w.queue_len, w.queue_len))
+    return scaled
 
 
 @dataclass(frozen=True)

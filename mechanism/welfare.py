@@ -10,7 +10,9 @@ second of waiting, times are seconds). Closer to zero is better.
 - **Realized welfare** of what an engine served: -sum(bid x measured time to first token). It is
   what the benchmarks report (the ``welfare`` of their metrics).
 
-Both take (bid, seconds) pairs, the bid already effective where the definition says so.
+Both take (bid, seconds) pairs, the bid already effective where the definition says so. The
+reserve what-if (whatif.py) passes the bids as sent: what a reserve changes there is the order,
+not what waiting costs a bidder.
 """
 
 from __future__ import annotations

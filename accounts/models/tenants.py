@@ -20,7 +20,8 @@ class Tenant(models.Model):
     priority_bid_cap = MoneyField(
         default=Decimal("0.01"),
         help_text="Dollars per second of waiting: the most a request of service tier "
-        "'priority' bids, whatever the market's quote.",
+        "'priority', or of an autobidder class with a latency target, bids, whatever the "
+        "market's quote.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(

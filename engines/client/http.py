@@ -324,16 +324,26 @@ class EngineClient:
     # --- the control path and /metrics (DESIGN.md 5): short, one-off calls ------------------
 
     async def control(
-        self, *, base_url: str, policy: str, reserve: float, token: str | None, timeout_s: float
+        self,
+        *,
+        base_url: str,
+        policy: str,
+        reserve: float,
+        token: str | None,
+        timeout_s: float,
+        wait_bound_s: float = 0.0,
     ) -> None:
-        """``POST CONTROL_PATH`` (the market's policy and reserve, $/s, from the next round).
+        """``POST CONTROL_PATH`` (the market's policy, reserve in $/s and wait bound in s, from
+        the next round).
         EngineUnavailable when unreachable or a 5xx (worth retrying); EngineRejected for any
         other refusal (a wrong token's 401, an engine without the endpoint's 404, a 400)."""
         url = base_url.rstrip("/") + CONTROL_PATH
         headers = dict(_JSON)
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        payload = json.dumps(control_body(policy=policy, reserve=reserve)).encode()
+        payload = json.dumps(
+            control_body(policy=policy, reserve=reserve, wait_bound_s=wait_bound_s)
+        ).encode()
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self._client().post(

@@ -1,21 +1,21 @@
-"""The control store: a market's policy and reserve, kept where every engine of the market reads
-them, so an operator's change reaches any engine the same way.
+"""The control store: a market's policy, reserve and wait bound, kept where every engine of the
+market reads them, so an operator's change reaches any engine the same way.
 
-The market writes a ``ControlState`` when an operator changes the policy or the reserve (and at
-start): in Redis, the key ``control_key(market)``; without Redis (the embedded mode), a JSON
-file. An engine follows the store with a ``ControlFollower``: it reads the state once when it
-starts (so a replica that starts or restarts runs with the values in effect, not its own
-defaults), then every ``poll_s`` seconds in a thread, and the engine applies a change from its
-next round. Its round records report the policy and reserve of each round, which is how the
-console sees the change take effect.
+The market writes a ``ControlState`` when an operator changes one of them (and at start): in
+Redis, the key ``control_key(market)``; without Redis (the embedded mode), a JSON file. An
+engine follows the store with a ``ControlFollower``: it reads the state once when it starts (so
+a replica that starts or restarts runs with the values in effect, not its own defaults), then
+every ``poll_s`` seconds in a thread, and the engine applies a change from its next round. Its
+round records report the policy and reserve of each round, which is how the console sees the
+change take effect.
 
 The SGLang plugin follows the store, since SGLang has no route for the market's control
 (``wire.CONTROL_PATH`` answers 404 there); the simulated engine follows it too when started with
 ``--follow-control``, and keeps its HTTP control path for a direct push; a value pushed there
 that differs from the store's lasts until the next poll, which puts the store's back.
 
-A state the engine cannot use (bad JSON, an unknown policy, a negative reserve) is refused whole
-and counted; the values in effect stay.
+A state the engine cannot use (bad JSON, an unknown policy, a negative reserve, a wait bound out
+of range) is refused whole and counted; the values in effect stay.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .wire import ControlError, control_read
+from .wire import CONTROL_FIELDS, ControlError, control_read
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,13 @@ def control_key(market: str) -> str:
 
 @dataclass(frozen=True)
 class ControlState:
-    """A market's policy and reserve ($/s of waiting), as the market last wrote them."""
+    """A market's policy, reserve ($/s of waiting) and wait bound (seconds, 0: off), as the
+    market last wrote them."""
 
     policy: str
     reserve: float
     written_at: float = field(default=0.0, compare=False)  # Unix time of the market's write
+    wait_bound_s: float = 0.0  # a state written before the bound existed has none: off
 
 
 def control_dumps(state: ControlState) -> str:
@@ -61,6 +63,7 @@ def control_dumps(state: ControlState) -> str:
             "schema": SCHEMA,
             "policy": state.policy,
             "reserve": state.reserve,
+            "wait_bound_s": state.wait_bound_s,
             "written_at": state.written_at,
         }
     )
@@ -81,9 +84,9 @@ def control_loads(text: str | bytes) -> ControlState:
     written_at = doc.get("written_at", 0.0)
     if isinstance(written_at, bool) or not isinstance(written_at, int | float):
         raise ControlError("written_at must be a number", "written_at")
-    body = {k: doc[k] for k in ("policy", "reserve")}
-    policy, reserve = control_read(body, policy="", reserve=0.0)
-    return ControlState(policy, reserve, float(written_at))
+    body = {k: doc[k] for k in CONTROL_FIELDS if k in doc}
+    policy, reserve, wait_bound_s = control_read(body, policy="", reserve=0.0)
+    return ControlState(policy, reserve, float(written_at), wait_bound_s)
 
 
 class ControlStore(Protocol):
@@ -276,6 +279,6 @@ def follower_for(
     return ControlFollower(store, poll_s=poll_s, accept=accept, on_refused=on_refused)
 
 
-def now_state(policy: str, reserve: float) -> ControlState:
+def now_state(policy: str, reserve: float, wait_bound_s: float = 0.0) -> ControlState:
     """A state written now."""
-    return ControlState(policy, float(reserve), time.time())
+    return ControlState(policy, float(reserve), time.time(), float(wait_bound_s))

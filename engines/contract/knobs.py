@@ -6,8 +6,9 @@ one default and one check whichever engine runs the market. The engine's own par
 simulated engine's cost model, the plugin's Redis URL) stay in the engine's config.
 
 Units: the reserve in dollars per second of waiting, rates in tokens per second, intervals in
-seconds. ``reserve`` (with the policy) is what the console's control path changes while the
-engine runs; ``with_reserve`` gives the knobs with a new one, checked the same way.
+seconds. ``reserve`` and ``wait_bound_s`` (with the policy) are what the console's control
+path changes while the engine runs; ``with_reserve`` and ``with_wait_bound`` give the knobs with
+a new one, checked the same way.
 
 ``assigned`` applies ``name=value`` text (the command lines' ``--set``) to any frozen dataclass
 of numbers and flags, so both configurations parse overrides by one rule.
@@ -20,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
-from mechanism import MAX_BID
+from mechanism import DFS_AUCTIONS, MAX_BID
+from mechanism.aging import DEFAULT_DENSITY, DEFAULT_STEPS, AgeCredit, wait_bound_checked
 from mechanism.clearing import REQUEST_SCOPE, charge_scope_checked
 
 from .records import DEFAULT_STREAM
@@ -44,6 +46,12 @@ class MarketKnobs:
     # "request": a request pays for the delay it imposes on every other request; "tenant": not
     # on its own tenant's (mechanism.payments.TenantCharges; needs each request's owner).
     charge_scope: str = REQUEST_SCOPE
+    # Bounded waiting (mechanism.aging), under the DFS auctions only: a request that has waited
+    # ``wait_bound_s`` seconds ranks as if it bid ``wait_density`` $/s per prompt token more,
+    # reached in ``wait_steps`` equal steps; 0 s turns it off (the operator's control).
+    wait_bound_s: float = 0.0
+    wait_steps: int = DEFAULT_STEPS
+    wait_density: float = DEFAULT_DENSITY
 
     def __post_init__(self) -> None:
         for name in ("market", "rounds_stream"):
@@ -59,10 +67,24 @@ class MarketKnobs:
         if self.book_interval_s is not None:
             _number(self.book_interval_s, "book_interval_s", low=0.0)
         object.__setattr__(self, "reserve", float(self.reserve))
+        object.__setattr__(self, "wait_bound_s", wait_bound_checked(self.wait_bound_s))
+        _integer(self.wait_steps, "wait_steps", low=1)
+        _number(self.wait_density, "wait_density", low=0.0, high=MAX_BID, strict=True)
 
     def with_reserve(self, reserve: object) -> MarketKnobs:
         """These knobs with another reserve; ValueError if it is not a valid one."""
         return replace(self, reserve=reserve)  # type: ignore[arg-type]  # checked by __post_init__
+
+    def with_wait_bound(self, wait_bound_s: object) -> MarketKnobs:
+        """These knobs with another wait bound (seconds, 0: off); ValueError if not a valid one."""
+        return replace(self, wait_bound_s=wait_bound_s)  # type: ignore[arg-type]  # checked
+
+    def age_credit(self, policy: str) -> AgeCredit | None:
+        """The age credit rule a round runs under ``policy``: None when the bound is off or the
+        policy is not a DFS auction (only their block keys take a credit; the others ignore it)."""
+        if not self.wait_bound_s or policy not in DFS_AUCTIONS:
+            return None
+        return AgeCredit(self.wait_bound_s, self.wait_density, self.wait_steps)
 
     def plan_rate(self, engine_estimate: float) -> float:
         """The tokens per second the plan uses: the knob, or else the engine's estimate."""

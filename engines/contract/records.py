@@ -15,6 +15,8 @@ import json
 import math
 from typing import Any, NotRequired, TypedDict, cast
 
+from mechanism.whatif import QueueSnapshot, queue_snapshot_checked
+
 # @2: ``epoch`` and every admitted request's ``block`` are required (both engines write them).
 SCHEMA = "inference-market/round@2"
 # The Redis stream both engines write their records to and settlement reads, unless configured
@@ -77,6 +79,9 @@ class AdmittedRequest(TypedDict):
     rank: NotRequired[int]
     ahead: NotRequired[int]
     queue_len: NotRequired[int]
+    # Its age credit in the round, $/s, when it had one (the wait bound, mechanism.aging): what
+    # ranked it beyond its bid, never money. Absent: none.
+    age_credit: NotRequired[float]
 
 
 class RoundRecord(TypedDict):
@@ -99,6 +104,9 @@ class RoundRecord(TypedDict):
     # ``writer.BOOK_BIDS`` of them, evenly spaced through the sorted bids when more wait (what
     # the console counts against a new reserve before it is applied).
     waiting_bids: NotRequired[list[float]]
+    # With the book, when at most ``whatif.QUEUE_LIMIT`` requests wait: the waiting queue as the
+    # round cleared it, for the console's reserve what-if (``mechanism.whatif``).
+    queue: NotRequired[QueueSnapshot]
 
 
 # An admitted request's place in line (AdmittedRequest): optional, ints when there.
@@ -183,6 +191,12 @@ def round_record_checked(obj: Any) -> RoundRecord:
         _check_fields(adm["block"], _BLOCK_FIELDS, f"{where}, admitted[{i}].block")
         place = {name: int for name in PLACE_FIELDS if name in adm}
         _check_fields(adm, place, f"{where}, admitted[{i}]")
+        if "age_credit" in adm and not (
+            type(adm["age_credit"]) in (int, float)
+            and math.isfinite(adm["age_credit"])
+            and adm["age_credit"] >= 0
+        ):
+            raise ValueError(f"{where}, admitted[{i}]: age_credit must be an amount in $/s")
         if adm["request_id"] in seen:
             raise ValueError(f"{where}: request {adm['request_id']!r} admitted twice")
         seen.add(adm["request_id"])
@@ -194,6 +208,10 @@ def round_record_checked(obj: Any) -> RoundRecord:
         and all(type(b) in (int, float) and math.isfinite(b) and b >= 0 for b in bids)
     ):
         raise ValueError(f"{where}: waiting_bids must be a list of amounts in $/s")
+    if "queue" in obj:
+        queue = queue_snapshot_checked(obj["queue"], f"{where}, queue")
+        if len(queue["id"]) != obj["waiting"]:
+            raise ValueError(f"{where}, queue: holds {len(queue['id'])} requests, not 'waiting'")
     return cast(RoundRecord, obj)
 
 

@@ -1,6 +1,6 @@
 """The engine contract on the wire: where a request's bid travels, the auction's fields of an
-answer's ``meta_info``, and the control path (a market's policy and reserve pushed to its
-engine). Both engines implement it; the engine client and the market's push use it.
+answer's ``meta_info``, and the control path (a market's policy, reserve and wait bound pushed
+to its engine). Both engines implement it; the engine client and the market's push use it.
 
 - **The bid**, in dollars per second of waiting, travels as a field of ``POST /generate``:
   ``sampling_params.custom_params.bid`` (``auction_params`` writes the object). It is SGLang's
@@ -18,7 +18,7 @@ engine). Both engines implement it; the engine client and the market's push use 
   sends each as a value; SGLang sends them through its ``customized_info`` (one value per output
   token: the plugin's value sits at the first), a list whose first item is the value;
   ``auction_value`` reads either.
-- **Control**: ``POST CONTROL_PATH`` with a JSON object of ``CONTROL_FIELDS`` (either or both),
+- **Control**: ``POST CONTROL_PATH`` with a JSON object of ``CONTROL_FIELDS`` (any of them),
   applied from the engine's next round, with ``Authorization: Bearer <token>`` when the engine
   has an admin token; the token is ``ADMIN_TOKEN_ENV`` on both sides (the simulated engine's
   default, the market's push).
@@ -29,9 +29,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mechanism import MAX_BID, POLICIES, bid_checked
+from mechanism.aging import wait_bound_checked
 from mechanism.policies import policy_checked
 
 CUSTOM_PARAMS = "custom_params"  # the key in sampling_params
@@ -65,7 +66,9 @@ AUCTION_META_FIELDS = (
 )
 
 CONTROL_PATH = "/admin/market"
-CONTROL_FIELDS = ("policy", "reserve")  # an ordering policy's name; the reserve in $/s
+# An ordering policy's name; the reserve in $/s; the wait bound in seconds (0: off; an engine
+# from before it reads a body without it).
+CONTROL_FIELDS = ("policy", "reserve", "wait_bound_s")
 ADMIN_TOKEN_ENV = "ENGINE_ADMIN_TOKEN"
 
 
@@ -140,9 +143,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def control_body(*, policy: str, reserve: float) -> dict[str, Any]:
+def control_body(*, policy: str, reserve: float, wait_bound_s: float = 0.0) -> dict[str, Any]:
     """The control request's body."""
-    return {"policy": policy, "reserve": reserve}
+    return {"policy": policy, "reserve": reserve, "wait_bound_s": wait_bound_s}
+
+
+class ControlValues(NamedTuple):
+    """What a control body sets: the policy, the reserve ($/s), the wait bound (s, 0: off)."""
+
+    policy: str
+    reserve: float
+    wait_bound_s: float
 
 
 class ControlError(ValueError):
@@ -153,15 +164,19 @@ class ControlError(ValueError):
         self.param = param
 
 
-def control_read(body: object, *, policy: str, reserve: float) -> tuple[str, float]:
-    """The policy and reserve a control body asks for, a field it leaves out keeping the value
-    in effect (``policy``, ``reserve``); ControlError for anything else, so that an engine
+def control_read(
+    body: object, *, policy: str, reserve: float, wait_bound_s: float = 0.0
+) -> ControlValues:
+    """The policy, reserve and wait bound a control body asks for, a field it leaves out keeping
+    the value in effect (the keywords); ControlError for anything else, so that an engine
     refuses a bad body whole and changes nothing."""
     if not isinstance(body, dict):
         raise ControlError("the body must be a JSON object")
     unknown = sorted(set(body) - set(CONTROL_FIELDS))
     if unknown:
-        raise ControlError(f"unknown field {unknown[0]!r}; give policy and/or reserve", unknown[0])
+        raise ControlError(
+            f"unknown field {unknown[0]!r}; give any of {', '.join(CONTROL_FIELDS)}", unknown[0]
+        )
     try:
         policy = policy_checked(body.get("policy", policy))
     except (TypeError, ValueError):  # TypeError: a JSON list or object (not hashable)
@@ -170,7 +185,11 @@ def control_read(body: object, *, policy: str, reserve: float) -> tuple[str, flo
         reserve = bid_checked(body.get("reserve", reserve), request_id="reserve")
     except ValueError:
         raise ControlError(f"reserve must be a number in 0..{MAX_BID:g} $/s", "reserve") from None
-    return policy, reserve
+    try:
+        wait_bound_s = wait_bound_checked(body.get("wait_bound_s", wait_bound_s))
+    except ValueError as exc:
+        raise ControlError(str(exc), "wait_bound_s") from None
+    return ControlValues(policy, reserve, wait_bound_s)
 
 
 def admin_token_from_env(environ: Mapping[str, str]) -> str | None:

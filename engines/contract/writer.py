@@ -5,7 +5,10 @@ Clearing), and the scheduler admitted some requests from its front. Each admitte
 the priority charge of that round's plan (DESIGN.md 4.5) and carries its block, the top-level
 subtree it waited in ("why this rank") and its place in line when it joined the queue (``rank``,
 ``ahead``, ``queue_len``: see ``RoundRecorder.placed``). Every ``book_interval_s`` seconds of the
-engine's clock at most, the record also carries the order book's subtrees (``mechanism.book``).
+engine's clock at most, the record also carries the order book's subtrees (``mechanism.book``),
+the waiting bids and, every ``QUEUE_INTERVAL_S`` at most and up to ``whatif.QUEUE_LIMIT``
+waiting requests, the queue itself (``mechanism.whatif``: what the console's reserve what-if
+clears again; about 70 bytes a waiting request).
 Engine-free: the SGLang plugin and the simulated engine both build their records here, so both
 write the same fields, ``epoch`` and ``block`` included.
 
@@ -31,11 +34,15 @@ from mechanism import BID_SCALE, Clearing, RequestTree
 from mechanism.book import block_of, subtree_book
 from mechanism.requests import effective_bid
 from mechanism.tree import Node
+from mechanism.whatif import QUEUE_LIMIT, queue_snapshot
 
 BOOK_DEPTH = 2  # subtree levels in a record
 BOOK_LIMIT = 32  # subtrees in a record
 LABEL_TOKENS = 16  # tokens of a subtree's prefix that its label shows
 BOOK_BIDS = 1000  # waiting bids in a record with the book, at most
+# The waiting queue in a record with the book at most this often (engine seconds): the market
+# keeps one every 10 s (market.live.whatif), so more would only fill the stream.
+QUEUE_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,8 @@ class RoundRecorder:
         self.epoch = epoch if epoch is not None else f"{int(time.time() * 1000):x}"
         self.seq = 0  # the last round's
         self._next_book = 0.0  # engine seconds
+        self.queue_interval_s = QUEUE_INTERVAL_S
+        self._next_queue = 0.0  # engine seconds
         # Each waiting request's place in the first round that ordered it: (position, 0 first;
         # requests in that round's queue). Taken when it is admitted, dropped if it leaves.
         self._places: dict[str, tuple[int, int]] = {}
@@ -144,23 +153,24 @@ class RoundRecorder:
             }
             # Not placed (an engine that did not say it arrived): its place in this round.
             first, queue_len = places.pop(rid, (position[rid], len(clearing)))
-            entries.append(
-                {
-                    "request_id": rid,
-                    "bid": bid,
-                    "effective_bid": effective_bid(bid, reserve),
-                    "position": position[rid],
-                    "planned_completion_s": clearing.completion_at(position[rid]),
-                    "time_saved_s": clearing.time_saved(rid),
-                    "charge": clearing.charge(rid),
-                    "prompt_tokens": a.prompt_tokens,
-                    "cached_tokens": a.cached_tokens,
-                    "block": block_info,
-                    "rank": first + 1,
-                    "ahead": first,
-                    "queue_len": queue_len,
-                }
-            )
+            entry: AdmittedRequest = {
+                "request_id": rid,
+                "bid": bid,
+                "effective_bid": effective_bid(bid, reserve),
+                "position": position[rid],
+                "planned_completion_s": clearing.completion_at(position[rid]),
+                "time_saved_s": clearing.time_saved(rid),
+                "charge": clearing.charge(rid),
+                "prompt_tokens": a.prompt_tokens,
+                "cached_tokens": a.cached_tokens,
+                "block": block_info,
+                "rank": first + 1,
+                "ahead": first,
+                "queue_len": queue_len,
+            }
+            if credit := tree.entries[rid].credit:  # the wait bound's, in bid ticks
+                entry["age_credit"] = credit / BID_SCALE
+            entries.append(entry)
         record: RoundRecord = {
             "schema": SCHEMA,
             "engine": self.engine_id,
@@ -180,6 +190,13 @@ class RoundRecorder:
             self._next_book = now + self.book_interval_s
             record["subtrees"] = subtree_summaries(tree, clearing, self.label)
             record["waiting_bids"] = waiting_bids(tree)
+            if now >= self._next_queue and len(tree) <= QUEUE_LIMIT:
+                self._next_queue = now + self.queue_interval_s
+                record["queue"] = queue_snapshot(
+                    tree,
+                    overhead_tokens=clearing.overhead_tokens,
+                    charge_scope=clearing.charge_scope,
+                )
         return record
 
 

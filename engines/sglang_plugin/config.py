@@ -38,8 +38,8 @@ class PluginConfig:
     """Everything the plugin reads. ``policy`` None leaves SGLang's own policy in charge.
 
     The market's knobs (reserve, plan rate, overhead, in-batch deferral, book interval, stream,
-    market) are the contract's ``MarketKnobs``, the same the simulated engine embeds; ``of``
-    builds a config from the flat keys the JSON file uses.
+    market, charge scope, wait bound) are the contract's ``MarketKnobs``, the same the simulated
+    engine embeds; ``of`` builds a config from the flat keys the JSON file uses.
     """
 
     policy: str | None = None
@@ -48,9 +48,10 @@ class PluginConfig:
     redis_url: str | None = None  # None: no Redis; records are kept in memory only
     rounds_jsonl: str | None = None  # without Redis: append the records to this file
     record_queue_size: int = 1000  # records waiting for Redis before new ones are dropped
-    # The market's control store (``engines.contract.control``): the policy and reserve
-    # the console sets, read at start and every ``control_poll_s`` seconds; the file when given,
-    # else the Redis key of ``redis_url``. ``follow_control`` False: the config's values stay.
+    # The market's control store (``engines.contract.control``): the policy, reserve and wait
+    # bound the console sets, read at start and every ``control_poll_s`` seconds; the file when
+    # given, else the Redis key of ``redis_url``. ``follow_control`` False: the config's values
+    # stay.
     follow_control: bool = True
     control_file: str | None = None
     control_poll_s: float = 0.5

@@ -10,6 +10,8 @@
   The cached lengths of the requests already waiting follow the radix cache's own changes since
   the last round (``cache_tracking``), so they are not matched again; with a cache the plugin
   cannot follow, every waiting request is matched again, as SGLang's cache-aware policies do.
+  With the wait bound on, the requests that crossed a credit step get their new age credits
+  (``mechanism.aging.WaitBound``, on SGLang's clock of queue entry, ``time.perf_counter``).
   Then one round of ``clear_tree`` (which works out again only the subtrees that changed)
   orders the queue in place;
 - ``finish_round(batch_reqs)`` (after the scheduler admitted) prices the requests of the round's
@@ -49,6 +51,7 @@ from mechanism import (
     WaitingRequest,
     clear_tree,
 )
+from mechanism.aging import WaitBound
 
 from . import cache_tracking, metrics
 from .config import MARKET_POLICIES, PluginConfig
@@ -103,6 +106,7 @@ class MarketQueue:
         self.config = config
         self.tree_cache = tree_cache
         self.tree = RequestTree()
+        self.wait_bound = WaitBound()  # the age credits of the bound (knobs.wait_bound_s)
         self.recorder = recorder
         self.emit = emit
         # id() -> market id of the requests in the tree (each Entry's handle is its Req): the
@@ -138,6 +142,7 @@ class MarketQueue:
             for rid in self._members.values():
                 self.recorder.forget(rid)  # placed again on their way back in
         self.tree = RequestTree()
+        self.wait_bound = WaitBound()
         self._members.clear()
         self._outside.clear()
         self._caps.clear()
@@ -173,23 +178,27 @@ class MarketQueue:
         )
 
     def apply_control(self, state: ControlState) -> None:
-        """Run the market's policy and reserve of ``state`` from this round on (a state the
-        follower let through: ``refusal`` found nothing against it)."""
-        self.config = replace(
-            self.config, policy=state.policy, knobs=self.config.knobs.with_reserve(state.reserve)
-        )
+        """Run the market's policy, reserve and wait bound of ``state`` from this round on (a
+        state the follower let through: ``refusal`` found nothing against it)."""
+        knobs = self.config.knobs.with_reserve(state.reserve).with_wait_bound(state.wait_bound_s)
+        self.config = replace(self.config, policy=state.policy, knobs=knobs)
         self.control_applied += 1
         metrics.count("control_changes")
         log.info(
-            "market plugin: control from the market: policy %s, reserve %g $/s",
-            state.policy, state.reserve,
+            "market plugin: control from the market: policy %s, reserve %g $/s, wait bound %g s",
+            state.policy, state.reserve, state.wait_bound_s,
         )  # fmt: skip
 
-    def order(self, waiting_queue: list[Req]) -> Clearing:
-        """Bring the tree up to date with the queue, clear one round, order the queue in place."""
+    def order(self, waiting_queue: list[Req], *, now: float | None = None) -> Clearing:
+        """Bring the tree up to date with the queue, clear one round, order the queue in place.
+
+        ``now``: the round's time on SGLang's clock of queue entry (``time.perf_counter``),
+        for the wait bound; None: the clock's now."""
         if self.control is not None and (state := self.control.take()) is not None:
             self.apply_control(state)
         front = self._sync(waiting_queue)
+        credit = self.config.knobs.age_credit(self.policy)
+        self.wait_bound.advance(self.tree, time.perf_counter() if now is None else now, credit)
         clearing = self.clear()
         if self.recorder is not None:  # the place in line of the requests new to the market
             self.recorder.placed(clearing, self._arrived)
@@ -322,6 +331,7 @@ class MarketQueue:
             self._outside[id(req)] = req
             return False
         self._members[id(req)] = rid
+        self.wait_bound.admit(rid, arrival)
         if self.tracker is not None and cache_tracking.tracked(req):
             self._caps[rid] = req._compute_max_prefix_len(len(tokens))
         else:

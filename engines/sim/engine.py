@@ -30,11 +30,13 @@ from engines.contract.records import RoundRecord, auction_fields
 from engines.contract.tokenizer import VOCAB
 from engines.contract.writer import AdmittedInfo, RoundRecorder, token_label
 from mechanism import (
+    DEFAULT_POLICY,
     DFS_AUCTIONS,
     RequestTree,
     WaitingRequest,
     clear_tree,
 )
+from mechanism.aging import WaitBound
 from mechanism.policies import policy_checked
 
 from .config import EngineConfig
@@ -135,7 +137,7 @@ class Engine:
     def __init__(
         self,
         config: EngineConfig | None = None,
-        policy: str = "dfs-auction-density",
+        policy: str = DEFAULT_POLICY,
         *,
         knobs: MarketKnobs | None = None,
         engine_id: str = "sim",
@@ -153,6 +155,7 @@ class Engine:
             label=label or token_label,
         )
         self.tree = RequestTree()
+        self.wait_bound = WaitBound()  # the age credits of the bound (knobs.wait_bound_s)
         self.kv = KVCache(self.config.kv_capacity_tokens)
         self.waiting: dict[str, SimRequest] = {}
         self.running: list[SimRequest] = []  # admitted, not finished (prefilling or decoding)
@@ -177,6 +180,10 @@ class Engine:
     def set_reserve(self, reserve: float) -> None:
         """Set the reserve price ($/s of waiting); it applies from the next round."""
         self.knobs = self.knobs.with_reserve(reserve)
+
+    def set_wait_bound(self, wait_bound_s: float) -> None:
+        """Set the wait bound (seconds, 0: off); it applies from the next round."""
+        self.knobs = self.knobs.with_wait_bound(wait_bound_s)
 
     @property
     def reserve(self) -> float:
@@ -211,6 +218,7 @@ class Engine:
         )
         self.waiting[req.id] = req
         self._arrived[req.id] = None
+        self.wait_bound.admit(req.id, req.arrival)
 
     def cancel(self, request_id: str) -> bool:
         """Drop a waiting request (its client went away); False if it is not waiting."""
@@ -294,6 +302,8 @@ class Engine:
         if self.control is not None and (state := self.control.take()) is not None:
             self.set_policy(state.policy)
             self.set_reserve(state.reserve)
+            self.set_wait_bound(state.wait_bound_s)
+        self.wait_bound.advance(self.tree, now, self.knobs.age_credit(self.policy))
         cfg = self.config
         room = cfg.max_running_requests - len(self.running)
         if room <= 0:

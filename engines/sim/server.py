@@ -1,15 +1,15 @@
 """The simulated engine's real-time HTTP server, speaking SGLang's native HTTP API.
 
     python -m engines.sim.server --host 127.0.0.1 --port 30000 \\
-        --policy dfs-auction-density --reserve 0 --market default [--set name=value ...] \\
+        --policy dfs-auction-kv-split --reserve 0 --market default [--set name=value ...] \\
         [--redis-url URL --rounds-stream NAME] [--rounds-jsonl PATH] [--speed X] \\
         [--max-queue N] [--admin-token TOKEN]
 
 Endpoints: ``POST /generate`` (protocol.py), ``GET /health``, ``GET /health_generate``,
 ``GET /model_info`` and ``GET /server_info`` (also as SGLang's older ``/get_model_info`` and
 ``/get_server_info``), ``GET /v1/loads`` (loads.py), ``GET /metrics`` (metrics.py) and
-``POST /admin/market`` (``{"policy": ..., "reserve": ...}``, from the next round; closed unless
-an admin token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the
+``POST /admin/market`` (``{"policy", "reserve", "wait_bound_s"}``, from the next round; closed
+unless an admin token is set, by ``--admin-token`` or else ``ENGINE_ADMIN_TOKEN``, the variable the
 market's push sends; send ``Authorization: Bearer TOKEN``). Clock and speed: realtime.py. Round
 records go to an in-process callback list, a JSONL file and/or a Redis stream (the contract's
 sinks, ``engines.contract.sinks``).
@@ -49,7 +49,7 @@ from engines.contract.wire import (
     admin_token_from_env,
     control_read,
 )
-from mechanism import POLICIES
+from mechanism import DEFAULT_POLICY, POLICIES
 
 from .config import settings_split
 from .engine import Engine
@@ -91,7 +91,7 @@ class ServerOptions:
 
     host: str = "127.0.0.1"
     port: int = 30000
-    policy: str = "dfs-auction-density"
+    policy: str = DEFAULT_POLICY
     knobs: MarketKnobs = field(default_factory=MarketKnobs)  # the market's (the contract's)
     settings: tuple[str, ...] = ()  # EngineConfig or MarketKnobs overrides, "name=value"
     redis_url: str | None = None
@@ -327,6 +327,7 @@ class SimServer:
                 "market": self.options.market,
                 "policy": self.engine.policy,
                 "reserve": self.engine.reserve,
+                "wait_bound_s": self.engine.knobs.wait_bound_s,
             }
         )
 
@@ -351,6 +352,7 @@ class SimServer:
                 "market": self.options.market,
                 "policy": self.engine.policy,
                 "reserve": self.engine.reserve,
+                "wait_bound_s": self.engine.knobs.wait_bound_s,
                 "speed": self.clock.speed,
                 "clock": "engine seconds = start Unix time + elapsed wall seconds x speed",
                 "max_queue": self.loop.max_queue,
@@ -393,19 +395,24 @@ class SimServer:
         if not hmac.compare_digest(given.encode(), token.encode()):
             return json_error(401, "a valid admin token is required (Authorization: Bearer ...)")
         try:
-            policy, reserve = control_read(
+            policy, reserve, wait_bound_s = control_read(
                 loads_json(await request.read()),
                 policy=self.engine.policy,
                 reserve=self.engine.reserve,
+                wait_bound_s=self.engine.knobs.wait_bound_s,
             )
         except ControlError as exc:
             raise BadRequest(str(exc), exc.param) from None
         self.engine.set_policy(policy)
         self.engine.set_reserve(reserve)
+        self.engine.set_wait_bound(wait_bound_s)
         if self.control is not None:
             self.control.overridden()  # the store's values come back at the next poll
-        log.info("market %s: policy %s, reserve %g $/s", self.options.market, policy, reserve)
-        return json_response({"policy": policy, "reserve": reserve})
+        log.info(
+            "market %s: policy %s, reserve %g $/s, wait bound %g s",
+            self.options.market, policy, reserve, wait_bound_s,
+        )  # fmt: skip
+        return json_response({"policy": policy, "reserve": reserve, "wait_bound_s": wait_bound_s})
 
 
 # --- the command line -----------------------------------------------------------------------
@@ -419,7 +426,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--policy", default="dfs-auction-density", choices=list(POLICIES))
+    p.add_argument("--policy", default=DEFAULT_POLICY, choices=list(POLICIES))
     p.add_argument("--reserve", type=float, default=0.0, help="reserve price, $/s of waiting")
     p.add_argument("--market", default="default", help="market slug (model_path is sim/MARKET)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",

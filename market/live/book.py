@@ -241,6 +241,19 @@ def book_bids(market: str) -> list[tuple[list[float], int]] | None:
     return [(list(b["bids"] or []), b["waiting"] if b["rows"] else 0) for b in books]
 
 
+def book_queue_len(market: str) -> float | None:
+    """The requests waiting per engine in ``market``'s current book (the mean of its engines'
+    latest rounds' ``waiting``; 0 once the queue drained): the queue a new request joins, as
+    a round record's ``queue_len`` counts it. None when there is no book yet."""
+    state = book_state(market)
+    if state is None:
+        return None
+    books = list((state.get("engines") or {}).values())
+    if not books:  # cleared: the engines reported an empty queue
+        return 0.0
+    return sum(b["waiting"] for b in books) / len(books)
+
+
 def book_reserve_impact(market: str, *, reserve: float, current: float) -> ReserveImpact | None:
     """What ``reserve`` ($/s) would do to ``market``'s book waiting now, against ``current``
     (``market.controls.reserve_impact``); None when no book with bids has come yet."""

@@ -26,6 +26,7 @@ from engines.contract.records import RoundRecord
 from market.live.book import MIN_INTERVAL_S, book_publish, book_rows
 from market.live.send import group_send_many
 from market.live.spend import spend_ticks_publish
+from market.live.whatif import whatif_keep
 from market.payloads import BookRow, Payload, RoundResult, market_group
 from mechanism.welfare import planned_welfare
 
@@ -95,6 +96,7 @@ class RoundsPublisher:
                 if rows is not None:
                     self._books[market] = (record, rows)
                 self._results.setdefault(market, _Results()).add(record)
+                whatif_keep(record)  # its waiting queue, for the reserve what-if (never raises)
                 ids = [a["request_id"] for a in record["admitted"]]
                 if ids:
                     for tenant_id, request_id in Request.objects.filter(

@@ -27,9 +27,10 @@ from django.utils import timezone
 from accounts.models import ApiKey
 from accounts.money import money_str
 from accounts.selectors import budget_statuses_for_key, tenant_month_spend
+from market.live.book import book_queue_len
 from market.models import Market
 from market.selectors import quote_history
-from mechanism.quotes import WINDOW_S, BidGroup, bid_groups, quote, waits_for
+from mechanism.quotes import WINDOW_S, BidGroup, Waited, bid_groups, queue_scaled, quote, waits_for
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -137,14 +138,21 @@ def budgets_for_key(*, api_key: ApiKey, now: datetime | None = None) -> dict[str
     }
 
 
+def quote_waits(*, market: Market) -> list[Waited]:
+    """What every quote of ``market`` reads: its recent requests' bids and waits
+    (``market.selectors.quote_history``), each wait scaled to the queue of its live book now
+    (``mechanism.quotes.queue_scaled``; as read when no book has come)."""
+    return queue_scaled(quote_history(market=market), waiting=book_queue_len(market.slug))
+
+
 def quote_for(
     *, market: Market, ttft_s: float | None, probability: float, bid: Decimal | None
 ) -> dict[str, Any]:
-    """``GET /v1/quotes``: from the waits of ``market``'s recent requests
-    (``mechanism.quotes``), the bid that buys a first token within ``ttft_s`` seconds
+    """``GET /v1/quotes``: from the waits of ``market``'s recent requests, scaled to its queue
+    now (``quote_waits``), the bid that buys a first token within ``ttft_s`` seconds
     with ``probability`` (null, with the reason, when no recent bid bought it), and the waits
     ``bid`` buys. Dollars per second as exact strings, waits in seconds."""
-    history = quote_history(market=market)
+    history = quote_waits(market=market)
     groups = bid_groups(history)
     body: dict[str, Any] = {
         "object": "quote",
@@ -195,7 +203,7 @@ def quote_curve(*, market: Market) -> dict[str, Any]:
     found, curve = _curves.get(market.pk)
     if found:
         return curve
-    history = quote_history(market=market)
+    history = quote_waits(market=market)
     groups = bid_groups(history)
     target = _priority_bid(groups, market) if groups else None
     curve = {
@@ -242,7 +250,7 @@ def target_quote(*, market: Market, ttft_s: float, probability: float) -> Decima
     found, quoted = _priority_quotes.get(key)
     if found:
         return quoted
-    quoted = _target_bid(bid_groups(quote_history(market=market)), market, ttft_s, probability)
+    quoted = _target_bid(bid_groups(quote_waits(market=market)), market, ttft_s, probability)
     _priority_quotes.put(key, quoted)
     return quoted
 

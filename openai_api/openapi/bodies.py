@@ -73,7 +73,10 @@ RequestClass = Annotated[
     Field(
         pattern=rf"^\s*{v._REQUEST_CLASS.pattern}\s*$",  # spaces around it are dropped
         description=f"The class the autobidder prices ({v.DEFAULT_REQUEST_CLASS} unless given); "
-        "the header X-Request-Class wins over it.",
+        "the header X-Request-Class wins over it. A class's autobid setting is a value in $/s "
+        'of waiting, or a latency target {"ttft_s": T, "p": p}: the gateway then bids the '
+        "market's quote for a first token within T seconds with probability p (GET "
+        "/v1/quotes), never above the tenant's priority_bid_cap, paced by the autobidder.",
     ),
 ]
 MaxTokens = Annotated[int | None, Field(ge=1, le=v.MAX_TOKENS_LIMIT)]

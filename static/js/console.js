@@ -397,6 +397,72 @@
     $("policy-description").textContent = option ? option.dataset.description : "";
   });
 
+  // --- reserve what-if: the recorded queues cleared again at other reserves (market/live/whatif.py)
+  const WHATIF_POLL_MS = 30_000;
+  const WHATIF_CAVEAT = "Bidders may respond to a new reserve:<br>this is what the recorded queues<br>would have paid, not a forecast.";
+
+  async function whatIf() {
+    let answer;
+    try {
+      const reply = await fetch($("whatif").dataset.url, {headers: {Accept: "application/json"}});
+      if (!reply.ok) return;
+      answer = await reply.json();
+    } catch (error) {
+      return;
+    }
+    renderWhatIf(answer);
+  }
+
+  function renderWhatIf(w) {
+    const chart = $("chart-whatif");
+    const shown = w.points.length > 0;
+    $("whatif-empty").hidden = shown;
+    chart.hidden = !shown;
+    if (!shown) return;
+    const used = w.sampled - w.skipped;
+    $("whatif-meta").textContent =
+      `${fmt.int(used)} of ${fmt.int(w.rounds)} recorded round${w.rounds === 1 ? "" : "s"}`;
+    chart.dataset.current = String(w.current);
+    const xs = w.points.map((p) => p.reserve);
+    const line = (name, y, axis, color, text) => ({
+      type: "scatter", mode: "lines+markers", name, x: xs, y, yaxis: axis,
+      line: {color, width: 2, shape: "hv"}, marker: {size: 4},
+      hovertext: w.points.map((p, i) => `${fmt.rate(p.reserve)}: ${text[i]}`), hovertemplate: "%{hovertext}<extra></extra>",
+    });
+    const traces = [
+      line("revenue", w.points.map((p) => p.revenue), "y", "#5b8cff", w.points.map((p) => fmt.dollars(p.revenue))),
+      line("welfare", w.points.map((p) => p.welfare), "y2", "#e08a2e", w.points.map((p) => fmt.dollars(p.welfare))),
+      line("keeping priority", w.points.map((p) => p.priority_share), "y3", "#3aa876",
+           w.points.map((p) => fmt.pct(p.priority_share))),
+    ];
+    if (w.recorded !== null && w.recorded_at_current) {
+      traces.push({type: "scatter", mode: "markers", name: "recorded", x: [w.current], y: [w.recorded], yaxis: "y",
+                   marker: {symbol: "diamond-open", size: 11, color: "#1d2433", line: {width: 2}},
+                   hovertext: [`recorded: ${fmt.dollars(w.recorded)}`], hovertemplate: "%{hovertext}<extra></extra>"});
+    }
+    const panel = (title, domain, extra) => ({
+      domain, title: {text: title, standoff: 10}, gridcolor: "#edf0f4", zeroline: false, ...extra,
+    });
+    Plotly.react("chart-whatif", traces, layout({
+      xaxis: {type: "linear", anchor: "y3", rangemode: "tozero", title: {text: "reserve, $/s", standoff: 4}},
+      yaxis: panel("revenue, $", [0.7, 1], {rangemode: "tozero"}),
+      yaxis2: panel("welfare, $", [0.36, 0.64], {rangemode: "normal"}),
+      yaxis3: panel("keeping priority", [0, 0.3], {range: [0, 1.05], tickformat: ".0%"}),
+      shapes: [{type: "line", xref: "x", yref: "paper", x0: w.current, x1: w.current, y0: 0, y1: 1,
+                line: {color: "#1d2433", width: 1.5, dash: "dash"}}],
+      annotations: [
+        {xref: "x", yref: "paper", x: w.current, y: 1, xanchor: "left", yanchor: "top", showarrow: false,
+         text: `current ${fmt.rate(w.current)}`, font: {size: 10, color: "#1d2433"}, bgcolor: "rgba(255,255,255,0.6)"},
+        {xref: "paper", yref: "paper", x: 0, y: -0.13, xanchor: "left", yanchor: "top", showarrow: false,
+         align: "left", text: WHATIF_CAVEAT, font: {size: 10, color: "#8a4b0f"}},
+      ],
+      hovermode: "closest",
+      showlegend: true,
+      legend: {orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: {size: 10}},
+      margin: {l: 62, r: 12, t: 28, b: 96},
+    }), PLOT_CONFIG);
+  }
+
   // --- wiring ---------------------------------------------------------------------------------
   const handlers = {
     "book.snapshot": (m) => bookSet(m),
@@ -414,6 +480,8 @@
   renderRevenue();
   renderTenants();
   setInterval(() => { renderBookMeta(); renderRevenue(); }, 1000);
+  whatIf();
+  setInterval(whatIf, WHATIF_POLL_MS);
 
   window.live = new LiveSocket(initial.socket, (message, socket) => {
     const handle = handlers[message.kind];

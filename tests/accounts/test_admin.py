@@ -118,6 +118,7 @@ def test_a_reserve_moved_in_the_admin_is_audited(
         "priority_ttft_s": "2",
         "priority_probability": "0.9",
         "auto_reserve_target_s": "2",
+        "wait_bound_s": "0",
         "is_active": "on",
         "reserve_changes-TOTAL_FORMS": "0",
         "reserve_changes-INITIAL_FORMS": "0",
@@ -148,25 +149,32 @@ def test_a_reserve_moved_in_the_admin_is_audited(
     )
     # The policy and a higher ceiling with a reserve above the old one, in one save: each goes
     # through its service (the ceiling first, which the reserve needs) and is audited.
-    form = {**form, "replicas-TOTAL_FORMS": "0", "policy": "fcfs", "reserve_max": "3",
-            "reserve": "2"}  # fmt: skip
+    form = {**form, "replicas-TOTAL_FORMS": "0", "policy": "lpm", "reserve_max": "3",
+            "reserve": "2", "wait_bound_s": "20"}  # fmt: skip
     assert operator_client.post(admin_url(Market, "change", market.pk), form).status_code == 302
     market.refresh_from_db()
     assert (market.policy, market.reserve_max, market.reserve) == (
-        "fcfs",
+        "lpm",
         Decimal("3"),
         Decimal("2"),
     )
     audit = [(c.control, c.old, c.new, c.changed_by.username) for c in ControlChange.objects.all()]
     assert sorted(audit) == [
-        ("policy", "dfs-auction-density", "fcfs", "root"),
+        ("policy", "dfs-auction-kv-split", "lpm", "root"),
         ("reserve_max", "1.000000000", "3.000000000", "root"),
+        ("wait_bound_s", "0", "20", "root"),
     ]
     # A reserve above the ceiling is a form error, not a 500: nothing changes.
     page = operator_client.post(admin_url(Market, "change", market.pk), {**form, "reserve": "4"})
     assert page.status_code == 200 and "Above the reserve ceiling" in page.content.decode()
     market.refresh_from_db()
     assert market.reserve == Decimal("2")
+    # A wait bound out of range is a form error too.
+    page = operator_client.post(
+        admin_url(Market, "change", market.pk), {**form, "wait_bound_s": "0.1"}
+    )
+    assert page.status_code == 200 and "wait bound must be 0 (off)" in page.content.decode()
+    assert Market.objects.get(pk=market.pk).wait_bound_s == 20.0
 
 
 def test_the_admin_shows_figures_by_the_one_rule(operator_client) -> None:

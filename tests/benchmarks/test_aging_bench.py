@@ -1,24 +1,22 @@
-"""The wait-bound benchmark (benchmarks.aging): the clock moves credits in the engine's rounds,
+"""The wait-bound benchmark (benchmarks.aging): the knob moves credits in the engine's rounds,
 and the side-by-side table has every policy at every load."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.aging import aged_engine, main
+from benchmarks.aging import main
 from engines.contract.knobs import MarketKnobs
-from engines.sim import EngineConfig, SimRequest
-from mechanism.aging import AgeCredit
+from engines.sim import Engine, EngineConfig, SimRequest
 
 
-def test_the_aged_engine_gives_credits_in_its_rounds() -> None:
-    # One cold request keeps the engine busy; the second waits. With a bound of 0.01 s in one
+def test_the_bound_gives_credits_in_the_engines_rounds() -> None:
+    # One cold request keeps the engine busy; the second waits. With a bound of 0.5 s in one
     # step, density $0.5/s per token and a 40-token prompt, it has $20/s of credit (2e10 ticks)
-    # once a round runs 0.01 s or more after it arrived.
-    engine = aged_engine(AgeCredit(wait_s=0.01, density=0.5, steps=1))(
-        EngineConfig(max_running_requests=1), "dfs-auction-density", knobs=MarketKnobs()
-    )
-    engine.submit(SimRequest("busy", tuple(range(1000, 1400)), 50, 0.0, 0.0))
+    # once a round runs 0.5 s or more after it arrived.
+    knobs = MarketKnobs(wait_bound_s=0.5, wait_density=0.5, wait_steps=1)
+    engine = Engine(EngineConfig(max_running_requests=1), "dfs-auction-density", knobs=knobs)
+    engine.submit(SimRequest("busy", tuple(range(1000, 1400)), 200, 0.0, 0.0))
     engine.submit(SimRequest("late", tuple(range(40)), 4, 0.0, 0.0))
     credits = []
     now = 0.0

@@ -110,6 +110,8 @@ def test_sweep_findings(tmp_path, capsys) -> None:
             assert g["ttft_vs_best"] == pytest.approx(m["mean_ttft_s"] / best_ttft)
             assert g["hit_ok"] == (g["hit_gap_pp"] >= -1.0)
             assert g["ttft_ok"] == (g["ttft_vs_best"] <= 1.05)
+            assert g["tail_vs_lpm"] == pytest.approx(m["p99_ttft_s"] / lpm["p99_ttft_s"])
+            assert g["tail_ok"] == (g["tail_vs_lpm"] <= 1.25)
             gain = hb["welfare"] - lpm["welfare"]
             if gain > 0.01 * abs(lpm["welfare"]):
                 assert g["capture"] == pytest.approx((m["welfare"] - lpm["welfare"]) / gain)
@@ -118,7 +120,7 @@ def test_sweep_findings(tmp_path, capsys) -> None:
                 assert g["capture"] is None and g["capture_ok"] is None
     printed = capsys.readouterr().out
     assert "findings:" in printed and "hb/lpm TTFT" in printed
-    assert "goal met on" in printed and "hit/ttft/cap" in printed
+    assert "goal met on" in printed and "hit/ttft/cap/p99" in printed
     page = html.read_text()
     assert "Against sharing" in page and "TTFT ratio vs welfare capture" in page
 

@@ -52,6 +52,10 @@ def test_the_interval_by_hand():
     half = 4.303 / math.sqrt(3)
     assert (mean, lo, hi) == (2.0, pytest.approx(2 - half), pytest.approx(2 + half))
     assert pacing.t975(15) == 2.131 and pacing.t975(40) == 1.96
+    # One value has a mean and no interval; none has neither (a short period can leave a
+    # strategy no seed to compare), rather than an error ending the run.
+    assert pacing.interval([5.0])[0] == 5.0 and math.isnan(pacing.interval([5.0])[1])
+    assert all(math.isnan(x) for x in pacing.interval([]))
 
 
 def test_no_strategy_ever_overspends_and_zero_saves_nothing(monkeypatch):

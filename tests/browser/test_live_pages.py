@@ -228,22 +228,24 @@ def test_the_operator_reads_the_book_and_switches_the_policy_once_asked(
     screenshot(page, "console-book-tenants")
 
     # The policy switch: each option's line, then a question, then the audit row.
-    assert "bid per token" in page.inner_text("#policy-description")
-    page.select_option("#policy-select", "highest-bid")
-    assert page.inner_text("#policy-description").startswith("Highest bid first")
+    assert "compete one by one" in page.inner_text("#policy-description")
+    page.select_option("#policy-select", "dfs-auction-density")
+    assert "siblings by bid per token" in page.inner_text("#policy-description")
     page.click("#policy-form button[type=submit]")
     page.wait_for_selector("#policy-confirm")
-    assert "Switch the ordering policy from dfs-auction-density to highest-bid?" in (
+    assert "Switch the ordering policy from dfs-auction-kv-split to dfs-auction-density?" in (
         page.inner_text("#policy-confirm")
     )
-    assert Market.objects.get(pk=live_market.market.pk).policy == "dfs-auction-density"
+    assert Market.objects.get(pk=live_market.market.pk).policy == "dfs-auction-kv-split"
     screenshot(page, "console-policy-confirm")
     page.click("#policy-confirm button[type=submit]")
     page.wait_for_selector("#control-audit tbody tr")
     audit = page.inner_text("#control-audit tbody tr:first-child")
-    assert "operator" in audit and "policy dfs-auction-density → highest-bid" in audit, audit
-    assert Market.objects.get(pk=live_market.market.pk).policy == "highest-bid"
-    page.wait_for_selector("#kpi-engine-policy[data-policy='highest-bid']", timeout=45_000)
+    assert "operator" in audit and "policy dfs-auction-kv-split → dfs-auction-density" in audit, (
+        audit
+    )
+    assert Market.objects.get(pk=live_market.market.pk).policy == "dfs-auction-density"
+    page.wait_for_selector("#kpi-engine-policy[data-policy='dfs-auction-density']", timeout=45_000)
     screenshot(page, "console-policy-audited")
 
 

@@ -472,7 +472,7 @@ def test_two_live_markets_run_side_by_side_and_neither_touches_the_others_engine
             {second.web, second.engine, *second.replica_ports}
         )
         for market, expected in (
-            (first, ("dfs-auction-density", 0.001)),
+            (first, ("dfs-auction-kv-split", 0.001)),
             (second, ("fcfs", 0.0042)),
         ):
             for i, port in enumerate(market.replica_ports, start=1):

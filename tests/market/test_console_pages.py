@@ -87,12 +87,12 @@ def test_only_operators_move_the_reserve_and_the_policy(client, world, persona) 
     logged_in(client, world, persona)
     # Confirmed (from a reserve of 0 every raise asks first; every switch asks first).
     reserve = client.post(f"{CONSOLE}reserve/", {"reserve": "0.002", "confirmed": "0.002000000"})
-    policy = client.post(f"{CONSOLE}policy/", {"policy": "fcfs", "confirmed": "fcfs"})
+    policy = client.post(f"{CONSOLE}policy/", {"policy": "lpm", "confirmed": "lpm"})
     ceiling = client.post(f"{CONSOLE}reserve-max/", {"reserve_max": "5"})
     market = Market.objects.get(slug="test-llm")
     if persona == "operator":
         assert {reserve.status_code, policy.status_code, ceiling.status_code} == {302}
-        assert (market.reserve, market.policy) == (Decimal("0.002"), "fcfs")
+        assert (market.reserve, market.policy) == (Decimal("0.002"), "lpm")
         assert market.reserve_max == Decimal("5")
         (change,) = ReserveChange.objects.all()
         assert (change.old, change.new, change.changed_by.username) == (
@@ -102,7 +102,7 @@ def test_only_operators_move_the_reserve_and_the_policy(client, world, persona) 
         )
         audit = ControlChange.objects.order_by("id")
         assert [(c.control, c.old, c.new, c.changed_by.username) for c in audit] == [
-            ("policy", "dfs-auction-density", "fcfs", persona),
+            ("policy", "dfs-auction-kv-split", "lpm", persona),
             ("reserve_max", "1.000000000", "5.000000000", persona),
         ]
     else:
@@ -111,7 +111,7 @@ def test_only_operators_move_the_reserve_and_the_policy(client, world, persona) 
             assert is_login_redirect(ceiling)
         else:
             assert {reserve.status_code, policy.status_code, ceiling.status_code} == {403}
-        assert (market.reserve, market.policy) == (Decimal("0"), "dfs-auction-density")
+        assert (market.reserve, market.policy) == (Decimal("0"), "dfs-auction-kv-split")
         assert market.reserve_max == Decimal("1")
         assert not ReserveChange.objects.exists() and not ControlChange.objects.exists()
     impact = client.get(f"{CONSOLE}reserve/impact/?reserve=0.5")
@@ -295,27 +295,51 @@ def test_a_policy_switch_asks_first_explains_both_policies_and_is_audited(client
     logged_in(client, world, "operator")
     page = client.get(CONSOLE).content.decode()
     # Each policy offered with its line, and the one in force explained under the switch.
-    assert 'data-description="First come, first served: arrival order; bids buy nothing."' in page
+    assert (
+        'data-description="Longest cached prefix first, for the cache; bids buy nothing."' in page
+    )
     assert "Neither the policy nor the ceiling has been changed yet." in page
-    asked = client.post(f"{CONSOLE}policy/", {"policy": "highest-bid"})
-    assert asked["Location"] == f"{CONSOLE}?confirm_policy=highest-bid#controls"
-    assert Market.objects.get(slug="test-llm").policy == "dfs-auction-density"
+    asked = client.post(f"{CONSOLE}policy/", {"policy": "dfs-auction-density"})
+    assert asked["Location"] == f"{CONSOLE}?confirm_policy=dfs-auction-density#controls"
+    assert Market.objects.get(slug="test-llm").policy == "dfs-auction-kv-split"
     question = client.get(asked["Location"]).content.decode()
     question = question[question.index('id="policy-confirm"') :]
-    assert "Highest bid first, then arrival" in question and "siblings by bid per token" in question
+    assert "siblings by bid per token of work" in question and "compete one by one" in question
     page = client.post(
-        f"{CONSOLE}policy/", {"policy": "highest-bid", "confirmed": "highest-bid"}, follow=True
+        f"{CONSOLE}policy/",
+        {"policy": "dfs-auction-density", "confirmed": "dfs-auction-density"},
+        follow=True,
     ).content.decode()
-    assert "Policy dfs-auction-density → highest-bid" in page
+    assert "Policy dfs-auction-kv-split → dfs-auction-density" in page
     audit = page[page.index('id="control-audit"') :]
     assert (
         "operator" in audit
-        and "<code>dfs-auction-density</code> → <strong><code>highest-bid" in (audit)
+        and "<code>dfs-auction-kv-split</code> → <strong><code>dfs-auction-density" in (audit)
     )
     (change,) = ControlChange.objects.all()
     assert (change.control, change.old, change.new, change.changed_by.username) == (
-        "policy", "dfs-auction-density", "highest-bid", "operator"
+        "policy", "dfs-auction-kv-split", "dfs-auction-density", "operator"
     )  # fmt: skip
+
+
+def test_baselines_are_not_offered_and_a_market_on_one_can_leave_it(client, world) -> None:
+    """The benchmarks' baselines are not on the switch; a market left on one (set before they
+    were withdrawn) shows it as in force, and the switch refuses to move to another."""
+    logged_in(client, world, "operator")
+    page = client.get(CONSOLE).content.decode()
+    assert 'value="fcfs"' not in page and 'value="highest-bid"' not in page
+    refused = client.post(
+        f"{CONSOLE}policy/", {"policy": "highest-bid", "confirmed": "highest-bid"}, follow=True
+    )
+    assert Market.objects.get(slug="test-llm").policy == "dfs-auction-kv-split"
+    assert not ControlChange.objects.exists()
+    assert "Policy not changed" in (refused := refused.content.decode())
+    assert "not offered for a market" in refused
+    Market.objects.filter(slug="test-llm").update(policy="fcfs")
+    page = client.get(CONSOLE).content.decode()
+    assert 'value="fcfs"' in page  # in force, so listed
+    client.post(f"{CONSOLE}policy/", {"policy": "lpm", "confirmed": "lpm"})
+    assert Market.objects.get(slug="test-llm").policy == "lpm"
 
 
 def test_every_policy_of_the_registry_has_its_line() -> None:

@@ -20,7 +20,7 @@ from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from market.engine_control import engine_config_push
 from market.models import Market
-from market.services import market_policy_set, market_reserve_set
+from market.services import market_policy_set, market_reserve_set, market_wait_bound_set
 from tests.accounts.factories import market_create
 from tests.market.test_engine_control import engine_state, engine_url_set
 from tests.scheduler_bridge.workers import wait_until
@@ -110,12 +110,22 @@ def test_a_simulated_engine_following_the_store_runs_the_console_values(
         assert sim_round(sim)
         assert engine_state(sim) == ("fcfs", 0.25)
         with django_capture_on_commit_callbacks(execute=True):
-            market_policy_set(market=market, policy="highest-bid", user=None)
+            market_policy_set(market=market, policy="dfs-auction-density", user=None)
             market_reserve_set(market=market, reserve="0.0625", user=None)
         wait_until(
-            lambda: sim_round(sim) and engine_state(sim) == ("highest-bid", 0.0625),
+            lambda: sim_round(sim) and engine_state(sim) == ("dfs-auction-density", 0.0625),
             what="the engine to apply the console's change",
         )
+        # The wait bound travels the same way, with the policy and reserve kept.
+        assert sim.call(lambda: sim.server.engine.knobs.wait_bound_s) == 0.0
+        with django_capture_on_commit_callbacks(execute=True):
+            market_wait_bound_set(market=market, wait_bound_s=30, user=None)
+        assert stored(settings, market.slug).wait_bound_s == 30.0
+        wait_until(
+            lambda: sim_round(sim) and sim.call(lambda: sim.server.engine.knobs.wait_bound_s) == 30,
+            what="the engine to apply the console's wait bound",
+        )
+        assert engine_state(sim) == ("dfs-auction-density", 0.0625)
 
 
 def sim_round(sim: ServerThread) -> bool:

@@ -96,15 +96,15 @@ def test_the_ceiling_is_audited_and_never_below_the_reserve_in_force(market) -> 
 @pytest.mark.django_db
 def test_a_policy_switch_is_audited_with_who_when_old_and_new(market) -> None:
     operator = get_user_model().objects.create_user("op", is_staff=True)
-    assert market_policy_set(market=market, policy="fcfs", user=operator, now=AT) == (
-        "dfs-auction-density"
+    assert market_policy_set(market=market, policy="lpm", user=operator, now=AT) == (
+        "dfs-auction-kv-split"
     )
-    assert market_policy_set(market=market, policy="fcfs", user=operator) is None  # no change
-    market_policy_set(market=market, policy="lpm", user=None, now=AT)
+    assert market_policy_set(market=market, policy="lpm", user=operator) is None  # no change
+    market_policy_set(market=market, policy="dfs-auction-density", user=None, now=AT)
     rows = [(c.control, c.old, c.new, c.changed_by, c.at) for c in ControlChange.objects.all()]
     assert rows == [  # newest first
-        ("policy", "fcfs", "lpm", None, AT),
-        ("policy", "dfs-auction-density", "fcfs", operator, AT),
+        ("policy", "lpm", "dfs-auction-density", None, AT),
+        ("policy", "dfs-auction-kv-split", "lpm", operator, AT),
     ]
     with pytest.raises(ValueError):
         market_policy_set(market=market, policy="cheapest", user=operator)

@@ -15,7 +15,7 @@ from django.db import transaction
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from market.engine_control import engine_config_push, retry_delay_s
-from market.models import Market
+from market.models import ControlChange, Market
 from market.services import market_policy_set, market_reserve_set
 from market.tasks import engine_config_push as push_task
 from tests.accounts.factories import market_create
@@ -71,7 +71,7 @@ def test_a_reserve_change_reaches_the_engine_from_its_next_round(
     assert change is not None and len(queued) == 1
     assert engine_state(sim)[1] == 0.0  # nothing is sent before the change commits
     queued[0]()  # the commit
-    assert engine_state(sim) == ("dfs-auction-density", 0.002)
+    assert engine_state(sim) == ("dfs-auction-kv-split", 0.002)
     generate(sim.url, "after", 0.001)
     by_request = {a["request_id"]: (r, a) for r in records for a in r["admitted"]}
     before, after = by_request["before"], by_request["after"]
@@ -89,25 +89,38 @@ def test_a_policy_change_is_validated_logged_and_pushed(
     with pytest.raises(ValueError, match="unknown policy"):
         market_policy_set(market=market, policy="cheapest-first", user=None)
     with django_capture_on_commit_callbacks(execute=True) as queued:
-        assert market_policy_set(market=market, policy="fcfs", user=None) == "dfs-auction-density"
-        assert market_policy_set(market=market, policy="fcfs", user=None) is None  # no change
+        assert market_policy_set(market=market, policy="lpm", user=None) == "dfs-auction-kv-split"
+        assert market_policy_set(market=market, policy="lpm", user=None) is None  # no change
     assert len(queued) == 1
-    assert Market.objects.get(pk=market.pk).policy == "fcfs"
-    assert engine_state(sim) == ("fcfs", 0.0)
-    assert "market test-llm: policy dfs-auction-density -> fcfs by system" in caplog.text
+    assert Market.objects.get(pk=market.pk).policy == "lpm"
+    assert engine_state(sim) == ("lpm", 0.0)
+    assert "market test-llm: policy dfs-auction-kv-split -> lpm by system" in caplog.text
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("policy", ["dfs-auction-kv", "dfs-auction-kv-split"])
-def test_the_kv_pressure_auctions_are_chosen_by_name_and_reach_the_engine(
+@pytest.mark.parametrize("policy", ["lpm", "dfs-auction-density", "dfs-auction-kv-split"])
+def test_each_offered_policy_is_chosen_by_name_and_reaches_the_engine(
     sim: ServerThread, eager, django_capture_on_commit_callbacks, policy
 ) -> None:
     market = market_create()
     engine_url_set(market, sim.url)
+    start = "lpm" if policy != "lpm" else "dfs-auction-density"
+    Market.objects.filter(pk=market.pk).update(policy=start)
+    market.refresh_from_db()
     with django_capture_on_commit_callbacks(execute=True):
-        assert market_policy_set(market=market, policy=policy, user=None) is not None
+        assert market_policy_set(market=market, policy=policy, user=None) == start
     assert Market.objects.get(pk=market.pk).policy == policy
     assert engine_state(sim) == (policy, 0.0)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("baseline", ["fcfs", "highest-bid", "dfs-auction-kv"])
+def test_a_benchmark_baseline_is_refused_and_nothing_changes(baseline) -> None:
+    market = market_create()
+    with pytest.raises(ValueError, match="not offered for a market"):
+        market_policy_set(market=market, policy=baseline, user=None)
+    assert Market.objects.get(pk=market.pk).policy == "dfs-auction-kv-split"
+    assert not ControlChange.objects.exists()
 
 
 @pytest.mark.django_db
@@ -149,7 +162,7 @@ def test_the_admin_token_is_sent(settings) -> None:
         engine_url_set(market, sim.url)
         settings.ENGINE_ADMIN_TOKEN = "wrong"
         assert engine_config_push(market_id=market.pk) == "refused"  # 401: no retry helps
-        assert engine_state(sim) == ("dfs-auction-density", 0.0)
+        assert engine_state(sim) == ("dfs-auction-kv-split", 0.0)
         settings.ENGINE_ADMIN_TOKEN = "s3cret"
         assert engine_config_push(market_id=market.pk) == "pushed"
         assert engine_state(sim) == ("fcfs", 0.5)

@@ -112,6 +112,21 @@ def test_clearing_an_idle_book(sent, unique_slug) -> None:
     assert not book.book_clear(market=unique_slug, now=12.0)  # already empty
 
 
+def test_the_queue_a_new_request_joins_is_the_mean_of_the_replicas(sent, unique_slug) -> None:
+    """What the quotes scale waits to (``openai_api.gateway.selectors.quote_waits``): replica 1
+    holds 5 waiting, replica 2 holds 3, so a request joins 4 on average; once the queue has
+    drained (the book cleared) 0; before any book, nothing is known."""
+    assert book.book_queue_len(unique_slug) is None
+    one = record(unique_slug, 1, engine="rep-1", waiting=5, subtrees=[subtree("a")])
+    two = record(unique_slug, 1, engine="rep-2", waiting=3, subtrees=[subtree("b")])
+    book.book_publish(record=one, rows=book.book_rows(one), now=10.0)
+    assert book.book_queue_len(unique_slug) == 5.0
+    book.book_publish(record=two, rows=book.book_rows(two), now=11.0)
+    assert book.book_queue_len(unique_slug) == 4.0
+    assert book.book_clear(market=unique_slug, now=12.0)
+    assert book.book_queue_len(unique_slug) == 0.0
+
+
 def test_two_replicas_books_merge_by_subtree_key(sent, unique_slug) -> None:
     """Replica 1 holds subtree s (3 requests, $0.6/s, 100 tokens of work) and a; replica 2 holds
     s too (1 request, $0.4/s, 100 tokens) and b. Merged, by hand: s has 4 requests, $1.0/s,

@@ -1,6 +1,6 @@
 """A market's policy is checked against the mechanism's registry as it is, not against a list
 frozen in a migration: an unknown name is refused with the names that exist, and the admin
-offers exactly the registry's policies."""
+offers exactly the policies offered for a market (the registry's ``offered``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from django.contrib.admin.sites import site
 from django.core.exceptions import ValidationError
 
 from market.models import Market, policy_known
-from mechanism import POLICIES
+from mechanism import OFFERED, POLICIES
 from tests.accounts.factories import market_create
 
 
@@ -32,9 +32,10 @@ def test_a_market_with_an_unknown_policy_fails_validation() -> None:
     assert set(refused.value.message_dict) == {"policy"}
 
 
-def test_the_admin_offers_the_registrys_policies(rf) -> None:
+def test_the_admin_offers_the_policies_offered_for_a_market(rf) -> None:
     admin = site._registry[Market]
     field = Market._meta.get_field("policy")
     form_field = admin.formfield_for_dbfield(field, rf.get("/"))
-    assert [value for value, _ in form_field.choices] == list(POLICIES)
+    assert [value for value, _ in form_field.choices] == list(OFFERED)
+    assert form_field.initial == "dfs-auction-kv-split"
     assert field.choices is None  # no list frozen in the migrations

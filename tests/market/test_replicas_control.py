@@ -62,7 +62,7 @@ def test_a_reserve_change_reaches_every_replica(
         replica_set(market=market, engine_id="rep-a", url=a.url)
         replica_set(market=market, engine_id="rep-b", url=b.url)
         market_reserve_set(market=market, reserve="0.25", user=None)
-    assert engine_state(a) == engine_state(b) == ("dfs-auction-density", 0.25)
+    assert engine_state(a) == engine_state(b) == ("dfs-auction-kv-split", 0.25)
 
 
 @pytest.mark.django_db
@@ -75,7 +75,7 @@ def test_a_new_replica_gets_the_current_values(
     with django_capture_on_commit_callbacks(execute=True):
         replica_set(market=market, engine_id="rep-a", url=a.url)
     assert engine_state(a) == ("fcfs", 0.5)
-    assert engine_state(b) == ("dfs-auction-density", 0.0)  # not a replica yet
+    assert engine_state(b) == ("dfs-auction-kv-split", 0.0)  # not a replica yet
 
 
 @pytest.mark.django_db

@@ -49,7 +49,8 @@ def test_bad_reserves_are_refused_and_nothing_changes(market, bad) -> None:
 
 
 def test_the_default_policy_is_a_registered_one() -> None:
-    assert DEFAULT_POLICY == "dfs-auction-density" and DEFAULT_POLICY in POLICIES
+    assert DEFAULT_POLICY == "dfs-auction-kv-split" and DEFAULT_POLICY in POLICIES
+    assert Market().policy == DEFAULT_POLICY
 
 
 def test_the_demo_market_is_seeded_once() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mechanism import DFS_AUCTIONS, RequestTree, WaitingRequest, clear_tree, to_ticks
 from mechanism import reference as ref
-from mechanism.aging import AgeClock, AgeCredit
+from mechanism.aging import AgeClock, AgeCredit, WaitBound, wait_bound_checked
 
 from .strategies import queues, to_mechanism
 
@@ -245,3 +245,37 @@ def test_tenant_charges_with_credits_take_off_the_own_tenants_delay(
         low, high, _ = ref.myerson_bounds(reqs, r.id, policy, reserve, 0, 1.0, steps=400)
         want = ref.tenant_payment(reqs, r.id, by_id, policy, reserve, 0, 1.0)
         assert c.payments[r.id] == pytest.approx(want, abs=(high - low) / 2 + 1e-9), r.id
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 0.5, 8, 3600.0])
+def test_the_operators_bound_is_off_or_in_range(value) -> None:
+    assert wait_bound_checked(value) == float(value)
+
+
+@pytest.mark.parametrize("value", [0.49, -1, 3600.01, float("nan"), float("inf"), "8", True, None])
+def test_a_bound_out_of_range_is_refused_saying_the_range(value) -> None:
+    with pytest.raises(ValueError, match=r"0 \(off\) or 0.5..3600 seconds"):
+        wait_bound_checked(value)
+
+
+def test_the_engines_wait_bound_follows_a_change_of_rule_from_the_next_round() -> None:
+    # a (12 tokens, in at 0 s) and b (4 tokens, in at 5 s); $0.5/s per token at the bound.
+    tree = RequestTree([WaitingRequest("a", tuple(range(12)), 1.0, 0.0),
+                        WaitingRequest("b", (50, 51, 52, 53), 1.0, 5.0)])  # fmt: skip
+    bound = WaitBound()
+    assert bound.advance(tree, 6.0, None) == 0  # off: nothing moves
+    # On at 6 s with 8 s in 4 steps (2 s each): a has waited 6 s, level 3, at once: 12 x 0.5 x
+    # 3/4 = $4.5/s; b has waited 1 s, level 0.
+    assert bound.advance(tree, 6.0, AgeCredit(wait_s=8.0, density=0.5, steps=4)) == 1
+    assert tree.entries["a"].credit == to_ticks(4.5) and tree.entries["b"].credit == 0
+    # A new rule (4 s in 2 steps): a's credit is worked out again from its arrival (level 2 of
+    # 2: $6/s), b's too (1 s: level 0).
+    assert bound.advance(tree, 6.0, AgeCredit(wait_s=4.0, density=0.5, steps=2)) == 2
+    assert tree.entries["a"].credit == to_ticks(6.0) and tree.entries["b"].credit == 0
+    bound.admit("c", 6.5)
+    tree.insert(WaitingRequest("c", (70, 71), 1.0, 6.5))
+    assert bound.advance(tree, 8.5, bound.credit) == 2  # b (3.5 s: level 1), c (2 s: level 1)
+    assert tree.entries["b"].credit == to_ticks(1.0) and tree.entries["c"].credit == to_ticks(0.5)
+    # Off: every credit is taken back.
+    assert bound.advance(tree, 9.0, None) == 3
+    assert [e.credit for e in tree.entries.values()] == [0, 0, 0]

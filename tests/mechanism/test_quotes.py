@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from mechanism.quotes import BidGroup, Waited, bid_groups, quote, waits_for
+from mechanism.quotes import BidGroup, Waited, bid_groups, queue_scaled, quote, waits_for
 
 
 def history() -> list[Waited]:
@@ -97,3 +97,38 @@ def test_quantile_bounds() -> None:
             g.quantile(p)
     with pytest.raises(ValueError):
         quote([g], ttft_s=0.0, p=0.5)
+
+
+def test_a_wait_is_scaled_to_the_queue_of_now_never_down() -> None:
+    history = [
+        Waited(0.1, 0.5, queue_len=100),  # joined 100 waiting; 400 now: 0.5 x 4 = 2.0 s
+        Waited(0.1, 0.5, queue_len=500),  # joined a longer queue than now: stays 0.5 s
+        Waited(0.0, 3.0, queue_len=1),  # joined an empty queue (itself): 3.0 x 400 = 1200 s
+        Waited(0.0, 3.0),  # queue not known: stays 3.0 s
+    ]
+    scaled = queue_scaled(history, waiting=400)
+    assert [w.ttft_s for w in scaled] == [2.0, 0.5, 1200.0, 3.0]
+    assert [(w.bid, w.queue_len) for w in scaled] == [(w.bid, w.queue_len) for w in history]
+    assert queue_scaled(history, waiting=None) == history  # no book: the history as read
+    assert queue_scaled(history, waiting=0) == history  # a drained queue scales nothing down
+    with pytest.raises(ValueError):
+        queue_scaled(history, waiting=-1)
+    with pytest.raises(ValueError):
+        queue_scaled(history, waiting=float("nan"))
+
+
+def test_a_grown_queue_raises_the_quote() -> None:
+    # The module's history, each request having joined a queue of 10: the quote for a first
+    # token within 2 s half the time is 0.1 (its median 1.5 s). Now 20 wait: every wait
+    # doubles, 0.1's median is 3.0 s > 2, and nothing is quoted; within 4 s, 0.1 (3.0 <= 4).
+    # Within 40 s half the time: 0.01's median 15 s doubles to 30 s <= 40; bid 0's 150 s
+    # doubles to 300 s > 40: the quote stays 0.01, and for p 0.9 (0.01's p90 27 -> 54 s > 40)
+    # it rises to 0.1 (p90 2.7 -> 5.4 s).
+    joined = [Waited(w.bid, w.ttft_s, queue_len=10) for w in history()]
+    assert quote(bid_groups(joined), ttft_s=2.0, p=0.5) == 0.1
+    now = bid_groups(queue_scaled(joined, waiting=20))
+    assert quote(now, ttft_s=2.0, p=0.5) is None
+    assert quote(now, ttft_s=4.0, p=0.5) == 0.1
+    assert quote(now, ttft_s=40.0, p=0.5) == 0.01
+    assert quote(bid_groups(joined), ttft_s=40.0, p=0.9) == 0.01
+    assert quote(now, ttft_s=40.0, p=0.9) == 0.1

@@ -6,7 +6,9 @@ import pytest
 
 from mechanism import (
     BID_POLICIES,
+    DEFAULT_POLICY,
     DFS_AUCTIONS,
+    OFFERED,
     POLICIES,
     POLICY,
     WaitingRequest,
@@ -14,6 +16,7 @@ from mechanism import (
     clear,
     planned_welfare,
     policy_checked,
+    policy_offered,
     realized_welfare,
 )
 from mechanism import reference as ref
@@ -50,6 +53,19 @@ def test_the_sets_the_engines_use_are_read_off_the_registry() -> None:
     assert CACHE_SPLIT.split_cached and not CACHE_KEPT.split_cached
     # The reference states the boost on its own; the two must say the same.
     assert CACHE_KEPT.cached_boost == CACHE_SPLIT.cached_boost == ref.KV_CACHED_BOOST == 4.0
+
+
+def test_operators_are_offered_the_measured_choices_and_the_default_is_one() -> None:
+    # The goal table (docs/benchmarks.md) decides: kv-split the default, density for its
+    # cheaper rounds, lpm for a market without an auction; the rest are benchmark baselines.
+    assert OFFERED == ("lpm", "dfs-auction-density", "dfs-auction-kv-split")
+    assert DEFAULT_POLICY == "dfs-auction-kv-split" and DEFAULT_POLICY in OFFERED
+    assert policy_offered("lpm") == "lpm"
+    for baseline in ("fcfs", "dfs-weight", "highest-bid", "dfs-auction", "dfs-auction-kv"):
+        with pytest.raises(ValueError, match=f"{baseline!r} is a baseline of the benchmarks"):
+            policy_offered(baseline)
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        policy_offered("nope")
 
 
 def test_block_keys() -> None:

@@ -1,9 +1,10 @@
 """Names the engines, the market and settlement must agree on, each defined once.
 
 One list of policy names (``mechanism.POLICIES``) and one check of a name
-(``mechanism.policies.policy_checked``): the market's model and service, the simulated
-engine (its class, its command line and its control path) and the SGLang plugin's config accept
-exactly the same names. (That SGLang itself runs the names the plugin leaves to it is checked in
+(``mechanism.policies.policy_checked``): the market's model, the simulated engine (its class,
+its command line and its control path) and the SGLang plugin's config accept exactly the same
+names; the market's service switches only to those offered (``mechanism.OFFERED``). (That SGLang
+itself runs the names the plugin leaves to it is checked in
 ``tests/engines/sglang_plugin/test_policy_names.py``.) One default rounds stream
 (``engines.contract.records.DEFAULT_STREAM``) that both engines write and settlement
 reads."""
@@ -25,7 +26,7 @@ from engines.sim.protocol import BadRequest
 from engines.sim.server import ServerOptions, SimServer, parse_args
 from market.models import Market, policy_known
 from market.services import market_policy_set
-from mechanism import BID_POLICIES, POLICIES
+from mechanism import BID_POLICIES, DEFAULT_POLICY, OFFERED, POLICIES
 from scheduler_bridge.settlement.stream import StreamConsumer
 from tests.accounts.factories import market_create
 
@@ -39,15 +40,20 @@ def test_the_market_model_checks_its_policy_against_the_mechanisms_registry() ->
 
 
 @pytest.mark.django_db
-def test_the_market_service_accepts_exactly_the_mechanisms_policies() -> None:
+def test_the_market_service_accepts_exactly_the_offered_policies() -> None:
     market = market_create()
-    for policy in POLICIES:
+    for policy in OFFERED:
         market_policy_set(market=market, policy=policy, user=None)
         market.refresh_from_db()
         assert market.policy == policy
+    for policy in set(POLICIES) - set(OFFERED):
+        with pytest.raises(ValueError, match="a baseline of the benchmarks, not offered"):
+            market_policy_set(market=market, policy=policy, user=None)
     for policy in UNKNOWN:
         with pytest.raises(ValueError, match="unknown policy"):
             market_policy_set(market=market, policy=policy, user=None)
+    market.refresh_from_db()
+    assert market.policy == OFFERED[-1]
 
 
 def test_the_simulated_engine_accepts_exactly_the_mechanisms_policies() -> None:
@@ -76,7 +82,7 @@ def test_the_simulated_engines_control_path_refuses_other_names(policy: object) 
 
     with pytest.raises(BadRequest, match="policy must be one of"):
         asyncio.run(server.admin_market(Posted()))
-    assert server.engine.policy == "dfs-auction-density"
+    assert server.engine.policy == DEFAULT_POLICY
 
 
 def test_the_plugin_runs_the_bid_policies_and_leaves_the_others_to_sglang() -> None:

@@ -38,10 +38,13 @@ class Store:
 
 
 def test_the_state_round_trips_and_bad_ones_are_refused() -> None:
-    state = ControlState("dfs-auction", 0.25, 1700000000.5)
+    state = ControlState("dfs-auction", 0.25, 1700000000.5, wait_bound_s=45.0)
     assert control_loads(control_dumps(state)) == state
+    assert control_loads(control_dumps(state)).wait_bound_s == 45.0
+    assert state != ControlState("dfs-auction", 0.25, 1700000000.5)  # the bound is a value
+    # A state written before the wait bound existed: the bound is off.
     good = f'{{"schema": "{SCHEMA}", "policy": "fcfs", "reserve": 1}}'
-    assert control_loads(good) == ControlState("fcfs", 1.0, 0.0)
+    assert control_loads(good) == ControlState("fcfs", 1.0, 0.0, wait_bound_s=0.0)
     for text, words in [
         ("{", "not JSON"),
         ("[]", "JSON object"),
@@ -49,6 +52,10 @@ def test_the_state_round_trips_and_bad_ones_are_refused() -> None:
         (f'{{"schema": "{SCHEMA}", "policy": "fcfs"}}', "needs a policy and a reserve"),
         (f'{{"schema": "{SCHEMA}", "policy": "cheap", "reserve": 0}}', "policy must be one of"),
         (f'{{"schema": "{SCHEMA}", "policy": "fcfs", "reserve": -1}}', "reserve must be"),
+        (
+            f'{{"schema": "{SCHEMA}", "policy": "fcfs", "reserve": 0, "wait_bound_s": 0.1}}',
+            "wait bound must be 0",
+        ),
     ]:
         with pytest.raises(ControlError, match=words):
             control_loads(text)

@@ -22,6 +22,9 @@ THE_KNOBS = {
     "book_interval_s",
     "rounds_stream",
     "charge_scope",
+    "wait_bound_s",
+    "wait_steps",
+    "wait_density",
 }
 
 
@@ -49,6 +52,13 @@ def test_both_engines_embed_the_one_set_of_knobs() -> None:
         ({"market": ""}, "market must be a non-empty string"),
         ({"rounds_stream": 3}, "rounds_stream must be a non-empty string"),
         ({"charge_scope": "account"}, "charge scope must be one of request, tenant"),
+        ({"wait_bound_s": 0.4}, r"wait bound must be 0 \(off\) or 0.5..3600 seconds"),
+        ({"wait_bound_s": 3601}, r"wait bound must be 0 \(off\) or 0.5..3600 seconds"),
+        ({"wait_bound_s": float("inf")}, r"wait bound must be 0 \(off\)"),
+        ({"wait_bound_s": "8"}, r"wait bound must be 0 \(off\)"),
+        ({"wait_steps": 0}, "wait_steps must be an integer >= 1"),
+        ({"wait_density": 0}, "wait_density must be > 0"),
+        ({"wait_density": 2e6}, r"wait_density must be <= 1e\+06"),
     ],
 )
 def test_a_bad_knob_is_refused_the_same_way_by_both_engines(values, message) -> None:
@@ -71,6 +81,26 @@ def test_the_reserve_changes_through_the_same_check() -> None:
     with pytest.raises(ValueError, match="reserve must be a finite number"):
         engine.set_reserve("free")
     assert engine.reserve == 0.5  # a refused change leaves the one in effect
+
+
+def test_the_wait_bound_changes_through_the_same_check_and_runs_under_the_dfs_auctions() -> None:
+    knobs = MarketKnobs()
+    assert knobs.wait_bound_s == 0.0 and knobs.age_credit("dfs-auction-density") is None  # off
+    on = knobs.with_wait_bound(30)
+    assert on.wait_bound_s == 30.0 and isinstance(on.wait_bound_s, float)
+    rule = on.age_credit("dfs-auction-kv")
+    assert (rule.wait_s, rule.steps, rule.density) == (30.0, 4, 0.05)  # AgeCredit's defaults
+    for policy in ("fcfs", "lpm", "dfs-weight", "highest-bid"):
+        assert on.age_credit(policy) is None  # only the DFS auctions' keys take a credit
+    with pytest.raises(ValueError, match="wait bound"):
+        on.with_wait_bound(0.1)
+    engine = Engine(knobs=on)
+    engine.set_wait_bound(0)
+    assert engine.knobs.wait_bound_s == 0.0
+    with pytest.raises(ValueError, match="wait bound"):
+        engine.set_wait_bound(-5)
+    assert engine.knobs.wait_bound_s == 0.0  # a refused change leaves the one in effect
+    assert assigned(MarketKnobs(), ["wait_bound_s=12.5"], what="knob").wait_bound_s == 12.5
 
 
 def test_the_plan_rate_is_the_knob_or_the_engines_estimate() -> None:

@@ -71,6 +71,13 @@ def check_follows(store, pol, allocator, cache) -> None:
     assert (second["policy"], second["reserve"]) == ("dfs-auction", 0.0)
     assert effective(second) == {"b-lo": 0.2, "b-hi": 0.6}
     assert pol.market.control_applied == 2
+    # The wait bound travels with them, from the next round.
+    store.write(now_state("dfs-auction", 0.0, wait_bound_s=30))
+    wait_for(lambda: pol.control.changes == 3, "the follower to read the wait bound")
+    assert pol.market.config.knobs.wait_bound_s == 0.0  # not before a round
+    one_round(pol, allocator, cache, two_bidders("w"))
+    assert pol.market.config.knobs.wait_bound_s == 30.0
+    assert pol.market.wait_bound.credit.wait_s == 30.0  # the round ran under it
     # A state the plugin cannot run (SGLang's own policy, a negative reserve, not JSON) is
     # refused whole and counted; the values in effect stay.
     refused = pol.control.refused

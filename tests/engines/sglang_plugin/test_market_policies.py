@@ -241,3 +241,69 @@ def test_a_request_aborted_on_arrival_waits_at_the_front_outside_the_market() ->
     pol.calc_priority(queue)
     assert [r.rid for r in queue] == ["a", "c", "b"]
     assert "a" not in pol.market.tree
+
+
+def test_the_wait_bound_serves_an_old_request_ahead_after_the_bound_not_before() -> None:
+    """The hand-worked case of tests/engines/sim/test_wait_bound.py, run by the plugin through
+    the same rule (``mechanism.aging.WaitBound``), each time 1 s later (SGLang's clock of queue
+    entry starts above 0). Bound 2 s in 2 steps, $0.095/s per prompt token at the bound, plan
+    at 100 tokens/s, no overhead. ``old`` (100 tokens, $0.8/s, in at 1 s) is behind ``a``
+    (10 tokens, $1/s: key 0.1) at 2 s, with half its credit (key 0.0555); at 3 s, with all of
+    it (key 0.103), it passes ``b`` and ``c`` and pays its critical bid $0.5/s x the 0.2 s it
+    saves: $0.10."""
+    cache = RadixCache.create_simulated()
+    pol, sink = market_policy(
+        "dfs-auction-density", cache, overhead_tokens=0, tokens_per_second=100.0,
+        wait_bound_s=2.0, wait_steps=2, wait_density=0.095,
+    )  # fmt: skip
+    market = pol.market
+    queue = [
+        make_req("old", range(1000, 1100), bid=0.8, arrival=1.0),
+        make_req("a", range(2000, 2010), bid=1.0, arrival=1.5),
+    ]
+    market.order(queue, now=2.0)
+    assert [r.rid for r in queue] == ["a", "old"]
+    market.finish_round(queue[:1])
+    del queue[0]
+    queue += [
+        make_req("b", range(3000, 3010), bid=1.0, arrival=2.5),
+        make_req("c", range(4000, 4010), bid=1.0, arrival=2.9),
+    ]
+    market.order(queue, now=3.0)
+    assert [r.rid for r in queue] == ["old", "b", "c"]
+    market.finish_round(queue[:1])
+    (entry,) = sink.records[-1]["admitted"]
+    assert entry["request_id"] == "old" and entry["bid"] == 0.8 and entry["age_credit"] == 9.5
+    assert entry["charge"] == pytest.approx(0.10) and entry["time_saved_s"] == pytest.approx(0.2)
+    # Without the bound the same queue keeps old behind both.
+    plain, _ = market_policy(
+        "dfs-auction-density", RadixCache.create_simulated(), overhead_tokens=0,
+        tokens_per_second=100.0,
+    )  # fmt: skip
+    again = [make_req(r.rid, list(r.origin_input_ids), bid=r.sampling_params.custom_params["bid"],
+                      arrival=r.time_stats.wait_queue_entry_time) for r in queue]  # fmt: skip
+    plain.market.order(again, now=3.0)
+    assert [r.rid for r in again] == ["b", "c", "old"]
+
+
+def test_calc_priority_ages_requests_on_sglangs_clock_of_queue_entry() -> None:
+    """Through SGLang's own call (``calc_priority``, no ``now``): the round reads
+    ``time.perf_counter``, the clock SGLang stamps ``wait_queue_entry_time`` with. A request in
+    for 10 s is past a bound of 1 s (one step); one just in is not. No overhead per request."""
+    import time
+
+    cache = RadixCache.create_simulated()
+    pol, _ = market_policy(
+        "dfs-auction-density", cache, wait_bound_s=1.0, wait_steps=1, overhead_tokens=0
+    )
+    start = time.perf_counter()
+    queue = [
+        make_req("waited", [1, 2, 3, 4], bid=0.0, arrival=start - 10.0),
+        make_req("fresh", [5, 6, 7, 8], bid=0.1, arrival=start),
+    ]
+    pol.calc_priority(queue)
+    # 4 tokens x $0.05/s per token (the default density) at the bound: $0.2/s.
+    assert pol.market.tree.entries["waited"].credit == 200_000_000
+    assert pol.market.tree.entries["fresh"].credit == 0
+    # Keys: waited (0 + 0.2) / 4 = 0.05 ahead of fresh 0.1 / 4 = 0.025 (behind without it).
+    assert [r.rid for r in queue] == ["waited", "fresh"]

@@ -198,7 +198,9 @@ def test_fuzzed_generate_bodies_never_get_a_5xx(small_server, client, payload) -
 )
 @given(
     payload=json_values
-    | st.fixed_dictionaries({}, optional={"policy": json_values, "reserve": json_values})
+    | st.fixed_dictionaries(
+        {}, optional={"policy": json_values, "reserve": json_values, "wait_bound_s": json_values}
+    )
     | st.binary(max_size=20)
 )
 def test_fuzzed_admin_bodies_never_get_a_5xx(small_server, client, payload) -> None:
@@ -211,4 +213,6 @@ def test_fuzzed_admin_bodies_never_get_a_5xx(small_server, client, payload) -> N
         assert r.json()["error"]["message"]
     else:
         info = client.get(f"{small_server.url}/get_model_info").json()
-        assert (info["policy"], info["reserve"]) == (r.json()["policy"], r.json()["reserve"])
+        assert (info["policy"], info["reserve"], info["wait_bound_s"]) == (
+            r.json()["policy"], r.json()["reserve"], r.json()["wait_bound_s"],
+        )  # fmt: skip

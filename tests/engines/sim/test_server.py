@@ -209,8 +209,9 @@ def test_health_model_info_and_server_info(start_server) -> None:
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "market": "llama-8b",
-        "policy": "dfs-auction-density",
+        "policy": "dfs-auction-kv-split",
         "reserve": 0.5,
+        "wait_bound_s": 0.0,
     }
     server = httpx.get(f"{sim.url}/get_server_info").json()
     assert server["max_total_num_tokens"] == 1000
@@ -261,14 +262,19 @@ def test_admin_market_changes_policy_and_reserve_from_the_next_round(start_serve
         ({"reserve": -1}, "reserve"),
         ({"reserve": "0.1"}, "reserve"),
         ({"reserve_price": 1}, "reserve_price"),
+        ({"wait_bound_s": 0.1}, "wait_bound_s"),
     ]:
         bad = httpx.post(url, json=body, headers=auth)
         assert bad.status_code == 400, body
         assert bad.json()["error"]["param"] == param
     ok = httpx.post(url, json={"policy": "fcfs", "reserve": 0.25}, headers=auth)
-    assert ok.status_code == 200 and ok.json() == {"policy": "fcfs", "reserve": 0.25}
+    assert ok.status_code == 200
+    assert ok.json() == {"policy": "fcfs", "reserve": 0.25, "wait_bound_s": 0.0}
     info = httpx.get(f"{sim.url}/get_model_info").json()
     assert (info["policy"], info["reserve"]) == ("fcfs", 0.25)
+    bound = httpx.post(url, json={"wait_bound_s": 20}, headers=auth)
+    assert bound.json() == {"policy": "fcfs", "reserve": 0.25, "wait_bound_s": 20.0}
+    assert httpx.get(f"{sim.url}/get_model_info").json()["wait_bound_s"] == 20.0
     generate(
         sim.url,
         text="after the change",
@@ -290,26 +296,32 @@ def test_admin_market_is_closed_without_an_admin_token(start_server) -> None:
         assert refused.status_code == 403, refused.text
         assert "--admin-token or ENGINE_ADMIN_TOKEN" in refused.json()["error"]["message"]
     info = httpx.get(f"{sim.url}/get_model_info").json()
-    assert (info["policy"], info["reserve"]) == ("dfs-auction-density", 0.001)
+    assert (info["policy"], info["reserve"]) == ("dfs-auction-kv-split", 0.001)
 
 
 def test_a_local_override_is_undone_at_the_next_control_poll(start_server, tmp_path) -> None:
     """An engine that follows the market's control store runs the store's values: a push to its
     own control path that differs lasts until the follower's next poll (0.5 s)."""
     store = FileControlStore(tmp_path / "control.json")
-    store.write(now_state("dfs-auction-density", 0.001))
+    store.write(now_state("dfs-auction-density", 0.001, wait_bound_s=30))
     sim = start_server(follow_control=True, control_file=str(store.path))
     records: list[dict] = []
     sim.call(lambda: sim.server.callbacks.callbacks.append(records.append))
     auth = {"Authorization": f"Bearer {ENGINE_ADMIN_TOKEN}"}
     pushed = httpx.post(
-        f"{sim.url}/admin/market", json={"policy": "fcfs", "reserve": 1e6}, headers=auth
+        f"{sim.url}/admin/market",
+        json={"policy": "fcfs", "reserve": 1e6, "wait_bound_s": 0},
+        headers=auth,
     )
     assert pushed.status_code == 200
     info = httpx.get(f"{sim.url}/get_model_info").json()
-    assert (info["policy"], info["reserve"]) == ("fcfs", 1e6)
+    assert (info["policy"], info["reserve"], info["wait_bound_s"]) == ("fcfs", 1e6, 0.0)
     deadline = time.monotonic() + 10
-    while (info["policy"], info["reserve"]) != ("dfs-auction-density", 0.001):
+    while (info["policy"], info["reserve"], info["wait_bound_s"]) != (
+        "dfs-auction-density",
+        0.001,
+        30.0,
+    ):
         assert time.monotonic() < deadline, f"the override stayed: {info}"
         generate(sim.url, text="tick", sampling_params={"max_new_tokens": 1})
         info = httpx.get(f"{sim.url}/get_model_info").json()

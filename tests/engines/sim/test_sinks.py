@@ -38,7 +38,7 @@ def test_round_records_reach_a_real_redis_stream(start_server) -> None:
         record = round_record_loads(entries[0][1][b"record"])
         assert record["market"] == "m1"
         assert record["engine"] == f"sim@127.0.0.1:{sim.port}"
-        assert record["policy"] == "dfs-auction-density"
+        assert record["policy"] == "dfs-auction-kv-split"
         [admitted] = record["admitted"]
         meta = r.json()["meta_info"]
         assert admitted["request_id"] == "to-redis"

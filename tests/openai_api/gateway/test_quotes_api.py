@@ -9,11 +9,16 @@ waited 10..300 s; the quoted figures are worked there by hand.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import httpx
 import pytest
 from django.utils import timezone
 
+from accounts.ledger.store import PriorityCharge
 from accounts.services import request_open, request_settle
+from market.live import book
+from tests.market.live_helpers import record, subtree
 from tests.openai_api.conftest import market_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -21,6 +26,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def quoted_market(acme):
+    return history_write(acme)
+
+
+def history_write(acme, *, queue_len: int | None = None):
+    """A market with the module's history; with ``queue_len``, each request's priority entry
+    says it joined a queue of that many (the engine's round record's ``queue_len``)."""
     market = market_create(engine_url="http://127.0.0.1:9")  # history only, never called
     now = timezone.now()
     history = (
@@ -32,9 +43,26 @@ def quoted_market(acme):
         rid = f"hist-{n}"
         request_open(request_id=rid, tenant=acme.tenant, api_key=acme.api_key, market=market,
                      bid=bid, hold_amount="0.01", now=now)  # fmt: skip
+        priority = None if queue_len is None else PriorityCharge(
+            amount=Decimal("0"), round_id=f"sim:e:{n}",
+            detail={"bid": float(bid), "effective_bid": float(bid), "time_saved_s": 0.0,
+                    "planned_completion_s": ttft_s, "position": 0, "engine_charge": 0.0,
+                    "block": {}, "rank": 1, "ahead": 0, "queue_len": queue_len},
+        )  # fmt: skip
         request_settle(request_id=rid, prompt_tokens=10, cached_tokens=0, completion_tokens=2,
-                       ttft_s=ttft_s, e2e_s=ttft_s + 0.1, now=now)  # fmt: skip
+                       ttft_s=ttft_s, e2e_s=ttft_s + 0.1, priority=priority, now=now)  # fmt: skip
     return market
+
+
+def book_publish(monkeypatch, market, *, waiting: dict[str, int], now: float) -> None:
+    """Each engine's round record with a book and ``waiting`` requests, published to the
+    market's live book (``market.live.book``; the websocket message is not sent)."""
+    monkeypatch.setattr(book, "group_send", lambda group, payload: None)
+    for engine, n in waiting.items():
+        rec = record(market.slug, 1, engine=engine, waiting=n, subtrees=[subtree(engine)])
+        outcome = book.book_publish(record=rec, rows=book.book_rows(rec), now=now)
+        assert outcome in ("sent", "unchanged")  # unchanged: the same rows, a new queue length
+        now += book.MIN_INTERVAL_S
 
 
 def ask(gateway, key: str | None, **query) -> httpx.Response:
@@ -118,3 +146,31 @@ def test_bad_queries_name_the_parameter(gateway, acme, quoted_market, query, sta
 def test_a_quote_needs_an_api_key(gateway, quoted_market) -> None:
     answer = ask(gateway, None, model=quoted_market.served_model, ttft_s="2")
     assert answer.status_code == 401
+
+
+def test_a_queue_longer_than_the_history_joined_raises_the_quote(
+    gateway, acme, monkeypatch
+) -> None:
+    """Every request of the history joined a queue of 10; the book's two engines hold 15 and
+    25 waiting now, 20 each on average: every wait doubles (``mechanism.quotes.queue_scaled``).
+    0.1's median 1.5 s becomes 3.0 s > 2 s: nothing buys 2 s half the time, 0.1 buys 4 s; the
+    waits bid 0.05 buys (the 0.01 group) double: 15, 27, 30 s -> 30, 54, 60 s."""
+    market = history_write(acme, queue_len=10)
+    model = market.served_model
+    assert ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5").json()["bid"] == (
+        "0.100000000"
+    )  # no book yet: the waits as they were
+    book_publish(monkeypatch, market, waiting={"sim-a": 15, "sim-b": 25}, now=10.0)
+    body = ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5").json()
+    assert body["bid"] is None
+    assert body["reason"] == "no recent bid was served within 2 s 50% of the time"
+    assert ask(gateway, acme.key, model=model, ttft_s="4", probability="0.5").json()["bid"] == (
+        "0.100000000"
+    )
+    waits = ask(gateway, acme.key, model=model, bid="0.05").json()["waits"]
+    assert (waits["ttft_p50_s"], waits["ttft_p90_s"], waits["ttft_p99_s"]) == (30.0, 54.0, 60.0)
+    # Shorter than the history's (6 and 4 waiting: 5 each, under 10): no wait shortens.
+    book_publish(monkeypatch, market, waiting={"sim-b": 6, "sim-a": 4}, now=20.0)
+    assert ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5").json()["bid"] == (
+        "0.100000000"
+    )

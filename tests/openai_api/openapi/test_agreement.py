@@ -254,3 +254,16 @@ def test_every_field_the_gateway_refuses_as_unsupported_is_documented_so():
         properties = schemas[name]["properties"]
         for field in _UNSUPPORTED:
             assert "not supported" in properties[field]["description"], (name, field)
+
+
+def test_a_request_class_may_have_a_latency_target_and_the_cap_bounds_it():
+    """The body's ``request_class`` says a class's autobid setting may be a latency target,
+    and the tenant's cap (its help text too) bounds the bids of both the tier and the target."""
+    from accounts.models import Tenant
+
+    for schema in ("ChatCompletionRequest", "CompletionRequest"):
+        properties = openapi_document()["components"]["schemas"][schema]["properties"]
+        text = json.dumps(properties["request_class"])
+        assert '{\\"ttft_s\\": T, \\"p\\": p}' in text and "priority_bid_cap" in text, schema
+    help_text = str(Tenant._meta.get_field("priority_bid_cap").help_text)
+    assert "'priority'" in help_text and "latency target" in help_text

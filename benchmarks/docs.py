@@ -22,6 +22,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from accounts.figures import duration
+from mechanism.bench import KINDS
+
 from .goal import Goal
 from .html import Table, command_line
 from .report import GOAL_LEGEND, formatted, from_json, goal_checks, policy_rows
@@ -59,8 +62,7 @@ def policies_block(doc: dict) -> str:
 def sweep_goals_block(doc: dict) -> str:
     """``python -m benchmarks --sweep --json``: per sweep point, each checked policy's capture,
     TTFT against the best bid-blind policy, hit gap to lpm, p99 TTFT against lpm's and goal
-    checks; then on how many
-    points each policy met the goal."""
+    checks; then on how many points each policy met the goal."""
     grid = doc["sweep"]["grid"]
     per_point = [from_json(p["policies"])[1] for p in grid]
     policies = list(per_point[0]) if per_point else []
@@ -104,9 +106,32 @@ def _met(per_point: list, grid: list[dict], name: str, where: Callable[[dict], b
     return f"{sum(g.met for g in chosen)} of {len(chosen)}"
 
 
+ROUND_BASE = "dfs-auction-density"  # the cheaper DFS auction the others are compared with
+
+
+def round_cost_block(doc: dict) -> str:
+    """``python -m mechanism.bench --json``: per queue size and policy, each kind of round's
+    median time and its ratio to dfs-auction-density's in the same run."""
+    rows = []
+    for size, per in doc["rounds"].items():
+        base = per[ROUND_BASE]
+        rows += [
+            [f"{int(size):,}", policy]
+            + [f"{duration(t[k])} x{t[k] / base[k]:.2f}" for k, _ in KINDS]
+            for policy, t in per.items()
+        ]
+    table = Table(["waiting", "policy", *(name for _, name in KINDS)], rows)
+    return (
+        f"`{command_line('mechanism.bench', doc['meta']['argv'])}`: the median of "
+        f"{doc['meta']['repeat']} repetitions (half as many above 10,000 waiting), each cell "
+        f"the time, then x its ratio to {ROUND_BASE} in the same run.\n\n" + table.markdown()
+    )
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "policies": policies_block,
     "sweep-goals": sweep_goals_block,
+    "round-cost": round_cost_block,
 }
 
 

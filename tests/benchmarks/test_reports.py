@@ -118,6 +118,30 @@ def test_the_docs_tables_are_what_their_saved_json_gives() -> None:
     assert docs.regenerated(text) == text
 
 
+def test_the_round_cost_block_gives_milliseconds_and_ratios_to_density() -> None:
+    # 2 ms against density's 4 ms is x0.50; 12 ms against 8 ms is x1.50; density is x1.00.
+    kinds = ("order_s", "plan_s", "plan_pay_s", "clear_s", "changed_s")
+    doc = {
+        "meta": {"argv": ["--sizes", "1000", "--json", "r.json"], "repeat": 3},
+        "rounds": {
+            "1000": {
+                "fcfs": dict.fromkeys(kinds, 0.002),
+                "highest-bid": dict.fromkeys(kinds, 0.0000412),  # 41.2 us, shown as such
+                "dfs-auction-density": dict.fromkeys(kinds, 0.004),
+                "dfs-auction-kv-split": {**dict.fromkeys(kinds, 0.004), "changed_s": 0.006},
+            }
+        },
+    }
+    text = docs.round_cost_block(doc)
+    assert text.startswith(
+        "`python -m mechanism.bench --sizes 1000 --json r.json`: the median of 3"
+    )
+    assert "| 1,000 | fcfs | 2 ms x0.50 | 2 ms x0.50 |" in text
+    assert "| 1,000 | dfs-auction-density | 4 ms x1.00 |" in text
+    assert "| 1,000 | highest-bid | 0.0412 ms x0.01 |" in text
+    assert text.rstrip().endswith("| 4 ms x1.00 | 6 ms x1.50 |")
+
+
 def test_an_unknown_block_kind_is_refused(tmp_path) -> None:
     write_doc(tmp_path, BODY.replace("sweep-goals", "sweep-everything"))
     with pytest.raises(ValueError, match="unknown block kind 'sweep-everything'"):

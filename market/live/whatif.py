@@ -185,7 +185,7 @@ def whatif_compute(
                 admitted=kept["admitted"],
                 reserves=grid,
             )
-        except ValueError:  # a policy no longer offered, for one
+        except ValueError:  # a record this code cannot clear (an unknown policy name, for one)
             continue
         used.append(kept)
         for o in outcomes:

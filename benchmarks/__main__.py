@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import math
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 from engines.contract.knobs import MarketKnobs
 from engines.sim import settings_split
@@ -31,7 +28,8 @@ from mechanism import POLICIES
 from . import figures
 from .bids import BID_DISTRIBUTIONS, BidSpec
 from .goal import point_goals
-from .html import command_line
+from .html import command_line, write_json
+from .options import floats, ints
 from .progress import Progress
 from .report import findings_table, goal_table, policy_table
 from .runner import Capacities, Point, run_point
@@ -49,38 +47,19 @@ from .trace import load_trace
 from .workloads import Workload, agents, chat, gsp, nosharing
 
 
-def _positives(text: str, kind: type, noun: str) -> tuple:
-    """The comma-separated positive ``kind`` values of ``text``, for argparse."""
-    try:
-        values = tuple(kind(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {noun} separated by commas: {text!r}") from None
-    if not values or not all(0 < v < math.inf for v in values):  # NaN fails too
-        raise argparse.ArgumentTypeError(f"expected positive {noun}: {text!r}")
-    return values
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    return _positives(text, float, "numbers")
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return _positives(text, int, "integers")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Run the market's ordering policies side by side on the simulated engine.",
     )
     src = p.add_argument_group("workload")
-    src.add_argument("--workload", choices=("gsp", "agents", "nosharing", "chat"), default="gsp")
+    src.add_argument("--workload", choices=tuple(WORKLOADS), default="gsp")
     src.add_argument("--trace", metavar="FILE.jsonl", help="replay a trace instead")
     src.add_argument("--time-scale", type=float, default=1.0, help="multiplies trace arrivals")
     src.add_argument("--seed", type=int, default=0)
     src.add_argument(
         "--load",
-        type=_floats,
+        type=floats,
         default=None,
         help="arrival rate as a fraction of measured capacity; a list runs each (default 1.5)",
     )
@@ -100,11 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--agents-output-len", type=int, default=256)
     a.add_argument("--agents-think-s", type=float, default=2.0, help="mean think time")
     n = p.add_argument_group("nosharing")
-    n.add_argument("--nosharing-requests", type=int, default=1024)
+    n.add_argument("--nosharing-requests", dest="nosharing_num_requests", type=int, default=1024)
     n.add_argument("--nosharing-prompt-len", type=int, default=2176)
     n.add_argument("--nosharing-output-len", type=int, default=256)
     c = p.add_argument_group("chat (heavy-tailed prompts branching from one system prompt)")
-    c.add_argument("--chat-requests", type=int, default=1024)
+    c.add_argument("--chat-requests", dest="chat_num_requests", type=int, default=1024)
     c.add_argument("--chat-conversations", type=int, default=256)
     c.add_argument("--chat-system-prompt-len", type=int, default=64, help="tokens")
     c.add_argument("--chat-median-len", type=int, default=256, help="median prompt, tokens")
@@ -129,12 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s = p.add_argument_group("sweep (gsp: KV capacity x sharing x load, total requests fixed)")
     s.add_argument("--sweep", action="store_true")
-    s.add_argument("--sweep-loads", type=_floats, default=DEFAULT_LOADS)
-    s.add_argument("--sweep-groups", type=_ints, default=DEFAULT_GROUPS)
+    s.add_argument("--sweep-loads", type=floats, default=DEFAULT_LOADS)
+    s.add_argument("--sweep-groups", type=ints, default=DEFAULT_GROUPS)
     s.add_argument("--sweep-requests", type=int, default=DEFAULT_REQUESTS)
     s.add_argument(
         "--sweep-kv",
-        type=_ints,
+        type=ints,
         default=DEFAULT_KV_CAPACITIES,
         metavar="TOKENS",
         help="KV cache capacities (tokens), comma-separated; replaces kv_capacity_tokens",
@@ -151,65 +130,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Each generated workload and the prefix of its options: ``--gsp-zipf-s`` is gsp's ``zipf_s``.
+WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "gsp": gsp,
+    "agents": agents,
+    "nosharing": nosharing,
+    "chat": chat,
+}
+
+
 def _workload(args: argparse.Namespace, bids: BidSpec) -> Workload:
+    """The workload the options describe: the trace, or the generated ``--workload``."""
     if args.trace:
         return load_trace(args.trace, time_scale=args.time_scale, seed=args.seed)
-    if args.workload == "agents":
-        return agents(
-            sessions=args.agents_sessions,
-            turns=args.agents_turns,
-            prefix_len=args.agents_prefix_len,
-            message_len=args.agents_message_len,
-            output_len=args.agents_output_len,
-            think_s=args.agents_think_s,
-            bids=bids,
-            seed=args.seed,
-        )
-    if args.workload == "chat":
-        return chat(
-            num_requests=args.chat_requests,
-            conversations=args.chat_conversations,
-            system_prompt_len=args.chat_system_prompt_len,
-            median_len=args.chat_median_len,
-            sigma=args.chat_sigma,
-            output_len=args.chat_output_len,
-            bids=bids,
-            seed=args.seed,
-        )
-    if args.workload == "nosharing":
-        return nosharing(
-            num_requests=args.nosharing_requests,
-            prompt_len=args.nosharing_prompt_len,
-            output_len=args.nosharing_output_len,
-            bids=bids,
-            seed=args.seed,
-        )
-    return _gsp(args, bids, args.gsp_num_groups, args.gsp_prompts_per_group)
+    return _generated(args, args.workload, bids)
 
 
-def _gsp(args: argparse.Namespace, bids: BidSpec, groups: int, per_group: int) -> Workload:
-    return gsp(
-        num_groups=groups,
-        prompts_per_group=per_group,
-        system_prompt_len=args.gsp_system_prompt_len,
-        question_len=args.gsp_question_len,
-        output_len=args.gsp_output_len,
-        popularity=args.gsp_popularity,
-        zipf_s=args.gsp_zipf_s,
-        bids=bids,
-        seed=args.seed,
-    )
-
-
-def _clean(value: object) -> object:
-    """NaN and infinities become null: JSON has no such numbers."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
+def _generated(args: argparse.Namespace, name: str, bids: BidSpec, **given: int) -> Workload:
+    """Workload ``name`` from its ``--NAME-*`` options, ``given`` overriding some of them."""
+    prefix = f"{name}_"
+    options = {k.removeprefix(prefix): v for k, v in vars(args).items() if k.startswith(prefix)}
+    return WORKLOADS[name](**{**options, **given}, bids=bids, seed=args.seed)
 
 
 def _point_json(point: Point) -> dict[str, object]:
@@ -261,7 +202,7 @@ def to_json(
         ]
     if extra:
         doc["sweep"] = extra
-    return _clean(doc)
+    return doc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -320,7 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if args.sweep:
             sweep_points = run_sweep(
-                lambda g, per_group: _gsp(args, bids, g, per_group),
+                lambda g, per_group: _generated(
+                    args, "gsp", bids, num_groups=g, prompts_per_group=per_group
+                ),
                 policies,
                 config,
                 loads=args.sweep_loads,
@@ -354,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "argv": list(argv) if argv is not None else sys.argv[1:],
         }
         doc = to_json(main_points, sweep_points, meta)
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, doc)
     if args.html:
         command = command_line("benchmarks", argv)
         figures.write_report(args.html, main_points, tables, sweep_points, findings, command)

@@ -25,24 +25,14 @@ from mechanism.aging import DEFAULT_DENSITY, DEFAULT_STEPS
 from .goal import goals
 from .html import command_line
 from .metrics import ratio
+from .options import floats
 from .runner import Capacities, run_point, simulate
 from .workloads import chat
 
 BASELINES = ("lpm", "dfs-weight", "highest-bid")
-AUCTIONS = ("dfs-auction-density", "dfs-auction-kv")
+AUCTIONS = ("dfs-auction-density", "dfs-auction-kv-split")  # the auctions the market offers
 BOUNDED = " +wait"  # the label of an auction run with the wait bound
 DESCRIPTION = "The DFS auctions with and without the wait bound, on the chat workload."
-
-
-def _loads(text: str) -> tuple[float, ...]:
-    """Comma-separated loads (fractions of capacity), each > 0, for argparse."""
-    try:
-        loads = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected loads separated by commas: {text!r}") from None
-    if not loads or not all(0 < x < float("inf") for x in loads):
-        raise argparse.ArgumentTypeError(f"expected positive loads: {text!r}")
-    return loads
 
 
 def _x(value: float, base: float, digits: int) -> str:
@@ -101,7 +91,7 @@ def run(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.aging", description=DESCRIPTION)
-    p.add_argument("--loads", type=_loads, default=(0.8, 1.0, 1.2, 1.5), help="x capacity")
+    p.add_argument("--loads", type=floats, default=(0.8, 1.0, 1.2, 1.5), help="x capacity")
     p.add_argument("--wait-s", type=float, default=8.0, help="wait bound, seconds")
     p.add_argument(
         "--density", type=float, default=DEFAULT_DENSITY, help="$/s per prompt token at the bound"

@@ -30,8 +30,6 @@ class TcpProxy:
         self._open: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self.port = 0
-        self.accepted = 0
-        self.cuts = 0
 
     def start(self) -> TcpProxy:
         self.up()
@@ -62,7 +60,6 @@ class TcpProxy:
         """Close every open connection (both sides); new ones are still accepted."""
         with self._lock:
             doomed, self._open = self._open, set()
-            self.cuts += 1
         for sock in doomed:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -89,7 +86,6 @@ class TcpProxy:
                     server.close()
                     return
                 self._open |= {client, server}
-                self.accepted += 1
             for src, dst in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 

@@ -119,19 +119,9 @@ def welfare_and_hits(point: Point) -> go.Figure:
         rows=1, cols=2, subplot_titles=("welfare ($, -sum bid x TTFT)", "cache hit rate")
     )
     names = list(point.runs)
-    colors = [_color(n) for n in names]
-    fig.add_trace(
-        go.Bar(x=names, y=[point.runs[n].metrics.welfare for n in names], marker_color=colors),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Bar(
-            x=names, y=[point.runs[n].metrics.cache_hit_rate for n in names], marker_color=colors
-        ),
-        row=1,
-        col=2,
-    )
+    for col, metric in enumerate(("welfare", "cache_hit_rate"), start=1):
+        values = [getattr(point.runs[n].metrics, metric) for n in names]
+        fig.add_trace(go.Bar(x=names, y=values, marker_color=[_color(n) for n in names]), 1, col)
     fig.update_layout(title="Welfare and cache hits", showlegend=False)
     return fig
 

@@ -1,5 +1,5 @@
 """The benchmarks' one HTML writer: every benchmark's ``--html`` report goes through
-:func:`write_page`.
+:func:`write_page`; and :func:`write_json`, for the ``--json`` documents that hold NaN.
 
 A page has a title, the command line that produced it (:func:`command_line`), then sections
 (:class:`Section`) of preformatted text, tables (:class:`Table`, which also renders as Markdown
@@ -10,6 +10,8 @@ the plotly package (no CDN: the file works offline).
 from __future__ import annotations
 
 import html
+import json
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -83,6 +85,29 @@ def command_line(module: str, argv: Sequence[str] | None = None) -> str:
     """How the report was asked for: ``python -m MODULE`` and its arguments (``sys.argv``'s
     when ``argv`` is None)."""
     return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def jsonable(value: object) -> object:
+    """``value`` as JSON has it: NaN and infinities null (JSON has no such numbers), tuples
+    lists, and a tuple key its parts joined by "@" (``(0.5, "pacing")`` -> ``"0.5@pacing"``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {_key(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def _key(key: object) -> object:
+    if not isinstance(key, tuple):
+        return key
+    return "@".join(f"{p:g}" if isinstance(p, float) else str(p) for p in key)
+
+
+def write_json(path: str | Path, doc: object) -> None:
+    """Write ``doc`` (through :func:`jsonable`) to ``path``, indented."""
+    Path(path).write_text(json.dumps(jsonable(doc), indent=2) + "\n", encoding="utf-8")
 
 
 _STYLE = (

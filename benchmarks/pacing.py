@@ -58,7 +58,6 @@ The cap stands for the tenant's ``priority_bid_cap``: its warm-up values' 90th p
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing
 import random
@@ -82,8 +81,9 @@ from mechanism.pacing import (
 )
 from mechanism.quotes import HISTORY_MAX, Waited, bid_groups, quote
 
-from .html import Section, command_line, write_page
+from .html import Section, command_line, write_json, write_page
 from .metrics import percentile
+from .options import floats
 from .progress import Progress
 from .workloads import gsp
 
@@ -166,7 +166,6 @@ class Spec:
     share: float = math.inf  # the budget as a share of the free spend (inf: none)
     eta0: float = DEFAULT_ETA0
     mu0: float = 0.0  # pacing's warm start
-    gradient_clip: float = DEFAULT_GRADIENT_CLIP
     # The class's latency target (TTFT seconds, probability), for "target" (the autobidder
     # bidding the quote, paced) and "quote0" (the period's first quote, then fixed).
     target: tuple[float, float] | None = None
@@ -179,7 +178,6 @@ class Outcome:
 
     spec: Spec
     paid: float = 0.0  # settled priority charges
-    asked: float = 0.0  # what the engine charged before the budget's cut
     uncollected: float = 0.0  # cut by the budget
     consent_cut: float = 0.0  # cut by the requests' consent caps
     peak: float = 0.0  # the largest spend seen at any settlement
@@ -257,7 +255,7 @@ class _Focal:
                 eta0=spec.eta0,
                 mu_max=mu_max,
                 mu=min(spec.mu0, mu_max),
-                gradient_clip=spec.gradient_clip,
+                gradient_clip=DEFAULT_GRADIENT_CLIP,
             )
         elif spec.strategy.startswith("mu="):
             self.mu = float(spec.strategy[3:])
@@ -303,7 +301,6 @@ class _Focal:
     def settle(self, rid: str, charge: float, t: float, start: float, period_s: float) -> None:
         out = self.out
         out.settled += 1
-        out.asked += charge
         worst = self.in_flight.pop(rid, None)
         if worst is not None:
             self.exposure.observe(charge=charge, worst_case=worst)
@@ -472,9 +469,9 @@ class Runner:
             self._pool.join()
 
 
-def _bases(runner: Runner, seeds: Sequence[int], tenants: Sequence[str]):
+def _bases(runner: Runner, seeds: Sequence[int], tenants: Sequence[str], target=None):
     """Per (seed, tenant): the free run (its spend sets the budgets) and the zero run."""
-    specs = [Spec(s, t, k) for s in seeds for t in tenants for k in ("free", "zero")]
+    specs = [Spec(s, t, k, target=target) for s in seeds for t in tenants for k in ("free", "zero")]
     outs = runner.many(specs, "free and zero runs")
     free = {(o.spec.seed, o.spec.tenant): o for o in outs if o.spec.strategy == "free"}
     zero = {(o.spec.seed, o.spec.tenant): o for o in outs if o.spec.strategy == "zero"}
@@ -588,6 +585,9 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
     def ratios(mine):
         return [mine[s].utility / fixed[s].utility for s in order if fixed[s].utility]
 
+    def avg(attr: str) -> float:  # the pacing runs' mean over the seeds
+        return statistics.fmean(getattr(by_seed[s], attr) for s in order)
+
     r_warm, r_cold = ratios(by_seed), ratios(cold_by_seed)
     mean, lo, hi = interval(r_warm)
     diff = interval([by_seed[s].utility - fixed[s].utility for s in order])
@@ -600,7 +600,7 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
         "eta0": trained["eta0"],
         "warm_start_mu": trained["warm_mu"][t, share],
         "seeds": order,
-        "focal_requests_mean": statistics.fmean(by_seed[s].requests for s in order),
+        "focal_requests_mean": avg("requests"),
         "spend_over_budget": [by_seed[s].spend_over_budget for s in order],
         "peak_spend_over_budget": max(by_seed[s].peak_spend_over_budget for s in order),
         "utility_ratio": mean,
@@ -611,18 +611,14 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
         "utility_ratio_cold_start": interval(r_cold)[0],
         "spend_over_budget_cold_start": [cold_by_seed[s].spend_over_budget for s in order],
         "uncollected_over_budget": max(by_seed[s].uncollected_over_budget for s in order),
-        "uncollected_over_budget_mean": statistics.fmean(
-            by_seed[s].uncollected_over_budget for s in order
-        ),
-        "consent_cut_over_budget_mean": statistics.fmean(
-            by_seed[s].consent_cut_over_budget for s in order
-        ),
-        "top5_utility_share": statistics.fmean(by_seed[s].top5_utility_share for s in order),
+        "uncollected_over_budget_mean": avg("uncollected_over_budget"),
+        "consent_cut_over_budget_mean": avg("consent_cut_over_budget"),
+        "top5_utility_share": avg("top5_utility_share"),
         "spend_by_quarter": [
             statistics.fmean(by_seed[s].quarters[q] for s in order) for q in range(4)
         ],
         "mu_end": [by_seed[s].mu_end for s in order],
-        "utility": statistics.fmean(by_seed[s].utility for s in order),
+        "utility": avg("utility"),
         "best_fixed_utility": statistics.fmean(fixed[s].utility for s in order),
         "free_utility": statistics.fmean(free_u),
         "free_spend_by_quarter": [
@@ -653,9 +649,8 @@ def target_case(runner: Runner, target: tuple[float, float], *, tenants, shares,
     the quotes "target" read ("quote-median"), and the tenant's values ("mu=0"), all within
     the same budget by the same safety rule; "zero" and "free" for reference. Per strategy:
     the share of the period's requests served within the TTFT, and spend / budget, per seed."""
-    bases = [Spec(s, t, k, target=target) for s in seeds for t in tenants for k in ("free", "zero")]
-    outs = runner.many(bases, "latency target: free and zero runs")
-    free = {(o.spec.seed, o.spec.tenant): o for o in outs if o.spec.strategy == "free"}
+    free, zero = _bases(runner, seeds, tenants, target)
+    outs = [*free.values(), *zero.values()]
     specs = [
         _budgeted(Spec(s, t, k, target=target), free[s, t], share)
         for s in seeds
@@ -804,23 +799,6 @@ def write_html(result: dict, path: str) -> None:
     )
 
 
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {
-            (
-                k
-                if isinstance(k, str)
-                else "@".join(f"{p:g}" if isinstance(p, float) else str(p) for p in k)
-            ): _jsonable(v)
-            for k, v in x.items()
-        }
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=Setup.rate, help="arrivals a second")
@@ -833,12 +811,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="tenant-level charges (the default) or the per-request ones",
     )
     parser.add_argument("--tenants", default=",".join(TENANTS))
-    parser.add_argument("--shares", default=",".join(f"{s:g}" for s in BUDGET_SHARES))
+    parser.add_argument("--shares", type=floats, default=BUDGET_SHARES)
     parser.add_argument("--train-seeds", type=int, default=len(TRAIN_SEEDS))
     parser.add_argument("--held-out-seeds", type=int, default=len(HELD_OUT_SEEDS))
     parser.add_argument(
         "--eta0",
-        default=",".join(f"{e:g}" for e in ETA0_GRID),
+        type=floats,
+        default=ETA0_GRID,
         help="eta0 values tuned over on the training seeds",
     )
     parser.add_argument("--grid", type=int, default=len(MU_GRID), help="fixed mu points used")
@@ -856,8 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate=args.rate, period_s=args.period, updates=args.updates, charge_scope=args.charge_scope
     )
     tenants = [t for t in args.tenants.split(",") if t]
-    shares = [float(s) for s in args.shares.split(",")]
-    eta0s = [float(e) for e in args.eta0.split(",")]
+    shares, eta0s = list(args.shares), list(args.eta0)
     step = max(1, len(MU_GRID) // args.grid) if args.grid < len(MU_GRID) else 1
     grid = MU_GRID[::step]
     train_seeds = TRAIN_SEEDS[: args.train_seeds]
@@ -894,8 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print(table(result["held_out"]))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(_jsonable(result), f, indent=1)
+        write_json(args.json, result)
     if args.html:
         write_html(result, args.html)
     return 0
@@ -921,8 +898,7 @@ def _target_main(args, argv, setup: Setup, tenants, shares, seeds) -> int:
     }
     print(target_table(case))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(_jsonable(result), f, indent=1)
+        write_json(args.json, result)
     if args.html:
         write_page(
             args.html,

@@ -33,8 +33,9 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from benchmarks.html import Section, command_line, write_page
+from benchmarks.html import Section, Table, command_line, write_page
 from benchmarks.metrics import percentile
+from benchmarks.options import floats
 from benchmarks.progress import Progress
 from benchmarks.runner import Capacities
 from benchmarks.workloads import Workload, gsp
@@ -201,18 +202,13 @@ def reliability(cells: list[Cell]) -> go.Figure:
 
 
 def table(cells: list[Cell]) -> str:
-    lines = [
-        f"{'workload':<14} {'load':>5} {'T (s)':>9} {'p':>5} {'probes':>7} {'quoted':>7} "
-        f"{'within T':>9} {'meets':>6}"
-    ]
-    for c in cells:
-        achieved = "-" if c.achieved is None else f"{c.achieved:.3f}"
-        meets = "-" if c.meets is None else ("yes" if c.meets else "NO")
-        lines.append(
-            f"{c.workload:<14} {c.load:>5g} {c.ttft_s:>9.3f} {c.p:>5g} {c.probes:>7} "
-            f"{c.quoted:>7} {achieved:>9} {meets:>6}"
-        )
-    return "\n".join(lines)
+    columns = ("workload", "load", "T (s)", "p", "probes", "quoted", "within T", "meets")
+    return Table(columns, [
+        (c.workload, f"{c.load:g}", f"{c.ttft_s:.3f}", f"{c.p:g}", c.probes, c.quoted,
+         "-" if c.achieved is None else f"{c.achieved:.3f}",
+         "-" if c.meets is None else ("yes" if c.meets else "NO"))
+        for c in cells
+    ]).text()  # fmt: skip
 
 
 def workloads(requests: int, seed: int) -> list[Workload]:
@@ -230,14 +226,14 @@ def workloads(requests: int, seed: int) -> list[Workload]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--loads", default="0.5,1.0,1.5", help="x the engine's capacity")
+    p.add_argument("--loads", type=floats, default=(0.5, 1.0, 1.5), help="x the engine's capacity")
     p.add_argument("--requests", type=int, default=1200, help="per workload (1200)")
     p.add_argument("--probe-every", type=float, default=2.0, metavar="SECONDS")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path)
     p.add_argument("--html", type=Path)
     opts = p.parse_args(argv)
-    loads = [float(x) for x in opts.loads.split(",")]
+    loads = opts.loads
     config = EngineConfig()
     capacities = Capacities()
     chosen = workloads(opts.requests, opts.seed)

@@ -56,7 +56,7 @@ from engines.sim import EngineConfig
 from mechanism import POLICIES
 
 from .bids import BidSpec
-from .html import Section, command_line, write_page
+from .html import Section, Table, command_line, write_page
 from .metrics import Served, mean, ratio, summarize
 from .progress import Progress
 from .runner import simulate, steady_throughput
@@ -445,28 +445,25 @@ def table(rows: list[dict]) -> str:
     welfare as ratios to its baseline's (the one engine of the same capacity at the same load;
     for one replica, the same engine without the gateway)."""
     base = {(r["replicas"], r["load"]): r["merged"] for r in rows if r["policy"] == SINGLE}
-    lines = [
-        f"{'setup':<44} {'hit':>6} {'ttft':>8} {'p99':>8} {'welfare':>10} {'revenue':>9} "
-        f"{'bg/urg':>7} {'ttft/1':>7} {'wel/1':>7}"
-    ]
+    columns = ("setup", "hit", "ttft", "p99", "welfare", "revenue", "bg/urg", "ttft/1", "wel/1")
+    lines = []
     for r in rows:
         m = r["merged"]
         if not m.get("requests"):
             continue
         b = base.get((r["replicas"], r["load"]))
         name = setup_name(r["policy"], r.get("variant", ""), r["thresholds"])
-        label = f"{r['replicas']}x {name} @ {r['load']:g}"
         ratios = (
-            f"{m['mean_ttft_s'] / b['mean_ttft_s']:>7.2f} {m['welfare'] / b['welfare']:>7.2f}"
+            (f"{m['mean_ttft_s'] / b['mean_ttft_s']:.2f}", f"{m['welfare'] / b['welfare']:.2f}")
             if b and b.get("mean_ttft_s") and b.get("welfare")
-            else f"{'':>7} {'':>7}"
+            else ("", "")
         )
-        lines.append(
-            f"{label:<44} {m['cache_hit_rate']:>6.3f} {m['mean_ttft_s']:>8.3f} "
-            f"{m['p99_ttft_s']:>8.3f} {m['welfare']:>10.2f} {m['revenue']:>9.3f} "
-            f"{m['separation']:>7.2f} {ratios}"
-        )
-    return "\n".join(lines)
+        lines.append((
+            f"{r['replicas']}x {name} @ {r['load']:g}", f"{m['cache_hit_rate']:.3f}",
+            f"{m['mean_ttft_s']:.3f}", f"{m['p99_ttft_s']:.3f}", f"{m['welfare']:.2f}",
+            f"{m['revenue']:.3f}", f"{m['separation']:.2f}", *ratios,
+        ))  # fmt: skip
+    return Table(columns, lines).text()
 
 
 def report_html(rows: list[dict], path: Path, title: str, command: str) -> None:

@@ -1,7 +1,7 @@
 from django import forms
 from django.contrib import admin
 
-from accounts.admin import shown, usd
+from accounts.admin import ReadOnlyAdmin, shown, usd
 from accounts.figures import exact
 from market.models import ControlChange, Market, Replica, ReserveChange
 from market.services import (
@@ -149,34 +149,16 @@ class MarketAdmin(admin.ModelAdmin):
 
 
 @admin.register(ControlChange)
-class ControlChangeAdmin(admin.ModelAdmin):
+class ControlChangeAdmin(ReadOnlyAdmin):
     """The audit trail is read-only."""
 
     list_display = ["market", "at", "changed_by", "control", "old", "new"]
     list_filter = ["market", "control"]
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(ReserveChange)
-class ReserveChangeAdmin(admin.ModelAdmin):
+class ReserveChangeAdmin(ReadOnlyAdmin):
     """The audit trail is read-only."""
 
     list_display = ["market", "at", "changed_by", "old", "new"]
     list_filter = ["market"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False

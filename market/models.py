@@ -13,7 +13,12 @@ from django.db import models
 from accounts.money import MoneyField
 from accounts.rules import HOLD_HORIZON_PRIOR_S
 from mechanism import DEFAULT_POLICY, POLICIES
-from mechanism.aging import WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S, wait_bound_checked
+from mechanism.aging import (
+    WAIT_BOUND_HELP,
+    WAIT_BOUND_MAX_S,
+    WAIT_BOUND_MIN_S,
+    wait_bound_checked,
+)
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim)
@@ -129,8 +134,7 @@ class Market(models.Model):
     wait_bound_s = models.FloatField(
         default=0.0,
         validators=[wait_bound_known],
-        help_text="Requests waiting longer than this are served ahead of bids; 0 turns it off "
-        "(seconds; the DFS auctions only: an age credit in steps, never money).",
+        help_text=f"Seconds. {WAIT_BOUND_HELP}",
     )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)

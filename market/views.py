@@ -59,7 +59,7 @@ from market.services import (
 )
 from market.templatetags.units import rate
 from mechanism import OFFERED
-from mechanism.aging import WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S
+from mechanism.aging import WAIT_BOUND_HELP, WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S
 
 View = Callable[..., HttpResponse]
 REVENUE_MINUTES = 60
@@ -190,6 +190,7 @@ def console(request: HttpRequest, slug: str) -> HttpResponse:
         "auto_reserve_interval_s": settings.AUTO_RESERVE_INTERVAL_S,
         "wait_bound_min_s": WAIT_BOUND_MIN_S,
         "wait_bound_max_s": WAIT_BOUND_MAX_S,
+        "wait_bound_help": WAIT_BOUND_HELP,
         "initial": _initial(market),
         **_confirmations(request, market),
     }
@@ -358,8 +359,7 @@ def wait_bound_set(request: HttpRequest, slug: str) -> HttpResponse:
         elif market.wait_bound_s:
             messages.success(
                 request,
-                f"Wait bound {change.old} s → {change.new} s: requests waiting longer are served "
-                "ahead of bids from the engines' next round.",
+                f"Wait bound {change.old} s → {change.new} s, from the engines' next round.",
             )
         else:
             messages.success(request, "Wait bound off: bids alone order the queue again.")

@@ -17,7 +17,6 @@ that the tests check this one against.
 """
 
 from .clearing import DEFAULT_TOKENS_PER_SECOND, Clearing, clear, clear_tree
-from .pacing import Exposure, PacingAgent, mu_max_for, safe_bid
 from .policies import (
     BID_POLICIES,
     DEFAULT_POLICY,
@@ -25,7 +24,6 @@ from .policies import (
     OFFERED,
     POLICIES,
     POLICY,
-    Policy,
     block_key,
     policy_checked,
     policy_offered,
@@ -44,21 +42,16 @@ __all__ = [
     "OFFERED",
     "POLICIES",
     "POLICY",
-    "Policy",
     "Clearing",
-    "Exposure",
-    "PacingAgent",
     "RequestTree",
     "WaitingRequest",
     "bid_checked",
     "block_key",
     "clear",
     "clear_tree",
-    "mu_max_for",
     "planned_welfare",
     "policy_checked",
     "policy_offered",
     "realized_welfare",
-    "safe_bid",
     "to_ticks",
 ]

@@ -46,12 +46,25 @@ from dataclasses import dataclass
 from .requests import MAX_BID, to_ticks
 from .tree import RequestTree
 
-DEFAULT_STEPS = 4  # the credit's steps up to the bound
-DEFAULT_DENSITY = 0.05  # $/s per prompt token at the bound: above the bid densities one sees
+# The credit's steps up to the bound and its density at the bound ($/s per prompt token), chosen
+# on the KV sweep (docs/benchmarks.md, "Bounded waiting"): with a 28 s bound, 16 steps of up to
+# $0.004/s per token met the market's goal on 16 of 30 points (8 without the bound); 4 steps of
+# $0.05 met it on none more. A gentle credit in many steps lifts the tail without undoing the
+# auction: a stronger one puts every old request ahead of all bids and costs capture.
+DEFAULT_STEPS = 16
+DEFAULT_DENSITY = 0.004
 # The operator's bound, seconds: 0 (off) or in this range. Below half a second the credit would
 # step every round or two; above an hour no request waits that long behind a running engine.
 WAIT_BOUND_MIN_S = 0.5
 WAIT_BOUND_MAX_S = 3600.0
+
+
+# What the operator's bound does, in the console's and the admin's words.
+WAIT_BOUND_HELP = (
+    f"A request that has waited this long ranks as if it bid ${DEFAULT_DENSITY * 1000:g}/s more "
+    f"per 1,000 prompt tokens, reached in {DEFAULT_STEPS} steps as it waits (a credit, never "
+    "money; the DFS auctions only); 0 turns it off."
+)
 
 
 def wait_bound_checked(value: object) -> float:

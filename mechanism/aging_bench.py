@@ -2,9 +2,10 @@
 
 On the mechanism bench's queue (bench.make_queue), two maintained trees side by side in one run:
 
-- ``dfs-auction-density``: a round after 1% of the requests changed their bid since the last,
+- the policy (``--policy``, the product's default unless said): a round after ``--changed``
+  percent of the requests (1% unless said) changed their bid since the last,
 - the same policy with the wait bound: a round after the ``AgeClock`` moved on far enough that
-  about 1% of the requests crossed a credit step (the clock's own work timed with the round),
+  about as many requests crossed a credit step (the clock's own work timed with the round),
 
 each timed up to the order (``order``) and with every charge (``+pay``), as the median of
 several repetitions that interleave the two; reported in milliseconds and as the ratio of the
@@ -22,8 +23,8 @@ import time
 from . import RequestTree, clear_tree
 from .aging import AgeClock, AgeCredit
 from .bench import RESERVE, make_queue
+from .policies import DEFAULT_POLICY, DFS_AUCTIONS
 
-POLICY = "dfs-auction-density"
 # 4 steps of 1 s each; the bench's arrivals come 1,000 a second, so while all four steps are
 # under way (from 4 s after the first arrival) each step crosses 1,000 requests a second: in all,
 # one request crosses a step every 1/4,000 s of the clock.
@@ -31,8 +32,11 @@ RULE = AgeCredit(wait_s=4.0, density=0.002, steps=4)
 ARRIVALS_PER_S = 1_000  # bench.make_queue: request i arrives at i x 0.001 s
 
 
-def bench(n: int, groups: int, repeat: int) -> dict[str, dict[str, float]]:
-    """Median seconds per round kind, plain and with the bound."""
+def bench(
+    n: int, groups: int, repeat: int, policy: str = DEFAULT_POLICY, changed_pct: float = 1.0
+) -> dict[str, dict[str, float]]:
+    """Median seconds per round kind, plain and with the bound, ``changed_pct`` percent of the
+    requests changed (bids, or credit steps crossed) per round."""
     rng = random.Random(n)
     reqs = make_queue(n, groups)
     plain = RequestTree(reqs)
@@ -43,7 +47,7 @@ def bench(n: int, groups: int, repeat: int) -> dict[str, dict[str, float]]:
     span = n / ARRIVALS_PER_S
     now = min(span, RULE.wait_s) + 0.5  # all steps under way for the arrivals so far
     clock.advance(aged, now)
-    changes = max(1, n // 100)
+    changes = max(1, round(n * changed_pct / 100))
     crossing_rate = RULE.steps * ARRIVALS_PER_S  # steps crossed per clock second
     ids = list(plain.entries)
     times: dict[str, dict[str, list[float]]] = {
@@ -51,19 +55,19 @@ def bench(n: int, groups: int, repeat: int) -> dict[str, dict[str, float]]:
     }
     for _ in range(repeat):
         for kind in ("order", "+pay"):
-            clear_tree(plain, POLICY, reserve=RESERVE)  # the last round, then the changes
+            clear_tree(plain, policy, reserve=RESERVE)  # the last round, then the changes
             for rid in rng.sample(ids, changes):
                 plain.update(rid, bid=rng.lognormvariate(-2, 1))
             t0 = time.perf_counter()
-            c = clear_tree(plain, POLICY, reserve=RESERVE)
+            c = clear_tree(plain, policy, reserve=RESERVE)
             _ = c.order if kind == "order" else c.payments
             times["plain"][kind].append(time.perf_counter() - t0)
 
-            clear_tree(aged, POLICY, reserve=RESERVE)
+            clear_tree(aged, policy, reserve=RESERVE)
             now += changes / crossing_rate
             t0 = time.perf_counter()
             crossed = clock.advance(aged, now)
-            c = clear_tree(aged, POLICY, reserve=RESERVE)
+            c = clear_tree(aged, policy, reserve=RESERVE)
             _ = c.order if kind == "order" else c.payments
             times["bound"][kind].append(time.perf_counter() - t0)
             times["bound"]["crossed"].append(crossed)
@@ -76,15 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=10_000, help="waiting requests")
     parser.add_argument("--groups", type=int, default=256, help="shared system prompts")
     parser.add_argument("--repeat", type=int, default=15, help="repetitions (median)")
+    parser.add_argument("--policy", choices=sorted(DFS_AUCTIONS), default=DEFAULT_POLICY)
+    parser.add_argument(
+        "--changed", type=float, default=1.0, help="percent of the requests changed per round"
+    )
     args = parser.parse_args(argv)
-    got = bench(args.size, args.groups, args.repeat)
+    if not 0 < args.changed <= 100:
+        parser.error(f"--changed must be in (0, 100] percent, got {args.changed:g}")
+    got = bench(args.size, args.groups, args.repeat, args.policy, args.changed)
     plain, bound = got["plain"], got["bound"]
-    print(f"{args.size:,} waiting, {args.groups} system prompts, {POLICY}, reserve ${RESERVE}/s")
+    print(
+        f"{args.size:,} waiting, {args.groups} system prompts, {args.policy}, ${RESERVE}/s reserve"
+    )
     print(f"changed per round (median): bids {plain['crossed']:.0f}, steps {bound['crossed']:.0f}")
     for kind in ("order", "+pay"):
         print(
-            f"1% changed, {kind:>5}: plain {plain[kind] * 1e3:.1f} ms, with the bound "
-            f"{bound[kind] * 1e3:.1f} ms: {bound[kind] / plain[kind]:.2f}x"
+            f"{args.changed:g}% changed, {kind:>5}: plain {plain[kind] * 1e3:.1f} ms, "
+            f"with the bound {bound[kind] * 1e3:.1f} ms: {bound[kind] / plain[kind]:.2f}x"
         )
     return 0
 

@@ -185,11 +185,6 @@ class Clearing:
         )
         return ticks_tokens * self._dollars
 
-    @property
-    def welfare(self) -> float:
-        """The planned welfare (``planned_welfare``), under its older name."""
-        return self.planned_welfare
-
     def _charge_rule(self) -> Charges | None:
         """The round's priority charges, by the policy's charge rule; None: nobody pays."""
         rule = self._rules.charges

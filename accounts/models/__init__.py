@@ -11,7 +11,6 @@ from accounts.models.ledger import (
     PriorityDetail,
     Request,
     RequestStatus,
-    TokensDetail,
 )
 from accounts.models.tenants import Membership, Role, Tenant
 
@@ -36,5 +35,4 @@ __all__ = [
     "RequestStatus",
     "Role",
     "Tenant",
-    "TokensDetail",
 ]

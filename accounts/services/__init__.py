@@ -1,6 +1,6 @@
 """Writes of the accounts app, one module per concern; the public ones are re-exported here."""
 
-from accounts.ledger import BudgetExhausted, PriorityCharge, Settled, Usage
+from accounts.ledger import BudgetExhausted, PriorityCharge, Settled
 from accounts.services.budgets import budget_hold, budget_set, hold_release
 from accounts.services.invoices import invoice_generate, month_bounds, previous_month_bounds
 from accounts.services.keys import api_key_authenticate, api_key_create, api_key_revoke
@@ -15,9 +15,7 @@ from accounts.services.settlement import (
 from accounts.services.tenants import (
     DEMO_OPERATOR,
     DEMO_TENANTS,
-    DemoLogin,
     demo_accounts_seed,
-    membership_ensure,
     tenant_ensure,
 )
 
@@ -25,11 +23,9 @@ __all__ = [
     "DEMO_OPERATOR",
     "DEMO_TENANTS",
     "BudgetExhausted",
-    "DemoLogin",
     "PriorityCharge",
     "Settled",
     "UnknownRequest",
-    "Usage",
     "api_key_authenticate",
     "api_key_create",
     "api_key_revoke",
@@ -39,7 +35,6 @@ __all__ = [
     "hold_release",
     "holds_sweep",
     "invoice_generate",
-    "membership_ensure",
     "month_bounds",
     "previous_month_bounds",
     "request_fail",

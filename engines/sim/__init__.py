@@ -1,6 +1,6 @@
 """The simulated engine: the embedded default engine, and the benchmark's instrument."""
 
 from .config import EngineConfig, settings_split
-from .engine import Engine, SimRequest, StepResult
+from .engine import Engine, SimRequest
 
-__all__ = ["Engine", "EngineConfig", "SimRequest", "StepResult", "settings_split"]
+__all__ = ["Engine", "EngineConfig", "SimRequest", "settings_split"]

@@ -55,10 +55,6 @@ class EngineClock:
         """The engine's time, seconds (Unix time when speed is 1)."""
         return self._unix0 + (time.monotonic() - self._mono0) * self.speed
 
-    def wall(self, engine_seconds: float) -> float:
-        """Wall seconds that ``engine_seconds`` of engine time take."""
-        return engine_seconds / self.speed
-
     async def sleep_until(self, t: float) -> None:
         """Sleep until the engine clock reads ``t``."""
         delay = (t - self.now()) / self.speed

@@ -79,6 +79,7 @@ class Billed:
 def billed(settings) -> Billed:
     """Acme's November on test-llm ($3 uncached, $0.30 cached, $15 completion per million),
     through keys "web" and "batch" and without a key; issued 2026-12-02, due 14 days later.
+    (Request ids below without their "req-" prefix.)
 
       w1 web, 11-03 10:00: priority 0.125; tokens 1000/400/200:
          600 x 3 + 400 x 0.3 + 200 x 15 = 1800 + 120 + 3000 = 4920 micro$ = 0.00492
@@ -108,16 +109,16 @@ def billed(settings) -> Billed:
     web, _ = api_key_create(tenant=acme, name="web", created_by=None)
     batch, _ = api_key_create(tenant=acme, name="batch", created_by=None)
     nov = NOV_START
-    charged(acme, market, "w1", key=web, opened=nov + timedelta(days=2, hours=10),
+    charged(acme, market, "req-w1", key=web, opened=nov + timedelta(days=2, hours=10),
             priority="0.125", tokens=(1000, 400, 200))  # fmt: skip
-    charged(acme, market, "w2", key=web, opened=nov + timedelta(days=3, seconds=-10),
+    charged(acme, market, "req-w2", key=web, opened=nov + timedelta(days=3, seconds=-10),
             settled=nov + timedelta(days=3, seconds=5), priority="0.3",
             tokens=(2000, 0, 100))  # fmt: skip
-    charged(acme, market, "b1", key=batch, opened=nov + timedelta(days=3, hours=2),
+    charged(acme, market, "req-b1", key=batch, opened=nov + timedelta(days=3, hours=2),
             tokens=(10000, 8000, 1000))  # fmt: skip
-    charged(acme, market, "c1", opened=nov + timedelta(days=19, hours=12), priority="0.004",
+    charged(acme, market, "req-c1", opened=nov + timedelta(days=19, hours=12), priority="0.004",
             tokens=(100, 0, 10))  # fmt: skip
-    charged(globex, market, "g1", opened=nov + timedelta(days=5), priority="9",
+    charged(globex, market, "req-g1", opened=nov + timedelta(days=5), priority="9",
             tokens=(1, 0, 1))  # fmt: skip
     invoice = invoice_generate(tenant=acme, period_start=NOV_START, period_end=NOV_END, now=ISSUED)
     return Billed(invoice=invoice, web=web, batch=batch)
@@ -170,7 +171,8 @@ def test_pdf_summarises_by_day_in_cents(invoice) -> None:
         "2026-11-20": ("1", "100", "0", "10", "< $0.01", "< $0.01", "< $0.01"),
         "Total": ("4", "13,100", "8,400", "1,310", "$0.43", "$0.04", "$0.47"),
     }
-    assert "w1" not in text and "b1" not in text  # request-level detail is the CSV's
+    # Request-level detail is the CSV's. (The ids carry a prefix no key prefix's hex can hold.)
+    assert "req-" not in text
 
 
 def test_pdf_summarises_by_api_key_with_requests_without_a_key_last(billed) -> None:
@@ -227,10 +229,10 @@ def test_csv_keeps_exact_amounts_and_its_tokens_agree_with_the_pdf(invoice) -> N
     assert {
         rid: (r["priority_usd"], r["tokens_usd"], r["total_usd"]) for rid, r in requests.items()
     } == {
-        "w1": ("0.125000000", "0.004920000", "0.129920000"),
-        "w2": ("0.300000000", "0.007500000", "0.307500000"),
-        "b1": ("0.000000000", "0.023400000", "0.023400000"),
-        "c1": ("0.004000000", "0.000450000", "0.004450000"),
+        "req-w1": ("0.125000000", "0.004920000", "0.129920000"),
+        "req-w2": ("0.300000000", "0.007500000", "0.307500000"),
+        "req-b1": ("0.000000000", "0.023400000", "0.023400000"),
+        "req-c1": ("0.004000000", "0.000450000", "0.004450000"),
     }
     (total,) = [r for r in rows if r["row"] == "total"]
     assert (total["priority_usd"], total["tokens_usd"], total["total_usd"]) == (
@@ -249,7 +251,7 @@ def test_csv_keeps_exact_amounts_and_its_tokens_agree_with_the_pdf(invoice) -> N
             tokens = (r["prompt_tokens"], r["cached_tokens"], r["completion_tokens"])
             counts = (1, *map(int, tokens))
             sums[name] = [a + b for a, b in zip(sums[name], counts, strict=True)]
-    assert requests["w1"]["prompt_tokens"] == "1000"  # not 600, the uncached part
+    assert requests["req-w1"]["prompt_tokens"] == "1000"  # not 600, the uncached part
     text = "\n".join(pdf_pages(invoice_pdf(invoice)))
     table = pdf_table(text, "Usage by market")
     assert {

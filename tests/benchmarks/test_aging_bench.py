@@ -36,8 +36,8 @@ def test_the_table_has_both_auctions_with_and_without_the_bound(capsys) -> None:
     rows = [line.split() for line in out.splitlines() if line.startswith("  1.2 ")]
     names = [" ".join(r[1:3]) if r[2] == "+wait" else r[1] for r in rows]
     assert names == [
-        "lpm", "dfs-weight", "highest-bid", "dfs-auction-density", "dfs-auction-kv",
-        "dfs-auction-density +wait", "dfs-auction-kv +wait",
+        "lpm", "dfs-weight", "highest-bid", "dfs-auction-density", "dfs-auction-kv-split",
+        "dfs-auction-density +wait", "dfs-auction-kv-split +wait",
     ]  # fmt: skip
     assert rows[0][2:5] == ["x1.00", "x1.00", "x1.000"]
     assert "command: python -m benchmarks.aging --loads 1.2" in out

@@ -11,13 +11,20 @@ import pytest
 
 from benchmarks import docs
 from benchmarks.gateway import summary_table
-from benchmarks.html import Section, Table, command_line, write_page
+from benchmarks.html import Section, Table, command_line, write_json, write_page
 
 
 def test_a_table_renders_as_markdown_and_as_html_escaped() -> None:
     table = Table(("setup", "TTFT (s)"), [("a|b", " 1.5 "), ("<c>", 2)])
     assert table.markdown() == ("| setup | TTFT (s) |\n|---|---|\n| a\\|b | 1.5 |\n| <c> | 2 |")
     assert "<td>&lt;c&gt;</td><td>2</td>" in table.html()
+
+
+def test_json_has_null_for_nan_and_infinities_and_joins_tuple_keys(tmp_path) -> None:
+    out = tmp_path / "r.json"
+    write_json(out, {"a": float("nan"), (0.5, "pacing"): [1.0, float("-inf")], "b": (1, 2)})
+    assert json.loads(out.read_text()) == {"a": None, "0.5@pacing": [1.0, None], "b": [1, 2]}
+    assert "NaN" not in out.read_text()
 
 
 def test_a_page_holds_its_command_sections_tables_and_figures_with_plotly_inline(tmp_path) -> None:

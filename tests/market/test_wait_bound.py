@@ -81,9 +81,12 @@ def test_only_operators_set_the_bound_on_the_console(client, persona) -> None:
         )  # fmt: skip
         page = client.get(CONSOLE).content.decode()
         form = page[page.index('id="wait-bound-form"') :]
-        assert "requests waiting longer than this are served ahead of bids; 0 turns it off" in (
-            form.lower()
-        )
+        # The defaults: $0.004/s per prompt token at the bound, in 16 steps.
+        assert (
+            "a request that has waited this long ranks as if it bid $4/s more per 1,000 prompt "
+            "tokens, reached in 16 steps as it waits"
+        ) in form.lower()
+        assert "0 turns it off" in form
         assert 'value="45"' in form
         audit = page[page.index('data-control="wait_bound_s"') :]
         assert "Wait bound (s)" in audit[:400] and "<strong>45</strong>" in audit[:400]

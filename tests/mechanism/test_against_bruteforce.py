@@ -37,7 +37,7 @@ def test_orders_completions_welfare(reqs, reserve, overhead, tps):
         assert sorted(c.order) == sorted(r.id for r in reqs), "order must be a permutation"
         expected = ref.completions(reqs, c.order, overhead, tps)
         assert c.completion == pytest.approx(expected)
-        assert c.welfare == pytest.approx(ref.welfare(reqs, expected, reserve))
+        assert c.planned_welfare == pytest.approx(ref.welfare(reqs, expected, reserve))
         if policy in REFERENCED:
             assert c.order == ref.reference_order(reqs, policy, reserve, overhead), policy
         if policy in DFS_AUCTIONS:
@@ -59,7 +59,7 @@ def test_density_is_the_best_dfs_order(reqs, reserve, overhead):
         ref.welfare(reqs, ref.completions(reqs, order, overhead, 1.0), reserve)
         for order in ref.all_dfs_orders(reqs)
     )
-    assert c.welfare == pytest.approx(best)
+    assert c.planned_welfare == pytest.approx(best)
 
 
 @settings(max_examples=60, deadline=None)

@@ -34,7 +34,7 @@ def test_fcfs():
     c = run("fcfs")
     assert c.order == ["A", "B", "C", "D"]
     assert c.completion == {"A": 4, "B": 6, "C": 10, "D": 11}
-    assert c.welfare == pytest.approx(-(1 * 4 + 4 * 6 + 2 * 10))
+    assert c.planned_welfare == pytest.approx(-(1 * 4 + 4 * 6 + 2 * 10))
     assert c.payments == {"A": 0, "B": 0, "C": 0, "D": 0}
 
 
@@ -57,7 +57,7 @@ def test_highest_bid():
     assert c.completion == {"B": 3, "C": 7, "A": 10, "D": 11}
     assert c.payments == pytest.approx({"B": 11, "C": 3, "A": 0, "D": 0})
     assert c.time_saved("B") == pytest.approx(7)
-    assert c.welfare == pytest.approx(-(4 * 3 + 2 * 7 + 1 * 10))
+    assert c.planned_welfare == pytest.approx(-(4 * 3 + 2 * 7 + 1 * 10))
 
 
 def test_dfs_auction():
@@ -70,7 +70,7 @@ def test_dfs_auction():
     assert c.order == ["C", "B", "A", "D"]
     assert c.completion == {"C": 4, "B": 7, "A": 10, "D": 11}
     assert c.payments == pytest.approx({"C": 35 / 3, "B": 3, "A": 0, "D": 0})
-    assert c.welfare == pytest.approx(-(2 * 4 + 4 * 7 + 1 * 10))
+    assert c.planned_welfare == pytest.approx(-(2 * 4 + 4 * 7 + 1 * 10))
 
 
 def test_dfs_auction_density():
@@ -85,7 +85,7 @@ def test_dfs_auction_density():
     assert c.completion == {"B": 3, "A": 6, "D": 7, "C": 11}
     assert c.payments == pytest.approx({"B": 12, "A": 0, "C": 0, "D": 0})
     assert c.time_saved("B") == pytest.approx(7)
-    assert c.welfare == pytest.approx(-(4 * 3 + 1 * 6 + 2 * 11))
+    assert c.planned_welfare == pytest.approx(-(4 * 3 + 1 * 6 + 2 * 11))
 
 
 def test_dfs_auction_density_with_reserve():
@@ -96,7 +96,7 @@ def test_dfs_auction_density_with_reserve():
     c = run("dfs-auction-density", reserve=1.5)
     assert c.order == ["B", "A", "D", "C"]
     assert c.payments == pytest.approx({"B": 18.5, "A": 0, "C": 0, "D": 0})
-    assert c.welfare == pytest.approx(-(4 * 3 + 2 * 11))
+    assert c.planned_welfare == pytest.approx(-(4 * 3 + 2 * 11))
 
 
 def test_dfs_weight_groups_cached_prefixes_only():
@@ -118,7 +118,7 @@ def test_dfs_weight_groups_cached_prefixes_only():
 @pytest.mark.parametrize("policy", POLICIES)
 def test_empty_queue(policy):
     c = clear([], policy)
-    assert c.order == [] and c.payments == {} and c.welfare == 0.0
+    assert c.order == [] and c.payments == {} and c.planned_welfare == 0.0
 
 
 def test_lpm_defers_a_second_request_sharing_an_uncached_prefix():

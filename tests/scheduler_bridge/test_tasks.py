@@ -18,7 +18,7 @@ from django.conf import settings
 from config.celery import app as celery_app
 from scheduler_bridge.tasks import RENAMED, ping, rounds_consume
 from tests.conftest import REPO_ROOT
-from tests.scheduler_bridge.workers import celery_worker
+from tests.scheduler_bridge.workers import celery_worker, wait_until
 
 WORKER_START_TIMEOUT_S = 60
 
@@ -169,6 +169,9 @@ def test_a_message_queued_under_an_old_name_runs_the_renamed_task(tmp_path: Path
             "scheduler_bridge.invoices_generate", queue=worker.queue
         ).get(timeout=60)
         outcome = celery_app.AsyncResult(forwarded_id).get(timeout=60)
+        # The worker stores the result before it logs the success: wait for the line.
+        succeeded = f"Task accounts.invoices_generate[{forwarded_id}] succeeded"
+        wait_until(lambda: succeeded in worker.log.read_text(), what="the success logged")
         log = worker.log.read_text()
     this_month = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     last_month = (this_month - timedelta(days=1)).replace(day=1)
@@ -176,4 +179,4 @@ def test_a_message_queued_under_an_old_name_runs_the_renamed_task(tmp_path: Path
         last_month.isoformat(),
         this_month.isoformat(),
     )
-    assert f"Task accounts.invoices_generate[{forwarded_id}] succeeded" in log, log
+    assert succeeded in log, log

@@ -22,14 +22,13 @@ as PostgreSQL runs them: ``manage.py ledger_statements``.
 
 from __future__ import annotations
 
-from .charge import SETTLE_SQL, SettleOutcome, request_prices, request_settle
+from .charge import SETTLE_SQL, request_prices, request_settle
 from .hold import (
     HOLD_AND_REQUEST_SQL,
     HOLD_SQL,
     RELEASE_SQL,
     BudgetRow,
     HoldOutcome,
-    ReleaseOutcome,
     hold_close,
     hold_place,
 )
@@ -41,12 +40,10 @@ __all__ = [
     "RELEASE_SQL",
     "BudgetRow",
     "HoldOutcome",
-    "ReleaseOutcome",
     "hold_close",
     "hold_place",
     "model_loaded",
     "SETTLE_SQL",
-    "SettleOutcome",
     "request_prices",
     "request_settle",
 ]

@@ -294,15 +294,16 @@ def test_calc_priority_ages_requests_on_sglangs_clock_of_queue_entry() -> None:
 
     cache = RadixCache.create_simulated()
     pol, _ = market_policy(
-        "dfs-auction-density", cache, wait_bound_s=1.0, wait_steps=1, overhead_tokens=0
-    )
+        "dfs-auction-density", cache, wait_bound_s=1.0, wait_steps=1, wait_density=0.05,
+        overhead_tokens=0,
+    )  # fmt: skip
     start = time.perf_counter()
     queue = [
         make_req("waited", [1, 2, 3, 4], bid=0.0, arrival=start - 10.0),
         make_req("fresh", [5, 6, 7, 8], bid=0.1, arrival=start),
     ]
     pol.calc_priority(queue)
-    # 4 tokens x $0.05/s per token (the default density) at the bound: $0.2/s.
+    # 4 tokens x $0.05/s per token at the bound: $0.2/s.
     assert pol.market.tree.entries["waited"].credit == 200_000_000
     assert pol.market.tree.entries["fresh"].credit == 0
     # Keys: waited (0 + 0.2) / 4 = 0.05 ahead of fresh 0.1 / 4 = 0.025 (behind without it).

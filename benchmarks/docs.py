@@ -128,10 +128,49 @@ def round_cost_block(doc: dict) -> str:
     )
 
 
+def quote_calibration_block(doc: dict) -> str:
+    """``python -m benchmarks.quotes --json``: per workload and load, over its seeds, the cells
+    (a T and a p) where probes were quoted and how many met p - tolerance, the share of probes
+    quoted, the lowest share served within T less p; then every cell that fell short."""
+    meta, cells = doc["meta"], doc["cells"]
+    tolerance = meta["tolerance"]
+    rows, short = [], []
+    for workload, load in dict.fromkeys((c["workload"], c["load"]) for c in cells):
+        at = [c for c in cells if (c["workload"], c["load"]) == (workload, load)]
+        quoted = [c for c in at if c["quoted"]]
+        short += [c for c in quoted if not c["meets"]]
+        probes = sum(c["probes"] for c in at)
+        worst = min((c["achieved"] - c["p"] for c in quoted), default=None)
+        rows.append([
+            workload, f"{load:g}", f"{sum(c['meets'] for c in quoted)} of {len(quoted)}",
+            f"{sum(c['quoted'] for c in at) / probes:.0%} of {probes:,}",
+            "-" if worst is None else f"{worst * 100:+.1f} pp",
+        ])  # fmt: skip
+    seeds = sorted({c["seed"] for c in cells})
+    text = (
+        f"`{command_line('benchmarks.quotes', meta['argv'])}`: seeds "
+        f"{', '.join(map(str, seeds))}; per workload and load, the quoted cells (a target T and "
+        f"a probability p) whose probes were served within T at least p - {tolerance * 100:g} "
+        f"points of the time, the probes that got a quote, and the lowest share within T less "
+        "p.\n\n"
+        + Table(
+            ["workload", "load", "quoted cells meeting p", "probes quoted", "worst vs p"], rows
+        ).markdown()
+    )
+    if short:
+        text += "\n\nThe cells that fell short:\n\n" + Table(
+            ["workload", "load", "seed", "T", "p", "quoted probes", "within T"],
+            [[c["workload"], f"{c['load']:g}", c["seed"], duration(c["ttft_s"]), f"{c['p']:g}",
+              c["quoted"], f"{c['achieved']:.0%}"] for c in short],
+        ).markdown()  # fmt: skip
+    return text
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "policies": policies_block,
     "sweep-goals": sweep_goals_block,
     "round-cost": round_cost_block,
+    "quote-calibration": quote_calibration_block,
 }
 
 

@@ -1,7 +1,7 @@
 """Is the quote calibrated? A request that bids its quote for (T, p) should get its first token
 within T seconds at least a share p of the time (issue 33 asks for p - 5 points at least).
 
-    python -m benchmarks.quotes [--loads 0.5,1.0,1.5] [--requests 1200] [--seed 1] \\
+    python -m benchmarks.quotes [--loads 0.5,1.0,1.5] [--requests 1200] [--seeds 1,2,3] \\
         [--json var/bench/quotes.json] [--html var/bench/quotes.html]
 
 For each workload with shared prefixes (SGLang's generated-shared-prefix one with uniform and
@@ -17,25 +17,27 @@ token is checked against T. The T asked are the 30th, 60th and 90th percentiles 
 times to first token served before the first probe (once a group's worth was served). A quote
 of None (no recent bid met the target) submits nothing and is counted as unquoted.
 
-The table has, per (workload, load, T, p): probes, quoted share, the share of quoted probes
-served within T, and whether it is at least p - 0.05; the report adds a reliability chart
-(achieved share against p).
+The table has, per (workload, load, seed, T, p): probes, quoted share, the share of quoted
+probes served within T, and whether it is at least p - 0.05; the report adds a reliability chart
+(achieved share against p). Each seed draws the workloads, their arrivals and the probes' prompts
+anew. ``--json`` saves the cells with the command (``meta``); ``python -m benchmarks.docs``
+renders them in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import plotly.graph_objects as go
 
-from benchmarks.html import Section, Table, command_line, write_page
+from benchmarks.html import Section, Table, command_line, write_json, write_page
 from benchmarks.metrics import percentile
-from benchmarks.options import floats
+from benchmarks.options import floats, ints
 from benchmarks.progress import Progress
 from benchmarks.runner import Capacities
 from benchmarks.workloads import Workload, gsp
@@ -68,6 +70,7 @@ class Cell:
     load: float
     ttft_s: float
     p: float
+    seed: int = 1
     probes: int = 0
     quoted: int = 0
     within: int = 0
@@ -122,7 +125,7 @@ def calibrate(
             for q in T_PERCENTILES:
                 for p in PROBABILITIES:
                     t = max(0.001, round(percentile(waits, q), 3))
-                    cells[(t, p)] = Cell(workload.name, load, t, p)
+                    cells[(t, p)] = Cell(workload.name, load, t, p, seed)
         groups = bid_groups(queue_scaled(history, waiting=waiting))
         for (t, p), cell in cells.items():
             cell.probes += 1
@@ -202,9 +205,9 @@ def reliability(cells: list[Cell]) -> go.Figure:
 
 
 def table(cells: list[Cell]) -> str:
-    columns = ("workload", "load", "T (s)", "p", "probes", "quoted", "within T", "meets")
+    columns = ("workload", "load", "seed", "T (s)", "p", "probes", "quoted", "within T", "meets")
     return Table(columns, [
-        (c.workload, f"{c.load:g}", f"{c.ttft_s:.3f}", f"{c.p:g}", c.probes, c.quoted,
+        (c.workload, f"{c.load:g}", c.seed, f"{c.ttft_s:.3f}", f"{c.p:g}", c.probes, c.quoted,
          "-" if c.achieved is None else f"{c.achieved:.3f}",
          "-" if c.meets is None else ("yes" if c.meets else "NO"))
         for c in cells
@@ -229,30 +232,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loads", type=floats, default=(0.5, 1.0, 1.5), help="x the engine's capacity")
     p.add_argument("--requests", type=int, default=1200, help="per workload (1200)")
     p.add_argument("--probe-every", type=float, default=2.0, metavar="SECONDS")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", type=ints, default=(1,), help="comma-separated (1)")
     p.add_argument("--json", type=Path)
     p.add_argument("--html", type=Path)
     opts = p.parse_args(argv)
     loads = opts.loads
     config = EngineConfig()
     capacities = Capacities()
-    chosen = workloads(opts.requests, opts.seed)
-    total = sum(w.requests_total for w in chosen) * len(loads)
+    runs = [(seed, workloads(opts.requests, seed)) for seed in opts.seeds]
+    total = sum(w.requests_total for _, chosen in runs for w in chosen) * len(loads)
     progress = Progress(total, enabled=True)
     cells: list[Cell] = []
-    for workload in chosen:
-        capacity = capacities.get(workload, config)
-        for load in loads:
-            progress.set_label(f"{workload.name} load {load:g}")
-            cells += calibrate(
-                workload, load, load * capacity, config,
-                probe_every_s=opts.probe_every, seed=opts.seed, progress=progress,
-            )  # fmt: skip
+    for seed, chosen in runs:
+        for workload in chosen:
+            capacity = capacities.get(workload, config)
+            for load in loads:
+                progress.set_label(f"seed {seed}: {workload.name} load {load:g}")
+                cells += calibrate(
+                    workload, load, load * capacity, config,
+                    probe_every_s=opts.probe_every, seed=seed, progress=progress,
+                )  # fmt: skip
     text = table(cells)
     print("\n" + text)
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps([c.row() for c in cells], indent=2))
+        meta = {"argv": list(sys.argv[1:] if argv is None else argv), "tolerance": TOLERANCE}
+        write_json(opts.json, {"meta": meta, "cells": [c.row() for c in cells]})
     if opts.html:
         write_page(
             opts.html,

@@ -13,10 +13,16 @@ range bought lately: its waits' quantiles.
   does not shorten).
 - :func:`waits_for` is the distribution a bid buys: the quantiles of its group's waits.
 - :func:`quote` is the bid needed now to be served within ``ttft_s`` with probability ``p``:
-  walking the groups from the highest bid down, the last group whose ``p``-quantile, and that
-  of every group above it, is within ``ttft_s``; the quote is that group's median bid (0 when
-  it is the group of requests that bought no priority, which waited within the target too).
-  None when even the highest bids waited longer, or when the history is too short to say.
+  walking the groups from the highest bid down, the last group whose confident ``p``-quantile,
+  and that of every group above it, is within ``ttft_s``; the quote is that group's median bid
+  (0 when it is the group of requests that bought no priority, which waited within the target
+  too). None when even the highest bids waited longer, or when the history is too short to say.
+- A group's **confident** ``p``-quantile is its quantile at ``p`` raised by ``CONFIDENCE_Z``
+  standard errors of a share measured on its ``n`` waits, ``p + z sqrt(p (1 - p) / n)`` (at most
+  1): a group of 20 has to show that 15 of its waits, not 10, were within the target before its
+  bid is quoted for half the time. Each group's share is an estimate from a few dozen waits, and
+  the walk takes the lowest bid whose estimate passed, so without the margin it takes the group
+  that was lucky and the quote falls short of ``p`` (``benchmarks.quotes`` measures it).
 
 Pure and Django-free: the market's selector reads the history from the ledger's requests
 (time to first token, effective bid at the reserve now, the queue it joined), the gateway
@@ -31,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 MIN_GROUP = 20  # requests in a group of neighbouring bids: fewer say too little of a quantile
+CONFIDENCE_Z = 2.0  # standard errors a quoted group's share within the target must clear
 # The history a quote reads: the requests served in the last WINDOW_S seconds, the newest
 # HISTORY_MAX of them.
 WINDOW_S = 600.0
@@ -82,6 +89,14 @@ class BidGroup:
         rank = max(1, math.ceil(p * len(self.waits) - 1e-9))
         return self.waits[rank - 1]
 
+    def confident_quantile(self, p: float) -> float:
+        """The quantile at ``p`` raised by ``CONFIDENCE_Z`` standard errors of a share measured
+        on this group's waits (see the module): the wait a quote for ``p`` is judged by."""
+        if not 0 < p <= 1:
+            raise ValueError(f"p must be in (0, 1], got {p}")
+        margin = CONFIDENCE_Z * math.sqrt(p * (1 - p) / len(self.waits))
+        return self.quantile(min(1.0, p + margin))
+
 
 def bid_groups(history: Iterable[Waited], *, min_size: int = MIN_GROUP) -> list[BidGroup]:
     """The history's groups of neighbouring bids, highest bids first (see the module)."""
@@ -118,7 +133,7 @@ def quote(groups: Sequence[BidGroup], *, ttft_s: float, p: float) -> float | Non
         raise ValueError(f"ttft_s must be > 0, got {ttft_s}")
     found: BidGroup | None = None
     for group in groups:
-        if group.quantile(p) > ttft_s:
+        if group.confident_quantile(p) > ttft_s:
             break
         found = group
     if found is None:

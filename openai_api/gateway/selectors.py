@@ -170,7 +170,8 @@ def quote_for(
         body["bid"] = None if quoted is None else money_str(_at_least_reserve(quoted, market))
         if quoted is None and groups:
             body["reason"] = (
-                f"no recent bid was served within {ttft_s:g} s {probability:.0%} of the time"
+                f"no recent bid was served within {ttft_s:g} s {probability:.0%} of the time "
+                "by a margin clear of chance"
             )
     if bid is not None:
         group = waits_for(groups, float(bid))

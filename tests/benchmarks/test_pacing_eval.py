@@ -107,8 +107,9 @@ def history(high_wait: float) -> list:
 
 
 def test_a_latency_target_is_worth_the_quote_under_the_cap():
-    # Target 0.5 s at p 0.75: the 23rd wait of a group (ceil(22.5)). Low bids waited 1.01..1.30
-    # s (23rd: 1.23 > 0.5), high bids 0.01..0.30 (0.23): the quote is the high group's median
+    # Target 0.5 s at p 0.75: a group of 30 is judged by its wait at 0.75 + 2 sqrt(0.75 x 0.25 /
+    # 30) = 0.908, the 28th (ceil(27.2)). Low bids waited 1.01..1.30 s (28th: 1.28 > 0.5), high
+    # bids 0.01..0.30 (0.28): the quote is the high group's median
     # bid, 2. Under a cap of 3 the class is worth 2; mu = 1 (set by hand) bids 1.
     f = target_focal("target", 3.0)
     f.requote(history(1.0))

@@ -28,9 +28,11 @@ def test_a_small_run_quotes_and_checks_every_probe(tmp_path) -> None:
         ["--loads", "1.0", "--requests", "160", "--probe-every", "1", "--json", str(out),
          "--html", str(html)]
     ) == 0  # fmt: skip
-    rows = json.loads(out.read_text())
-    # 2 workloads x 3 T x 2 p
-    assert len(rows) == 12
+    saved = json.loads(out.read_text())
+    assert saved["meta"]["argv"][:2] == ["--loads", "1.0"] and saved["meta"]["tolerance"] == 0.05
+    rows = saved["cells"]
+    # 2 workloads x 3 T x 2 p, one seed
+    assert len(rows) == 12 and {r["seed"] for r in rows} == {1}
     assert {(r["workload"], r["p"]) for r in rows} == {
         (w, p) for w in ("gsp-uniform", "gsp-zipf") for p in (0.5, 0.9)
     }

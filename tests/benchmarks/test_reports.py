@@ -149,6 +149,34 @@ def test_the_round_cost_block_gives_milliseconds_and_ratios_to_density() -> None
     assert text.rstrip().endswith("| 4 ms x1.00 | 6 ms x1.50 |")
 
 
+def test_the_quote_calibration_block_counts_the_quoted_cells_and_lists_the_short_ones() -> None:
+    # Load 1, over two seeds: three cells quoted, one not. Achieved 9/10 at p 0.9 (+0 pp), 3/5
+    # at 0.5 (+10 pp), 4/5 at 0.9 (-10 pp, short of 0.85): 2 of 3 meet; 12 + 6 + 7 + 5 = 30
+    # probes, 10 + 5 + 5 = 20 quoted, 67%. Load 1.5: nothing quoted, no worst.
+    def cell(load, seed, t, p, probes, quoted, within):
+        achieved = within / quoted if quoted else None
+        meets = None if achieved is None else achieved >= p - 0.05
+        return {"workload": "w", "load": load, "ttft_s": t, "p": p, "seed": seed,
+                "probes": probes, "quoted": quoted, "within": within,
+                "achieved": achieved, "meets": meets}  # fmt: skip
+
+    doc = {
+        "meta": {"argv": ["--seeds", "1,2", "--json", "q.json"], "tolerance": 0.05},
+        "cells": [
+            cell(1.0, 1, 0.25, 0.9, 12, 10, 9),
+            cell(1.0, 1, 0.5, 0.5, 6, 5, 3),
+            cell(1.0, 2, 0.25, 0.9, 7, 5, 4),
+            cell(1.0, 2, 0.5, 0.5, 5, 0, 0),
+            cell(1.5, 1, 2.0, 0.5, 3, 0, 0),
+        ],
+    }
+    text = docs.quote_calibration_block(doc)
+    assert text.startswith("`python -m benchmarks.quotes --seeds 1,2 --json q.json`: seeds 1, 2;")
+    assert "| w | 1 | 2 of 3 | 67% of 30 | -10.0 pp |" in text
+    assert "| w | 1.5 | 0 of 0 | 0% of 3 | - |" in text
+    assert text.rstrip().endswith("| w | 1 | 2 | 250 ms | 0.9 | 5 | 80% |")
+
+
 def test_an_unknown_block_kind_is_refused(tmp_path) -> None:
     write_doc(tmp_path, BODY.replace("sweep-goals", "sweep-everything"))
     with pytest.raises(ValueError, match="unknown block kind 'sweep-everything'"):

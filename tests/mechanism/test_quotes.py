@@ -3,7 +3,9 @@
 The history: 30 requests bid 0.1 $/s and waited 0.1, 0.2, ..., 3.0 s; 30 bid 0.01 and waited
 1, 2, ..., 30 s; 30 bought no priority (bid 0) and waited 10, 20, ..., 300 s. With groups of at
 least 20 requests each bid level is a group. Nearest-rank quantiles of 30 waits: the median is
-the 15th, the 90th percentile the 27th, the 99th the 30th.
+the 15th, the 90th percentile the 27th, the 99th the 30th. A quote judges a group of 30 by its
+confident quantile, at p + 2 sqrt(p (1 - p) / 30): for p = 0.5, 0.5 + 0.183 = 0.683, the 21st
+wait (ceil(20.5)); for p = 0.9, 0.9 + 0.110 > 1, the 30th; for p = 0.99, the 30th.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ def test_each_bid_level_of_enough_requests_is_a_group_highest_first() -> None:
 @pytest.mark.parametrize(
     ("ttft_s", "p", "bid"),
     [
-        (2.0, 0.5, 0.1),  # 0.1's median 1.5 s <= 2; 0.01's 15 s > 2
-        (20.0, 0.5, 0.01),  # 0.01's median 15 s <= 20; bid 0's 150 s > 20
-        (30.0, 0.9, 0.01),  # 0.01's p90 27 s <= 30
-        (2.0, 0.9, None),  # even 0.1's p90 is 2.7 s
+        (2.5, 0.5, 0.1),  # 0.1's 21st wait 2.1 s <= 2.5; 0.01's 21 s > 2.5
+        (2.0, 0.5, None),  # 0.1's median 1.5 s is within 2 s, but its 21st wait, 2.1 s, is not
+        (25.0, 0.5, 0.01),  # 0.01's 21 s <= 25; bid 0's 210 s > 25
+        (30.0, 0.9, 0.01),  # 0.01's 30th wait, 30 s <= 30; bid 0's 300 s > 30
+        (2.9, 0.9, None),  # 0.1's p90 is 2.7 s, its 30th wait 3.0 s
         (300.0, 0.99, 0.0),  # every group within 300 s: no priority needed
-        (150.0, 0.5, 0.0),
+        (210.0, 0.5, 0.0),
     ],
 )
 def test_the_quote_is_the_lowest_group_that_met_the_target_with_all_above_it(
@@ -95,6 +98,8 @@ def test_quantile_bounds() -> None:
     for p in (0.0, 1.5):
         with pytest.raises(ValueError):
             g.quantile(p)
+        with pytest.raises(ValueError):
+            g.confident_quantile(p)
     with pytest.raises(ValueError):
         quote([g], ttft_s=0.0, p=0.5)
 
@@ -119,16 +124,29 @@ def test_a_wait_is_scaled_to_the_queue_of_now_never_down() -> None:
 
 def test_a_grown_queue_raises_the_quote() -> None:
     # The module's history, each request having joined a queue of 10: the quote for a first
-    # token within 2 s half the time is 0.1 (its median 1.5 s). Now 20 wait: every wait
-    # doubles, 0.1's median is 3.0 s > 2, and nothing is quoted; within 4 s, 0.1 (3.0 <= 4).
-    # Within 40 s half the time: 0.01's median 15 s doubles to 30 s <= 40; bid 0's 150 s
-    # doubles to 300 s > 40: the quote stays 0.01, and for p 0.9 (0.01's p90 27 -> 54 s > 40)
-    # it rises to 0.1 (p90 2.7 -> 5.4 s).
+    # token within 2.5 s half the time is 0.1 (its 21st wait 2.1 s). Now 20 wait: every wait
+    # doubles, 0.1's 21st is 4.2 s > 2.5, and nothing is quoted; within 5 s, 0.1 (4.2 <= 5).
+    # Within 50 s half the time: 0.01's 21 s doubles to 42 s <= 50; bid 0's 210 s doubles to
+    # 420 s > 50: the quote stays 0.01, and for p 0.9 within 40 s (0.01's 30th wait, 30 s,
+    # doubles to 60 s > 40) it rises to 0.1 (3.0 -> 6.0 s).
     joined = [Waited(w.bid, w.ttft_s, queue_len=10) for w in history()]
-    assert quote(bid_groups(joined), ttft_s=2.0, p=0.5) == 0.1
+    assert quote(bid_groups(joined), ttft_s=2.5, p=0.5) == 0.1
     now = bid_groups(queue_scaled(joined, waiting=20))
-    assert quote(now, ttft_s=2.0, p=0.5) is None
-    assert quote(now, ttft_s=4.0, p=0.5) == 0.1
-    assert quote(now, ttft_s=40.0, p=0.5) == 0.01
+    assert quote(now, ttft_s=2.5, p=0.5) is None
+    assert quote(now, ttft_s=5.0, p=0.5) == 0.1
+    assert quote(now, ttft_s=50.0, p=0.5) == 0.01
     assert quote(bid_groups(joined), ttft_s=40.0, p=0.9) == 0.01
     assert quote(now, ttft_s=40.0, p=0.9) == 0.1
+
+
+def test_a_quote_needs_the_share_by_a_margin_clear_of_chance() -> None:
+    """A group of 20 waited 1, 2, ..., 20 s. For half the time it is judged by its wait at
+    0.5 + 2 sqrt(0.25 / 20) = 0.724, the 15th (ceil(14.5)): 15 s, where its median is 10 s.
+    For p = 0.8: 0.8 + 2 sqrt(0.16 / 20) = 0.979, the 20th."""
+    group = bid_groups([Waited(0.2, float(i)) for i in range(1, 21)])
+    assert [g.quantile(0.5) for g in group] == [10.0]
+    assert [g.confident_quantile(0.5) for g in group] == [15.0]
+    assert quote(group, ttft_s=14.9, p=0.5) is None
+    assert quote(group, ttft_s=15.0, p=0.5) == 0.2
+    assert group[0].confident_quantile(0.8) == 20.0
+    assert quote(group, ttft_s=19.0, p=0.8) is None

@@ -21,8 +21,8 @@ def _autobidder(program) -> None:
         budget="100",
         period="day",
         values={
-            "chat": {"ttft_s": 20, "p": 0.5},
-            "strict": {"ttft_s": 20, "p": 0.9},
+            "chat": {"ttft_s": 25, "p": 0.5},
+            "strict": {"ttft_s": 25, "p": 0.9},
             "batch": "0.004",
         },
         max_wait_s=10.0,
@@ -33,11 +33,12 @@ def _autobidder(program) -> None:
 def test_a_target_class_bids_the_markets_quote_after_mu(gateway, acme, market):
     """History: 30 requests bid 0.005 and waited 1..30 s, 30 bid nothing and waited
     100..3000 s. Groups of at least 20 from the highest bid: {0.005 x 30} then {0 x 30}.
-    "chat" (20 s at p 0.5): the first group's median wait is its 15th, 15 s <= 20; the second's
-    1500 s > 20: the quote is the first group's median bid, 0.005, under acme's cap 0.01, bid
-    as 0.005 / (1 + 1) = 0.0025; its consent cap 0.0025 x 10 s. "strict" (p 0.9): the first
-    group's 27th wait, 27 s > 20, so nothing is quoted and the class is worth the cap, 0.01,
-    bid 0.005. The value class "batch": 0.004 / 2 = 0.002."""
+    "chat" (25 s at p 0.5): a group of 30 is judged by its 21st wait (``mechanism.quotes``'
+    confident median, 0.5 + 2 sqrt(0.25 / 30) = 0.683 of 30), 21 s <= 25; the second's 2100 s >
+    25: the quote is the first group's median bid, 0.005, under acme's cap 0.01, bid as 0.005 /
+    (1 + 1) = 0.0025; its consent cap 0.0025 x 10 s. "strict" (p 0.9): the first group's 30th
+    wait, 30 s > 25, so nothing is quoted and the class is worth the cap, 0.01, bid 0.005. The
+    value class "batch": 0.004 / 2 = 0.002."""
     _history(acme, market, bid="0.005", waits=[float(i) for i in range(1, 31)], tag="hi")
     _history(acme, market, bid="0", waits=[100.0 * i for i in range(1, 31)], tag="lo")
     _autobidder(acme)

@@ -4,7 +4,8 @@ seconds, and what waits a bid buys, from the market's recent requests.
 The market's history is written with the ledger's services (opened, then settled with the time
 to first token the engine reported), the same as ``tests/mechanism/test_quotes.py``'s: 30
 requests bid 0.1 $/s and waited 0.1..3.0 s, 30 bid 0.01 and waited 1..30 s, 30 bid nothing and
-waited 10..300 s; the quoted figures are worked there by hand.
+waited 10..300 s; the quoted figures are worked there by hand. A quote for p = 0.5 reads a
+group's 21st wait of 30 (its confident median), for p = 0.9 or 0.99 its 30th.
 """
 
 from __future__ import annotations
@@ -72,22 +73,24 @@ def ask(gateway, key: str | None, **query) -> httpx.Response:
 
 def test_the_bid_for_a_target_and_the_waits_of_a_bid(gateway, acme, quoted_market) -> None:
     model = quoted_market.served_model
-    answer = ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5")
+    answer = ask(gateway, acme.key, model=model, ttft_s="2.5", probability="0.5")
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert (body["object"], body["model"], body["bid"]) == ("quote", model, "0.100000000")
-    assert body["target"] == {"ttft_s": 2.0, "probability": 0.5}
+    assert body["target"] == {"ttft_s": 2.5, "probability": 0.5}
     assert body["based_on"] == {"requests": 90, "window_s": 600.0}
     assert "reason" not in body
-    assert ask(gateway, acme.key, model=model, ttft_s="20", probability="0.5").json()["bid"] == (
+    assert ask(gateway, acme.key, model=model, ttft_s="25", probability="0.5").json()["bid"] == (
         "0.010000000"
-    )
+    )  # 0.01's 21st wait, 21 s; bid 0's, 210 s
     assert ask(gateway, acme.key, model=model, ttft_s="300", probability="0.99").json()["bid"] == (
         "0.000000000"
     )
     missed = ask(gateway, acme.key, model=model, ttft_s="2").json()  # p = 0.9 by default
     assert missed["bid"] is None and missed["target"]["probability"] == 0.9
-    assert missed["reason"] == "no recent bid was served within 2 s 90% of the time"
+    assert missed["reason"] == (
+        "no recent bid was served within 2 s 90% of the time by a margin clear of chance"
+    )
     waits = ask(gateway, acme.key, model=model, bid="0.05").json()["waits"]
     assert waits == {
         "bid": "0.050000000", "bids_from": "0.010000000", "bids_to": "0.010000000",
@@ -97,17 +100,18 @@ def test_the_bid_for_a_target_and_the_waits_of_a_bid(gateway, acme, quoted_marke
 
 def test_a_quoted_bid_is_never_below_the_reserve(gateway, acme, quoted_market) -> None:
     """Reserve 0.02: the 0.01 bids bought nothing and count as bid 0. The groups: 0.1 (30
-    requests), then 0 (60: waits 1..30 and 10, 20, ..., 300; 30 of them are at most 28 s, the
-    1..28 and the 10 and 20, so the median, the 30th, is 28 s)."""
+    requests), then 0 (60: waits 1..30 and 10, 20, ..., 300). For p = 0.5 a group of 60 is
+    judged by its wait at 0.5 + 2 sqrt(0.25 / 60) = 0.629, the 38th (ceil(37.7)): 33 waits are
+    at most 30 s (1..30, and 10, 20, 30 again), then 40, 50, 60, 70, 80: 80 s."""
     quoted_market.reserve = "0.02"
     quoted_market.save()
     model = quoted_market.served_model
-    body = ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5").json()
+    body = ask(gateway, acme.key, model=model, ttft_s="2.5", probability="0.5").json()
     assert (body["bid"], body["reserve"]) == ("0.100000000", "0.020000000")
-    assert ask(gateway, acme.key, model=model, ttft_s="28", probability="0.5").json()["bid"] == (
+    assert ask(gateway, acme.key, model=model, ttft_s="80", probability="0.5").json()["bid"] == (
         "0.000000000"
     )
-    assert ask(gateway, acme.key, model=model, ttft_s="27", probability="0.5").json()["bid"] == (
+    assert ask(gateway, acme.key, model=model, ttft_s="79", probability="0.5").json()["bid"] == (
         "0.100000000"
     )
 
@@ -153,24 +157,26 @@ def test_a_queue_longer_than_the_history_joined_raises_the_quote(
 ) -> None:
     """Every request of the history joined a queue of 10; the book's two engines hold 15 and
     25 waiting now, 20 each on average: every wait doubles (``mechanism.quotes.queue_scaled``).
-    0.1's median 1.5 s becomes 3.0 s > 2 s: nothing buys 2 s half the time, 0.1 buys 4 s; the
-    waits bid 0.05 buys (the 0.01 group) double: 15, 27, 30 s -> 30, 54, 60 s."""
+    0.1's 21st wait 2.1 s becomes 4.2 s > 2.5 s: nothing buys 2.5 s half the time, 0.1 buys 5 s;
+    the waits bid 0.05 buys (the 0.01 group) double: 15, 27, 30 s -> 30, 54, 60 s."""
     market = history_write(acme, queue_len=10)
     model = market.served_model
-    assert ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5").json()["bid"] == (
+    assert ask(gateway, acme.key, model=model, ttft_s="2.5", probability="0.5").json()["bid"] == (
         "0.100000000"
     )  # no book yet: the waits as they were
     book_publish(monkeypatch, market, waiting={"sim-a": 15, "sim-b": 25}, now=10.0)
-    body = ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5").json()
+    body = ask(gateway, acme.key, model=model, ttft_s="2.5", probability="0.5").json()
     assert body["bid"] is None
-    assert body["reason"] == "no recent bid was served within 2 s 50% of the time"
-    assert ask(gateway, acme.key, model=model, ttft_s="4", probability="0.5").json()["bid"] == (
+    assert body["reason"] == (
+        "no recent bid was served within 2.5 s 50% of the time by a margin clear of chance"
+    )
+    assert ask(gateway, acme.key, model=model, ttft_s="5", probability="0.5").json()["bid"] == (
         "0.100000000"
     )
     waits = ask(gateway, acme.key, model=model, bid="0.05").json()["waits"]
     assert (waits["ttft_p50_s"], waits["ttft_p90_s"], waits["ttft_p99_s"]) == (30.0, 54.0, 60.0)
     # Shorter than the history's (6 and 4 waiting: 5 each, under 10): no wait shortens.
     book_publish(monkeypatch, market, waiting={"sim-b": 6, "sim-a": 4}, now=20.0)
-    assert ask(gateway, acme.key, model=model, ttft_s="2", probability="0.5").json()["bid"] == (
+    assert ask(gateway, acme.key, model=model, ttft_s="2.5", probability="0.5").json()["bid"] == (
         "0.100000000"
     )

@@ -439,13 +439,15 @@ def setups(args: argparse.Namespace) -> list[Setup]:
     return out
 
 
-def table(rows: list[dict]) -> str:
-    """The merged figures: ``bg/urg`` is the background requests' mean TTFT over the urgent
-    ones' (the auction's separation); ``ttft/1`` and ``wel/1`` are the setup's mean TTFT and
-    welfare as ratios to its baseline's (the one engine of the same capacity at the same load;
-    for one replica, the same engine without the gateway)."""
+def table(rows: list[dict]) -> Table:
+    """The merged figures, a row per setup and load: ``bg/urg`` is the background requests'
+    mean TTFT over the urgent ones' (the auction's separation); ``ttft/1`` and ``wel/1`` are the
+    setup's mean TTFT and welfare as ratios to its baseline's (the one engine of the same
+    capacity at the same load; for one replica, the same engine without the gateway)."""
     base = {(r["replicas"], r["load"]): r["merged"] for r in rows if r["policy"] == SINGLE}
-    columns = ("setup", "hit", "ttft", "p99", "welfare", "revenue", "bg/urg", "ttft/1", "wel/1")
+    columns = (
+        "setup", "load", "hit", "ttft", "p99", "welfare", "revenue", "bg/urg", "ttft/1", "wel/1"
+    )  # fmt: skip
     lines = []
     for r in rows:
         m = r["merged"]
@@ -459,11 +461,11 @@ def table(rows: list[dict]) -> str:
             else ("", "")
         )
         lines.append((
-            f"{r['replicas']}x {name} @ {r['load']:g}", f"{m['cache_hit_rate']:.3f}",
+            f"{r['replicas']}x {name}", f"{r['load']:g}", f"{m['cache_hit_rate']:.3f}",
             f"{m['mean_ttft_s']:.3f}", f"{m['p99_ttft_s']:.3f}", f"{m['welfare']:.2f}",
             f"{m['revenue']:.3f}", f"{m['separation']:.2f}", *ratios,
         ))  # fmt: skip
-    return Table(columns, lines).text()
+    return Table(columns, lines)
 
 
 def report_html(rows: list[dict], path: Path, title: str, command: str) -> None:
@@ -514,7 +516,7 @@ def report_html(rows: list[dict], path: Path, title: str, command: str) -> None:
         fig.update_xaxes(title_text="load (x fleet capacity)", row=row, col=col)
     fig.update_layout(height=1100)
     write_page(
-        path, title, [Section("Merged figures", table(rows), figures=[fig])], command=command
+        path, title, [Section("Merged figures", table(rows).text(), figures=[fig])], command=command
     )
 
 
@@ -587,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({len(base)} shared-prefix requests, {args.groups} groups, DFS auction on each)"
     )
     report_html(rows, args.html, title, meta["command"])
-    print(table(rows))
+    print(table(rows).text())
     print(f"JSON: {args.json}  report: {args.html}", file=sys.stderr)
     return 0
 

@@ -6,9 +6,11 @@ within T seconds at least a share p of the time (issue 33 asks for p - 5 points 
 
 For each workload with shared prefixes (SGLang's generated-shared-prefix one with uniform and
 with zipf-popular groups) and each load (x the engine's measured capacity), the simulated
-engine serves the workload in virtual time under the product's default policy. Every
-``--probe-every`` seconds after the first quarter of the arrivals, for each (T, p) asked, the
-quote is computed exactly as ``GET /v1/quotes`` computes it (``mechanism.quotes`` over the
+engine serves the workload in virtual time under the product's default policy. After the first
+quarter of the arrivals, each (T, p) asked is probed once every ``--probe-every`` seconds, the
+cells in turn (one probe every ``--probe-every`` / 6 seconds: probes sent together would share a
+prefill batch and wait for each other's prompts, which no tenant's request does): the quote is
+computed exactly as ``GET /v1/quotes`` computes it (``mechanism.quotes`` over the
 requests that arrived in the last ``WINDOW_S`` seconds and were served, probes included, their
 waits scaled by ``queue_scaled`` to the queue of the engine's latest round record with a book,
 as the market's live book has it) and a probe request bidding it (the prompt of a random
@@ -60,6 +62,7 @@ POLICY = DEFAULT_POLICY  # the product's default (market.models.DEFAULT_POLICY; 
 PROBABILITIES = (0.5, 0.9)
 T_PERCENTILES = (30, 60, 90)
 TOLERANCE = 0.05  # the share may fall short of p by this much
+CELLS = len(T_PERCENTILES) * len(PROBABILITIES)  # probed in turn
 
 
 @dataclass
@@ -114,8 +117,10 @@ def calibrate(
     numbers = itertools.count(1)
     waiting: int | None = None  # the queue of the latest record with a book (the live book's)
 
+    turns = itertools.count()
+
     def probe(now: float) -> None:
-        """Each cell's probe, bidding its quote from what was served by ``now``."""
+        """The next cell's probe (in turn), bidding its quote from what was served by ``now``."""
         # What the market's selector reads: served, arrived in the window, the newest
         # HISTORY_MAX by arrival (the ledger's created_at).
         recent = sorted((x for x in served if x[0] >= now - WINDOW_S), key=lambda x: x[0])
@@ -126,17 +131,19 @@ def calibrate(
                 for p in PROBABILITIES:
                     t = max(0.001, round(percentile(waits, q), 3))
                     cells[(t, p)] = Cell(workload.name, load, t, p, seed)
+        if not cells:
+            return
+        cell = list(cells.values())[next(turns) % len(cells)]
+        cell.probes += 1
         groups = bid_groups(queue_scaled(history, waiting=waiting))
-        for (t, p), cell in cells.items():
-            cell.probes += 1
-            bid = quote(groups, ttft_s=t, p=p) if groups else None
-            if bid is None:
-                continue
-            cell.quoted += 1
-            like = rng.choice(timed.requests)
-            rid = f"probe-{next(numbers)}"
-            probes[rid] = (cell, t)
-            engine.submit(SimRequest(rid, like.tokens, like.max_new_tokens, bid, now))
+        bid = quote(groups, ttft_s=cell.ttft_s, p=cell.p) if groups else None
+        if bid is None:
+            return
+        cell.quoted += 1
+        like = rng.choice(timed.requests)
+        rid = f"probe-{next(numbers)}"
+        probes[rid] = (cell, cell.ttft_s)
+        engine.submit(SimRequest(rid, like.tokens, like.max_new_tokens, bid, now))
 
     def stepped(result: StepResult) -> None:
         nonlocal next_probe, waiting
@@ -148,7 +155,7 @@ def calibrate(
             waiting = record["waiting"]
         if next_probe <= result.end and next_probe <= last_probe:
             probe(result.end)
-            next_probe += probe_every_s
+            next_probe += probe_every_s / CELLS
 
     def finished(req: SimRequest) -> None:
         assert req.first_token_at is not None and req.finished_at is not None

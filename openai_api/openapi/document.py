@@ -287,9 +287,9 @@ def _paths() -> dict[str, Any]:
                 summary="Quote what a bid buys",
                 description=(
                     "From the waits of the market's requests served recently, grouped by bid: the "
-                    "bid that bought a first token within `ttft_s` seconds with `probability` "
-                    "(never below the reserve), and the waits `bid` buys. Give `ttft_s`, `bid` or "
-                    "both."
+                    "bid that bought a first token within `ttft_s` seconds with `probability`, "
+                    "by a margin clear of chance (never below the reserve), and the waits `bid` "
+                    "buys. Give `ttft_s`, `bid` or both."
                 ),
                 parameters=[
                     _query(

@@ -189,7 +189,7 @@
       const within = `a first token within ${fmt.seconds(t.ttft_s)} ${fmt.pct(t.probability)} of the time`;
       part.querySelector(".quote-target").textContent = !m.groups.length
         ? `Too few requests served in the last ${fmt.seconds(m.based_on.window_s)} to draw (${fmt.int(m.based_on.requests)}).`
-        : t.bid === null ? `No recent bid bought ${within}.`
+        : t.bid === null ? `No recent bid bought ${within} by a margin clear of chance.`
           : `Bid ${fmt.rate(t.bid)} for ${within} · from ${fmt.int(m.based_on.requests)} requests`;
       const xs = m.groups.map((g) => Number(g.median_bid));
       const hover = (key) => m.groups.map((g) =>

@@ -28,7 +28,7 @@ from mechanism import POLICIES
 from . import figures
 from .bids import BID_DISTRIBUTIONS, BidSpec
 from .goal import point_goals
-from .html import command_line, write_json
+from .html import arguments, command_line, write_json
 from .options import floats, ints
 from .progress import Progress
 from .report import findings_table, goal_table, policy_table
@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "reserve": args.reserve,
             "engine": dataclasses.asdict(config),
             "market_knobs": dataclasses.asdict(knobs),
-            "argv": list(argv) if argv is not None else sys.argv[1:],
+            "argv": arguments(argv),
         }
         doc = to_json(main_points, sweep_points, meta)
         write_json(args.json, doc)

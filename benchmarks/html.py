@@ -81,10 +81,14 @@ class Section:
         return "".join(parts)
 
 
+def arguments(argv: Sequence[str] | None = None) -> list[str]:
+    """A benchmark's arguments: ``argv``, or ``sys.argv``'s when it is None."""
+    return list(sys.argv[1:] if argv is None else argv)
+
+
 def command_line(module: str, argv: Sequence[str] | None = None) -> str:
-    """How the report was asked for: ``python -m MODULE`` and its arguments (``sys.argv``'s
-    when ``argv`` is None)."""
-    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+    """How the report was asked for: ``python -m MODULE`` and its :func:`arguments`."""
+    return shlex.join(["python", "-m", module, *arguments(argv)])
 
 
 def jsonable(value: object) -> object:

@@ -31,13 +31,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import plotly.graph_objects as go
 
-from benchmarks.html import Section, Table, command_line, write_json, write_page
+from benchmarks.html import Section, Table, arguments, command_line, write_json, write_page
 from benchmarks.metrics import percentile
 from benchmarks.options import floats, ints
 from benchmarks.progress import Progress
@@ -111,7 +110,7 @@ def calibrate(
     last_probe = arrivals[-1]
     rng = random.Random(f"{seed}:probes")
     served: list[tuple[float, Waited]] = []  # (arrived at, what it bid and waited)
-    probes: dict[str, tuple[Cell, float]] = {}  # probe id -> its cell, its T
+    probes: dict[str, Cell] = {}  # probe id -> its cell
     cells: dict[tuple[float, float], Cell] = {}
     next_probe = first_probe
     numbers = itertools.count(1)
@@ -142,7 +141,7 @@ def calibrate(
         cell.quoted += 1
         like = rng.choice(timed.requests)
         rid = f"probe-{next(numbers)}"
-        probes[rid] = (cell, cell.ttft_s)
+        probes[rid] = cell
         engine.submit(SimRequest(rid, like.tokens, like.max_new_tokens, bid, now))
 
     def stepped(result: StepResult) -> None:
@@ -155,7 +154,7 @@ def calibrate(
             waiting = record["waiting"]
         if next_probe <= result.end and next_probe <= last_probe:
             probe(result.end)
-            next_probe += probe_every_s / CELLS
+            next_probe += probe_every_s / (len(cells) or CELLS)
 
     def finished(req: SimRequest) -> None:
         assert req.first_token_at is not None and req.finished_at is not None
@@ -163,8 +162,8 @@ def calibrate(
         # Every served request is in the history, probes too: the ledger has them all.
         served.append((req.arrival, Waited(req.bid, ttft, req.auction.get("queue_len"))))
         if req.id in probes:
-            cell, t = probes.pop(req.id)
-            cell.within += ttft <= t
+            cell = probes.pop(req.id)
+            cell.within += ttft <= cell.ttft_s
         else:
             progress.advance()
 
@@ -263,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"argv": list(sys.argv[1:] if argv is None else argv), "tolerance": TOLERANCE}
+        meta = {"argv": arguments(argv), "tolerance": TOLERANCE}
         write_json(opts.json, {"meta": meta, "cells": [c.row() for c in cells]})
     if opts.html:
         write_page(

@@ -123,13 +123,7 @@ def api_keys(request: HttpRequest, tenant: Tenant) -> JsonResponse:
     form = ApiKeyCreateForm(data)
     if not form.is_valid():
         return JsonResponse({"error": "invalid key", "fields": form.errors}, status=400)
-    api_key, secret = api_key_create(
-        tenant=tenant,
-        name=form.cleaned_data["name"],
-        created_by=request.user,
-        budget_limit=form.cleaned_data["budget_limit"],
-        budget_period=form.cleaned_data["budget_period"],
-    )
+    api_key, secret = api_key_create(tenant=tenant, created_by=request.user, **form.cleaned_data)
     response = JsonResponse({**_key_json(api_key), "secret": secret}, status=201)
     response["Cache-Control"] = "no-store"
     return response

@@ -126,11 +126,7 @@ def api_key_list(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         form = ApiKeyCreateForm(request.POST)
         if form.is_valid():
             new_key, new_secret = api_key_create(
-                tenant=tenant,
-                name=form.cleaned_data["name"],
-                created_by=request.user,
-                budget_limit=form.cleaned_data["budget_limit"],
-                budget_period=form.cleaned_data["budget_period"],
+                tenant=tenant, created_by=request.user, **form.cleaned_data
             )
             form = ApiKeyCreateForm()
     context = {

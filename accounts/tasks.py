@@ -17,7 +17,7 @@ from accounts.services import periodic, settlement
 def autobidders_step(self: Task, *, interval_s: float | None = None) -> dict[str, Any]:
     """One pacing step for each enabled autobidder that is due (beat: every AUTOBID_INTERVAL_S)."""
     interval = interval_s if interval_s is not None else settings.AUTOBID_INTERVAL_S
-    return periodic.autobidders_step_due(interval_s=interval).as_dict()
+    return asdict(periodic.autobidders_step_due(interval_s=interval))
 
 
 @shared_task(name="accounts.holds_sweep", ignore_result=True)
@@ -30,4 +30,4 @@ def holds_sweep() -> dict[str, Any]:
 @shared_task(bind=True, name="accounts.invoices_generate", acks_late=True)
 def invoices_generate(self: Task) -> dict[str, Any]:
     """The previous UTC month's invoices where missing (beat: daily)."""
-    return periodic.invoices_generate_previous_month().as_dict()
+    return asdict(periodic.invoices_generate_previous_month())

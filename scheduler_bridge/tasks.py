@@ -11,6 +11,7 @@ until the queues have drained.
 import logging
 import os
 import socket
+from dataclasses import asdict
 from typing import Any, TypedDict
 
 from celery import Task, shared_task
@@ -70,7 +71,7 @@ def rounds_consume(
     """
     if not settings.REDIS_URL:
         logger.warning("rounds_consume needs REDIS_URL (use `manage.py rounds_consume --jsonl`)")
-        return rounds.ConsumeStats(stalled="REDIS_URL is not set").as_dict()
+        return asdict(rounds.ConsumeStats(stalled="REDIS_URL is not set"))
     client = rounds.redis_client(settings.REDIS_URL)
     try:
         sc = rounds.StreamConsumer(
@@ -89,7 +90,7 @@ def rounds_consume(
         )
     finally:
         client.close()
-    return stats.as_dict()
+    return asdict(stats)
 
 
 # --- names of tasks that moved to their packages -------------------------------------------

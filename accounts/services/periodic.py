@@ -9,9 +9,8 @@ invoice exists at most once per tenant and period (``invoice_generate`` is idemp
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -33,9 +32,6 @@ class PacingRun:
     stepped: int = 0
     skipped: int = 0  # stepped less than half an interval ago
     failed: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def autobidders_step_due(*, interval_s: float, now: datetime | None = None) -> PacingRun:
@@ -87,9 +83,6 @@ class InvoiceRun:
     created: int = 0
     existing: int = 0
     skipped: int = 0  # the tenant did not exist yet, or the period overlaps another invoice
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def invoices_generate_previous_month(*, now: datetime | None = None) -> InvoiceRun:

@@ -31,8 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields
 
 import redis
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
@@ -86,10 +85,6 @@ class ConsumeStats:
     def add_taken(self, record: RoundRecord) -> None:
         self.taken += 1
         self.admitted += len(record["admitted"])
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (a Celery task's result)."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

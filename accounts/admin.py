@@ -217,8 +217,7 @@ class AutobidderAdmin(admin.ModelAdmin):
         "tenant", "enabled", usd("budget"), "period", shown("mu", figures.figure),
         shown("exposure_factor", figures.figure), "updated_at",
     ]  # fmt: skip
-    # The pacing state, shown by the figures' rule and never edited (so not in the form).
-    exclude = ["mu", "exposure_factor", "spent_in_window"]
+    # The pacing state, shown by the figures' rule and never edited (excluded by the form).
     readonly_fields = [
         shown("mu", figures.figure), shown("exposure_factor", figures.figure), "spent_start",
         usd("spent_in_window"), "updated_at",

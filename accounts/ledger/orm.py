@@ -43,20 +43,7 @@ from accounts.selectors.budgets import budget_usage_counted
 class OrmLedger:
     """:class:`accounts.ledger.LedgerStore` with the ORM: the reference implementation."""
 
-    def hold_place(
-        self,
-        *,
-        tenant: Tenant,
-        api_key: ApiKey | None,
-        request_id: str,
-        amount: Decimal,
-        now: datetime,
-    ) -> Hold:
-        with transaction.atomic():
-            return self._hold(
-                tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
-            )
-
+    @transaction.atomic
     def request_open(
         self,
         *,
@@ -67,14 +54,11 @@ class OrmLedger:
         now: datetime,
         fields: dict[str, Any],
     ) -> Request:
-        with transaction.atomic():
-            self._hold(
-                tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
-            )
-            request, _ = Request.objects.get_or_create(
-                request_id=request_id,
-                defaults={"tenant": tenant, "api_key": api_key, "created_at": now, **fields},
-            )
+        self._hold(tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now)
+        request, _ = Request.objects.get_or_create(
+            request_id=request_id,
+            defaults={"tenant": tenant, "api_key": api_key, "created_at": now, **fields},
+        )
         return request
 
     def _hold(
@@ -86,13 +70,16 @@ class OrmLedger:
         amount: Decimal,
         now: datetime,
     ) -> Hold:
-        """The hold's writes; inside ``transaction.atomic``, first."""
+        """The hold's writes; inside ``transaction.atomic``, first (``hold_place``: in one of
+        its own)."""
         api_key_id = api_key.pk if api_key else None
         budget_counters_ensure(tenant_id=tenant.pk, api_key_id=api_key_id, now=now)
         counters = budget_counters_locked(tenant_id=tenant.pk, api_key_id=api_key_id)
         existing = Hold.objects.filter(request_id=request_id).first()
         if existing is not None:
-            return _same_owner(existing, tenant=tenant, api_key=api_key)
+            if existing.tenant_id != tenant.pk or existing.api_key_id != api_key_id:
+                raise ValueError(f"request {request_id!r} is held for another tenant or key")
+            return existing
         by_scope = {c.api_key_id: c for c in counters}
         budgets = Budget.objects.filter(
             Q(api_key__isnull=True) | Q(api_key_id=api_key_id), tenant=tenant
@@ -115,6 +102,8 @@ class OrmLedger:
             counter.held += amount
         budget_counters_saved(counters)
         return hold
+
+    hold_place = transaction.atomic(_hold)
 
     def request_settle(
         self,
@@ -245,9 +234,3 @@ class OrmLedger:
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
         request = Request.objects.select_related("market").filter(request_id=request_id).first()
         return None if request is None else request.market
-
-
-def _same_owner(hold: Hold, *, tenant: Tenant, api_key: ApiKey | None) -> Hold:
-    if hold.tenant_id != tenant.pk or hold.api_key_id != (api_key.pk if api_key else None):
-        raise ValueError(f"request {hold.request_id!r} is held for another tenant or key")
-    return hold

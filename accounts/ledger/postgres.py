@@ -3,6 +3,7 @@ the reference (:class:`~accounts.ledger.orm.OrmLedger`) where a statement declin
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -21,7 +22,7 @@ from accounts.models import (
     RequestStatus,
     Tenant,
 )
-from accounts.money import PostedPrices, Prices, prices_of
+from accounts.money import PostedPrices, prices_of
 from accounts.rules import BUDGET, VALUES, Allowed, capped_detail, fits
 from accounts.selectors.budgets import BudgetStatus, budget_status_of
 from accounts.windows import window_for
@@ -158,11 +159,7 @@ class PostgresLedger(OrmLedger):
     ) -> Settled:
         fast = statements.request_settle(
             request_id=request_id,
-            usage={
-                **usage.tokens_detail(),
-                "ttft_s": usage.ttft_s,
-                "e2e_s": usage.e2e_s,
-            },
+            usage=asdict(usage),
             tokens=tokens,
             priority=None if priority is None else priority.amount,
             round_id="" if priority is None else priority.round_id,
@@ -228,14 +225,7 @@ class PostgresLedger(OrmLedger):
         return super().hold_close(request_id=request_id, now=now, fail_request=fail_request)
 
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
-        prices = statements.request_prices(request_id=request_id)
-        if prices is None:
-            return None
-        return Prices(
-            price_input_per_mtok=prices[0],
-            price_cached_input_per_mtok=prices[1],
-            price_output_per_mtok=prices[2],
-        )
+        return statements.request_prices(request_id=request_id)
 
 
 def _entry_loaded(

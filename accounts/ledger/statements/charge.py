@@ -12,6 +12,7 @@ from typing import Any
 from accounts import rules
 from accounts.algebra import SQL
 from accounts.models.budgets import WINDOWED_PERIODS
+from accounts.money import Prices
 
 from .sql import (
     COUNTERS_FOUND,
@@ -232,9 +233,10 @@ WHERE r.request_id = %(request_id)s
 """)
 
 
-def request_prices(*, request_id: str) -> tuple[Decimal, Decimal, Decimal] | None:
+def request_prices(*, request_id: str) -> Prices | None:
     """The posted prices (dollars per million input, cached input and output tokens) of the
     market of ``request_id``; None for an unknown request."""
     with prepared_cursor() as cursor:
         cursor.execute(_PRICES_SQL, {"request_id": request_id})
-        return cursor.fetchone()
+        row = cursor.fetchone()
+    return None if row is None else Prices(*row)

@@ -22,7 +22,7 @@ from django.conf import settings
 from fpdf import FPDF, FontFace
 from fpdf.enums import TableBordersLayout
 
-from accounts.models import Invoice
+from accounts.models import Invoice, InvoiceLine
 from accounts.money import cents_str, money_str
 from accounts.selectors.billing import (
     UsageSum,
@@ -52,26 +52,28 @@ def invoice_csv(invoice: Invoice) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     for line in lines:
-        writer.writerow(
-            [
-                "request",
-                line.request_id,
-                line.market.slug,
-                line.round_id,
-                line.prompt_tokens,
-                line.cached_tokens,
-                line.completion_tokens,
-                money_str(line.priority_amount),
-                money_str(line.tokens_amount),
-                money_str(line.total),
-            ]
-        )
+        writer.writerow(["request", *_line_json(line).values()])
     for s in usage_by_market(lines):
         amounts = [money_str(s.priority), money_str(s.tokens), money_str(s.total)]
         writer.writerow(["market", "", s.label, "", "", "", "", *amounts])
     totals = [invoice.priority_total, invoice.tokens_total, invoice.total]
     writer.writerow(["total", "", "", "", "", "", "", *map(money_str, totals)])
     return out.getvalue()
+
+
+def _line_json(line: InvoiceLine) -> dict[str, object]:
+    """A request's line, in the CSV's column order: its tokens and both charges (dollars)."""
+    return {
+        "request_id": line.request_id,
+        "market": line.market.slug,
+        "round_id": line.round_id,
+        "prompt_tokens": line.prompt_tokens,
+        "cached_tokens": line.cached_tokens,
+        "completion_tokens": line.completion_tokens,
+        "priority": money_str(line.priority_amount),
+        "tokens": money_str(line.tokens_amount),
+        "total": money_str(line.total),
+    }
 
 
 def invoice_json(invoice: Invoice, *, with_lines: bool = True) -> dict[str, object]:
@@ -92,20 +94,7 @@ def invoice_json(invoice: Invoice, *, with_lines: bool = True) -> dict[str, obje
     }
     if with_lines:
         lines = list(invoice_lines(invoice=invoice))
-        data["lines"] = [
-            {
-                "request_id": line.request_id,
-                "market": line.market.slug,
-                "round_id": line.round_id,
-                "prompt_tokens": line.prompt_tokens,
-                "cached_tokens": line.cached_tokens,
-                "completion_tokens": line.completion_tokens,
-                "priority": money_str(line.priority_amount),
-                "tokens": money_str(line.tokens_amount),
-                "total": money_str(line.total),
-            }
-            for line in lines
-        ]
+        data["lines"] = [_line_json(line) for line in lines]
         data["markets"] = [
             {
                 "market": s.label,
@@ -159,11 +148,15 @@ class _InvoicePdf(FPDF):
         self.set_margins(15, 15, 15)
         self.set_auto_page_break(auto=True, margin=18)
 
+    def pen(self, size: float, style: str = "", *, color: tuple[int, int, int] = _INK) -> None:
+        """Write on in Helvetica of ``size`` points, ``style`` ("B": bold), in ``color``."""
+        self.set_font("Helvetica", style, size)
+        self.set_text_color(*color)
+
     def header(self) -> None:
         if self.page_no() == 1:
             return
-        self.set_font("Helvetica", "", 8)
-        self.set_text_color(*_MUTED)
+        self.pen(8, color=_MUTED)
         self.cell(0, 5, self.running_head, new_x="LMARGIN", new_y="NEXT")
         self.set_draw_color(*_RULE)
         self.line(self.l_margin, self.get_y(), self.w - self.r_margin, self.get_y())
@@ -174,8 +167,7 @@ class _InvoicePdf(FPDF):
         self.set_y(-13)
         self.set_draw_color(*_RULE)
         self.line(self.l_margin, self.get_y(), self.w - self.r_margin, self.get_y())
-        self.set_font("Helvetica", "", 8)
-        self.set_text_color(*_MUTED)
+        self.pen(8, color=_MUTED)
         self.cell(0, 6, self.footer_text, align="L")
         self.set_x(self.l_margin)
         # {nb} is fpdf2's alias for the page count, filled in when the document is closed.
@@ -185,18 +177,15 @@ class _InvoicePdf(FPDF):
 def _pdf_letterhead(pdf: _InvoicePdf, invoice: Invoice) -> None:
     """The issuer on the left, "INVOICE" and its references on the right, then who is billed."""
     top = pdf.get_y()
-    pdf.set_text_color(*_INK)
-    pdf.set_font("Helvetica", "B", 14)
+    pdf.pen(14, "B")
     pdf.cell(100, 7, _latin1(settings.INVOICE_ISSUER_NAME), new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("Helvetica", "", 9)
-    pdf.set_text_color(*_MUTED)
+    pdf.pen(9, color=_MUTED)
     for line in settings.INVOICE_ISSUER_ADDRESS:
         pdf.cell(100, 4.5, _latin1(line), new_x="LMARGIN", new_y="NEXT")
     issuer_bottom = pdf.get_y()
 
     pdf.set_xy(115, top)
-    pdf.set_text_color(*_INK)
-    pdf.set_font("Helvetica", "B", 20)
+    pdf.pen(20, "B")
     pdf.cell(80, 9, "INVOICE", align="R", new_x="LEFT", new_y="NEXT")
     references = (
         ("Invoice number", invoice.number),
@@ -206,22 +195,17 @@ def _pdf_letterhead(pdf: _InvoicePdf, invoice: Invoice) -> None:
     )
     for name, value in references:
         pdf.set_x(115)
-        pdf.set_font("Helvetica", "", 9)
-        pdf.set_text_color(*_MUTED)
+        pdf.pen(9, color=_MUTED)
         pdf.cell(28, 5, name, align="L")
-        pdf.set_font("Helvetica", "B", 9)
-        pdf.set_text_color(*_INK)
+        pdf.pen(9, "B")
         pdf.cell(52, 5, _latin1(value), align="R", new_x="LMARGIN", new_y="NEXT")
 
     pdf.set_y(max(issuer_bottom, pdf.get_y()) + 6)
-    pdf.set_font("Helvetica", "", 8)
-    pdf.set_text_color(*_MUTED)
+    pdf.pen(8, color=_MUTED)
     pdf.cell(0, 4.5, "BILL TO", new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("Helvetica", "B", 11)
-    pdf.set_text_color(*_INK)
+    pdf.pen(11, "B")
     pdf.cell(0, 6, _latin1(invoice.tenant.name), new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("Helvetica", "", 9)
-    pdf.set_text_color(*_MUTED)
+    pdf.pen(9, color=_MUTED)
     pdf.cell(
         0, 4.5, _latin1(f"Tenant account: {invoice.tenant.slug}"), new_x="LMARGIN", new_y="NEXT"
     )
@@ -236,18 +220,16 @@ def _pdf_amount_due(pdf: _InvoicePdf, invoice: Invoice, requests: int) -> None:
         ("Total due", cents_str(invoice.total_due), "B"),
     )
     pdf.set_fill_color(*_SHADE)
-    pdf.set_text_color(*_INK)
     top = pdf.get_y()
     pdf.rect(pdf.l_margin, top, pdf.epw, 4 + 6 * len(rows) + 6, style="F")
     pdf.set_y(top + 2)
     for label, amount, style in rows:
         pdf.set_x(pdf.l_margin + 4)
-        pdf.set_font("Helvetica", style, 12 if style else 10)
+        pdf.pen(12 if style else 10, style)
         pdf.cell(pdf.epw - 48, 6, label)
         pdf.cell(40, 6, amount, align="R", new_x="LMARGIN", new_y="NEXT")
     pdf.set_x(pdf.l_margin + 4)
-    pdf.set_font("Helvetica", "", 8.5)
-    pdf.set_text_color(*_MUTED)
+    pdf.pen(8.5, color=_MUTED)
     exact = (
         f"{requests:,} {'request' if requests == 1 else 'requests'}. Due by {invoice.due_on}. "
         f"Exact total USD {money_str(invoice.total)}, rounded half up."
@@ -263,8 +245,7 @@ def _pdf_summary_table(
     """One summary: a row per group, then the total row (the exact sums, rounded)."""
     if pdf.will_page_break(7 + 12 + 2 * 6):  # its title, headings and two rows: not orphaned
         pdf.add_page()
-    pdf.set_font("Helvetica", "B", 11)
-    pdf.set_text_color(*_INK)
+    pdf.pen(11, "B")
     pdf.cell(0, 7, title, new_x="LMARGIN", new_y="NEXT")
     pdf.set_font("Helvetica", "", 8)
     pdf.set_draw_color(*_RULE)
@@ -319,7 +300,6 @@ def invoice_pdf(invoice: Invoice) -> bytes:
         _pdf_summary_table(pdf, "Usage by day (UTC)", "Date", breakdown.by_day, total)
         _pdf_summary_table(pdf, "Usage by API key", "API key", breakdown.by_key, total)
         _pdf_summary_table(pdf, "Usage by market", "Market", breakdown.by_market, total)
-    pdf.set_font("Helvetica", "", 7.5)
-    pdf.set_text_color(*_MUTED)
+    pdf.pen(7.5, color=_MUTED)
     pdf.multi_cell(0, 3.5, _latin1(_NOTES), new_x="LMARGIN", new_y="NEXT")
     return bytes(pdf.output())

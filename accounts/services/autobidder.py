@@ -150,13 +150,9 @@ def autobidder_configure(
         clean[name] = setting.stored() if isinstance(setting, LatencyTarget) else str(setting)
     if enabled and not clean:
         raise ValueError("an enabled autobidder needs a value for at least one request class")
-    for label, number, low in (
-        ("max_wait_s", max_wait_s, 0.0),
-        ("eta", eta, 0.0),
-        ("mu_max", mu_max, 0.0),
-    ):
-        if not isinstance(number, int | float) or not math.isfinite(number) or number <= low:
-            raise ValueError(f"{label} must be a finite number > {low}, got {number!r}")
+    for label, number in (("max_wait_s", max_wait_s), ("eta", eta), ("mu_max", mu_max)):
+        if not isinstance(number, int | float) or not math.isfinite(number) or number <= 0:
+            raise ValueError(f"{label} must be a finite number > 0.0, got {number!r}")
     with transaction.atomic():
         auto, created = Autobidder.objects.select_for_update().get_or_create(tenant=tenant)
         if created or auto.period != period:

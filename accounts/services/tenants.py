@@ -20,9 +20,9 @@ class DemoLogin:
 
 
 DEMO_OPERATOR = DemoLogin("operator", "operator-demo-pass", "operator")
-# (tenant name, tenant slug, its admin's login)
 # Each demo tenant's monthly budget, dollars (created once; operators may change it later).
 DEMO_MONTHLY_BUDGET = "50.000000000"
+# (tenant name, tenant slug, its admin's login)
 DEMO_TENANTS = (
     ("Acme Corp", "acme", DemoLogin("acme-admin", "acme-demo-pass", "tenant acme")),
     ("Globex Inc", "globex", DemoLogin("globex-admin", "globex-demo-pass", "tenant globex")),

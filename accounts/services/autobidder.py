@@ -44,7 +44,7 @@ from accounts.models import (
 )
 from accounts.money import QUANTUM as TICK
 from accounts.money import ZERO, money, money_exact
-from accounts.rules import AUTOBIDDER_BUDGET
+from accounts.selectors.collection import collection
 from accounts.windows import window_for
 from mechanism.pacing import (
     DEFAULT_ETA0,
@@ -281,15 +281,8 @@ def autobid_ratios(*, tenant_id: int, limit: int = EXPOSURE_WINDOW) -> list[floa
 
 def autobid_uncollected(*, tenant_id: int, start: datetime, end: datetime) -> Decimal:
     """What the autobidder's budget cut from priority charges in [start, end): the charges the
-    market gave away because the budget ran out, dollars."""
-    rows = LedgerEntry.objects.filter(
-        tenant_id=tenant_id,
-        kind=ChargeKind.PRIORITY,
-        created_at__gte=start,
-        created_at__lt=end,
-        detail__capped_by=AUTOBIDDER_BUDGET,
-    ).values_list("detail", flat=True)
-    return sum((Decimal(d["uncapped"]) - Decimal(d["capped_at"]) for d in rows), ZERO)
+    market gave away because the budget ran out, dollars (``collection``'s ``given_away``)."""
+    return collection(start=start, end=end, tenant_id=tenant_id).given_away
 
 
 def _arrival_rate(*, tenant_id: int, start: datetime, now: datetime) -> float | None:

@@ -43,10 +43,7 @@ def window_for(*, period: str, now: datetime) -> Window:
         return Window(start, start + timedelta(days=7))
     if period == "month":
         start = midnight.replace(day=1)
-        if start.month == 12:
-            end = start.replace(year=start.year + 1, month=1)
-        else:
-            end = start.replace(month=start.month + 1)
+        end = start.replace(year=start.year + (start.month == 12), month=start.month % 12 + 1)
         return Window(start, end)
     if period == "none":
         return Window(EPOCH, None)

@@ -26,7 +26,10 @@ class MarketCharges:
     requests: int  # requests with a charge in the range
     priority: Decimal
     tokens: Decimal
-    total: Decimal
+
+    @property
+    def total(self) -> Decimal:
+        return self.priority + self.tokens
 
 
 @dataclass(frozen=True)
@@ -78,19 +81,15 @@ def charges_by_market(
         )
         .order_by("market__slug")
     )
-    result = []
-    for row in rows:
-        priority, tokens = row["priority"] or ZERO, row["tokens"] or ZERO
-        result.append(
-            MarketCharges(
-                market=row["market__slug"],
-                requests=row["requests"],
-                priority=priority,
-                tokens=tokens,
-                total=priority + tokens,
-            )
+    return [
+        MarketCharges(
+            market=row["market__slug"],
+            requests=row["requests"],
+            priority=row["priority"] or ZERO,
+            tokens=row["tokens"] or ZERO,
         )
-    return result
+        for row in rows
+    ]
 
 
 def top_requests_by_priority(

@@ -1,10 +1,10 @@
 """The ledger store: every write that moves money or reserves it (DESIGN.md 6).
 
-One interface, :class:`LedgerStore`, with three writes, a two-phase transfer per request: open
-a request with its hold (or place a hold alone), settle it (both its charges, the hold closed),
-or close its hold unsettled (a release, or a failed request's); and a read of a request's
-posted prices. :func:`ledger_store` chooses the implementation once per call site, by
-the database's vendor:
+One interface, the reference's, with three writes, a two-phase transfer per request: open a
+request with its hold (or place a hold alone), settle it (both its charges, the hold closed), or
+close its hold unsettled (a release, or a failed request's); and a read of a request's posted
+prices. :func:`ledger_store` chooses the implementation once per call site, by the database's
+vendor:
 
 - :class:`~accounts.ledger.orm.OrmLedger`, the reference: the ORM in a transaction, with the
   request's row, its hold's and its counters' locked in that order;
@@ -27,7 +27,6 @@ from accounts.ledger.orm import OrmLedger
 from accounts.ledger.postgres import PostgresLedger
 from accounts.ledger.store import (
     BudgetExhausted,
-    LedgerStore,
     Outcome,
     PriorityCharge,
     Settled,
@@ -36,7 +35,6 @@ from accounts.ledger.store import (
 
 __all__ = [
     "BudgetExhausted",
-    "LedgerStore",
     "Outcome",
     "PriorityCharge",
     "Settled",
@@ -51,6 +49,6 @@ _ORM = OrmLedger()
 _POSTGRES = PostgresLedger()
 
 
-def ledger_store() -> OrmLedger:  # PostgresLedger is an OrmLedger; both are LedgerStores
+def ledger_store() -> OrmLedger:  # PostgresLedger is an OrmLedger
     """The store for this database: the statements on PostgreSQL, else the reference."""
     return _POSTGRES if STATEMENTS and connection.vendor == "postgresql" else _ORM

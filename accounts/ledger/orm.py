@@ -41,7 +41,9 @@ from accounts.selectors.budgets import budget_usage_counted
 
 
 class OrmLedger:
-    """:class:`accounts.ledger.LedgerStore` with the ORM: the reference implementation."""
+    """The ledger's writes with the ORM: the reference implementation, and the interface
+    (``PostgresLedger`` overrides each write). Amounts in dollars (``Decimal``, 9 places); ``now``
+    is the write's time, which decides the budget windows it counts in."""
 
     @transaction.atomic
     def request_open(
@@ -54,6 +56,8 @@ class OrmLedger:
         now: datetime,
         fields: dict[str, Any],
     ) -> Request:
+        """:meth:`hold_place` and the request's row (``fields``: its market_id, bid, ...)
+        together; a replay returns the row as it is."""
         self._hold(tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now)
         request, _ = Request.objects.get_or_create(
             request_id=request_id,
@@ -70,8 +74,9 @@ class OrmLedger:
         amount: Decimal,
         now: datetime,
     ) -> Hold:
-        """The hold's writes; inside ``transaction.atomic``, first (``hold_place``: in one of
-        its own)."""
+        """Reserve ``amount`` against every budget that applies (BudgetExhausted, nothing
+        written, when it does not fit); a replay returns the first hold. As ``_hold``: inside
+        ``transaction.atomic``, first; as ``hold_place``: in a transaction of its own."""
         api_key_id = api_key.pk if api_key else None
         budget_counters_ensure(tenant_id=tenant.pk, api_key_id=api_key_id, now=now)
         counters = budget_counters_locked(tenant_id=tenant.pk, api_key_id=api_key_id)
@@ -115,6 +120,12 @@ class OrmLedger:
         prices: PostedPrices,
         now: datetime,
     ) -> Settled:
+        """Settle a served request once: write its token entry of at most ``tokens`` dollars
+        and its priority entry (when the engine reported one) of at most ``priority.amount``
+        (``rules.settlement_allowed``), close its hold and count both, atomically with the
+        request locked, and mark it served with its ``usage``. ``tokens`` was priced from
+        ``prices``: written only if they are still the request's market's (REPRICED
+        otherwise: the caller prices it again)."""
         owner = Request.objects.filter(request_id=request_id).values("tenant_id", "api_key_id")
         scope = owner.first()
         if scope is None:
@@ -193,6 +204,10 @@ class OrmLedger:
         return Settled(Outcome.WRITTEN, written, priority_entry)
 
     def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
+        """Release the request's open hold, nothing charged; ``fail_request``: also mark the
+        request failed if it is still queued. Returns whether the request failed now
+        (``fail_request``, or no request row: whether a hold was released), else whether a
+        hold was released."""
         owner = (
             Request.objects.filter(request_id=request_id).values("tenant_id", "api_key_id").first()
             if fail_request
@@ -232,5 +247,6 @@ class OrmLedger:
         return True
 
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
+        """The request's market's prices now; None when there is no such request."""
         request = Request.objects.select_related("market").filter(request_id=request_id).first()
         return None if request is None else request.market

@@ -39,7 +39,7 @@ _UNSET_AT_OPEN = (
 
 
 class PostgresLedger(OrmLedger):
-    """:class:`accounts.ledger.LedgerStore` in single statements, with the reference behind."""
+    """The ledger's writes in single statements, with the reference behind."""
 
     def hold_place(
         self,

@@ -1,16 +1,14 @@
-"""The ledger store's interface and its typed results (see the package's docstring)."""
+"""The ledger store's typed results (see the package's docstring)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from accounts.figures import duration, usd, usd_apart
-from accounts.models import ApiKey, Hold, LedgerEntry, Request, Tenant
-from accounts.money import PostedPrices
+from accounts.models import LedgerEntry
 from accounts.selectors.budgets import BudgetStatus
 
 
@@ -56,7 +54,7 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """The result of :meth:`LedgerStore.request_settle`."""
+    """The result of :meth:`~accounts.ledger.orm.OrmLedger.request_settle`."""
 
     outcome: Outcome
     tokens: LedgerEntry | None = None  # when WRITTEN
@@ -90,64 +88,3 @@ class BudgetExhausted(Exception):
             f"{usd(status.spent)} spent, {usd(status.held)} held for requests "
             f"in flight, {left} left; this request needs up to {needs}. {when}"
         )
-
-
-class LedgerStore(Protocol):
-    """The ledger's writes. Amounts in dollars (``Decimal``, 9 places); ``now`` is the write's
-    time, which decides the budget windows it counts in."""
-
-    def hold_place(
-        self,
-        *,
-        tenant: Tenant,
-        api_key: ApiKey | None,
-        request_id: str,
-        amount: Decimal,
-        now: datetime,
-    ) -> Hold:
-        """Reserve ``amount`` against every budget that applies (BudgetExhausted, nothing
-        written, when it does not fit); a replay returns the first hold."""
-        ...
-
-    def request_open(
-        self,
-        *,
-        tenant: Tenant,
-        api_key: ApiKey | None,
-        request_id: str,
-        amount: Decimal,
-        now: datetime,
-        fields: dict[str, Any],
-    ) -> Request:
-        """:meth:`hold_place` and the request's row (``fields``: its market_id, bid, ...)
-        together; a replay returns the row as it is."""
-        ...
-
-    def request_settle(
-        self,
-        *,
-        request_id: str,
-        usage: Usage,
-        tokens: Decimal,
-        priority: PriorityCharge | None,
-        prices: PostedPrices,
-        now: datetime,
-    ) -> Settled:
-        """Settle a served request once: write its token entry of at most ``tokens`` dollars
-        and its priority entry (when the engine reported one) of at most ``priority.amount``
-        (``rules.settlement_allowed``), close its hold and count both, atomically with the
-        request locked, and mark it served with its ``usage``. ``tokens`` was priced from
-        ``prices``: written only if they are still the request's market's (REPRICED
-        otherwise: the caller prices it again)."""
-        ...
-
-    def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
-        """Release the request's open hold, nothing charged; ``fail_request``: also mark the
-        request failed if it is still queued. Returns whether the request failed now
-        (``fail_request``, or no request row: whether a hold was released), else whether a
-        hold was released."""
-        ...
-
-    def posted_prices(self, *, request_id: str) -> PostedPrices | None:
-        """The request's market's prices now; None when there is no such request."""
-        ...

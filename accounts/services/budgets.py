@@ -17,17 +17,10 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 
-from django.db import transaction
 from django.utils import timezone
 
 from accounts.ledger import ledger_store
-from accounts.models import (
-    ApiKey,
-    Budget,
-    Hold,
-    Period,
-    Tenant,
-)
+from accounts.models import ApiKey, Budget, Hold, Period, Tenant
 from accounts.money import money, money_exact
 
 
@@ -56,8 +49,7 @@ def budget_set(
             f"{soft_alert_fraction!r}"
         )
     values = {"period": period, "limit": money_exact(limit), "soft_alert_fraction": fraction}
-    with transaction.atomic():
-        budget, _ = Budget.objects.update_or_create(tenant=tenant, api_key=api_key, defaults=values)
+    budget, _ = Budget.objects.update_or_create(tenant=tenant, api_key=api_key, defaults=values)
     return budget
 
 

@@ -9,7 +9,7 @@ from decimal import Decimal
 from django import forms
 from django.core.exceptions import ValidationError
 
-from accounts.models import Period
+from accounts.models import ApiKey, Period
 from accounts.money import DECIMAL_TEXT, MONEY_DIGITS, MONEY_PLACES
 from accounts.text import text_problem
 
@@ -63,8 +63,6 @@ class BatchUploadForm(forms.Form):
 
     def __init__(self, *args, tenant, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        from accounts.models import ApiKey  # noqa: PLC0415
-
         self.fields["api_key"].queryset = ApiKey.objects.filter(
             tenant=tenant, revoked_at__isnull=True
         )

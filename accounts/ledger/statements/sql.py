@@ -62,12 +62,12 @@ PARAM_TYPES = {
 }
 
 
+_NAMED = re.compile(r"%\((\w+)\)s")  # a named parameter, %(name)s
+
+
 def typed(sql: str) -> str:
     """``sql`` with every ``%(name)s`` parameter cast to its type (PARAM_TYPES)."""
-    return re.sub(r"%\((\w+)\)s", lambda m: f"{m.group(0)}::{PARAM_TYPES[m.group(1)]}", sql)
-
-
-_NAMED = re.compile(r"%\((\w+)\)s")
+    return _NAMED.sub(lambda m: f"{m.group(0)}::{PARAM_TYPES[m.group(1)]}", sql)
 
 
 @functools.lru_cache(maxsize=64)

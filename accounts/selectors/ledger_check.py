@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from accounts.models import (
@@ -111,27 +112,23 @@ def ledger_check(*, grace_s: float, now: datetime | None = None) -> LedgerCheck:
     )
 
 
+def _by_counter(rows: QuerySet, field: str) -> dict[tuple[int, int | None], Decimal]:
+    """The sum of ``field`` over ``rows`` for each counter row: a key's, and its tenant's (key
+    None: all of the tenant's rows)."""
+    sums: dict[tuple[int, int | None], Decimal] = {}
+    for tenant, key, total in (
+        rows.values_list("tenant_id", "api_key_id").annotate(total=Sum(field)).order_by()
+    ):
+        sums[(tenant, None)] = sums.get((tenant, None), ZERO) + total
+        if key is not None:
+            sums[(tenant, key)] = total
+    return sums
+
+
 def _counters_off() -> list[str]:
     """Budget counters whose spend or held amount differs from the ledger's and the holds'."""
-    spent: dict[tuple[int, int | None], object] = {}
-    for tenant, key, total in (
-        LedgerEntry.objects.values_list("tenant_id", "api_key_id")
-        .annotate(total=Sum("amount"))
-        .order_by()
-    ):
-        spent[(tenant, None)] = spent.get((tenant, None), ZERO) + total
-        if key is not None:
-            spent[(tenant, key)] = total
-    held: dict[tuple[int, int | None], object] = {}
-    for tenant, key, total in (
-        Hold.objects.filter(state=HoldState.OPEN)
-        .values_list("tenant_id", "api_key_id")
-        .annotate(total=Sum("remaining"))
-        .order_by()
-    ):
-        held[(tenant, None)] = held.get((tenant, None), ZERO) + total
-        if key is not None:
-            held[(tenant, key)] = total
+    spent = _by_counter(LedgerEntry.objects.all(), "amount")
+    held = _by_counter(Hold.objects.filter(state=HoldState.OPEN), "remaining")
     off = []
     for counter in BudgetCounter.objects.all():
         at = (counter.tenant_id, counter.api_key_id)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from functools import wraps
 
-from django.http import HttpRequest, JsonResponse, QueryDict
+from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -113,13 +113,10 @@ def api_keys(request: HttpRequest, tenant: Tenant) -> JsonResponse:
         return JsonResponse({"tenant": tenant.slug, "keys": keys})
     if not can_manage_keys(user=request.user, tenant=tenant):
         return _error(403, "only the tenant's admins manage its API keys")
-    if request.content_type == "application/json":
-        form_data = _json_form(request.body)
-        if isinstance(form_data, JsonResponse):
-            return form_data
-        data: QueryDict | dict = form_data
-    else:
-        data = request.POST
+    is_json = request.content_type == "application/json"
+    data = _json_form(request.body) if is_json else request.POST
+    if isinstance(data, JsonResponse):
+        return data
     form = ApiKeyCreateForm(data)
     if not form.is_valid():
         return JsonResponse({"error": "invalid key", "fields": form.errors}, status=400)

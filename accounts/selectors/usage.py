@@ -141,25 +141,18 @@ def completions_usage_for_tenant(*, tenant_id: int, query: UsageQuery) -> dict[s
     """The tenant's served requests per bucket (and group): input tokens (cached ones
     included, as OpenAI counts them), cached input tokens, output tokens, requests."""
 
+    sums = {
+        "input_tokens": Coalesce(Sum("prompt_tokens"), 0),
+        "input_cached_tokens": Coalesce(Sum("cached_tokens"), 0),
+        "output_tokens": Coalesce(Sum("completion_tokens"), 0),
+        "num_model_requests": Count("request_id"),
+    }
+
     def result(rows: QuerySet[Any, dict[str, Any]]) -> list[dict[str, Any]]:
-        summed = rows.annotate(
-            input_tokens=Coalesce(Sum("prompt_tokens"), 0),
-            input_cached_tokens=Coalesce(Sum("cached_tokens"), 0),
-            output_tokens=Coalesce(Sum("completion_tokens"), 0),
-            num_model_requests=Count("request_id"),
-        )
+        kind = {"object": "organization.usage.completions.result"}
         return [
-            {
-                **row,
-                "result": {
-                    "object": "organization.usage.completions.result",
-                    "input_tokens": row["input_tokens"],
-                    "input_cached_tokens": row["input_cached_tokens"],
-                    "output_tokens": row["output_tokens"],
-                    "num_model_requests": row["num_model_requests"],
-                },
-            }
-            for row in summed
+            {**row, "result": {**kind, **{k: row[k] for k in sums}}}
+            for row in rows.annotate(**sums)
         ]
 
     served = Request.objects.filter(tenant_id=tenant_id, status=RequestStatus.SERVED)

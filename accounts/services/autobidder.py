@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal
 
@@ -68,10 +68,6 @@ class LatencyTarget:
 
     ttft_s: float
     p: float
-
-    def stored(self) -> dict[str, float]:
-        """As the ``values`` JSON keeps it."""
-        return {"ttft_s": self.ttft_s, "p": self.p}
 
 
 ClassSetting = Decimal | LatencyTarget
@@ -147,7 +143,7 @@ def autobidder_configure(
         if not isinstance(name, str) or not name or len(name) > 50:
             raise ValueError(f"bad request class name {name!r}")
         setting = class_setting(name, value)
-        clean[name] = setting.stored() if isinstance(setting, LatencyTarget) else str(setting)
+        clean[name] = asdict(setting) if isinstance(setting, LatencyTarget) else str(setting)
     if enabled and not clean:
         raise ValueError("an enabled autobidder needs a value for at least one request class")
     for label, number in (("max_wait_s", max_wait_s), ("eta", eta), ("mu_max", mu_max)):

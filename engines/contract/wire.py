@@ -72,13 +72,18 @@ CONTROL_FIELDS = ("policy", "reserve", "wait_bound_s")
 ADMIN_TOKEN_ENV = "ENGINE_ADMIN_TOKEN"
 
 
-class BidError(ValueError):
-    """A request's auction field (its bid or its tenant's tag) an engine refuses; ``param``
-    names it (``BID_PATH``, ``TENANT_PATH`` or ``PARAMS_PATH``)."""
+class FieldError(ValueError):
+    """A field an engine refuses; ``param`` names it (None: the whole body). The simulated
+    engine answers it with a 400 that names ``param``."""
 
-    def __init__(self, message: str, param: str) -> None:
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class BidError(FieldError):
+    """A request's auction field (its bid or its tenant's tag) an engine refuses; ``param``
+    names it (``BID_PATH``, ``TENANT_PATH`` or ``PARAMS_PATH``)."""
 
 
 @dataclass(frozen=True)
@@ -156,12 +161,8 @@ class ControlValues(NamedTuple):
     wait_bound_s: float
 
 
-class ControlError(ValueError):
+class ControlError(FieldError):
     """A control body an engine refuses; ``param`` names the field at fault (None: the body)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def control_read(

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.contract.wire import CUSTOM_PARAMS, BidError, auction_read
+from engines.contract.wire import CUSTOM_PARAMS, FieldError, auction_read
 
 from .engine import SimRequest
 
@@ -57,12 +57,9 @@ ERROR_TYPES = {
 }
 
 
-class BadRequest(ValueError):
-    """A request the server refuses with 400; ``param`` names the offending field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+# A request the server refuses with 400; ``param`` names the offending field. The contract's
+# error, so that a bid or a control body the contract refuses is one as it stands.
+BadRequest = FieldError
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -118,10 +115,7 @@ def parse_generate(body: Any) -> GenerateRequest:
     if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean", "stream")
     rid = _rid_of(body)
-    try:
-        auction = auction_read(sampling.get(CUSTOM_PARAMS), request_id=rid)
-    except BidError as exc:
-        raise BadRequest(str(exc), exc.param) from None
+    auction = auction_read(sampling.get(CUSTOM_PARAMS), request_id=rid)  # BidError: a 400
     return GenerateRequest(rid, text, ids, max_new, auction.bid, stream, auction.owner)
 
 

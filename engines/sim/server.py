@@ -45,7 +45,6 @@ from engines.contract.tokenizer import default_tokenizer
 from engines.contract.wire import (
     ADMIN_TOKEN_ENV,
     CONTROL_PATH,
-    ControlError,
     admin_token_from_env,
     control_read,
 )
@@ -56,7 +55,6 @@ from .engine import Engine
 from .loads import LoadReport
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import (
-    BadRequest,
     error_body,
     errors_as_json,
     json_error,
@@ -394,15 +392,12 @@ class SimServer:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             return json_error(401, "a valid admin token is required (Authorization: Bearer ...)")
-        try:
-            policy, reserve, wait_bound_s = control_read(
-                loads_json(await request.read()),
-                policy=self.engine.policy,
-                reserve=self.engine.reserve,
-                wait_bound_s=self.engine.knobs.wait_bound_s,
-            )
-        except ControlError as exc:
-            raise BadRequest(str(exc), exc.param) from None
+        policy, reserve, wait_bound_s = control_read(  # ControlError: a 400
+            loads_json(await request.read()),
+            policy=self.engine.policy,
+            reserve=self.engine.reserve,
+            wait_bound_s=self.engine.knobs.wait_bound_s,
+        )
         self.engine.set_policy(policy)
         self.engine.set_reserve(reserve)
         self.engine.set_wait_bound(wait_bound_s)

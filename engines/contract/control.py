@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,15 +58,7 @@ class ControlState:
 
 def control_dumps(state: ControlState) -> str:
     """The state's JSON text, as the store keeps it."""
-    return json.dumps(
-        {
-            "schema": SCHEMA,
-            "policy": state.policy,
-            "reserve": state.reserve,
-            "wait_bound_s": state.wait_bound_s,
-            "written_at": state.written_at,
-        }
-    )
+    return json.dumps({"schema": SCHEMA, **asdict(state)})
 
 
 def control_loads(text: str | bytes) -> ControlState:

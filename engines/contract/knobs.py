@@ -62,13 +62,13 @@ class MarketKnobs:
         charge_scope_checked(self.charge_scope)
         if self.tokens_per_second is not None:
             _number(self.tokens_per_second, "tokens_per_second", low=0.0, strict=True)
-        _integer(self.overhead_tokens, "overhead_tokens")
-        _integer(self.in_batch_defer_tokens, "in_batch_defer_tokens")
+        integer_checked(self.overhead_tokens, "overhead_tokens")
+        integer_checked(self.in_batch_defer_tokens, "in_batch_defer_tokens")
         if self.book_interval_s is not None:
             _number(self.book_interval_s, "book_interval_s", low=0.0)
         object.__setattr__(self, "reserve", float(self.reserve))
         object.__setattr__(self, "wait_bound_s", wait_bound_checked(self.wait_bound_s))
-        _integer(self.wait_steps, "wait_steps", low=1)
+        integer_checked(self.wait_steps, "wait_steps", low=1)
         _number(self.wait_density, "wait_density", low=0.0, high=MAX_BID, strict=True)
 
     def with_reserve(self, reserve: object) -> MarketKnobs:
@@ -149,6 +149,7 @@ def _number(
         raise ValueError(f"{name} must be <= {high:g}, got {value!r}")
 
 
-def _integer(value: Any, name: str, *, low: int = 0) -> None:
+def integer_checked(value: Any, name: str, *, low: int = 0) -> None:
+    """ValueError naming ``name`` unless ``value`` is an integer (not a bool) >= ``low``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -179,6 +179,11 @@ def _check_fields(obj: Any, fields: dict[str, Any], where: str) -> None:
             raise ValueError(f"{where}: field {name!r} is not finite ({value!r})")
 
 
+def _amount(value: Any) -> bool:
+    """Whether ``value`` is an amount: a finite number >= 0 (a bool is not one)."""
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0
+
+
 def round_record_checked(obj: Any) -> RoundRecord:
     """Return ``obj`` as a RoundRecord, or raise ValueError saying what is wrong with it."""
     _check_fields(obj, _FIELDS, "round record")
@@ -191,11 +196,7 @@ def round_record_checked(obj: Any) -> RoundRecord:
         _check_fields(adm["block"], _BLOCK_FIELDS, f"{where}, admitted[{i}].block")
         place = {name: int for name in PLACE_FIELDS if name in adm}
         _check_fields(adm, place, f"{where}, admitted[{i}]")
-        if "age_credit" in adm and not (
-            type(adm["age_credit"]) in (int, float)
-            and math.isfinite(adm["age_credit"])
-            and adm["age_credit"] >= 0
-        ):
+        if "age_credit" in adm and not _amount(adm["age_credit"]):
             raise ValueError(f"{where}, admitted[{i}]: age_credit must be an amount in $/s")
         if adm["request_id"] in seen:
             raise ValueError(f"{where}: request {adm['request_id']!r} admitted twice")
@@ -203,10 +204,7 @@ def round_record_checked(obj: Any) -> RoundRecord:
         if adm["charge"] < 0 or adm["bid"] < 0:
             raise ValueError(f"{where}: request {adm['request_id']!r} has a negative amount")
     bids = obj.get("waiting_bids")
-    if bids is not None and not (
-        isinstance(bids, list)
-        and all(type(b) in (int, float) and math.isfinite(b) and b >= 0 for b in bids)
-    ):
+    if bids is not None and not (isinstance(bids, list) and all(map(_amount, bids))):
         raise ValueError(f"{where}: waiting_bids must be a list of amounts in $/s")
     if "queue" in obj:
         queue = queue_snapshot_checked(obj["queue"], f"{where}, queue")

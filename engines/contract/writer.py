@@ -115,14 +115,6 @@ class RoundRecorder:
         """Drop a request's place: it left the queue without being admitted."""
         self._places.pop(request_id, None)
 
-    def next_round(self) -> tuple[int, str]:
-        """Number the next round: its ``seq`` and ``round_id`` (unique across engines and runs)."""
-        self.seq += 1
-        return self.seq, self.round_id(self.seq)
-
-    def round_id(self, seq: int) -> str:
-        return f"{self.engine_id}:{self.epoch}:{seq}"
-
     def record(
         self,
         tree: RequestTree,
@@ -132,10 +124,11 @@ class RoundRecorder:
         now: float,
         seq: int | None = None,
     ) -> RoundRecord:
-        """The record of a round (``seq`` from :meth:`next_round`, or the next one); call it
-        while the tree is as the round cleared it."""
+        """The record of a round (``seq``: the engine's count of rounds, or else the next after
+        the last record's); call it while the tree is as the round cleared it."""
         if seq is None:
-            seq, _ = self.next_round()
+            self.seq += 1
+            seq = self.seq
         position = clearing.positions(a.request_id for a in admitted)
         places = self._places
         reserve = clearing.reserve
@@ -176,7 +169,7 @@ class RoundRecorder:
             "engine": self.engine_id,
             "market": self.market,
             "epoch": self.epoch,
-            "round_id": self.round_id(seq),
+            "round_id": f"{self.engine_id}:{self.epoch}:{seq}",  # unique across engines and runs
             "seq": seq,
             "time": now,
             "policy": clearing.policy,

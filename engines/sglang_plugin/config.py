@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engines.contract.knobs import KNOB_NAMES, MarketKnobs, split_knobs
+from engines.contract.knobs import KNOB_NAMES, MarketKnobs, integer_checked, split_knobs
 from mechanism import BID_POLICIES, DEFAULT_TOKENS_PER_SECOND
 
 # The policies the plugin adds to SGLang; the others are SGLang's and run as SGLang runs them.
@@ -61,14 +61,7 @@ class PluginConfig:
             raise ValueError(f"policy must be a non-empty string, got {self.policy!r}")
         if not isinstance(self.knobs, MarketKnobs):
             raise ValueError(f"knobs must be MarketKnobs, got {self.knobs!r}")
-        if (
-            isinstance(self.record_queue_size, bool)
-            or not isinstance(self.record_queue_size, int)
-            or self.record_queue_size < 1
-        ):
-            raise ValueError(
-                f"record_queue_size must be an integer >= 1, got {self.record_queue_size!r}"
-            )
+        integer_checked(self.record_queue_size, "record_queue_size", low=1)
         if not isinstance(self.follow_control, bool):
             raise ValueError(f"follow_control must be true or false, got {self.follow_control!r}")
         poll = self.control_poll_s

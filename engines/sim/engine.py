@@ -81,10 +81,6 @@ class SimRequest:
         return self.auction.get("charge", 0.0)
 
     @property
-    def round_id(self) -> str | None:
-        return self.auction.get("round_id")
-
-    @property
     def position(self) -> int | None:
         """Its place in the admitting round's order, 0 first."""
         return self.auction.get("position")

@@ -37,27 +37,9 @@ from .realtime import EngineLoop
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds; SGLang's TTFT buckets with finer ones below 0.1 s for a lightly loaded engine.
 LATENCY_BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1.0,
-    2.0,
-    4.0,
-    6.0,
-    8.0,
-    10.0,
-    20.0,
-    40.0,
-    60.0,
-    120.0,
-    300.0,
-)
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0,
+    2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
 
 
 class _EngineCollector(Collector):
@@ -70,42 +52,27 @@ class _EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         loop, engine, labels = self.loop, self.loop.engine, [self.model_name]
 
-        def gauge(name: str, doc: str, value: float) -> Metric:
-            m = GaugeMetricFamily(name, doc, labels=["model_name"])
-            m.add_metric(labels, value)
-            return m
-
-        def counter(name: str, doc: str, value: float) -> Metric:
-            m = CounterMetricFamily(name, doc, labels=["model_name"])
-            m.add_metric(labels, value)
-            return m
-
-        yield gauge(
-            "sglang:cache_hit_rate",
-            "Cached share of admitted prompt tokens.",
-            engine.cache_hit_rate,
+        gauges = (
+            ("cache_hit_rate", "Cached share of admitted prompt tokens.", engine.cache_hit_rate),
+            ("num_queue_reqs", "Requests waiting.", len(engine.waiting)),
+            ("num_running_reqs", "Requests running.", len(engine.running)),
         )
-        yield gauge("sglang:num_queue_reqs", "Requests waiting.", len(engine.waiting))
-        yield gauge("sglang:num_running_reqs", "Requests running.", len(engine.running))
-        yield counter("sglang:prompt_tokens", "Prompt tokens admitted.", engine.prompt_tokens)
-        yield counter(
-            "sglang:cached_tokens",
-            "Prompt tokens found in the KV cache.",
-            engine.cached_prompt_tokens,
+        counters = (
+            ("prompt_tokens", "Prompt tokens admitted.", engine.prompt_tokens),
+            ("cached_tokens", "Prompt tokens found in the KV cache.", engine.cached_prompt_tokens),
+            ("generation_tokens", "Output tokens generated.", engine.generated_tokens),
+            ("num_requests", "Requests finished.", engine.finished_requests),
+            ("auction_rounds", "Auction rounds cleared.", engine.rounds),
+            ("round_records", "Round records handed to the sink.", loop.records),
+            ("round_records_dropped", "Round records the sink dropped.", loop.sink.dropped),
+            ("priority_revenue_dollars", "Priority charges, dollars.", loop.revenue),
+            ("requests_cancelled", "Waiting requests whose client left.", loop.cancelled),
         )
-        yield counter(
-            "sglang:generation_tokens", "Output tokens generated.", engine.generated_tokens
-        )
-        yield counter("sglang:num_requests", "Requests finished.", engine.finished_requests)
-        yield counter("sglang:auction_rounds", "Auction rounds cleared.", engine.rounds)
-        yield counter("sglang:round_records", "Round records handed to the sink.", loop.records)
-        yield counter(
-            "sglang:round_records_dropped", "Round records the sink dropped.", loop.sink.dropped
-        )
-        yield counter("sglang:priority_revenue_dollars", "Priority charges, dollars.", loop.revenue)
-        yield counter(
-            "sglang:requests_cancelled", "Waiting requests whose client left.", loop.cancelled
-        )
+        for family, rows in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
+            for name, doc, value in rows:
+                metric = family(f"sglang:{name}", doc, labels=["model_name"])
+                metric.add_metric(labels, value)
+                yield metric
 
 
 class ServerMetrics:

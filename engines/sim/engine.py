@@ -305,13 +305,8 @@ class Engine:
         if room <= 0:
             return None
         self._refresh_cached()
-        policy = self.policy
-        if (
-            policy == "lpm"
-            and cfg.lpm_fcfs_fallback
-            and len(self.waiting) > (cfg.lpm_fallback_threshold)
-        ):
-            policy = "fcfs"
+        fallback = cfg.lpm_fcfs_fallback and len(self.waiting) > cfg.lpm_fallback_threshold
+        policy = "fcfs" if self.policy == "lpm" and fallback else self.policy  # as SGLang's lpm
         knobs = self.knobs
         clearing = clear_tree(
             self.tree,

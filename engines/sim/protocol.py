@@ -233,14 +233,16 @@ def sse(obj: Any) -> bytes:
     return b"data: " + dumps(obj).encode() + b"\n\n"
 
 
-def meta_info(req: SimRequest, generated: int, *, finished: bool) -> dict[str, Any]:
-    """SGLang's ``meta_info`` after ``generated`` output tokens, plus the auction's fields.
+def answer(req: SimRequest, generated: int, text: str) -> dict[str, Any]:
+    """An answer's body after ``generated`` output tokens (``text`` theirs): SGLang's ``text``,
+    ``output_ids`` and ``meta_info``, with the auction's fields in ``meta_info``.
 
     Times are engine seconds: ``queue_time`` is admission minus arrival, ``ttft`` first token
     minus arrival, ``e2e_latency`` (finished only) finish minus arrival. ``bid`` is $/s, ``charge``
     the priority charge in dollars, ``planned_completion_s`` and ``time_saved_s`` planned seconds
     from the admitting round.
     """
+    finished = generated >= req.max_new_tokens
     info: dict[str, Any] = {
         "id": req.id,
         "finish_reason": {"type": "length", "length": generated} if finished else None,
@@ -254,4 +256,4 @@ def meta_info(req: SimRequest, generated: int, *, finished: bool) -> dict[str, A
     info.update(req.auction)
     if finished:
         info["e2e_latency"] = req.e2e
-    return info
+    return {"text": text, "output_ids": list(req.output[:generated]), "meta_info": info}

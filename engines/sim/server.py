@@ -55,12 +55,12 @@ from .engine import Engine
 from .loads import LoadReport
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import (
+    answer,
     error_body,
     errors_as_json,
     json_error,
     json_response,
     loads_json,
-    meta_info,
     parse_generate,
     sse,
 )
@@ -238,13 +238,7 @@ class SimServer:
             if isinstance(event, EngineDown):
                 return json_error(503, str(event))
         req = ticket.req
-        return json_response(
-            {
-                "text": self.tokenizer.decode(req.output),
-                "output_ids": list(req.output),
-                "meta_info": meta_info(req, req.generated, finished=True),
-            }
-        )
+        return json_response(answer(req, req.generated, self.tokenizer.decode(req.output)))
 
     async def _stream(self, request: web.Request, ticket: Ticket) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -260,12 +254,7 @@ class SimServer:
                 while sent < event:
                     pieces.append(self.tokenizer.piece(req.output[sent]))
                     sent += 1
-                chunk = {
-                    "text": "".join(pieces),
-                    "output_ids": list(req.output[:sent]),
-                    "meta_info": meta_info(req, sent, finished=sent >= req.max_new_tokens),
-                }
-                await response.write(sse(chunk))
+                await response.write(sse(answer(req, sent, "".join(pieces))))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:

@@ -344,14 +344,7 @@ class EngineClient:
         payload = json.dumps(
             control_body(policy=policy, reserve=reserve, wait_bound_s=wait_bound_s)
         ).encode()
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        try:
-            async with self._client().post(
-                url, data=payload, headers=headers, timeout=timeout
-            ) as response:
-                status, content = response.status, await response.read()
-        except (*_TRANSPORT_ERRORS, OSError) as exc:
-            raise _transport_error(exc, url) from exc
+        status, content = await self._once("POST", url, timeout_s, data=payload, headers=headers)
         if status >= 500:
             raise EngineUnavailable(f"{url}: HTTP {status}", status=status)
         if status >= 400:
@@ -361,15 +354,21 @@ class EngineClient:
     async def metrics(self, *, base_url: str, timeout_s: float) -> str:
         """The engine's ``GET /metrics`` (Prometheus text); EngineUnavailable on any failure."""
         url = base_url.rstrip("/") + METRICS_PATH
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        try:
-            async with self._client().get(url, timeout=timeout) as response:
-                status, content = response.status, await response.read()
-        except (*_TRANSPORT_ERRORS, OSError) as exc:
-            raise _transport_error(exc, url) from exc
+        status, content = await self._once("GET", url, timeout_s)
         if status != 200:
             raise EngineUnavailable(f"{url}: HTTP {status}", status=status)
         return content.decode("utf-8", "replace")
+
+    async def _once(
+        self, method: str, url: str, timeout_s: float, **kwargs: Any
+    ) -> tuple[int, bytes]:
+        """The status and body of a one-off call; EngineUnavailable when it fails on the way."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._client().request(method, url, timeout=timeout, **kwargs) as response:
+                return response.status, await response.read()
+        except (*_TRANSPORT_ERRORS, OSError) as exc:
+            raise _transport_error(exc, url) from exc
 
     def call_sync(self, call: Callable[[], Awaitable[T]]) -> T:
         """Run ``call()`` (one of the methods above) from synchronous code: a Celery task, the

@@ -75,9 +75,6 @@ class Tokenizer:
 
 _default = Tokenizer()
 encode = _default.encode
-decode = _default.decode
-label = _default.label
-piece = _default.piece
 
 
 def default_tokenizer() -> Tokenizer:

@@ -268,6 +268,8 @@ class MarketQueue:
         for req in new:
             if self._arrive(req):
                 arrived.append(req.rid)
+            else:
+                outside[id(req)] = req
         if self._rematch:
             self._match_again()
         if not outside:
@@ -288,21 +290,18 @@ class MarketQueue:
         return [req for req, key in zip(waiting_queue, ids, strict=True) if key in fresh]
 
     def _arrive(self, req: Req) -> bool:
-        """A request new to the queue: into the tree (matched once; True), or out of the market
-        (False)."""
+        """A request new to the queue: into the tree (matched once; True), or to be kept out of
+        the market (False)."""
         if not isinstance(req.rid, str):
             self._unreadable(req, TypeError("its rid is not a string"))
-            self._outside[id(req)] = req
             return False
         if req.to_finish is not None or req.finished_reason is not None:
-            self._outside[id(req)] = req  # being aborted: SGLang finishes it
-            return False
+            return False  # being aborted: SGLang finishes it
         try:
             auction = auction_of(req)
         except ValueError as exc:
             self.bad_bids += 1
             abort_for_bad_bid(req, exc)
-            self._outside[id(req)] = req
             return False
         rid = req.rid
         output = req.output_ids
@@ -310,7 +309,6 @@ class MarketQueue:
         tokens = req.origin_input_ids + output if output else array("q", req.origin_input_ids)
         if rid in self.tree:  # the same id twice in the queue: the second waits outside
             self._unreadable(req, ValueError(f"request id {rid!r} is already waiting"))
-            self._outside[id(req)] = req
             return False
         match_kv_cache(req, self.tree_cache, tokens)
         arrival = req.time_stats.wait_queue_entry_time
@@ -328,7 +326,6 @@ class MarketQueue:
             )
         except (TypeError, ValueError) as exc:  # e.g. an empty rid, no tokens
             self._unreadable(req, exc)
-            self._outside[id(req)] = req
             return False
         self._members[id(req)] = rid
         self.wait_bound.admit(rid, arrival)

@@ -15,6 +15,7 @@ import json
 import math
 from typing import Any, NotRequired, TypedDict, cast
 
+from engines.contract.wire import AUCTION_META_FIELDS
 from mechanism.whatif import QueueSnapshot, queue_snapshot_checked
 
 # @2: ``epoch`` and every admitted request's ``block`` are required (both engines write them).
@@ -114,21 +115,12 @@ PLACE_FIELDS = ("rank", "ahead", "queue_len")
 
 
 def auction_fields(record: RoundRecord, entry: AdmittedRequest) -> dict[str, Any]:
-    """The auction's ``meta_info`` fields (``wire.AUCTION_META_FIELDS``) of a request that
-    ``record`` admitted (``entry``): what both engines tell the request's client, and all that
-    its settlement needs (the priority charge reaches the ledger this way only)."""
-    return {
-        "bid": entry["bid"],
-        "effective_bid": entry["effective_bid"],
-        "charge": entry["charge"],
-        "round_id": record["round_id"],
-        "position": entry["position"],
-        "planned_completion_s": entry["planned_completion_s"],
-        "time_saved_s": entry["time_saved_s"],
-        "block": entry["block"],
-        "engine": record["engine"],
-        **{name: cast(dict[str, Any], entry)[name] for name in PLACE_FIELDS if name in entry},
-    }
+    """The auction's ``meta_info`` fields (``wire.AUCTION_META_FIELDS``, those the entry has:
+    its place in line is optional) of a request that ``record`` admitted (``entry``): what both
+    engines tell the request's client, and all that its settlement needs (the priority charge
+    reaches the ledger this way only)."""
+    fields: dict[str, Any] = {**entry, "round_id": record["round_id"], "engine": record["engine"]}
+    return {name: fields[name] for name in AUCTION_META_FIELDS if name in fields}
 
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {

@@ -67,10 +67,6 @@ class EngineConfig:
         n = self.chunked_prefill_size
         return n / (self.prefill_step_s([(n, 0)]))
 
-    def with_overrides(self, assignments: list[str]) -> EngineConfig:
-        """A copy with ``name=value`` assignments applied; ValueError for unknown names."""
-        return assigned(self, assignments, what="engine")
-
 
 def settings_split(
     assignments: list[str] | tuple[str, ...], knobs: MarketKnobs
@@ -79,4 +75,4 @@ def settings_split(
     the knobs changes the knobs, any other the engine config (ValueError if it is neither)."""
     mine = [a for a in assignments if a.partition("=")[0].strip() not in KNOB_NAMES]
     theirs = [a for a in assignments if a.partition("=")[0].strip() in KNOB_NAMES]
-    return EngineConfig().with_overrides(mine), assigned(knobs, theirs, what="market")
+    return assigned(EngineConfig(), mine, what="engine"), assigned(knobs, theirs, what="market")

@@ -143,11 +143,8 @@ class MarketQueue:
                 self.recorder.forget(rid)  # placed again on their way back in
         self.tree = RequestTree()
         self.wait_bound = WaitBound()
-        self._members.clear()
-        self._outside.clear()
-        self._caps.clear()
-        self._rematch.clear()
-        self._arrived.clear()
+        for kept in (self._members, self._outside, self._caps, self._rematch, self._arrived):
+            kept.clear()
         if self.tracker is not None:
             self.tracker.changes.clear()  # every request is matched afresh on its way back in
         self.clearing = None

@@ -77,12 +77,8 @@ def generate_body(
     sampling = dict(sampling_params or {})
     sampling["max_new_tokens"] = max_new_tokens
     sampling[CUSTOM_PARAMS] = auction_params(bid=bid, owner=owner, request_id=rid)
-    body: dict[str, Any] = {"rid": rid, "sampling_params": sampling, "stream": stream}
-    if text is not None:
-        body["text"] = text
-    else:
-        body["input_ids"] = input_ids
-    return body
+    prompt = {"text": text} if text is not None else {"input_ids": input_ids}
+    return {"rid": rid, "sampling_params": sampling, "stream": stream, **prompt}
 
 
 def meta_parsed(data: Mapping[str, Any]) -> EngineMeta:

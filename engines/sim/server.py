@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -283,19 +284,16 @@ class SimServer:
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
         try:
             while time.monotonic() < deadline:
-                if ticket is not None:
-                    try:
-                        event = await asyncio.wait_for(ticket.events.get(), 0.05)
-                    except TimeoutError:
-                        event = 0
-                    if event is None:
-                        return web.Response(status=200, text="")
-                    if isinstance(event, EngineDown):
-                        return json_error(503, str(event))
-                else:
+                event: int | EngineDown | None = 0  # 0: no news of the probe
+                if ticket is None:
                     await asyncio.sleep(0.05)
-                if loop.steps_done > before + 1 and loop.alive:
-                    return web.Response(status=200, text="")
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        event = await asyncio.wait_for(ticket.events.get(), 0.05)
+                if isinstance(event, EngineDown):
+                    return json_error(503, str(event))
+                if event is None or (loop.steps_done > before + 1 and loop.alive):
+                    return web.Response(status=200, text="")  # the probe finished, or a step ran
             return json_error(503, f"the engine ran no step in {HEALTH_TIMEOUT_S:g} s")
         finally:
             if ticket is not None:

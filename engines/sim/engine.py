@@ -320,7 +320,6 @@ class Engine:
         self._arrived.clear()
         defer = policy in DFS_AUCTIONS and knobs.in_batch_defer_tokens > 0
         batch = self.tree.begin_batch() if defer else None
-        kv = self.kv
         self.rounds += 1
         admitted: list[SimRequest] = []
         for rid in clearing.iter_order():
@@ -332,24 +331,14 @@ class Engine:
                 and self.tree.batch_recomputed(rid, batch) >= knobs.in_batch_defer_tokens
             ):
                 continue  # the shared prefix is being computed now: next step
-            match, node = kv.match(req.tokens, len(req.tokens) - 1)
-            extend = len(req.tokens) - match
-            kv.lock(node)
-            locked = kv.size - kv.evictable
-            need = extend + req.max_new_tokens
-            if need + 1 >= kv.capacity - locked - self.outside:
-                kv.unlock(node)
+            match = self._reserve(req)
+            if match is None:
                 break  # no room in the KV cache: head-of-line blocking
-            over = kv.size + self.outside + need - kv.capacity
-            if over > 0:
-                kv.evict(over)
             if batch is not None:
                 self.tree.batch_add(rid, batch)
-            self.outside += need
-            req.node = node
-            req.computed = match
-            req.cached_tokens = match
+            req.computed = req.cached_tokens = match
             req.admitted_at = now
+            extend = len(req.tokens) - match
             n = min(extend, budget)
             chunks.append((req, n))
             budget -= n
@@ -374,6 +363,22 @@ class Engine:
             self.prompt_tokens += len(req.tokens)
             self.cached_prompt_tokens += req.cached_tokens
         return record
+
+    def _reserve(self, req: SimRequest) -> int | None:
+        """Lock the request's cached prefix and make room in the KV cache for the rest of its
+        prompt and its whole output; its cached length, or None when it cannot fit now."""
+        kv = self.kv
+        match, node = kv.match(req.tokens, len(req.tokens) - 1)
+        kv.lock(node)
+        need = len(req.tokens) - match + req.max_new_tokens
+        if need + 1 >= kv.capacity - (kv.size - kv.evictable) - self.outside:
+            kv.unlock(node)
+            return None
+        if (over := kv.size + self.outside + need - kv.capacity) > 0:
+            kv.evict(over)
+        self.outside += need
+        req.node = node
+        return match
 
     @property
     def engine_id(self) -> str:

@@ -80,11 +80,8 @@ def _stream_error(error: Any) -> EngineError:
         return EngineOverloaded(message, retry_after_s=DEFAULT_RETRY_AFTER_S)
     if code == 400:
         return EngineRejected(message)
-    return EngineUnavailable(f"the engine failed mid-stream: {message}", status=_int_or_none(code))
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    status = code if isinstance(code, int) and not isinstance(code, bool) else None
+    return EngineUnavailable(f"the engine failed mid-stream: {message}", status=status)
 
 
 def _retry_after(value: str | None) -> float:

@@ -41,26 +41,9 @@ TOPICS = (
     "hiring pipeline",
     "cache hit rates",
 )
-WORDS = (
-    "please",
-    "summarize",
-    "compare",
-    "explain",
-    "list",
-    "why",
-    "how",
-    "trend",
-    "last",
-    "month",
-    "week",
-    "top",
-    "five",
-    "drivers",
-    "risks",
-    "next",
-    "steps",
-    "table",
-    "chart",
+WORDS = tuple(
+    "please summarize compare explain list why how trend last month week top five drivers risks "
+    "next steps table chart".split()
 )
 
 

@@ -22,7 +22,6 @@ priority wait against the target, and the share of intervals within 25% of it.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -34,7 +33,7 @@ from plotly.subplots import make_subplots
 
 from accounts.money import money
 from benchmarks.bids import BidSpec
-from benchmarks.html import Section, command_line, write_page
+from benchmarks.html import Section, command_line, write_json, write_page
 from benchmarks.runner import Capacities
 from benchmarks.workloads import nosharing
 from engines.contract.knobs import MarketKnobs
@@ -226,20 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{workload.title}; load {opts.load:g} x capacity ({rate:.2f} requests/s)\n")
     print(report)
     if opts.json:
-        opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(
-            json.dumps(
-                {
-                    "load": opts.load,
-                    "rate_rps": rate,
-                    "target_s": opts.target,
-                    "interval_s": opts.interval,
-                    "summary": [asdict(s) for s in summaries],
-                    "intervals": {name: [asdict(i) for i in run] for name, run in runs.items()},
-                },
-                indent=2,
-            )
-        )
+        doc = {
+            "load": opts.load,
+            "rate_rps": rate,
+            "target_s": opts.target,
+            "interval_s": opts.interval,
+            "summary": [asdict(s) for s in summaries],
+            "intervals": {name: [asdict(i) for i in run] for name, run in runs.items()},
+        }
+        write_json(opts.json, doc)
     if opts.html:
         write_page(
             opts.html,

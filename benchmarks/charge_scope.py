@@ -12,13 +12,13 @@ waiting (requests admitted in one prefill batch start together though the plan o
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
 from . import pacing
+from .html import write_json
 from .progress import Progress
 
 MUS = (0.0, 0.25, 0.5, 1.0, 2.0)
@@ -76,8 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             scope: {**r, "utility_by_mu": {f"{m:g}": u for m, u in r["utility_by_mu"].items()}}
             for scope, r in result.items()
         }
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(args.json, out)
     return 0
 
 

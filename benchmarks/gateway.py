@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -59,7 +58,7 @@ import plotly.graph_objects as go
 import psutil
 from plotly.subplots import make_subplots
 
-from benchmarks.html import Section, Table, command_line, write_page
+from benchmarks.html import Section, Table, command_line, write_json, write_page
 from benchmarks.metrics import percentile
 from config.serving import SERVERS, server_argv
 from engines.router import free_ports
@@ -827,8 +826,7 @@ def main(argv: list[str] | None = None) -> None:
     if soaked is not None:
         print("\n" + soak_text(soaked))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(_json(runs, repeats, soaked, args), indent=2))
+        write_json(args.json, _json(runs, repeats, soaked, args))
     if args.html:
         sections = [Section("The rate sweep", settings, [table], [sweep_figure(runs)])]
         if soaked is not None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import random
@@ -43,7 +42,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from accounts.rules import HOLD_HORIZON_FLOOR_S, HOLD_HORIZON_PRIOR_S, HOLD_MARGIN
-from benchmarks.html import Section, Table, command_line, write_page
+from benchmarks.html import Section, Table, command_line, write_json, write_page
 
 ENGINE_SETTINGS = ("max_running_requests=4", "step_fixed_s=0.03")  # the demo's engine
 SYSTEM_PREFIX = tuple(range(1000, 1300))  # 300 shared prompt tokens
@@ -277,10 +276,9 @@ def main(argv: list[str] | None = None) -> None:
         sim.stop()
     print(table(runs, args.budget).markdown())
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
-                                         "html": str(args.html), "budget": str(args.budget)},
-                                         "runs": [asdict(r) for r in runs]}, indent=2))  # fmt: skip
+        saved = vars(args) | {"json": str(args.json), "html": str(args.html),
+                              "budget": str(args.budget)}  # fmt: skip
+        write_json(args.json, {"args": saved, "runs": [asdict(r) for r in runs]})
     if args.html:
         write_html(runs, args.html, args.budget, command_line("benchmarks.holds", argv))
 

@@ -110,8 +110,11 @@ def _key(key: object) -> object:
 
 
 def write_json(path: str | Path, doc: object) -> None:
-    """Write ``doc`` (through :func:`jsonable`) to ``path``, indented."""
-    Path(path).write_text(json.dumps(jsonable(doc), indent=2) + "\n", encoding="utf-8")
+    """Write ``doc`` (through :func:`jsonable`) to ``path``, indented (its parent folders
+    made)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(jsonable(doc), indent=2) + "\n", encoding="utf-8")
 
 
 _STYLE = (

@@ -22,22 +22,27 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engines.client import EngineClient, EngineError, generate_body
+from engines.client import EngineClient, EngineError, EngineMeta, generate_body
+from engines.contract.records import AdmittedRequest
 
 from .bids import BidSpec
-from .html import Section, Table, command_line, write_page
+from .html import Section, Table, command_line, write_json, write_page
 from .metrics import Served, summarize
 from .report import from_json, policy_rows
-from .workloads import gsp
+from .workloads import BenchRequest, gsp
 
 
-async def _one(client, url, req, start, served, tokens, cached, charges) -> None:
-    """Send one request at its arrival time and record what happened (seconds, dollars)."""
+async def _one(
+    client: EngineClient, url: str, req: BenchRequest, start: float
+) -> tuple[Served, EngineMeta] | None:
+    """Send one request at its arrival time: what it got (seconds from ``start``, its charge in
+    dollars as the engine answered it) and the answer's figures; None when it failed."""
     await asyncio.sleep(max(0.0, start + req.arrival - time.monotonic()))
     sent = time.monotonic()
     body = generate_body(
@@ -57,17 +62,21 @@ async def _one(client, url, req, start, served, tokens, cached, charges) -> None
             meta = chunk.meta
     except EngineError as exc:
         print(f"  request {req.id} failed: {exc}", file=sys.stderr)
-        return
+        return None
     done = time.monotonic()
     if meta is None or first is None:
-        return
-    tokens.append(meta.prompt_tokens + meta.completion_tokens)
-    cached.append((meta.cached_tokens, meta.prompt_tokens))
-    if meta.charge is not None:
-        charges[req.id] = meta.charge
-    served.append(
-        Served(req.id, req.bid, req.bid_class, sent - start, first - sent, done - sent, 0.0)
+        return None
+    served = Served(
+        req.id, req.bid, req.bid_class, sent - start, first - sent, done - sent, meta.charge or 0.0
     )
+    return served, meta
+
+
+def admitted(path: Path) -> list[AdmittedRequest]:
+    """The requests admitted in a round-record file, in order (none when there is no file)."""
+    if not path.exists():
+        return []
+    return [a for line in path.read_text().splitlines() for a in json.loads(line)["admitted"]]
 
 
 async def drive(args: argparse.Namespace) -> dict[str, object]:
@@ -85,29 +94,21 @@ async def drive(args: argparse.Namespace) -> dict[str, object]:
     client = EngineClient(
         read_timeout_s=args.timeout, answer_timeout_s=args.timeout, max_connections=2048
     )
-    served: list[Served] = []
-    tokens: list[int] = []
-    cached: list[tuple[int, int]] = []
-    charges: dict[str, float] = {}
     start = time.monotonic()
-    await asyncio.gather(
-        *(
-            _one(client, args.engine_url, r, start, served, tokens, cached, charges)
-            for r in workload.requests
-        )
+    answers = await asyncio.gather(
+        *(_one(client, args.engine_url, r, start) for r in workload.requests)
     )
     makespan = time.monotonic() - start
     await client.aclose()
-    if args.rounds_jsonl and Path(args.rounds_jsonl).exists():
-        for line in Path(args.rounds_jsonl).read_text().splitlines():
-            for adm in json.loads(line).get("admitted", ()):
-                charges[adm["request_id"]] = adm["charge"]
-    served = [
-        Served(s.id, s.bid, s.bid_class, s.arrival, s.ttft_s, s.e2e_s, charges.get(s.id, 0.0))
-        for s in served
-    ]
-    hit = sum(c for c, _ in cached) / max(1, sum(p for _, p in cached))
-    metrics = summarize(served, makespan_s=makespan, tokens=sum(tokens), cache_hit_rate=hit)
+    # The plugin's round records have the charges where SGLang's answers do not.
+    rounds = admitted(Path(args.rounds_jsonl)) if args.rounds_jsonl else []
+    charges = {a["request_id"]: a["charge"] for a in rounds}
+    done = [a for a in answers if a is not None]
+    served = [replace(s, charge=charges.get(s.id, s.charge)) for s, _ in done]
+    metas = [m for _, m in done]
+    hit = sum(m.cached_tokens for m in metas) / max(1, sum(m.prompt_tokens for m in metas))
+    tokens = sum(m.prompt_tokens + m.completion_tokens for m in metas)
+    metrics = summarize(served, makespan_s=makespan, tokens=tokens, cache_hit_rate=hit)
     return {
         "policy": args.policy,
         "metrics": metrics.as_dict(),
@@ -163,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = asyncio.run(drive(args))
         print(json.dumps(out["metrics"], indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        write_json(args.json, out)
     return 0
 
 

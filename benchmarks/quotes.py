@@ -261,7 +261,6 @@ def main(argv: list[str] | None = None) -> int:
     text = table(cells)
     print("\n" + text)
     if opts.json:
-        opts.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {"argv": arguments(argv), "tolerance": TOLERANCE}
         write_json(opts.json, {"meta": meta, "cells": [c.row() for c in cells]})
     if opts.html:

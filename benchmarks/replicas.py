@@ -57,6 +57,7 @@ from mechanism import POLICIES
 
 from .bids import BidSpec
 from .html import Section, Table, command_line, write_page
+from .live import admitted
 from .metrics import Served, mean, ratio, summarize
 from .progress import Progress
 from .runner import simulate, steady_throughput
@@ -259,13 +260,11 @@ class Fleet:
 
     def replica_of(self) -> dict[str, str]:
         """Request id -> the engine id that admitted it (from the round records)."""
-        out = {}
-        for engine_id, _, rounds, _ in self.engines:
-            if rounds.exists():
-                for line in rounds.read_text().splitlines():
-                    for a in json.loads(line)["admitted"]:
-                        out[a["request_id"]] = engine_id
-        return out
+        return {
+            a["request_id"]: engine_id
+            for engine_id, _, rounds, _ in self.engines
+            for a in admitted(rounds)
+        }
 
     def cache_counts(self) -> dict[str, tuple[float, float]]:
         """Engine id -> (cached, prompt) tokens from its ``/metrics``."""

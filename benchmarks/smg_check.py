@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.html import write_json
+from benchmarks.live import admitted
 from engines.client import EngineClient, EngineError, generate_body
 from engines.router import Router, RouterOptions, free_port
 
@@ -75,13 +76,7 @@ async def send_all(url: str, rids: list[str]) -> dict[str, float | str]:
 
 def admitted_bids(paths: Sequence[Path]) -> dict[str, float]:
     """Request id -> the bid its admitting round recorded, from round-record files."""
-    out: dict[str, float] = {}
-    for path in paths:
-        if path.exists():
-            for line in path.read_text().splitlines():
-                for a in json.loads(line)["admitted"]:
-                    out[a["request_id"]] = a["bid"]
-    return out
+    return {a["request_id"]: a["bid"] for path in paths for a in admitted(path)}
 
 
 def check(
@@ -143,8 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--requests must be at least 1")
     report = check(args.engine_url, requests=args.requests, rounds=args.rounds_jsonl, log=args.log)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
     for failure in report["failures"]:
         print(failure, file=sys.stderr)
     n = len(report["requests"])

@@ -23,7 +23,6 @@ status and the check, and writes them to ``<var>/soak.json``. It exits 1 when th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -38,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.faults import TcpProxy, via
+from benchmarks.html import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ("replica", "router", "worker", "redis", "postgres", "postgres-cut")
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "ledger_check": check.lines(),
         "ok": check.ok,
     }
-    (opts.var / "soak.json").write_text(json.dumps(summary, indent=2))
+    write_json(opts.var / "soak.json", summary)
     print(f"answers by status: {summary['answers_by_status']}; restarts: {dict(restarts)}")
     print("\n".join(check.lines()))
     return 0 if check.ok else 1

@@ -43,12 +43,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -56,6 +59,7 @@ from pathlib import Path
 import aiohttp
 import plotly.graph_objects as go
 import psutil
+import uvloop
 from plotly.subplots import make_subplots
 
 from benchmarks.html import Section, Table, command_line, write_json, write_page
@@ -205,15 +209,41 @@ def setup_database(engine_url: str) -> str:
     return key
 
 
-def start(argv: list[str], *, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """A subprocess in the repository, its output to ``log``."""
-    with log.open("wb") as out:
+def start(
+    argv: list[str], *, log: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A subprocess in the repository, ``env`` over this one's, its output to ``log`` (or
+    nowhere)."""
+    out = subprocess.DEVNULL if log is None else log.open("wb")
+    try:
         return subprocess.Popen(
             argv, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
         )
+    finally:
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
 
 
-def stop(proc: subprocess.Popen) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float = 60.0) -> None:
+    """Wait until ``url`` answers anything but a server error; RuntimeError when ``proc`` exits
+    first, or past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: its process exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer in {timeout_s:g} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
     """Terminate a subprocess (its workers with it); kill what has not ended in 10 s."""
     try:
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -226,10 +256,8 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
         proc.wait(timeout=5)
     for child in children:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def processes(proc: subprocess.Popen) -> list[psutil.Process]:
@@ -248,19 +276,6 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
             continue
         total += times.user + times.system
     return total
-
-
-async def wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url) as response:
-                if response.status < 500:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer in {timeout_s} s")
 
 
 @dataclass(frozen=True)
@@ -378,8 +393,9 @@ def _progress(name: str, p: RatePoint) -> None:
     )
 
 
-async def _warmed(session: aiohttp.ClientSession, paths: Paths) -> None:
-    await wait_ready(session, paths.gateway.url.replace("/v1/completions", "/v1/models"))
+async def _warmed(session: aiohttp.ClientSession, paths: Paths, proc: subprocess.Popen) -> None:
+    """Once the gateway answers, ``WARMUP_REQUESTS`` requests through it and to the engine."""
+    wait_http(paths.gateway.url.replace("/v1/completions", "/v1/models"), proc)
     for _ in range(WARMUP_REQUESTS):
         await one(session, paths.gateway, paths.gateway.body)
         await one(session, paths.direct, {**paths.direct.body, "rid": f"warm-{uuid.uuid4().hex}"})
@@ -392,7 +408,7 @@ async def server_run(
     result: ServerRun,
     args: argparse.Namespace,
 ) -> ServerRun:
-    await _warmed(session, paths)
+    await _warmed(session, paths, proc)
     procs = processes(proc)
     for rate in args.rates:
         point = await rate_point(session, paths, procs, rate=rate, duration_s=args.duration)
@@ -449,7 +465,7 @@ async def soak(
     workers: int,
     args: argparse.Namespace,
 ) -> Soak:
-    await _warmed(session, paths)
+    await _warmed(session, paths, proc)
     # Warm-up at the soak's rate: the first minute's mean is taken after it.
     await arrivals_stream(session, paths.gateway, rate=args.soak_rate, duration_s=SOAK_WARMUP_S,
                           seed=3, rid_prefix="soak-warm")  # fmt: skip
@@ -546,7 +562,6 @@ async def measure(
     soaked = None
     todo = [(r, c) for r in range(args.repeat) for c in args.configs]  # interleaved repeats
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await wait_ready(session, f"{gateways.engine_url}/health")
         for i, (repeat, (server, workers)) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {server}:{workers} (repeat {repeat + 1}/{args.repeat})",
                   file=sys.stderr, flush=True)  # fmt: skip
@@ -789,12 +804,7 @@ def _json(
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.command = command_line("benchmarks.gateway", argv)
-    try:
-        import uvloop
-
-        uvloop.install()  # the load generator's own cost, kept small
-    except ImportError:
-        pass
+    uvloop.install()  # the load generator's own cost, kept small
     (engine_port,) = free_ports(1)
     engine_url = f"http://127.0.0.1:{engine_port}"
     logs = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
@@ -808,6 +818,7 @@ def main(argv: list[str] | None = None) -> None:
         key = setup_database(engine_url)
         if floors:
             floor_table(create=True)
+        wait_http(f"{engine_url}/health", engine)
         repeats, soaked = asyncio.run(measure(args, Gateways(logs, engine_url, key)))
         runs = merged(repeats)
     finally:

@@ -56,6 +56,7 @@ from engines.sim import EngineConfig
 from mechanism import POLICIES
 
 from .bids import BidSpec
+from .gateway import start, stop, wait_http
 from .html import Section, Table, command_line, write_page
 from .live import admitted
 from .metrics import Served, mean, ratio, summarize
@@ -230,10 +231,9 @@ class Fleet:
             ]  # fmt: skip
             for setting in config_settings(config):
                 argv += ["--set", setting]
-            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self.engines.append((engine_id, f"http://127.0.0.1:{port}", rounds, proc))
+            self.engines.append((engine_id, f"http://127.0.0.1:{port}", rounds, start(argv)))
         for _, url, _, proc in self.engines:
-            _wait_http(f"{url}/health", proc)
+            wait_http(f"{url}/health", proc, timeout_s=30.0)
         if self.router_kwargs is not None:
             options = RouterOptions(
                 port=router_port, prometheus_port=metrics_port,
@@ -251,12 +251,7 @@ class Fleet:
         if self.router is not None:
             self.router.stop()
         for *_, proc in self.engines:
-            proc.terminate()
-        for *_, proc in self.engines:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
     def replica_of(self) -> dict[str, str]:
         """Request id -> the engine id that admitted it (from the round records)."""
@@ -282,19 +277,6 @@ class Fleet:
                 values.get("sglang:prompt_tokens_total", 0.0),
             )
         return out
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"an engine exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"no answer from {url}")
 
 
 async def drive(

@@ -181,11 +181,8 @@ def to_json(
             for name, r in first.runs.items()
         },
     }
-    doc: dict[str, object] = {
-        "meta": meta,
-        "policies": {name: run.metrics.as_dict() for name, run in first.runs.items()},
-        "goals": {name: g.as_dict() for name, g in point_goals(first).items()},
-    }
+    point = _point_json(first)
+    doc: dict[str, object] = {"meta": meta, "policies": point["policies"], "goals": point["goals"]}
     extra: dict[str, object] = {}
     if len(main) > 1:
         extra["loads"] = [_point_json(p) for p in main]

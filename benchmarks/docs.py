@@ -28,7 +28,7 @@ from mechanism.bench import KINDS
 from .goal import Goal
 from .html import Table, command_line
 from .replicas import table as replicas_table
-from .report import GOAL_LEGEND, formatted, from_json, goal_checks, policy_rows
+from .report import GOAL_LEGEND, formatted, from_json, goal_checks, load_text, policy_rows
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DOCS = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "engines.md")  # with blocks
@@ -48,12 +48,7 @@ def policies_block(doc: dict) -> str:
     """``python -m benchmarks --json``: the first point's policy table."""
     meta = doc["meta"]
     base, titles, cells = policy_rows(*from_json(doc["policies"]))
-    load = (
-        f"; load {meta['load']:g} x capacity {meta['capacity_rps']:.2f} req/s = "
-        f"{meta['rate_rps']:.2f} req/s Poisson"
-        if meta.get("load") is not None
-        else ""
-    )
+    load = load_text(meta.get("load"), meta.get("capacity_rps"), meta.get("rate_rps"))
     return (
         f"{_produced_by(meta)}: {meta['workload']}{load}, seed {meta['seed']}. Each cell: the "
         f"value, then x its ratio to {base}; {GOAL_LEGEND}.\n\n" + Table(titles, cells).markdown()

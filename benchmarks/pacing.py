@@ -444,13 +444,16 @@ def scored(out: Outcome, zero: Outcome) -> Scored:
 
 
 class Runner:
-    """Runs specs in worker processes, with progress."""
+    """Runs specs in worker processes, with a progress bar counting to ``total`` runs; closes
+    both when its ``with`` block ends."""
 
-    def __init__(self, setup: Setup, workers: int, progress: Progress) -> None:
+    def __init__(self, setup: Setup, workers: int, total: int) -> None:
         self.setup = setup
-        self.workers = workers
-        self.progress = progress
+        self.progress = Progress(total, enabled=True)
         self._pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None
+
+    def __enter__(self) -> Runner:
+        return self
 
     def many(self, specs: Iterable[Spec], label: str) -> list[Outcome]:
         specs = list(specs)
@@ -463,10 +466,11 @@ class Runner:
             self.progress.advance()
         return out
 
-    def close(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool.join()
+        self.progress.close()
 
 
 def _bases(runner: Runner, seeds: Sequence[int], tenants: Sequence[str], target=None):
@@ -844,16 +848,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _target_main(args, argv, setup, tenants, shares, held)
     n_train = len(train_seeds) * len(tenants) * (2 + len(shares) * (len(grid) + len(eta0s)))
     n_held = len(held) * len(tenants) * (2 + len(shares) * 4)
-    bar = Progress(n_train + n_held, enabled=True)
-    runner = Runner(setup, args.workers, bar)
-    try:
+    with Runner(setup, args.workers, n_train + n_held) as runner:
         trained = train(
             runner, tenants=tenants, shares=shares, seeds=train_seeds, eta0s=eta0s, grid=grid
         )
         held_result = held_out(runner, trained, tenants=tenants, shares=shares, seeds=held)
-    finally:
-        runner.close()
-        bar.close()
     first = held[0]
     curves = {
         f"{r.spec.tenant}@{r.spec.share:g}": r.curve
@@ -866,7 +865,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train_seeds": list(train_seeds),
         "held_out_seeds": list(held),
         "mu_grid": list(grid),
-        "training": {k: v for k, v in trained.items()},
+        "training": trained,
         "held_out": held_result["summary"],
         "curves": curves,
     }
@@ -883,13 +882,8 @@ def _target_main(args, argv, setup: Setup, tenants, shares, seeds) -> int:
     if not (ttft_s > 0 and 0 < p < 1):
         raise SystemExit(f"--latency-target: want TTFT_S > 0 and 0 < P < 1, got {ttft_s}, {p}")
     n = len(seeds) * len(tenants) * (2 + len(shares) * len(TARGET_STRATEGIES))  # at most
-    bar = Progress(n, enabled=True)
-    runner = Runner(setup, args.workers, bar)
-    try:
+    with Runner(setup, args.workers, n) as runner:
         case = target_case(runner, (ttft_s, p), tenants=tenants, shares=shares, seeds=seeds)
-    finally:
-        runner.close()
-        bar.close()
     result = {
         "command": command_line("benchmarks.pacing", argv),
         "setup": asdict(setup),

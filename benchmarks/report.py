@@ -47,13 +47,15 @@ def _ratio(value: float, base: float) -> str:
 
 def point_header(point: Point) -> str:
     """One line naming the workload and its arrival rate."""
-    line = point.workload.title or point.workload.name
-    if point.load is not None:
-        line += (
-            f"; load {point.load:g} x capacity {point.capacity_rps:.2f} req/s"
-            f" = {point.rate_rps:.2f} req/s Poisson"
-        )
-    return line
+    workload = point.workload.title or point.workload.name
+    return workload + load_text(point.load, point.capacity_rps, point.rate_rps)
+
+
+def load_text(load: float | None, capacity_rps: float | None, rate_rps: float | None) -> str:
+    """``; load L x capacity C req/s = R req/s Poisson``; nothing for a trace (no load)."""
+    if load is None:
+        return ""
+    return f"; load {load:g} x capacity {capacity_rps:.2f} req/s = {rate_rps:.2f} req/s Poisson"
 
 
 def goal_checks(goal: Goal | None) -> str:

@@ -33,7 +33,7 @@ from plotly.subplots import make_subplots
 
 from accounts.money import money
 from benchmarks.bids import BidSpec
-from benchmarks.html import Section, command_line, write_json, write_page
+from benchmarks.html import Section, Table, command_line, write_json, write_page
 from benchmarks.runner import Capacities
 from benchmarks.workloads import nosharing
 from engines.contract.knobs import MarketKnobs
@@ -164,24 +164,21 @@ def _seconds(value: float | None) -> str:
 
 def text(auto: list[Interval], summaries: list[Summary], target_s: float, every: int) -> str:
     """The summary of both runs, then the automatic run's intervals (one in ``every``)."""
-    lines = [
-        f"{'run':<18} {'median p90 wait':>16} {'near target':>12} {'median reserve':>16} "
-        f"{'bought priority':>16}"
-    ]
-    for s in summaries:
-        lines.append(
-            f"{s.run:<18} {_seconds(s.median_wait_s):>16} {s.near_target:>12.0%} "
-            f"{s.median_reserve:>12.6f} $/s {s.priority_share:>16.0%}"
-        )
+    runs = Table(
+        ("run", "median p90 wait", "near target", "median reserve", "bought priority"),
+        [(s.run, _seconds(s.median_wait_s), f"{s.near_target:.0%}",
+          f"{s.median_reserve:.6f} $/s", f"{s.priority_share:.0%}") for s in summaries],
+    )  # fmt: skip
+    intervals = Table(
+        ("end", "reserve", "p90 wait", "priority/served"),
+        [(f"{i.end_s:.0f} s", f"{i.reserve:.6f} $/s", _seconds(i.wait_s),
+          f"{i.priority}/{i.served}") for i in auto[::every]],
+    )  # fmt: skip
     shown = "every interval" if every == 1 else f"one interval in {every}"
-    lines += ["", f"target: TTFT p90 <= {target_s:g} s; the automatic run, {shown}:"]
-    lines.append(f"{'end':>9} {'reserve':>16} {'p90 wait':>10} {'priority/served':>16}")
-    for i in auto[::every]:
-        lines.append(
-            f"{i.end_s:>7.0f} s {i.reserve:>12.6f} $/s {_seconds(i.wait_s):>10} "
-            f"{i.priority:>8}/{i.served:<7}"
-        )
-    return "\n".join(lines)
+    return (
+        f"{runs.text()}\n\ntarget: TTFT p90 <= {target_s:g} s; the automatic run, {shown}:\n"
+        + intervals.text()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,7 +81,7 @@ from mechanism.pacing import (
 )
 from mechanism.quotes import HISTORY_MAX, Waited, bid_groups, quote
 
-from .html import Section, command_line, write_json, write_page
+from .html import Section, Table, command_line, write_json, write_page
 from .metrics import percentile
 from .options import floats
 from .progress import Progress
@@ -708,49 +708,40 @@ def target_case(runner: Runner, target: tuple[float, float], *, tenants, shares,
 
 
 def target_table(result: dict) -> str:
-    """The latency-target case, one line per tenant, budget share and strategy."""
+    """The latency-target case, one line per tenant, budget share and strategy; then the
+    paired differences."""
     ttft_s, p = result["target"]["ttft_s"], result["target"]["p"]
-    lines = [
-        f"latency target: TTFT <= {ttft_s:g} s with p = {p:g}",
-        f"{'tenant@s strategy':<24}{'seeds':>6}{'met share (95% CI)':>24}"
-        f"{'spend/budget mean, max':>26}{'quoted':>8}",
-    ]
-    for key, r in result["summary"].items():
-        mean, lo, hi = r["met_share"]
-        spend = r["spend_over_budget"]
-        money = f"{statistics.fmean(spend):.3f}, {max(spend):.3f}" if spend else "-"
-        seeds = len(r["met_share_per_seed"])
-        lines.append(
-            f"{key:<24}{seeds:>6}{mean:>10.3f} ({lo:.3f}-{hi:.3f}){money:>26}"
-            f"{r['quoted_share']:>8.2f}"
-        )
-    lines.append("paired by seed (the seeds both ran), met share difference (95% CI):")
-    for key, r in result["paired"].items():
-        mean, lo, hi = r["met_share"]
-        lines.append(f"  {key:<28}{mean:>+8.3f} ({lo:+.3f} to {hi:+.3f})")
-    return "\n".join(lines)
+    cells = Table(
+        ("tenant@s strategy", "seeds", "met share (95% CI)", "spend/budget mean, max", "quoted"),
+        [(key, len(r["met_share_per_seed"]), "{:.3f} ({:.3f}-{:.3f})".format(*r["met_share"]),
+          f"{statistics.fmean(spend):.3f}, {max(spend):.3f}" if (spend := r["spend_over_budget"])
+          else "-", f"{r['quoted_share']:.2f}") for key, r in result["summary"].items()],
+    )  # fmt: skip
+    paired = Table(
+        ("paired by seed (the seeds both ran)", "met share difference (95% CI)"),
+        [(key, "{:+.3f} ({:+.3f} to {:+.3f})".format(*r["met_share"]))
+         for key, r in result["paired"].items()],
+    )  # fmt: skip
+    return f"latency target: TTFT <= {ttft_s:g} s with p = {p:g}\n{cells.text()}\n{paired.text()}"
 
 
 def table(summary: dict) -> str:
     """The held-out figures, one line per tenant and budget share."""
-    head = (
-        f"{'tenant@s':<10}{'spend/budget min-max':>22}{'peak':>7}{'U/best':>8}{'LCB':>7}"
-        f"{'cold':>7}{'full/best':>10}{'uncoll':>8}{'top5':>7}{'mu end':>9}{'best':>10}"
-        f"{'U/free':>8}  spend by quarter"
-    )
-    lines = [head]
-    for key, r in summary.items():
-        spend = r["spend_over_budget"]
-        lines.append(
-            f"{key:<10}{min(spend):>11.3f} - {max(spend):.3f}{r['peak_spend_over_budget']:>7.3f}"
-            f"{r['utility_ratio']:>8.3f}{r['utility_ratio_lcb']:>7.3f}"
-            f"{r['utility_ratio_cold_start']:>7.3f}{r.get('full_value_ratio', 1.0):>10.3f}"
-            f"{r['uncollected_over_budget']:>8.4f}{r['top5_utility_share']:>7.3f}"
-            f"{percentile(r['mu_end'], 50):>9.3f}{r['best_fixed_on_training']:>10}"
-            f"{r['utility_over_free']:>8.3f}  "
-            + " ".join(f"{q:.2f}" for q in r["spend_by_quarter"])
-        )
-    return "\n".join(lines)
+    columns = (
+        "tenant@s", "spend/budget min-max", "peak", "U/best", "LCB", "cold", "full/best",
+        "uncoll", "top5", "mu end", "best", "U/free", "spend by quarter",
+    )  # fmt: skip
+    rows = [
+        (key, f"{min(r['spend_over_budget']):.3f} - {max(r['spend_over_budget']):.3f}",
+         *(f"{r[k]:.3f}" for k in ("peak_spend_over_budget", "utility_ratio",
+                                   "utility_ratio_lcb", "utility_ratio_cold_start")),
+         f"{r.get('full_value_ratio', 1.0):.3f}", f"{r['uncollected_over_budget']:.4f}",
+         f"{r['top5_utility_share']:.3f}", f"{percentile(r['mu_end'], 50):.3f}",
+         r["best_fixed_on_training"], f"{r['utility_over_free']:.3f}",
+         " ".join(f"{q:.2f}" for q in r["spend_by_quarter"]))
+        for key, r in summary.items()
+    ]  # fmt: skip
+    return Table(columns, rows).text()
 
 
 def write_html(result: dict, path: str) -> None:

@@ -226,10 +226,9 @@ def workloads(requests: int, seed: int) -> list[Workload]:
     per_group = max(1, requests // groups)
     return [
         replace(gsp(num_groups=groups, prompts_per_group=per_group, system_prompt_len=1024,
-                    question_len=64, output_len=64, seed=seed), name="gsp-uniform"),
-        replace(gsp(num_groups=groups, prompts_per_group=per_group, system_prompt_len=1024,
-                    question_len=64, output_len=64, popularity="zipf", seed=seed),
-                name="gsp-zipf"),
+                    question_len=64, output_len=64, popularity=popularity, seed=seed),
+                name=f"gsp-{popularity}")
+        for popularity in ("uniform", "zipf")
     ]  # fmt: skip
 
 

@@ -458,42 +458,42 @@ def report_html(rows: list[dict], path: Path, title: str, command: str) -> None:
                         "cache hit rate", "requests per replica (load 1 or nearest)",
                         "separation: background / urgent mean TTFT", "revenue ($)"),
     )  # fmt: skip
+    # Each line's figure, by the chart it is drawn in (row, column); the bars go in (2, 2).
+    cells = {(1, 1): "mean_ttft_s", (1, 2): "welfare", (2, 1): "cache_hit_rate",
+             (3, 1): "separation", (3, 2): "revenue"}  # fmt: skip
+
+    def shown(r: dict) -> str | None:
+        """A row's line name; None for a --tune point (one load only)."""
+        if r["thresholds"] and not r.get("variant"):
+            return None
+        return f"{r['replicas']}x {setup_name(r['policy'], r.get('variant', ''), {})}"
+
     lines: dict[str, list[dict]] = {}
     for r in rows:
-        tuned = r["thresholds"] and not r.get("variant")  # a --tune point, one load only
-        if tuned or not r["merged"].get("requests"):
-            continue
-        name = setup_name(r["policy"], r.get("variant", ""), {})
-        lines.setdefault(f"{r['replicas']}x {name}", []).append(r)
+        if (name := shown(r)) and r["merged"].get("requests"):
+            lines.setdefault(name, []).append(r)
     for name, part in lines.items():
         part.sort(key=lambda r: r["load"])
         loads = [r["load"] for r in part]
         dash = "dot" if SINGLE in name else None
-        for (row, col), key in (((1, 1), "mean_ttft_s"), ((1, 2), "welfare"),
-                                ((2, 1), "cache_hit_rate"), ((3, 1), "separation"),
-                                ((3, 2), "revenue")):  # fmt: skip
+        for (row, col), key in cells.items():
             fig.add_trace(
                 go.Scatter(x=loads, y=[r["merged"][key] for r in part], name=name,
                            legendgroup=name, showlegend=(row, col) == (1, 1),
                            line={"dash": dash}),
                 row=row, col=col,
             )  # fmt: skip
+    nearest = min(sorted({r["load"] for r in rows}), key=lambda x: abs(x - 1.0), default=None)
     for r in rows:
-        if (r["thresholds"] and not r.get("variant")) or r["policy"] == SINGLE or r["replicas"] < 2:
-            continue
-        loads = sorted({x["load"] for x in rows})
-        if r["load"] != min(loads, key=lambda x: abs(x - 1.0)):
-            continue
-        per = r["per_replica"]
-        fig.add_trace(
-            go.Bar(x=list(per), y=[v.get("requests", 0) for v in per.values()],
-                   name=f"{r['replicas']}x {setup_name(r['policy'], r.get('variant', ''), {})}",
-                   showlegend=False),
-            row=2, col=2,
-        )  # fmt: skip
-    fig.update_xaxes(title_text="load (x fleet capacity)", row=1, col=1)
-    fig.update_xaxes(title_text="load (x fleet capacity)", row=1, col=2)
-    for row, col in ((2, 1), (3, 1), (3, 2)):
+        name = shown(r)
+        if name and r["policy"] != SINGLE and r["replicas"] > 1 and r["load"] == nearest:
+            per = r["per_replica"]
+            fig.add_trace(
+                go.Bar(x=list(per), y=[v.get("requests", 0) for v in per.values()], name=name,
+                       showlegend=False),
+                row=2, col=2,
+            )  # fmt: skip
+    for row, col in cells:
         fig.update_xaxes(title_text="load (x fleet capacity)", row=row, col=col)
     fig.update_layout(height=1100)
     write_page(

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 
 from .goal import (
+    BASE,
     CAPTURE_MIN,
     HIT_SLACK_PP,
     NO_GAIN,
@@ -20,8 +21,6 @@ from .html import Table
 from .metrics import METRIC_KEYS, PolicyMetrics, ratio
 from .runner import Point
 from .sweep import SweepPoint
-
-BASE_POLICY = "lpm"
 
 # Column title and number format of each metric.
 _COLUMNS = {
@@ -69,7 +68,7 @@ def goal_checks(goal: Goal | None) -> str:
 def policy_rows(
     metrics: Mapping[str, Mapping[str, float]],
     goals: Mapping[str, Goal],
-    base: str = BASE_POLICY,
+    base: str = BASE,
 ) -> tuple[str, list[str], list[list[str]]]:
     """The policy table's column titles and one row per policy: every metric with its ratio to
     ``base`` (lpm; the first policy when lpm did not run), and the goal's capture and checks for
@@ -107,7 +106,7 @@ def from_json(
     return {name: m.as_dict() for name, m in metrics.items()}, met
 
 
-def policy_table(point: Point, base: str = BASE_POLICY) -> str:
+def policy_table(point: Point, base: str = BASE) -> str:
     """:func:`policy_rows` of one point as aligned text, with the wall time of each policy."""
     metrics = {name: run.metrics.as_dict() for name, run in point.runs.items()}
     base, titles, cells = policy_rows(metrics, point_goals(point), base)

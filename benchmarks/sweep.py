@@ -29,12 +29,11 @@ from dataclasses import asdict, dataclass, replace
 from engines.contract.knobs import MarketKnobs
 from engines.sim import EngineConfig
 
-from .goal import Goal, point_goals
+from .goal import BID_BLIND_CACHE_AWARE, Goal, point_goals
 from .runner import Capacities, Point, run_point
 from .workloads import Workload
 
 FINDING_POLICIES = ("lpm", "dfs-weight", "highest-bid", "dfs-auction", "dfs-auction-density")
-BID_BLIND_CACHE_AWARE = ("lpm", "dfs-weight")
 DEFAULT_LOADS = (0.5, 0.8, 0.95, 1.1, 1.5)
 DEFAULT_GROUPS = (8, 64, 256)
 DEFAULT_REQUESTS = 2048

@@ -44,6 +44,11 @@ def _color(policy: str) -> str:
     return _COLORS.get(policy, "#333333")
 
 
+def _line(policy: str, x: list, y: list, mode: str = "lines", **more: object) -> go.Scatter:
+    """A policy's line, in its color."""
+    return go.Scatter(x=x, y=y, name=policy, mode=mode, line={"color": _color(policy)}, **more)
+
+
 def _sampled(ttfts: list[float]) -> list[int]:
     """At most ``_CDF_POINTS`` indices into the sorted ``ttfts``, the first and last included."""
     n = len(ttfts)
@@ -57,15 +62,7 @@ def ttft_cdf(point: Point) -> go.Figure:
         ttfts = sorted(s.ttft_s for s in run.served)
         n = len(ttfts)
         idx = _sampled(ttfts)
-        fig.add_trace(
-            go.Scatter(
-                x=[ttfts[i] for i in idx],
-                y=[(i + 1) / n for i in idx],
-                name=name,
-                mode="lines",
-                line={"color": _color(name)},
-            )
-        )
+        fig.add_trace(_line(name, [ttfts[i] for i in idx], [(i + 1) / n for i in idx]))
     fig.update_layout(title="TTFT CDF", xaxis_title="TTFT (s)", yaxis_title="share of requests")
     fig.update_xaxes(type="log")
     return fig
@@ -93,19 +90,7 @@ def ttft_tail_by_class(point: Point) -> go.Figure:
     for col, cls in enumerate(classes, start=1):
         for name, run in point.runs.items():
             x, y = ttft_tail([s.ttft_s for s in run.served if s.bid_class == cls])
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=y,
-                    name=name,
-                    legendgroup=name,
-                    showlegend=col == 1,
-                    mode="lines",
-                    line={"color": _color(name)},
-                ),
-                row=1,
-                col=col,
-            )
+            fig.add_trace(_line(name, x, y, legendgroup=name, showlegend=col == 1), row=1, col=col)
         fig.update_xaxes(type="log", title_text="TTFT (s)", row=1, col=col)
     fig.update_yaxes(type="log", title_text="share with TTFT at least x", row=1, col=1)
     fig.update_yaxes(type="log")
@@ -135,15 +120,13 @@ def latency_by_class(point: Point) -> go.Figure:
     palette = ("#ff7f0e", "#1f77b4", "#2ca02c", "#d62728")
     for i, cls in enumerate(classes):
         for col, key in ((1, "mean_ttft_s"), (2, "p99_ttft_s")):
-            fig.add_trace(
-                go.Bar(
-                    x=names,
-                    y=[stats[n].get(cls, {}).get(key) for n in names],
-                    name=cls,
-                    legendgroup=cls,
-                    showlegend=col == 1,
-                    marker_color=palette[i % len(palette)],
-                ),
+            fig.add_bar(
+                x=names,
+                y=[stats[n].get(cls, {}).get(key) for n in names],
+                name=cls,
+                legendgroup=cls,
+                showlegend=col == 1,
+                marker_color=palette[i % len(palette)],
                 row=1,
                 col=col,
             )
@@ -163,16 +146,14 @@ def goal_tradeoff(points: list[tuple[str, Point]]) -> go.Figure:
             ys.append(g.ttft_vs_best)
             texts.append(f"{label}: hit {g.hit_gap_pp:+.2f} pp vs lpm")
     for name, (xs, ys, texts) in series.items():
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                text=texts,
-                name=name,
-                mode="markers",
-                marker={"color": _color(name), "size": 9},
-                hovertemplate="%{text}<br>capture %{x:.2f}, TTFT %{y:.3f}x<extra></extra>",
-            )
+        fig.add_scatter(
+            x=xs,
+            y=ys,
+            text=texts,
+            name=name,
+            mode="markers",
+            marker={"color": _color(name), "size": 9},
+            hovertemplate="%{text}<br>capture %{x:.2f}, TTFT %{y:.3f}x<extra></extra>",
         )
     fig.add_hline(y=TTFT_SLACK, line_dash="dash", line_color="#888")
     fig.add_vline(x=CAPTURE_MIN, line_dash="dash", line_color="#888")
@@ -202,14 +183,13 @@ def _lines(
         for ri, (key, label) in enumerate(_SWEEP_METRICS, start=1):
             for name in policies:
                 fig.add_trace(
-                    go.Scatter(
-                        x=[x_of(p) for p in points],
-                        y=[p.runs[name].metrics.as_dict()[key] for p in points],
-                        name=name,
+                    _line(
+                        name,
+                        [x_of(p) for p in points],
+                        [p.runs[name].metrics.as_dict()[key] for p in points],
+                        "lines+markers",
                         legendgroup=name,
                         showlegend=name not in shown,
-                        mode="lines+markers",
-                        line={"color": _color(name)},
                     ),
                     row=ri,
                     col=ci,

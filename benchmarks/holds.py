@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from accounts.rules import HOLD_HORIZON_FLOOR_S, HOLD_HORIZON_PRIOR_S, HOLD_MARGIN
@@ -208,19 +207,13 @@ def write_html(runs: list[RuleRun], path: Path, budget: Decimal, command: str) -
         subplot_titles=("budget spent after each burst ($)", "requests served, refused"),
     )  # fmt: skip
     for r in runs:
-        fig.add_trace(
-            go.Scatter(
-                x=list(range(1, r.bursts + 1)),
-                y=[float(s) for s in r.spent_after_burst],
-                mode="lines+markers",
-                name=f"{r.rule}: spent",
-            ),
-            row=1, col=1,
+        fig.add_scatter(
+            x=list(range(1, r.bursts + 1)), y=[float(s) for s in r.spent_after_burst],
+            mode="lines+markers", name=f"{r.rule}: spent", row=1, col=1,
         )  # fmt: skip
-    fig.add_trace(go.Bar(x=[r.rule for r in runs], y=[r.served for r in runs], name="served"),
-                  row=1, col=2)  # fmt: skip
-    fig.add_trace(go.Bar(x=[r.rule for r in runs], y=[r.refused for r in runs], name="refused"),
-                  row=1, col=2)  # fmt: skip
+    names = [r.rule for r in runs]
+    fig.add_bar(x=names, y=[r.served for r in runs], name="served", row=1, col=2)
+    fig.add_bar(x=names, y=[r.refused for r in runs], name="refused", row=1, col=2)
     fig.update_xaxes(title_text="burst", row=1, col=1)
     fig.update_layout(barmode="group")
     section = Section("", tables=[table(runs, budget)], figures=[fig])

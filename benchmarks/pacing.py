@@ -746,7 +746,6 @@ def table(summary: dict) -> str:
 
 def write_html(result: dict, path: str) -> None:
     """A self-contained Plotly report of the training grid and the held-out seeds."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     summary, trained = result["held_out"], result["training"]
@@ -762,21 +761,14 @@ def write_html(result: dict, path: str) -> None:
         vertical_spacing=0.07,
     )
     for key, curve in trained["fixed_curve"].items():
-        fig.add_trace(
-            go.Scatter(x=[1 + m for m, _ in curve], y=[u for _, u in curve], name=f"{key} fixed"),
-            row=1,
-            col=1,
-        )
+        x, y = [1 + m for m, _ in curve], [u for _, u in curve]
+        fig.add_scatter(x=x, y=y, name=f"{key} fixed", row=1, col=1)
     for key, r in summary.items():
-        fig.add_trace(
-            go.Box(y=r["utility_ratio_per_seed"], name=key, boxpoints="all"), row=2, col=1
-        )
-        fig.add_trace(go.Box(y=r["spend_over_budget"], name=key, boxpoints="all"), row=3, col=1)
+        fig.add_box(y=r["utility_ratio_per_seed"], name=key, boxpoints="all", row=2, col=1)
+        fig.add_box(y=r["spend_over_budget"], name=key, boxpoints="all", row=3, col=1)
     for key, curve in result["curves"].items():
-        fig.add_trace(
-            go.Scatter(x=[c[0] for c in curve], y=[c[2] for c in curve], name=f"{key} mu"),
-            row=4,
-            col=1,
+        fig.add_scatter(
+            x=[c[0] for c in curve], y=[c[2] for c in curve], name=f"{key} mu", row=4, col=1
         )
     fig.update_xaxes(type="log", title_text="1 + mu", row=1, col=1)
     fig.update_yaxes(title_text="utility, $", row=1, col=1)

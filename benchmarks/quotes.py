@@ -174,31 +174,20 @@ def calibrate(
 def reliability(cells: list[Cell]) -> go.Figure:
     """The achieved share against the probability asked, one marker per cell."""
     fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=[0, 1], y=[0, 1], mode="lines", name="calibrated", line={"dash": "dot"}
-        )  # fmt: skip
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=[0, 1],
-            y=[-TOLERANCE, 1 - TOLERANCE],
-            mode="lines",
-            name=f"p - {TOLERANCE:g}",
-            line={"dash": "dash", "color": "grey"},
-        )  # fmt: skip
-    )
+    fig.add_scatter(x=[0, 1], y=[0, 1], mode="lines", name="calibrated", line={"dash": "dot"})
+    fig.add_scatter(
+        x=[0, 1], y=[-TOLERANCE, 1 - TOLERANCE], mode="lines", name=f"p - {TOLERANCE:g}",
+        line={"dash": "dash", "color": "grey"},
+    )  # fmt: skip
     for name in sorted({c.workload for c in cells}):
         for load in sorted({c.load for c in cells}):
             at = [c for c in cells if c.workload == name and c.load == load and c.quoted]
-            fig.add_trace(
-                go.Scatter(
-                    x=[c.p for c in at],
-                    y=[c.achieved for c in at],
-                    mode="markers",
-                    name=f"{name}, load {load:g}",
-                    text=[f"T {c.ttft_s:g} s, {c.quoted} probes" for c in at],
-                )
+            fig.add_scatter(
+                x=[c.p for c in at],
+                y=[c.achieved for c in at],
+                mode="markers",
+                name=f"{name}, load {load:g}",
+                text=[f"T {c.ttft_s:g} s, {c.quoted} probes" for c in at],
             )
     fig.update_layout(
         title="Quotes: share of probes served within T, against the probability p asked",

@@ -134,22 +134,16 @@ def figure(auto: list[Interval], fixed: list[Interval], target_s: float) -> go.F
     """The priority wait per interval (both runs) against the target, and the reserve."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
     for name, run, color in (("automatic reserve", auto, "#2f6fed"), ("fixed", fixed, "#999")):
-        fig.add_trace(
-            go.Scatter(x=[i.end_s for i in run], y=[i.wait_s for i in run], mode="lines",
-                       name=f"TTFT p90, {name} (s)", line={"color": color}),
-            row=1, col=1,
-        )  # fmt: skip
+        fig.add_scatter(x=[i.end_s for i in run], y=[i.wait_s for i in run], mode="lines",
+                        name=f"TTFT p90, {name} (s)", line={"color": color},
+                        row=1, col=1)  # fmt: skip
     ends = [i.end_s for i in auto]
-    fig.add_trace(
-        go.Scatter(x=[ends[0], ends[-1]], y=[target_s, target_s], mode="lines",
-                   name="target (s)", line={"dash": "dash", "color": "#c93c3c"}),
-        row=1, col=1,
-    )  # fmt: skip
-    fig.add_trace(
-        go.Scatter(x=ends, y=[i.reserve for i in auto], mode="lines",
-                   name="reserve, automatic ($/s)", line={"color": "#e08a2e", "shape": "hv"}),
-        row=2, col=1,
-    )  # fmt: skip
+    fig.add_scatter(x=[ends[0], ends[-1]], y=[target_s, target_s], mode="lines",
+                    name="target (s)", line={"dash": "dash", "color": "#c93c3c"},
+                    row=1, col=1)  # fmt: skip
+    fig.add_scatter(x=ends, y=[i.reserve for i in auto], mode="lines",
+                    name="reserve, automatic ($/s)", line={"color": "#e08a2e", "shape": "hv"},
+                    row=2, col=1)  # fmt: skip
     fig.update_yaxes(title_text="priority TTFT p90 (s)", row=1, col=1)
     fig.update_yaxes(title_text="reserve ($/s)", type="log", row=2, col=1)
     fig.update_xaxes(title_text="virtual time (s)", row=2, col=1)

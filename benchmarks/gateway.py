@@ -64,6 +64,7 @@ from plotly.subplots import make_subplots
 
 from benchmarks.html import Section, Table, command_line, write_json, write_page
 from benchmarks.metrics import percentile
+from benchmarks.options import floats
 from config.serving import SERVERS, server_argv
 from engines.router import free_ports
 
@@ -698,11 +699,8 @@ def sweep_figure(runs: list[ServerRun]) -> go.Figure:
             (2, 1, [p.gateway.achieved_rate / p.gateway.offered_rate for p in run.sweep]),
             (2, 2, [p.gateway_cpu_ms_per_request for p in run.sweep]),
         )):  # fmt: skip
-            fig.add_trace(
-                go.Scatter(x=rates, y=values, name=run.name, legendgroup=run.name,
-                           showlegend=i == 0, mode="lines+markers"),
-                row=row, col=col,
-            )  # fmt: skip
+            fig.add_scatter(x=rates, y=values, name=run.name, legendgroup=run.name,
+                            showlegend=i == 0, mode="lines+markers", row=row, col=col)  # fmt: skip
     for col in (1, 2):
         fig.update_yaxes(type="log", row=1, col=col)
         fig.update_xaxes(title_text="offered rate (req/s)", row=2, col=col)
@@ -738,6 +736,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="workers of --server")
     p.add_argument(
         "--rates",
+        type=floats,
         default="100,150,200,250,300,400,500",
         help="offered rates of the sweep, requests per second, comma-separated",
     )
@@ -763,9 +762,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.soak = parse_configs(args.soak)[0] if args.soak else None
     except ValueError as exc:
         p.error(str(exc))
-    args.rates = sorted(float(r) for r in args.rates.split(",") if r.strip())
-    if not args.rates or min(args.rates) <= 0 or args.duration <= 0 or args.repeat < 1:
-        p.error("rates, duration and repeat must be positive")
+    args.rates = sorted(args.rates)
+    if args.duration <= 0 or args.repeat < 1:
+        p.error("duration and repeat must be positive")
     return args
 
 

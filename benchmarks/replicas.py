@@ -46,7 +46,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engines.client import EngineClient, EngineError, generate_body
@@ -477,22 +476,16 @@ def report_html(rows: list[dict], path: Path, title: str, command: str) -> None:
         loads = [r["load"] for r in part]
         dash = "dot" if SINGLE in name else None
         for (row, col), key in cells.items():
-            fig.add_trace(
-                go.Scatter(x=loads, y=[r["merged"][key] for r in part], name=name,
-                           legendgroup=name, showlegend=(row, col) == (1, 1),
-                           line={"dash": dash}),
-                row=row, col=col,
-            )  # fmt: skip
+            fig.add_scatter(x=loads, y=[r["merged"][key] for r in part], name=name,
+                            legendgroup=name, showlegend=(row, col) == (1, 1),
+                            line={"dash": dash}, row=row, col=col)  # fmt: skip
     nearest = min(sorted({r["load"] for r in rows}), key=lambda x: abs(x - 1.0), default=None)
     for r in rows:
         name = shown(r)
         if name and r["policy"] != SINGLE and r["replicas"] > 1 and r["load"] == nearest:
             per = r["per_replica"]
-            fig.add_trace(
-                go.Bar(x=list(per), y=[v.get("requests", 0) for v in per.values()], name=name,
-                       showlegend=False),
-                row=2, col=2,
-            )  # fmt: skip
+            fig.add_bar(x=list(per), y=[v.get("requests", 0) for v in per.values()], name=name,
+                        showlegend=False, row=2, col=2)  # fmt: skip
     for row, col in cells:
         fig.update_xaxes(title_text="load (x fleet capacity)", row=row, col=col)
     fig.update_layout(height=1100)

@@ -85,7 +85,7 @@ from .html import Section, Table, command_line, write_json, write_page
 from .metrics import percentile
 from .options import floats
 from .progress import Progress
-from .workloads import gsp
+from .workloads import BenchRequest, gsp
 
 TENANTS = ("A", "B")  # the focal tenants, one at a time
 BACKGROUND = "bg"
@@ -194,8 +194,9 @@ class Outcome:
 
 
 @lru_cache(maxsize=4)
-def workload(seed: int, setup: Setup) -> tuple[tuple, ...]:
-    """The seed's requests: (id, tokens, max_new, arrival, tenant, value), by arrival."""
+def workload(seed: int, setup: Setup) -> tuple[BenchRequest, ...]:
+    """The seed's requests by arrival, each with its tenant and, as its ``bid``, its value ($/s
+    of waiting; what every bidder but the focal one bids)."""
     span = WARMUP_S + setup.period_s + COOLDOWN_S
     total = int(setup.rate * span)
     groups = 32
@@ -213,9 +214,7 @@ def workload(seed: int, setup: Setup) -> tuple[tuple, ...]:
     out = []
     for r in base.requests[:total]:
         tenant = rng.choices(names, weights)[0]
-        out.append(
-            (r.id, r.tokens, r.max_new_tokens, r.arrival, tenant, r.bid * VALUE_SCALE[tenant])
-        )
+        out.append(replace(r, tenant=tenant, bid=r.bid * VALUE_SCALE[tenant]))
     return tuple(out)
 
 
@@ -328,12 +327,11 @@ def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
     """One run in virtual time: the focal tenant's outcome."""
     reqs = workload(spec.seed, setup)
     start, end = WARMUP_S, WARMUP_S + setup.period_s
-    focal_ids = {
-        r[0] for r in reqs if r[4] == spec.tenant and start <= r[3] < end
-    }  # its budgeted requests
-    info = {r[0]: (r[4], r[5]) for r in reqs}
+    mine = [r for r in reqs if r.tenant == spec.tenant]
+    focal_ids = {r.id for r in mine if start <= r.arrival < end}  # its budgeted requests
+    values = {r.id: r.bid for r in reqs}
     # mu_max from what the tenant's warm-up showed: its top value and its arrival rate.
-    seen = [r[5] for r in reqs if r[4] == spec.tenant and r[3] < start]
+    seen = [r.bid for r in mine if r.arrival < start]
     # A target class's cap (the tenant's priority_bid_cap live): its warm-up values' 90th
     # percentile, what it would pay for one request in ten.
     cap = percentile(seen, TARGET_CAP_PERCENTILE) if seen else 1.0
@@ -354,7 +352,7 @@ def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
             if due:
                 bound = max(MIN_WAIT_BOUND_S, WAIT_BOUND_FACTOR * engine.queue_drain_s())
                 for req in due:
-                    tenant, value = info[req.id]
+                    value = values[req.id]
                     req.bid = focal.bid(req.id, value, bound) if req.id in focal_ids else value
             return due
 
@@ -378,18 +376,20 @@ def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
         if req.id in focal_ids:
             if spec.target is not None and req.ttft <= spec.target[0]:
                 focal.out.met += 1
-            _, value = info[req.id]
-            cost = value * req.ttft
+            cost = values[req.id] * req.ttft
             focal.out.cost += cost
             focal.out.per_request[req.id] = focal.out.per_request.get(req.id, 0.0) - cost
 
     owner = {BACKGROUND: ""}  # background: many small tenants, each its own
-    queue = Arrivals([SimRequest(r[0], r[1], r[2], 0.0, r[3], owner.get(r[4], r[4])) for r in reqs])
+    queue = Arrivals(
+        [SimRequest(r.id, r.tokens, r.max_new_tokens, 0.0, r.arrival, owner.get(r.tenant, r.tenant))
+         for r in reqs]
+    )  # fmt: skip
     run_virtual(engine, queue, on_step=on_step, on_finished=on_finished)
     out = focal.out
     if focal.agent is not None:
         mus = [mu for _, mu, _ in focal.agent.history[: setup.updates]]
-        out.mu_end = focal.agent.history[min(len(mus), setup.updates) - 1][1] if mus else 0.0
+        out.mu_end = mus[-1] if mus else 0.0
         out.mu_mean = statistics.fmean(mus) if mus else 0.0
     else:
         out.mu_end = out.mu_mean = focal.mu

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from plotly.subplots import make_subplots
+from prometheus_client.parser import text_string_to_metric_families
 
 from engines.client import EngineClient, EngineError, generate_body
 from engines.contract.tokenizer import Tokenizer
@@ -266,11 +267,8 @@ class Fleet:
         for engine_id, url, _, _ in self.engines:
             with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
                 text = answer.read().decode()
-            values = {}
-            for line in text.splitlines():
-                if line.startswith(("sglang:cached_tokens_total", "sglang:prompt_tokens_total")):
-                    name, _, value = line.rpartition(" ")
-                    values[name.split("{")[0]] = float(value)
+            families = text_string_to_metric_families(text)
+            values = {sample.name: sample.value for f in families for sample in f.samples}
             out[engine_id] = (
                 values.get("sglang:cached_tokens_total", 0.0),
                 values.get("sglang:prompt_tokens_total", 0.0),

@@ -36,6 +36,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from benchmarks.faults import TcpProxy, via
 from benchmarks.html import write_json
 
@@ -106,9 +108,10 @@ def _answers(base: str) -> Counter[str]:
             text = reply.read().decode()
     except OSError:
         return counts
-    for line in text.splitlines():
-        if found := re.match(r'gateway_requests_total\{.*status="(\d+)".*\} ([0-9.e+]+)$', line):
-            counts[found[1]] += int(float(found[2]))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gateway_requests_total" and "status" in sample.labels:
+                counts[sample.labels["status"]] += int(sample.value)
     return counts
 
 

@@ -271,11 +271,9 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
     """User + system CPU seconds used so far by ``procs`` (those still alive)."""
     total = 0.0
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             times = p.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
+            total += times.user + times.system
     return total
 
 

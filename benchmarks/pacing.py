@@ -58,6 +58,7 @@ The cap stands for the tenant's ``priority_bid_cap``: its warm-up values' 90th p
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import multiprocessing
 import random
@@ -492,45 +493,34 @@ def train(runner: Runner, *, tenants, shares, seeds, eta0s, grid) -> dict:
     the budget on every training seed), and pacing's warm start (the mean mu it ended at)."""
     free, zero = _bases(runner, seeds, tenants)
     specs = []
-    for s in seeds:
-        for t in tenants:
-            for share in shares:
-                for mu in grid:
-                    specs.append(_budgeted(Spec(s, t, f"mu={mu:g}"), free[s, t], share))
-                for eta0 in eta0s:
-                    specs.append(_budgeted(Spec(s, t, "pacing", eta0=eta0), free[s, t], share))
+    for s, t, share in itertools.product(seeds, tenants, shares):
+        specs += [_budgeted(Spec(s, t, f"mu={mu:g}"), free[s, t], share) for mu in grid]
+        specs += [_budgeted(Spec(s, t, "pacing", eta0=e), free[s, t], share) for e in eta0s]
     runs = [scored(o, zero[o.spec.seed, o.spec.tenant]) for o in runner.many(specs, "training")]
     best_fixed: dict[tuple[str, float], str] = {}
     fixed_curve: dict[tuple[str, float], list[tuple[float, float]]] = {}
-    for t in tenants:
-        for share in shares:
-            means = []
-            for mu in grid:
-                name = f"mu={mu:g}"
-                us = [r.utility for r in runs if _is(r, t, share, name)]
-                means.append((mu, statistics.fmean(us)))
-            fixed_curve[t, share] = means
-            best_fixed[t, share] = f"mu={max(means, key=lambda m: m[1])[0]:g}"
+    for t, share in itertools.product(tenants, shares):
+        means = [
+            (mu, statistics.fmean([r.utility for r in runs if _is(r, t, share, f"mu={mu:g}")]))
+            for mu in grid
+        ]
+        fixed_curve[t, share] = means
+        best_fixed[t, share] = f"mu={max(means, key=lambda m: m[1])[0]:g}"
     choices = []
     for eta0 in eta0s:
         ratios, ok = [], True
-        for t in tenants:
-            for share in shares:
-                paced = [r for r in runs if _is(r, t, share, "pacing") and r.spec.eta0 == eta0]
-                best = {
-                    r.spec.seed: r.utility for r in runs if _is(r, t, share, best_fixed[t, share])
-                }
-                if share in BINDING:
-                    ratios += [r.utility / best[r.spec.seed] for r in paced if best[r.spec.seed]]
-                    ok &= all(0.95 <= r.spend_over_budget <= 1.0 for r in paced)
+        for t, share in itertools.product(tenants, [s for s in shares if s in BINDING]):
+            paced = [r for r in runs if _is(r, t, share, "pacing") and r.spec.eta0 == eta0]
+            best = {r.spec.seed: r.utility for r in runs if _is(r, t, share, best_fixed[t, share])}
+            ratios += [r.utility / best[r.spec.seed] for r in paced if best[r.spec.seed]]
+            ok &= all(0.95 <= r.spend_over_budget <= 1.0 for r in paced)
         choices.append((ok, statistics.fmean(ratios) if ratios else -math.inf, eta0))
     ok_choices = [c for c in choices if c[0]] or choices
     eta0 = max(ok_choices, key=lambda c: c[1])[2]
     warm = {}
-    for t in tenants:
-        for share in shares:
-            paced = [r for r in runs if _is(r, t, share, "pacing") and r.spec.eta0 == eta0]
-            warm[t, share] = math.expm1(statistics.fmean(math.log1p(r.mu_mean) for r in paced))
+    for t, share in itertools.product(tenants, shares):
+        paced = [r for r in runs if _is(r, t, share, "pacing") and r.spec.eta0 == eta0]
+        warm[t, share] = math.expm1(statistics.fmean(math.log1p(r.mu_mean) for r in paced))
     return {
         "best_fixed": best_fixed,
         "fixed_curve": fixed_curve,
@@ -549,30 +539,25 @@ def held_out(runner: Runner, trained: dict, *, tenants, shares, seeds) -> dict:
     value within the budget, and the free run, scored per tenant and share."""
     free, zero = _bases(runner, seeds, tenants)
     specs = []
-    for s in seeds:
-        for t in tenants:
-            for share in shares:
-                b = free[s, t]
-                warm = trained["warm_mu"][t, share]
-                eta0 = trained["eta0"]
-                specs += [
-                    _budgeted(Spec(s, t, "pacing", eta0=eta0, mu0=warm), b, share),
-                    _budgeted(Spec(s, t, "pacing-cold", eta0=eta0), b, share),
-                    _budgeted(Spec(s, t, trained["best_fixed"][t, share]), b, share),
-                ]
-                if trained["best_fixed"][t, share] != "mu=0":
-                    specs.append(_budgeted(Spec(s, t, "mu=0"), b, share))
+    eta0 = trained["eta0"]
+    for s, t, share in itertools.product(seeds, tenants, shares):
+        b, warm, best = free[s, t], trained["warm_mu"][t, share], trained["best_fixed"][t, share]
+        specs += [
+            _budgeted(Spec(s, t, "pacing", eta0=eta0, mu0=warm), b, share),
+            _budgeted(Spec(s, t, "pacing-cold", eta0=eta0), b, share),
+            _budgeted(Spec(s, t, best), b, share),
+        ]
+        if best != "mu=0":
+            specs.append(_budgeted(Spec(s, t, "mu=0"), b, share))
     outs = runner.many(specs, "held-out seeds")
     runs = [scored(o, zero[o.spec.seed, o.spec.tenant]) for o in outs]
     free_scored = {k: scored(o, zero[k]) for k, o in free.items()}
-    free_paid = {k: o.paid for k, o in free.items()}
     report = {}
-    for t in tenants:
-        for share in shares:
-            report[f"{t}@{share:g}"] = _summary(t, share, runs, trained, free_scored, seeds)
-            report[f"{t}@{share:g}"]["free_spend_mean"] = statistics.fmean(
-                free_paid[s, t] for s in seeds
-            )
+    for t, share in itertools.product(tenants, shares):
+        report[f"{t}@{share:g}"] = {
+            **_summary(t, share, runs, trained, free_scored, seeds),
+            "free_spend_mean": statistics.fmean(free[s, t].paid for s in seeds),
+        }
     return {"summary": report, "runs": runs}
 
 
@@ -671,39 +656,37 @@ def target_case(runner: Runner, target: tuple[float, float], *, tenants, shares,
     ]
     outs += runner.many(second, "latency target: the median quote, fixed")
     summary: dict[str, dict] = {}
-    for t in tenants:
-        for share in (math.inf, *shares):
-            for k in ("zero", "free") if share == math.inf else TARGET_STRATEGIES:
-                mine = [o for o in outs if (o.spec.tenant, o.spec.share, o.spec.strategy) == (
-                    t, share, k)]  # fmt: skip
-                if not mine:
-                    continue
-                met = [o.met / o.requests for o in mine if o.requests]
-                spend = [o.paid / o.spec.budget for o in mine if share != math.inf]
-                summary[f"{t}@{share:g} {k}"] = {
-                    "met_share": interval(met),
-                    "met_share_per_seed": met,
-                    "spend_over_budget": spend,
-                    # How often the target was quoted at all (else the class bid the cap), and
-                    # the first quote read, $/s (nan: none at the period's start).
-                    "quoted_share": statistics.fmean(
-                        math.isfinite(q) for o in mine for q in o.quotes
-                    ) if any(o.quotes for o in mine) else math.nan,
-                    "quote_at_start": [o.quotes[0] if o.quotes else math.nan for o in mine],
-                    "fixed_bid": [o.spec.fixed_bid for o in mine],
-                }  # fmt: skip
+    for t, share in itertools.product(tenants, (math.inf, *shares)):
+        for k in ("zero", "free") if share == math.inf else TARGET_STRATEGIES:
+            mine = [o for o in outs if (o.spec.tenant, o.spec.share, o.spec.strategy) == (
+                t, share, k)]  # fmt: skip
+            if not mine:
+                continue
+            met = [o.met / o.requests for o in mine if o.requests]
+            spend = [o.paid / o.spec.budget for o in mine if share != math.inf]
+            summary[f"{t}@{share:g} {k}"] = {
+                "met_share": interval(met),
+                "met_share_per_seed": met,
+                "spend_over_budget": spend,
+                # How often the target was quoted at all (else the class bid the cap), and
+                # the first quote read, $/s (nan: none at the period's start).
+                "quoted_share": statistics.fmean(
+                    math.isfinite(q) for o in mine for q in o.quotes
+                ) if any(o.quotes for o in mine) else math.nan,
+                "quote_at_start": [o.quotes[0] if o.quotes else math.nan for o in mine],
+                "fixed_bid": [o.spec.fixed_bid for o in mine],
+            }  # fmt: skip
     # Paired by seed: the autobidder's met share less each fixed bid's, under the same budget.
     paired: dict[str, dict] = {}
-    for t in tenants:
-        for share in shares:
-            met = {
-                (o.spec.strategy, o.spec.seed): o.met / o.requests
-                for o in outs
-                if (o.spec.tenant, o.spec.share) == (t, share) and o.requests
-            }
-            for k in TARGET_STRATEGIES[1:]:
-                diffs = [met["target", s] - met[k, s] for s in seeds if (k, s) in met]
-                paired[f"{t}@{share:g} target - {k}"] = {"met_share": interval(diffs)}
+    for t, share in itertools.product(tenants, shares):
+        met = {
+            (o.spec.strategy, o.spec.seed): o.met / o.requests
+            for o in outs
+            if (o.spec.tenant, o.spec.share) == (t, share) and o.requests
+        }
+        for k in TARGET_STRATEGIES[1:]:
+            diffs = [met["target", s] - met[k, s] for s in seeds if (k, s) in met]
+            paired[f"{t}@{share:g} target - {k}"] = {"met_share": interval(diffs)}
     return {"target": {"ttft_s": target[0], "p": target[1]}, "summary": summary, "paired": paired}
 
 

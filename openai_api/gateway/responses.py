@@ -78,32 +78,8 @@ def finish_reason(meta: EngineMeta | None, *, max_tokens: int) -> str:
     return reason
 
 
-def completion_body(
-    *,
-    endpoint: str,
-    response_id: str,
-    created: int,
-    model: str,
-    text: str,
-    finish: str,
-    usage: dict[str, Any],
-    auction: dict[str, Any],
-    service_tier: str = "default",
-) -> dict[str, Any]:
-    """A ``chat.completion`` or ``text_completion`` body; ``service_tier`` the tier the request
-    was served at, echoed as OpenAI does."""
-    choice: dict[str, Any]
-    if endpoint == CHAT:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        kind = "text_completion"
+def _head(kind: str, response_id: str, created: int, model: str, service_tier: str) -> dict:
+    """The fields every completion body and chunk opens with."""
     return {
         "id": response_id,
         "object": kind,
@@ -111,6 +87,33 @@ def completion_body(
         "model": model,
         "service_tier": service_tier,
         "system_fingerprint": None,
+    }
+
+
+def completion_body(
+    *,
+    endpoint: str,
+    response_id: str,
+    created: int,
+    model: str,
+    service_tier: str,
+    text: str,
+    finish: str,
+    usage: dict[str, Any],
+    auction: dict[str, Any],
+) -> dict[str, Any]:
+    """A ``chat.completion`` or ``text_completion`` body; ``service_tier`` the tier the request
+    was served at, echoed as OpenAI does."""
+    choice: dict[str, Any]
+    if endpoint == CHAT:
+        message = {"role": "assistant", "content": text, "refusal": None}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        kind = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        kind = "text_completion"
+    return {
+        **_head(kind, response_id, created, model, service_tier),
         "choices": [choice],
         "usage": usage,
         "auction": auction,
@@ -123,12 +126,12 @@ def chunk_body(
     response_id: str,
     created: int,
     model: str,
+    service_tier: str,
     text: str | None = None,
     role: bool = False,
     finish: str | None = None,
     no_choices: bool = False,
     extra: dict[str, Any] | None = None,
-    service_tier: str = "default",
 ) -> dict[str, Any]:
     """One streamed chunk: a text delta, the role (chat's first chunk), the finish, or (with
     ``no_choices``) the usage chunk. ``extra`` adds top-level fields (usage, auction)."""
@@ -144,18 +147,11 @@ def chunk_body(
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         kind = "text_completion"
-    body = {
-        "id": response_id,
-        "object": kind,
-        "created": created,
-        "model": model,
-        "service_tier": service_tier,
-        "system_fingerprint": None,
+    return {
+        **_head(kind, response_id, created, model, service_tier),
         "choices": [] if no_choices else [choice],
+        **(extra or {}),
     }
-    if extra:
-        body.update(extra)
-    return body
 
 
 def sse(obj: Any) -> bytes:

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -197,9 +198,16 @@ def _auction(admitted: Admitted, meta: EngineMeta | None, settled: Settled | Non
     )
 
 
-def _response_id(params: CompletionParams, admitted: Admitted) -> str:
+def _shape(params: CompletionParams, admitted: Admitted) -> dict[str, Any]:
+    """What every body and chunk of the answer to ``params`` says about it."""
     prefix = "chatcmpl-" if params.endpoint == CHAT else "cmpl-"
-    return prefix + admitted.request_id
+    return {
+        "endpoint": params.endpoint,
+        "response_id": prefix + admitted.request_id,
+        "created": admitted.created,
+        "model": admitted.market.served_model,
+        "service_tier": admitted.service_tier,
+    }
 
 
 async def completion_create(*, params: CompletionParams, key: str | None, trace: Trace) -> dict:
@@ -269,15 +277,11 @@ def _settled_body(
     with transaction.atomic() if on_settled is not None else contextlib.nullcontext():
         settled = _settle(request_id=admitted.request_id, meta=output.meta, market=admitted.market)
         body = responses.completion_body(
-            endpoint=params.endpoint,
-            response_id=_response_id(params, admitted),
-            created=admitted.created,
-            model=admitted.market.served_model,
+            **_shape(params, admitted),
             text=output.text,
             finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
             usage=responses.usage_body(output.meta),
             auction=_auction(admitted, output.meta, settled),
-            service_tier=admitted.service_tier,
         )
         if on_settled is not None:
             on_settled(body)
@@ -345,13 +349,7 @@ async def _sse(
 ) -> AsyncGenerator[bytes]:
     """The events of a stream. Settles exactly once, whether the stream ends, the engine fails
     mid-way, or the client leaves (then the tokens sent so far are charged)."""
-    shape = {
-        "endpoint": params.endpoint,
-        "response_id": _response_id(params, admitted),
-        "created": admitted.created,
-        "model": admitted.market.served_model,
-        "service_tier": admitted.service_tier,
-    }
+    shape = _shape(params, admitted)
     market = admitted.market.slug
     meta: EngineMeta | None = first.meta if first is not None else None
     settled = False

@@ -21,6 +21,7 @@ from accounts.views import tenant_page
 from openai_api.batches import selectors, tasks
 from openai_api.batches.input import BatchInputInvalid, input_decoded, max_bytes
 from openai_api.batches.services import batch_create
+from openai_api.batches.views import results_file
 from openai_api.gateway.errors import GatewayError
 from openai_api.models import BatchJob
 
@@ -78,9 +79,7 @@ def _results(tenant: Tenant, public_id: str, kind: str) -> HttpResponse:
     except BatchJob.DoesNotExist:
         raise Http404("No such batch") from None
     text = "".join(selectors.result_lines(batch=batch, kind=kind))
-    response = HttpResponse(text, content_type="application/jsonl; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{public_id}_{kind}.jsonl"'
-    return response
+    return results_file(text, batch_id=public_id, kind=kind)
 
 
 @require_GET

@@ -83,10 +83,15 @@ class BatchTooLarge(MalformedRequest):
     code = "batch_too_large"
 
 
+def size_checked(size: int) -> None:
+    """BatchTooLarge if an input of ``size`` bytes is larger than ``max_bytes()``."""
+    if size > max_bytes():
+        raise BatchTooLarge(f"the batch input is larger than {max_bytes()} bytes")
+
+
 def input_decoded(raw: bytes) -> str:
     """The input as text: UTF-8 (a BOM is dropped), at most ``max_bytes()``."""
-    if len(raw) > max_bytes():
-        raise BatchTooLarge(f"the batch input is larger than {max_bytes()} bytes")
+    size_checked(len(raw))
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -96,8 +101,7 @@ def input_decoded(raw: bytes) -> str:
 def lines_checked(text: str) -> list[BatchLine]:
     """Every non-blank line of ``text`` checked; BatchInputInvalid listing the bad ones."""
     text_checked(text, param="input")  # a NUL outside any line's JSON is refused here too
-    if len(text.encode()) > max_bytes():
-        raise BatchTooLarge(f"the batch input is larger than {max_bytes()} bytes")
+    size_checked(len(text.encode()))
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if not numbered:
         raise InvalidValue("the batch input has no lines", param="input")

@@ -14,21 +14,19 @@ A batch id, ``after`` or ``limit`` that is not plain text (a NUL) is a 400 namin
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
 
 from accounts.text import whole_number
 from openai_api.batches import selectors, tasks
-from openai_api.batches.input import BatchTooLarge, input_decoded, max_bytes
+from openai_api.batches.input import input_decoded, max_bytes, size_checked
 from openai_api.batches.services import BatchNotFound, batch_cancel, batch_create
 from openai_api.gateway.db import db_call
-from openai_api.gateway.errors import GatewayError, MalformedRequest
+from openai_api.gateway.errors import MalformedRequest
 from openai_api.gateway.keys import api_key_authenticated
 from openai_api.gateway.validation import json_checked, text_checked
-from openai_api.gateway.views import _bearer, _error, _methods
+from openai_api.gateway.views import _bearer, refusals_answered
 from openai_api.models import BatchJob
 
 DEFAULT_LIST_LIMIT = 20
@@ -38,13 +36,11 @@ JSONL = "application/jsonl"
 
 def _raw_body(request: HttpRequest) -> bytes:
     """The body, read past Django's DATA_UPLOAD_MAX_MEMORY_SIZE up to ``BATCH_MAX_BYTES``."""
-    limit = max_bytes()
     length = request.META.get("CONTENT_LENGTH")
-    if length and length.isdigit() and int(length) > limit:
-        raise BatchTooLarge(f"the batch input is larger than {limit} bytes")
-    raw = request.read(limit + 1)
-    if len(raw) > limit:
-        raise BatchTooLarge(f"the batch input is larger than {limit} bytes")
+    if length and length.isdigit():
+        size_checked(int(length))
+    raw = request.read(max_bytes() + 1)
+    size_checked(len(raw))
     return raw
 
 
@@ -129,66 +125,51 @@ def _results(*, key: str | None, batch_id: str, kind: str) -> str:
     return "".join(selectors.result_lines(batch=_batch(api_key.tenant, batch_id), kind=kind))
 
 
-@csrf_exempt
+@refusals_answered("GET", "POST")
 async def batches(request: HttpRequest) -> HttpResponse:
     """``POST /v1/batches`` (submit) and ``GET /v1/batches`` (list, newest first)."""
-    try:
-        _methods(request, "GET", "POST")
-        key = _bearer(request)
-        if request.method == "GET":
-            body = await db_call(
-                _list, key=key, limit=request.GET.get("limit"), after=request.GET.get("after")
-            )
-        else:
-            text, metadata = _submitted(request)
-            body = await db_call(_create, key=key, text=text, metadata=metadata)
-    except GatewayError as exc:
-        return _error(exc)
+    key = _bearer(request)
+    if request.method == "GET":
+        body = await db_call(
+            _list, key=key, limit=request.GET.get("limit"), after=request.GET.get("after")
+        )
+    else:
+        text, metadata = _submitted(request)
+        body = await db_call(_create, key=key, text=text, metadata=metadata)
     return JsonResponse(body)
 
 
-async def _batch_response(
-    request: HttpRequest, method: str, call: Callable[..., dict[str, Any]], batch_id: str
-) -> HttpResponse:
-    """``call(key=, batch_id=)``'s batch object (on a database thread) as JSON, or the refusal."""
-    try:
-        _methods(request, method)
-        body = await db_call(call, key=_bearer(request), batch_id=batch_id)
-    except GatewayError as exc:
-        return _error(exc)
-    return JsonResponse(body)
-
-
-@csrf_exempt
+@refusals_answered("GET")
 async def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
     """``GET /v1/batches/{id}``."""
-    return await _batch_response(request, "GET", _retrieve, batch_id)
+    return JsonResponse(await db_call(_retrieve, key=_bearer(request), batch_id=batch_id))
 
 
-@csrf_exempt
+@refusals_answered("POST")
 async def batch_cancel_view(request: HttpRequest, batch_id: str) -> HttpResponse:
     """``POST /v1/batches/{id}/cancel``."""
-    return await _batch_response(request, "POST", _cancel, batch_id)
+    return JsonResponse(await db_call(_cancel, key=_bearer(request), batch_id=batch_id))
 
 
-async def _results_response(request: HttpRequest, batch_id: str, kind: str) -> HttpResponse:
-    try:
-        _methods(request, "GET")
-        text = await db_call(_results, key=_bearer(request), batch_id=batch_id, kind=kind)
-    except GatewayError as exc:
-        return _error(exc)
+def results_file(text: str, *, batch_id: str, kind: str) -> HttpResponse:
+    """The ``kind`` file (``selectors.OUTPUT`` or ``ERRORS``) of batch ``batch_id``, a download."""
     response = HttpResponse(text, content_type=f"{JSONL}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{batch_id}_{kind}.jsonl"'
     return response
 
 
-@csrf_exempt
+async def _results_response(request: HttpRequest, batch_id: str, kind: str) -> HttpResponse:
+    text = await db_call(_results, key=_bearer(request), batch_id=batch_id, kind=kind)
+    return results_file(text, batch_id=batch_id, kind=kind)
+
+
+@refusals_answered("GET")
 async def batch_output(request: HttpRequest, batch_id: str) -> HttpResponse:
     """``GET /v1/batches/{id}/output``: the answered items, JSONL."""
     return await _results_response(request, batch_id, selectors.OUTPUT)
 
 
-@csrf_exempt
+@refusals_answered("GET")
 async def batch_errors(request: HttpRequest, batch_id: str) -> HttpResponse:
     """``GET /v1/batches/{id}/errors``: the items not served, JSONL."""
     return await _results_response(request, batch_id, selectors.ERRORS)

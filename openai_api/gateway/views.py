@@ -9,13 +9,13 @@ setting is unset). Every error is an OpenAI-style JSON body (``errors``).
 
 from __future__ import annotations
 
+import functools
 import hmac
-import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -26,14 +26,13 @@ from accounts.selectors.usage import (
     costs_for_tenant,
 )
 from openai_api.gateway import metrics, services
+from openai_api.gateway.asgi import refusal_for
 from openai_api.gateway.db import db_call
 from openai_api.gateway.errors import (
-    BodyTooLarge,
     Forbidden,
     GatewayError,
     InvalidApiKey,
     MethodNotAllowed,
-    ServerError,
     error_response,
 )
 from openai_api.gateway.keys import api_key_authenticated
@@ -47,15 +46,32 @@ from openai_api.gateway.validation import (
     usage_params,
 )
 
-logger = logging.getLogger(__name__)
-
-_error = error_response
+_View = Callable[..., Awaitable[HttpResponse]]
 
 
 def _methods(request: HttpRequest, *allowed: str) -> None:
     """MethodNotAllowed unless the request's method is one of ``allowed``."""
     if request.method not in allowed:
         raise MethodNotAllowed(f"{request.method} is not allowed here; use {' or '.join(allowed)}")
+
+
+def refusals_answered(*allowed: str) -> Callable[[_View], _View]:
+    """An async view taking the methods ``allowed`` only, each GatewayError it raises answered
+    as its JSON error (not counted in the metrics), and exempt from CSRF (no cookies here)."""
+
+    def decorate(view: _View) -> _View:
+        @csrf_exempt
+        @functools.wraps(view)
+        async def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                _methods(request, *allowed)
+                return await view(request, *args, **kwargs)
+            except GatewayError as exc:
+                return error_response(exc)
+
+        return answered
+
+    return decorate
 
 
 def _bearer(request: HttpRequest) -> str | None:
@@ -78,12 +94,8 @@ async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:
     started = time.perf_counter()
     try:
         _methods(request, "POST")
-        try:
-            raw = request.body
-        except RequestDataTooBig:
-            raise BodyTooLarge("the request body is too large") from None
         params = completion_params(
-            body_parsed(raw), endpoint=endpoint, headers=_gateway_headers(request)
+            body_parsed(request.body), endpoint=endpoint, headers=_gateway_headers(request)
         )
         if params.stream:
             events = await services.completion_stream(
@@ -97,14 +109,11 @@ async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:
                 params=params, key=_bearer(request), trace=trace
             )
             response = JsonResponse(body)
-    except GatewayError as exc:
-        metrics.answered(market=trace.market, endpoint=endpoint, status=exc.status, error=exc.code)
-        return _error(exc)
-    except Exception:
-        logger.exception("gateway: unexpected error on %s", endpoint)
-        error = ServerError("internal error in the gateway")
-        metrics.answered(market=trace.market, endpoint=endpoint, status=500, error=error.code)
-        return _error(error)
+    except Exception as exc:  # noqa: BLE001 (every exception becomes an answer, counted)
+        error = refusal_for(exc, request)
+        metrics.answered(market=trace.market, endpoint=endpoint, status=error.status,
+                         error=error.code)  # fmt: skip
+        return error_response(error)
     metrics.answered(market=trace.market, endpoint=endpoint, status=200)
     metrics.DURATION.labels(trace.market, endpoint).observe(time.perf_counter() - started)
     return response
@@ -132,7 +141,7 @@ async def _key_read(
     except GatewayError as exc:
         metrics.answered(market=metrics.NO_MARKET, endpoint=endpoint, status=exc.status,
                          error=exc.code)  # fmt: skip
-        return _error(exc)
+        return error_response(exc)
     metrics.answered(market=metrics.NO_MARKET, endpoint=endpoint, status=200)
     return JsonResponse(body)
 
@@ -220,5 +229,5 @@ async def prometheus(request: HttpRequest) -> HttpResponse:
         _methods(request, "GET")
         _metrics_allowed(request)
     except GatewayError as exc:
-        return _error(exc)
+        return error_response(exc)
     return HttpResponse(metrics.exposition(), content_type=metrics.CONTENT_TYPE)

@@ -6,20 +6,14 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
-from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
-from openai_api.gateway.errors import GatewayError
-from openai_api.gateway.views import _error, _methods
+from openai_api.gateway.views import refusals_answered
 
 
-@csrf_exempt
+@refusals_answered("GET")
 async def openapi_json(request: HttpRequest) -> HttpResponse:
     """``GET /v1/openapi.json``."""
-    try:
-        _methods(request, "GET")
-    except GatewayError as exc:
-        return _error(exc)
     # Imported here: pydantic and the models take about 0.4 s to import, which a gateway
     # process that is never asked for its reference need not spend.
     from openai_api.openapi.document import openapi_document

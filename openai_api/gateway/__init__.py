@@ -5,5 +5,5 @@ forward through ``engines.client``, settle) with ``keys`` (API keys, cached),
 ``selectors`` (markets), ``chat_templates`` (prompts and their token counts), ``responses``
 (OpenAI's shapes plus the ``auction`` object), ``errors`` (OpenAI-style error bodies),
 ``metrics`` (Prometheus) and ``db`` (the database threads). ``asgi`` serves ``/v1/`` without the
-site's middleware; ``bench`` measures the gateway's added latency.
+site's middleware (``benchmarks.gateway`` measures the gateway's added latency).
 """

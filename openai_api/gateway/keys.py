@@ -18,12 +18,7 @@ from accounts.services.keys import api_key_well_formed
 from openai_api.gateway.errors import InvalidApiKey
 from openai_api.gateway.selectors import TtlCache
 
-
-def _api_key_ttl() -> float:
-    return settings.GATEWAY_API_KEY_CACHE_S
-
-
-_api_keys: TtlCache[str, ApiKey] = TtlCache(ttl_s=_api_key_ttl)
+_api_keys: TtlCache[str, ApiKey] = TtlCache(ttl_s=lambda: settings.GATEWAY_API_KEY_CACHE_S)
 
 
 def api_key_authenticated(*, key: str | None) -> ApiKey:

@@ -76,11 +76,7 @@ class TtlCache(Generic[K, V]):
             self._entries.clear()
 
 
-def _market_ttl() -> float:
-    return settings.GATEWAY_MARKET_CACHE_S
-
-
-_markets: TtlCache[str, Market] = TtlCache(ttl_s=_market_ttl)
+_markets: TtlCache[str, Market] = TtlCache(ttl_s=lambda: settings.GATEWAY_MARKET_CACHE_S)
 
 
 def market_for_model(*, model: str) -> Market | None:
@@ -165,9 +161,9 @@ def quote_for(
             f"too few requests served in the last {WINDOW_S:g} s to quote ({len(history)})"
         )
     if ttft_s is not None:
-        quoted = quote(groups, ttft_s=ttft_s, p=probability) if groups else None
+        quoted = _target_bid(groups, market, ttft_s, probability) if groups else None
         body["target"] = {"ttft_s": ttft_s, "probability": probability}
-        body["bid"] = None if quoted is None else money_str(_at_least_reserve(quoted, market))
+        body["bid"] = None if quoted is None else money_str(quoted)
         if quoted is None and groups:
             body["reason"] = (
                 f"no recent bid was served within {ttft_s:g} s {probability:.0%} of the time "
@@ -206,7 +202,11 @@ def quote_curve(*, market: Market) -> dict[str, Any]:
         return curve
     history = quote_waits(market=market)
     groups = bid_groups(history)
-    target = _priority_bid(groups, market) if groups else None
+    target = (
+        _target_bid(groups, market, market.priority_ttft_s, market.priority_probability)
+        if groups
+        else None
+    )
     curve = {
         "market": market.slug,
         "model": market.served_model,
@@ -256,20 +256,14 @@ def target_quote(*, market: Market, ttft_s: float, probability: float) -> Decima
     return quoted
 
 
-def _priority_bid(groups: list[BidGroup], market: Market) -> Decimal | None:
-    """The quote from ``groups`` for ``market``'s priority target, as a tenant would bid it."""
-    return _target_bid(groups, market, market.priority_ttft_s, market.priority_probability)
-
-
 def _target_bid(
     groups: list[BidGroup], market: Market, ttft_s: float, probability: float
 ) -> Decimal | None:
+    """The quote from ``groups`` for a first token within ``ttft_s`` seconds with
+    ``probability``, as a tenant sends it: 0, or at least the reserve (below it buys nothing)."""
     bid = quote(groups, ttft_s=ttft_s, p=probability)
-    return None if bid is None else _at_least_reserve(bid, market)
-
-
-def _at_least_reserve(bid: float, market: Market) -> Decimal:
-    """A quoted bid as a tenant sends it: 0, or at least the reserve (below it buys nothing)."""
+    if bid is None:
+        return None
     amount = Decimal(repr(bid))
     return amount if amount == 0 else max(amount, market.reserve)
 

@@ -271,16 +271,18 @@ def _bid(body: dict[str, Any], headers: dict[str, str]) -> Decimal | None:
     return body_bid if body_bid is not None else header_bid
 
 
-def _service_tier(body: dict[str, Any]) -> str:
-    value = _optional(body, "service_tier", str)
-    if value is None:
-        return "auto"
-    if value not in SERVICE_TIERS:
+def _one_of(name: str, value: str, choices: Collection[str]) -> str:
+    """``value`` if it is one of ``choices``, else MalformedRequest naming ``name``."""
+    if value not in choices:
         raise MalformedRequest(
-            f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got {_short(value)}",
-            param="service_tier",
+            f"{name} must be one of {', '.join(choices)}, got {_short(value)}", param=name
         )
     return value
+
+
+def _service_tier(body: dict[str, Any]) -> str:
+    value = _optional(body, "service_tier", str)
+    return "auto" if value is None else _one_of("service_tier", value, SERVICE_TIERS)
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
@@ -289,9 +291,7 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
         value = _optional(body, name, (int, Decimal))
         if value is None:
             continue
-        if not (value.is_finite() if isinstance(value, Decimal) else True) or not (
-            low <= value <= high
-        ):
+        if isinstance(value, Decimal) and not value.is_finite() or not low <= value <= high:
             raise InvalidValue(f"{name} must be in {low:g}..{high:g}", param=name)
         sampling[name] = float(value)
     stop = body.get("stop")
@@ -353,22 +353,15 @@ def _prompt(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...] | None]:
         raise MalformedRequest("prompt is required", param="prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        if not prompt:
-            raise InvalidValue("prompt must not be empty", param="prompt")
-        return prompt, None
-    if not isinstance(prompt, list):
-        raise MalformedRequest(
-            "prompt must be a string, an array of one string or an array of token ids",
-            param="prompt",
-        )
-    if not prompt:
+    if prompt in ("", []):
         raise InvalidValue("prompt must not be empty", param="prompt")
-    if all(_is(t, int) for t in prompt):
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, list) and all(_is(t, int) for t in prompt):
         if not all(0 <= t <= MAX_TOKEN_ID for t in prompt):
             raise InvalidValue(f"token ids must be in 0..{MAX_TOKEN_ID}", param="prompt")
         return None, tuple(prompt)
-    if all(isinstance(t, str | list) for t in prompt):
+    if isinstance(prompt, list) and all(isinstance(t, str | list) for t in prompt):
         raise InvalidValue("one prompt per request (batches are not supported)", param="prompt")
     raise MalformedRequest(
         "prompt must be a string, an array of one string or an array of token ids",
@@ -462,12 +455,7 @@ def usage_params(query: QueryDict, *, groups: Collection[str], now: int) -> Usag
         raise MalformedRequest(
             f"end_time ({end_time}) must be after start_time ({start_time})", param="end_time"
         )
-    width = query.get("bucket_width", DEFAULT_BUCKET_WIDTH)
-    if width not in BUCKET_WIDTHS:
-        raise MalformedRequest(
-            f"bucket_width must be one of {', '.join(BUCKET_WIDTHS)}, got {_short(width)}",
-            param="bucket_width",
-        )
+    width = _one_of("bucket_width", query.get("bucket_width", DEFAULT_BUCKET_WIDTH), BUCKET_WIDTHS)
     group_by: list[str] = []
     for text in query.getlist("group_by") + query.getlist("group_by[]"):
         for name in text.split(","):

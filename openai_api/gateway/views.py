@@ -55,19 +55,25 @@ def _methods(request: HttpRequest, *allowed: str) -> None:
         raise MethodNotAllowed(f"{request.method} is not allowed here; use {' or '.join(allowed)}")
 
 
-def refusals_answered(*allowed: str) -> Callable[[_View], _View]:
+def refusals_answered(*allowed: str, counted_as: str | None = None) -> Callable[[_View], _View]:
     """An async view taking the methods ``allowed`` only, each GatewayError it raises answered
-    as its JSON error (not counted in the metrics), and exempt from CSRF (no cookies here)."""
+    as its JSON error, and exempt from CSRF (no cookies here). With ``counted_as``, each answer
+    is counted in the metrics as that endpoint's (no market)."""
 
     def decorate(view: _View) -> _View:
         @csrf_exempt
         @functools.wraps(view)
         async def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            error = None
             try:
                 _methods(request, *allowed)
-                return await view(request, *args, **kwargs)
+                response = await view(request, *args, **kwargs)
             except GatewayError as exc:
-                return error_response(exc)
+                response, error = error_response(exc), exc.code
+            if counted_as is not None:
+                metrics.answered(market=metrics.NO_MARKET, endpoint=counted_as,
+                                 status=response.status_code, error=error)  # fmt: skip
+            return response
 
         return answered
 
@@ -131,80 +137,52 @@ async def completions(request: HttpRequest) -> HttpResponse:
     return await _completion(request, COMPLETIONS)
 
 
-async def _key_read(
-    request: HttpRequest, endpoint: str, read: Callable[[str | None], Awaitable[dict]]
-) -> HttpResponse:
-    """A ``GET`` that an API key reads: ``read(key)``'s body, or the error's."""
-    try:
-        _methods(request, "GET")
-        body = await read(_bearer(request))
-    except GatewayError as exc:
-        metrics.answered(market=metrics.NO_MARKET, endpoint=endpoint, status=exc.status,
-                         error=exc.code)  # fmt: skip
-        return error_response(exc)
-    metrics.answered(market=metrics.NO_MARKET, endpoint=endpoint, status=200)
-    return JsonResponse(body)
-
-
-@csrf_exempt
+@refusals_answered("GET", counted_as="models")
 async def models(request: HttpRequest) -> HttpResponse:
     """``GET /v1/models``: the active markets' served models."""
-    return await _key_read(request, "models", lambda key: services.models_list(key=key))
+    return JsonResponse(await services.models_list(key=_bearer(request)))
 
 
-@csrf_exempt
+@refusals_answered("GET", counted_as="budgets")
 async def budgets(request: HttpRequest) -> HttpResponse:
     """``GET /v1/budgets``: the budgets this key's requests must fit, spent, held and left, and
     its tenant's month (``selectors.budgets_for_key``)."""
-
-    async def read(key: str | None) -> dict:
-        api_key = await db_call(api_key_authenticated, key=key)
-        return await db_call(budgets_for_key, api_key=api_key)
-
-    return await _key_read(request, "budgets", read)
+    api_key = await db_call(api_key_authenticated, key=_bearer(request))
+    return JsonResponse(await db_call(budgets_for_key, api_key=api_key))
 
 
-@csrf_exempt
+@refusals_answered("GET", counted_as="quotes")
 async def quotes(request: HttpRequest) -> HttpResponse:
     """``GET /v1/quotes?model=M&ttft_s=T[&probability=P][&bid=B]``: the bid that buys a first
     token within T seconds with probability P (0.9 unless given) now, and the waits bid B buys
     (``services.quote_read``)."""
-
-    async def read(key: str | None) -> dict:
-        return await services.quote_read(key=key, params=quote_params(request.GET))
-
-    return await _key_read(request, "quotes", read)
+    key = _bearer(request)
+    return JsonResponse(await services.quote_read(key=key, params=quote_params(request.GET)))
 
 
-def _usage_read(
-    request: HttpRequest, endpoint: str, groups: dict[str, str], select: Callable[..., dict]
-) -> Awaitable[HttpResponse]:
+async def _usage_read(
+    request: HttpRequest, groups: dict[str, str], select: Callable[..., dict]
+) -> HttpResponse:
     """A usage read of the key's tenant: authenticated, then ``select(tenant_id=, query=)``
     over the page that the query asks for (``validation.usage_params``)."""
-
-    async def read(key: str | None) -> dict:
-        api_key = await db_call(api_key_authenticated, key=key)
-        query = usage_params(request.GET, groups=groups, now=int(time.time()))
-        return await db_call(select, tenant_id=api_key.tenant_id, query=query)
-
-    return _key_read(request, endpoint, read)
+    api_key = await db_call(api_key_authenticated, key=_bearer(request))
+    query = usage_params(request.GET, groups=groups, now=int(time.time()))
+    return JsonResponse(await db_call(select, tenant_id=api_key.tenant_id, query=query))
 
 
-@csrf_exempt
+@refusals_answered("GET", counted_as="usage_completions")
 async def usage_completions(request: HttpRequest) -> HttpResponse:
     """``GET /v1/organization/usage/completions?start_time=S[&end_time=E][&bucket_width=W]
     [&group_by=G][&limit=N][&page=P]``: the tenant's tokens and requests per time bucket
     (``accounts.selectors.usage``)."""
-    return await _usage_read(
-        request, "usage_completions", USAGE_GROUPS, completions_usage_for_tenant
-    )
+    return await _usage_read(request, USAGE_GROUPS, completions_usage_for_tenant)
 
 
-@csrf_exempt
+@refusals_answered("GET", counted_as="costs")
 async def costs(request: HttpRequest) -> HttpResponse:
     """``GET /v1/organization/costs`` (the query of ``usage_completions``): the tenant's
     charges per time bucket, by line item ``tokens`` or ``priority`` when grouped so."""
-    return await _usage_read(request, "costs", COST_GROUPS, costs_for_tenant)
+    return await _usage_read(request, COST_GROUPS, costs_for_tenant)
 
 
 def _metrics_allowed(request: HttpRequest) -> None:

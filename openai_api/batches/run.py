@@ -59,6 +59,7 @@ REQUEST_NAMESPACE = uuid.UUID("5b0e7d1c-3f4a-4c2e-9a61-0d2f6b8e9c17")
 LOCK_CLASS = 0x62617463  # "batc": the advisory lock's first key; the batch's id is the second
 LOCK_WAIT_S = 10.0  # how long a run waits for the lock before leaving the batch to its holder
 MAX_BUSY_WAIT_S = 30.0
+UNFINISHED = (ItemStatus.PENDING, ItemStatus.RUNNING)  # the items a run has left to finish
 # Awaited after each item's request is admitted (its hold placed) and before it is sent to the
 # engine. Empty in production; tests register one to hold items there (to cancel a batch mid-run,
 # or to kill a worker with requests open).
@@ -93,8 +94,9 @@ def batch_run(*, batch_id: int) -> dict[str, Any]:
             asyncio.run(_drive(batch))
         except Exception as exc:
             logger.exception("batch %s: the run failed", batch.public_id)
-            _items_failed(batch, f"the batch run failed: {exc!r}")
-            batch = batch_finished(batch_id=batch_id, error=f"the batch run failed: {exc!r}")
+            error = f"the batch run failed: {exc!r}"
+            _items_failed(batch, error)
+            batch = batch_finished(batch_id=batch_id, error=error)
         else:
             batch = batch_finished(batch_id=batch_id)
     return {
@@ -146,9 +148,7 @@ async def _drive(batch: BatchJob) -> None:
 
 def _open_item_ids(*, batch_id: int) -> list[int]:
     return list(
-        BatchItem.objects.filter(
-            batch_id=batch_id, status__in=(ItemStatus.PENDING, ItemStatus.RUNNING)
-        )
+        BatchItem.objects.filter(batch_id=batch_id, status__in=UNFINISHED)
         .order_by("line")
         .values_list("pk", flat=True)
     )
@@ -228,9 +228,7 @@ def item_claimed(*, batch: BatchJob, item_id: int) -> Claim | None:
     the gateway no longer accepts)."""
     with transaction.atomic():
         item = (
-            BatchItem.objects.select_for_update()
-            .filter(pk=item_id, status__in=(ItemStatus.PENDING, ItemStatus.RUNNING))
-            .first()
+            BatchItem.objects.select_for_update().filter(pk=item_id, status__in=UNFINISHED).first()
         )
         if item is None:
             return None
@@ -302,9 +300,7 @@ def _items_failed(batch: BatchJob, message: str) -> None:
     """After the run itself failed (nothing of it in flight any more): fail every item it left,
     releasing the holds of attempts it had opened."""
     error = ServerError(message, code="batch_failed")
-    left = BatchItem.objects.filter(
-        batch=batch, status__in=(ItemStatus.PENDING, ItemStatus.RUNNING)
-    )
+    left = BatchItem.objects.filter(batch=batch, status__in=UNFINISHED)
     for request_id in left.exclude(request_id="").values_list("request_id", flat=True):
         request_fail(request_id=request_id)
     left.update(

@@ -87,12 +87,8 @@ def _bearer(request: HttpRequest) -> str | None:
 
 
 def _gateway_headers(request: HttpRequest) -> dict[str, str]:
-    headers = request.headers
-    return {
-        name: headers[name]
-        for name in ("x-bid", "x-request-class")
-        if headers.get(name) is not None
-    }
+    """The headers ``validation.completion_params`` reads, by lower-case name."""
+    return {n: request.headers[n] for n in ("x-bid", "x-request-class") if n in request.headers}
 
 
 async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:

@@ -39,13 +39,7 @@ from market.live.engine_status import engine_status_last
 from market.models import Market
 from market.payloads import (
     OPERATORS_GROUP,
-    BookDiff,
-    BookSnapshot,
-    EngineStatus,
     LayerMessage,
-    RoundResult,
-    SpendTick,
-    TenantSpend,
     market_group,
     tenant_group,
     user_group,
@@ -111,6 +105,10 @@ class _GroupConsumer(AsyncJsonWebsocketConsumer):
         if self.revoked:
             return  # a message that was on its way when access ended
         await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+
+    async def forward(self, message: LayerMessage) -> None:
+        """A payload of the contract (``market.payloads``), to the browser unchanged."""
+        await self.send_json(message["payload"])
 
     async def access_changed(self, message: LayerMessage) -> None:
         """The user's access may have changed: check it now (nothing goes to the browser)."""
@@ -193,25 +191,9 @@ class MarketConsumer(_GroupConsumer):
         if isinstance(content, dict) and content.get("type") == "book.resync":
             await self._send_snapshot()
 
-    async def book_snapshot(self, message: LayerMessage) -> None:
-        payload: BookSnapshot = message["payload"]  # type: ignore[assignment]
-        await self.send_json(payload)
-
-    async def book_diff(self, message: LayerMessage) -> None:
-        payload: BookDiff = message["payload"]  # type: ignore[assignment]
-        await self.send_json(payload)
-
-    async def round_result(self, message: LayerMessage) -> None:
-        payload: RoundResult = message["payload"]  # type: ignore[assignment]
-        await self.send_json(payload)
-
-    async def engine_status(self, message: LayerMessage) -> None:
-        payload: EngineStatus = message["payload"]  # type: ignore[assignment]
-        await self.send_json(payload)
-
-    async def tenant_spend(self, message: LayerMessage) -> None:
-        payload: TenantSpend = message["payload"]  # type: ignore[assignment]
-        await self.send_json(payload)
+    # One handler per message type of the contract (``market.payloads``): BookSnapshot,
+    # BookDiff, RoundResult, EngineStatus, TenantSpend, each forwarded as it is.
+    book_snapshot = book_diff = round_result = engine_status = tenant_spend = _GroupConsumer.forward
 
 
 class TenantConsumer(_GroupConsumer):
@@ -228,9 +210,7 @@ class TenantConsumer(_GroupConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Read-only: messages from the browser are ignored."""
 
-    async def spend_tick(self, message: LayerMessage) -> None:
-        payload: SpendTick = message["payload"]  # type: ignore[assignment]
-        await self.send_json(payload)
+    spend_tick = _GroupConsumer.forward  # SpendTick
 
 
 class UnknownPath(AsyncJsonWebsocketConsumer):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from django.core.cache import cache
 from prometheus_client.parser import text_string_to_metric_families
@@ -150,11 +150,8 @@ def _status(
         return _rate(sample[name], base[name] if base else None, dt)  # type: ignore[literal-required]
 
     return {
-        "kind": "engine.status",
-        "market": market,
-        "at": sample["at"],
+        **engine_down(market=market, error="", at=sample["at"]),
         "up": True,
-        "error": "",
         "queue": as_int(sample["queue"]),
         "running": as_int(sample["running"]),
         "cache_hit_rate": sample["cache_hit_rate"],
@@ -198,9 +195,7 @@ def fleet_status(
     windows = [r["window_s"] for r, _, _ in up if r["window_s"] is not None]
     queue, running = total([r["queue"] for r, _, _ in up]), total([r["running"] for r, _, _ in up])
     return {
-        "kind": "engine.status",
-        "market": market,
-        "at": at,
+        **engine_down(market=market, error="", at=at),
         "up": True,
         "error": "; ".join(f"{r['engine_id']} down: {r['error']}" for r in down),
         "queue": None if queue is None else int(queue),
@@ -216,7 +211,7 @@ def fleet_status(
 
 
 def engine_down(*, market: str, error: str, at: float) -> EngineStatus:
-    """The status of an engine that did not answer."""
+    """The status of an engine that did not answer (what an answer's status fills in)."""
     return {
         "kind": "engine.status",
         "market": market,
@@ -307,17 +302,7 @@ def _scrape(
         status = _status(market, sample, window)
         buckets = window[2]
         cache.set(key, [*history, sample], timeout=int(HISTORY_S) + 10)
-    replica: ReplicaStatus = {
-        "engine_id": engine_id,
-        "url": url,
-        "up": status["up"],
-        "error": status["error"],
-        "queue": status["queue"],
-        "running": status["running"],
-        "cache_hit_rate": status["cache_hit_rate"],
-        "tokens_per_second": status["tokens_per_second"],
-        "prompt_tokens_per_second": status["prompt_tokens_per_second"],
-        "ttft_p50_s": status["ttft_p50_s"],
-        "window_s": status["window_s"],
-    }
+    # Its status's fields that a replica's part has (no kind, market, time or p99).
+    own = {k: v for k, v in status.items() if k in ReplicaStatus.__annotations__}
+    replica = cast(ReplicaStatus, {"engine_id": engine_id, "url": url, **own})
     return replica, status, sample, buckets

@@ -80,6 +80,20 @@ def staff_required(view: View) -> View:
     return wrapper
 
 
+def console_control(view: Callable[[HttpRequest, Market], HttpResponse | None]) -> View:
+    """A control posted from a market's console: POST, staff only; ``view`` gets the market and,
+    unless it answers itself, the operator is sent back to the console's controls."""
+
+    @require_POST
+    @staff_required
+    @wraps(view)
+    def wrapper(request: HttpRequest, slug: str) -> HttpResponse:
+        market = _market_or_404(slug)
+        return view(request, market) or redirect(_console_url(market))
+
+    return wrapper
+
+
 def _market_or_404(slug: str) -> Market:
     try:
         return market_by_slug(slug=slug)
@@ -247,12 +261,10 @@ def reserve_whatif(request: HttpRequest, slug: str) -> JsonResponse:
     return JsonResponse(dict(whatif_for_market(market.slug, current=float(market.reserve))))
 
 
-@require_POST
-@staff_required
-def reserve_set(request: HttpRequest, slug: str) -> HttpResponse:
+@console_control
+def reserve_set(request: HttpRequest, market: Market) -> HttpResponse | None:
     """Set the reserve ($/s) from the console's form; audited by the service. A reserve beyond
     ``RESERVE_CONFIRM_FACTOR`` of the one in force comes back as a question first."""
-    market = _market_or_404(slug)
     raw = (request.POST.get("reserve") or "").strip()
     old = market.reserve
     try:
@@ -284,14 +296,11 @@ def reserve_set(request: HttpRequest, slug: str) -> HttpResponse:
                 f"Reserve {rate(change.old)} → {rate(change.new)} $/s; the engine "
                 "applies it from its next round.",
             )
-    return redirect(_console_url(market))
 
 
-@require_POST
-@staff_required
-def reserve_max_set(request: HttpRequest, slug: str) -> HttpResponse:
+@console_control
+def reserve_max_set(request: HttpRequest, market: Market) -> HttpResponse | None:
     """Set the reserve's ceiling ($/s); audited by the service."""
-    market = _market_or_404(slug)
     raw = (request.POST.get("reserve_max") or "").strip()
     try:
         change = market_reserve_max_set(market=market, reserve_max=raw, user=request.user)
@@ -305,7 +314,6 @@ def reserve_max_set(request: HttpRequest, slug: str) -> HttpResponse:
                 request,
                 f"Reserve ceiling {rate(Decimal(change.old))} → {rate(Decimal(change.new))} $/s.",
             )
-    return redirect(_console_url(market))
 
 
 def _ceiling_refusal(raw: str, exc: ValueError) -> str:
@@ -315,12 +323,10 @@ def _ceiling_refusal(raw: str, exc: ValueError) -> str:
     return f"{raw!r} is not an amount in $/s (0 to 1000000, at most 9 decimals)."
 
 
-@require_POST
-@staff_required
-def policy_set(request: HttpRequest, slug: str) -> HttpResponse:
+@console_control
+def policy_set(request: HttpRequest, market: Market) -> HttpResponse | None:
     """Switch the market's ordering policy, once confirmed (a switch first comes back as a
     question saying what the new policy does); audited by the service."""
-    market = _market_or_404(slug)
     policy = (request.POST.get("policy") or "").strip()
     if policy in OFFERED and policy != market.policy and request.POST.get("confirmed") != policy:
         return redirect(_console_url(market, confirm_policy=policy))
@@ -335,20 +341,17 @@ def policy_set(request: HttpRequest, slug: str) -> HttpResponse:
             messages.success(
                 request, f"Policy {old} → {policy}; the engine applies it from its next round."
             )
-    return redirect(_console_url(market))
 
 
-@require_POST
-@staff_required
-def wait_bound_set(request: HttpRequest, slug: str) -> HttpResponse:
+@console_control
+def wait_bound_set(request: HttpRequest, market: Market) -> HttpResponse | None:
     """Set the market's wait bound (seconds, 0: off); audited by the service."""
-    market = _market_or_404(slug)
     raw = (request.POST.get("wait_bound_s") or "").strip()
     try:
         value = _seconds(raw)
     except ValueError:
         messages.error(request, f"Wait bound not changed: {raw!r} is not a number of seconds.")
-        return redirect(_console_url(market))
+        return None
     try:
         change = market_wait_bound_set(market=market, wait_bound_s=value, user=request.user)
     except ValueError as exc:
@@ -363,7 +366,6 @@ def wait_bound_set(request: HttpRequest, slug: str) -> HttpResponse:
             )
         else:
             messages.success(request, "Wait bound off: bids alone order the queue again.")
-    return redirect(_console_url(market))
 
 
 def _seconds(raw: str) -> float:
@@ -374,12 +376,10 @@ def _seconds(raw: str) -> float:
     return value
 
 
-@require_POST
-@staff_required
-def auto_reserve_set(request: HttpRequest, slug: str) -> HttpResponse:
+@console_control
+def auto_reserve_set(request: HttpRequest, market: Market) -> HttpResponse | None:
     """Turn the automatic reserve on toward a target wait (seconds), or off; audited by the
     service."""
-    market = _market_or_404(slug)
     enabled = request.POST.get("enabled") == "on"
     raw = (request.POST.get("target_s") or "").strip()
     try:
@@ -403,14 +403,11 @@ def auto_reserve_set(request: HttpRequest, slug: str) -> HttpResponse:
             )
         else:
             messages.success(request, "Automatic reserve off: the reserve stays where it is.")
-    return redirect(_console_url(market))
 
 
-@require_POST
-@staff_required
-def alerts_set(request: HttpRequest, slug: str) -> HttpResponse:
+@console_control
+def alerts_set(request: HttpRequest, market: Market) -> HttpResponse | None:
     """Set the console's alert thresholds (blank: no alert); audited by the service."""
-    market = _market_or_404(slug)
     raw_queue = (request.POST.get("alert_queue") or "").strip()
     raw_ttft = (request.POST.get("alert_ttft_p99_s") or "").strip()
     try:
@@ -429,4 +426,3 @@ def alerts_set(request: HttpRequest, slug: str) -> HttpResponse:
             messages.success(request, "Alert thresholds saved.")
         else:
             messages.info(request, "The alert thresholds already are so.")
-    return redirect(_console_url(market))

@@ -138,7 +138,7 @@ def _parse_sqlite(parts: SplitResult, *, base_dir: Path) -> dict[str, Any]:
     if parts.query:
         raise EnvironmentVariableError(variable, "takes no query parameters in a sqlite URL")
     # "sqlite:///db.sqlite3" -> path "/db.sqlite3" -> relative; "sqlite:////tmp/x" -> absolute.
-    path = unquote(parts.path[1:]) if parts.path.startswith("/") else unquote(parts.path)
+    path = unquote(parts.path.removeprefix("/"))
     if not path:
         raise EnvironmentVariableError(
             variable, "has no file path; use sqlite:///relative/path or sqlite:////absolute/path"
@@ -233,25 +233,16 @@ def database_display(database: Mapping[str, Any]) -> str:
 
 def celery_settings(redis: RedisURL | None) -> dict[str, Any]:
     """``CELERY_*`` settings: Redis broker and result backend, or eager execution in-process."""
-    common: dict[str, Any] = {
+    return {
         "CELERY_TASK_SERIALIZER": "json",
         "CELERY_RESULT_SERIALIZER": "json",
         "CELERY_ACCEPT_CONTENT": ["json"],
         "CELERY_RESULT_EXPIRES": 3600,  # seconds
         "CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP": True,
-    }
-    if redis is None:
-        return common | {
-            "CELERY_BROKER_URL": "memory://",
-            "CELERY_RESULT_BACKEND": None,
-            "CELERY_TASK_ALWAYS_EAGER": True,
-            "CELERY_TASK_EAGER_PROPAGATES": True,
-        }
-    return common | {
-        "CELERY_BROKER_URL": redis.url,
-        "CELERY_RESULT_BACKEND": redis.url,
-        "CELERY_TASK_ALWAYS_EAGER": False,
-        "CELERY_TASK_EAGER_PROPAGATES": False,
+        "CELERY_BROKER_URL": redis.url if redis else "memory://",
+        "CELERY_RESULT_BACKEND": redis.url if redis else None,
+        "CELERY_TASK_ALWAYS_EAGER": redis is None,
+        "CELERY_TASK_EAGER_PROPAGATES": redis is None,
     }
 
 

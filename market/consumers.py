@@ -37,13 +37,7 @@ from accounts.selectors import tenant_for_user
 from market.live.book import book_snapshot
 from market.live.engine_status import engine_status_last
 from market.models import Market
-from market.payloads import (
-    OPERATORS_GROUP,
-    LayerMessage,
-    market_group,
-    tenant_group,
-    user_group,
-)
+from market.payloads import OPERATORS_GROUP, LayerMessage, market_group, tenant_group, user_group
 
 logger = logging.getLogger(__name__)
 

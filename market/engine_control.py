@@ -35,12 +35,7 @@ from typing import Literal
 from django.conf import settings
 
 from engines.client import EngineRejected, EngineUnavailable, engine_client
-from engines.contract.control import (
-    ControlStore,
-    FileControlStore,
-    RedisControlStore,
-    now_state,
-)
+from engines.contract.control import ControlStore, FileControlStore, RedisControlStore, now_state
 from market.models import Market
 
 logger = logging.getLogger(__name__)

@@ -13,12 +13,7 @@ from django.db import models
 from accounts.money import MoneyField
 from accounts.rules import HOLD_HORIZON_PRIOR_S
 from mechanism import DEFAULT_POLICY, POLICIES
-from mechanism.aging import (
-    WAIT_BOUND_HELP,
-    WAIT_BOUND_MAX_S,
-    WAIT_BOUND_MIN_S,
-    wait_bound_checked,
-)
+from mechanism.aging import WAIT_BOUND_HELP, WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S, wait_bound_checked
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim)

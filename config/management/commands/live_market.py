@@ -460,9 +460,7 @@ class Command(BaseCommand):
                 continue
             swept = time.monotonic()
             try:
-                holds_sweep(
-                    stale_after_s=settings.STALE_REQUEST_S,
-                )
+                holds_sweep(stale_after_s=settings.STALE_REQUEST_S)
             except Exception as exc:  # noqa: BLE001 (swept again next time)
                 self.stderr.write(f"holds sweep failed: {exc}")
 

@@ -13,6 +13,7 @@ form posts ``confirmed`` with the same value).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from decimal import Decimal
 from functools import wraps
 from typing import Any
@@ -219,14 +220,8 @@ def _console_url(market: Market, **query: str) -> str:
 def _impact_json(impact: ReserveImpact | None) -> dict[str, Any] | None:
     if impact is None:
         return None
-    return {
-        "waiting": impact.waiting,
-        "below": impact.below,
-        "below_now": impact.below_now,
-        "lose_priority": impact.lose_priority,
-        "gain_priority": impact.gain_priority,
-        "exact": impact.exact,
-    }
+    priority = {"lose_priority": impact.lose_priority, "gain_priority": impact.gain_priority}
+    return asdict(impact) | priority
 
 
 @require_GET

@@ -157,39 +157,23 @@ INVOICE_ISSUER_ADDRESS = env.env_list(
     sep=";",
 )
 INVOICE_DUE_DAYS = env.env_int(os.environ, "INVOICE_DUE_DAYS", default=30, low=0)
+
+
+def _every(task: str, seconds: float, *, expires: float | None = None) -> dict[str, object]:
+    """A beat entry: ``task`` every ``seconds``. Its ticks expire after ``expires`` seconds (the
+    period unless said) rather than pile up while no worker runs; their results are not kept."""
+    options = {"expires": expires or seconds, "ignore_result": True}
+    return {"task": task, "schedule": seconds, "options": options}
+
+
 CELERY_BEAT_SCHEDULE = {
-    # Ticks expire rather than pile up while no worker runs; their results are not kept.
-    "rounds-consume": {
-        "task": "scheduler_bridge.rounds_consume",
-        "schedule": 1.0,
-        "options": {"expires": 5.0, "ignore_result": True},
-    },
+    "rounds-consume": _every("scheduler_bridge.rounds_consume", 1.0, expires=5.0),
     # Engine status and token-charge spend ticks for the live consoles (market.live.periodic).
-    "live-publish": {
-        "task": "market.live_publish",
-        "schedule": 1.0,
-        "options": {"expires": 2.0, "ignore_result": True},
-    },
-    "autobidders-step": {
-        "task": "accounts.autobidders_step",
-        "schedule": AUTOBID_INTERVAL_S,
-        "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
-    },
-    "hold-horizons": {
-        "task": "market.hold_horizons_renew",
-        "schedule": AUTOBID_INTERVAL_S,
-        "options": {"expires": AUTOBID_INTERVAL_S, "ignore_result": True},
-    },
-    "auto-reserves": {
-        "task": "market.reserves_auto_step",
-        "schedule": AUTO_RESERVE_INTERVAL_S,
-        "options": {"expires": AUTO_RESERVE_INTERVAL_S, "ignore_result": True},
-    },
-    "holds-sweep": {
-        "task": "accounts.holds_sweep",
-        "schedule": 60.0,
-        "options": {"expires": 60.0, "ignore_result": True},
-    },
+    "live-publish": _every("market.live_publish", 1.0, expires=2.0),
+    "autobidders-step": _every("accounts.autobidders_step", AUTOBID_INTERVAL_S),
+    "hold-horizons": _every("market.hold_horizons_renew", AUTOBID_INTERVAL_S),
+    "auto-reserves": _every("market.reserves_auto_step", AUTO_RESERVE_INTERVAL_S),
+    "holds-sweep": _every("accounts.holds_sweep", 60.0),
     "invoices-generate": {
         "task": "accounts.invoices_generate",
         "schedule": crontab(hour=0, minute=30),  # daily, 00:30 UTC

@@ -72,8 +72,8 @@ class EnvConfig:
 def load(environ: Mapping[str, str], *, base_dir: Path) -> EnvConfig:
     """Read and validate every variable; raise :class:`EnvironmentVariableError` on a bad one."""
     debug = env_bool(environ, "DEBUG", default=True)
-    database_url = _get(environ, "DATABASE_URL")
-    redis_url = _get(environ, "REDIS_URL")
+    database_url = env_text(environ, "DATABASE_URL")
+    redis_url = env_text(environ, "REDIS_URL")
     return EnvConfig(
         debug=debug,
         secret_key=secret_key(environ, debug=debug),
@@ -87,19 +87,18 @@ def load(environ: Mapping[str, str], *, base_dir: Path) -> EnvConfig:
         ),
         redis=parse_redis_url(redis_url) if redis_url else None,
         serve_static=env_bool(environ, "SERVE_STATIC", default=True),
-        metrics_token=_get(environ, "METRICS_TOKEN"),
+        metrics_token=env_text(environ, "METRICS_TOKEN"),
     )
 
 
-def _get(environ: Mapping[str, str], name: str) -> str | None:
-    """The stripped value, or None when unset or blank (blank counts as unset)."""
-    value = environ.get(name, "").strip()
-    return value or None
+def env_text(environ: Mapping[str, str], name: str) -> str | None:
+    """A plain string such as ``BATCH_QUEUE``, stripped; None when unset or blank."""
+    return environ.get(name, "").strip() or None
 
 
 def env_bool(environ: Mapping[str, str], name: str, *, default: bool) -> bool:
     """Parse a boolean flag such as ``DEBUG``."""
-    value = _get(environ, name)
+    value = env_text(environ, name)
     if value is None:
         return default
     word = value.lower()
@@ -117,7 +116,7 @@ def env_seconds(
 ) -> float:
     """Parse a duration in seconds such as ``ENGINE_READ_TIMEOUT_S``: a finite number > 0, or
     >= 0 with ``zero`` (where 0 means "not at all", such as a cache that keeps nothing)."""
-    value = _get(environ, name)
+    value = env_text(environ, name)
     if value is None:
         return default
     try:
@@ -132,7 +131,7 @@ def env_seconds(
 
 def env_int(environ: Mapping[str, str], name: str, *, default: int, low: int = 1) -> int:
     """Parse a whole number such as ``BATCH_CONCURRENCY``: an integer >= ``low``."""
-    value = _get(environ, name)
+    value = env_text(environ, name)
     if value is None:
         return default
     try:
@@ -144,17 +143,12 @@ def env_int(environ: Mapping[str, str], name: str, *, default: int, low: int = 1
     return number
 
 
-def env_text(environ: Mapping[str, str], name: str) -> str | None:
-    """A plain string such as ``BATCH_QUEUE``, stripped; None when unset or blank."""
-    return _get(environ, name)
-
-
 def env_list(
     environ: Mapping[str, str], name: str, *, default: list[str], sep: str = ","
 ) -> list[str]:
     """Parse a list separated by ``sep`` (a comma unless said otherwise); blank items are
     dropped."""
-    value = _get(environ, name)
+    value = env_text(environ, name)
     if value is None:
         return default
     return [item.strip() for item in value.split(sep) if item.strip()]
@@ -162,7 +156,7 @@ def env_list(
 
 def secret_key(environ: Mapping[str, str], *, debug: bool) -> str:
     """``SECRET_KEY``, with a development default that is only allowed when ``debug`` is on."""
-    value = _get(environ, "SECRET_KEY")
+    value = env_text(environ, "SECRET_KEY")
     if value is not None:
         return value
     if debug:

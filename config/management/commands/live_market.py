@@ -251,7 +251,10 @@ class Command(BaseCommand):
         if name in engines:
             self._wait_http(f"{engines[name]['url']}/health", name, proc)
         elif name == "router":
-            self._wait_router(engine_url, len(engines), proc)
+            try:
+                router_wait(engine_url, len(engines), proc, timeout_s=60.0)
+            except RuntimeError as exc:
+                raise CommandError(f"{exc}; see var/logs/router.log") from None
         elif name == "web":
             self._wait_http(f"{base}/healthz", name, proc)
 
@@ -423,12 +426,6 @@ class Command(BaseCommand):
             except OSError:
                 time.sleep(0.3)
         raise CommandError(f"{name} did not answer at {url} within {timeout_s:.0f} s")
-
-    def _wait_router(self, url: str, workers: int, proc: Process, timeout_s: float = 60.0) -> None:
-        try:
-            router_wait(url, workers, proc, timeout_s=timeout_s)
-        except RuntimeError as exc:
-            raise CommandError(f"{exc}; see var/logs/router.log") from None
 
     def _pace(self, stop: threading.Event) -> None:
         """Embedded mode: the autobidders' pacing steps, the markets' hold horizons, their

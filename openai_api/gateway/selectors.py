@@ -156,23 +156,37 @@ def quote_for(
         "reserve": money_str(market.reserve),
         "based_on": {"requests": len(history), "window_s": WINDOW_S},
     }
-    if not groups:
-        body["reason"] = (
-            f"too few requests served in the last {WINDOW_S:g} s to quote ({len(history)})"
-        )
+    quoted = None
     if ttft_s is not None:
         quoted = _target_bid(groups, market, ttft_s, probability) if groups else None
         body["target"] = {"ttft_s": ttft_s, "probability": probability}
         body["bid"] = None if quoted is None else money_str(quoted)
-        if quoted is None and groups:
-            body["reason"] = (
-                f"no recent bid was served within {ttft_s:g} s {probability:.0%} of the time "
-                "by a margin clear of chance"
-            )
+    reason = _unquoted_reason(len(history), groups, ttft_s, probability, quoted)
+    if reason is not None:
+        body["reason"] = reason
     if bid is not None:
         group = waits_for(groups, float(bid))
         body["waits"] = None if group is None else {"bid": money_str(bid), **_group_body(group)}
     return body
+
+
+def _unquoted_reason(
+    requests: int,
+    groups: list[BidGroup],
+    ttft_s: float | None,
+    probability: float,
+    quoted: Decimal | None,
+) -> str | None:
+    """Why no bid is quoted (None when one is, or none was asked for with groups to read): the
+    answer's ``reason``, which the dashboard shows as it is."""
+    if not groups:
+        return f"too few requests served in the last {WINDOW_S:g} s to quote ({requests})"
+    if ttft_s is not None and quoted is None:
+        return (
+            f"no recent bid was served within {ttft_s:g} s {probability:.0%} of the time "
+            "by a margin clear of chance"
+        )
+    return None
 
 
 def _group_body(group: BidGroup) -> dict[str, Any]:
@@ -195,7 +209,8 @@ def quote_curve(*, market: Market) -> dict[str, Any]:
     """What each bid bought lately at ``market``, for the tenant dashboard's bid -> time to
     first token chart: the groups of neighbouring bids that ``GET /v1/quotes`` reads
     (``mechanism.quotes.bid_groups``), lowest bids first, each with its median bid and waits,
-    and the quote for the market's priority target (``priority_quote``'s rule). The book stays
+    and the quote for the market's priority target (``priority_quote``'s rule) or why there is
+    none (the ``reason`` of ``GET /v1/quotes``, which the page shows as it is). The book stays
     anonymous: only bids and waits. Kept ``CURVE_TTL_S`` seconds."""
     found, curve = _curves.get(market.pk)
     if found:
@@ -221,6 +236,9 @@ def quote_curve(*, market: Market) -> dict[str, Any]:
             "probability": market.priority_probability,
             "bid": None if target is None else money_str(target),
         },
+        "reason": _unquoted_reason(
+            len(history), groups, market.priority_ttft_s, market.priority_probability, target
+        ),
     }
     _curves.put(market.pk, curve)
     return curve

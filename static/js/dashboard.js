@@ -187,10 +187,10 @@
       part.dataset.groups = String(m.groups.length);
       const t = m.target;
       const within = `a first token within ${fmt.seconds(t.ttft_s)} ${fmt.pct(t.probability)} of the time`;
-      part.querySelector(".quote-target").textContent = !m.groups.length
-        ? `Too few requests served in the last ${fmt.seconds(m.based_on.window_s)} to draw (${fmt.int(m.based_on.requests)}).`
-        : t.bid === null ? `No recent bid bought ${within} by a margin clear of chance.`
-          : `Bid ${fmt.rate(t.bid)} for ${within} · from ${fmt.int(m.based_on.requests)} requests`;
+      // Why there is no quote is the server's sentence (GET /v1/quotes' reason), as it is.
+      part.querySelector(".quote-target").textContent = m.reason
+        ? `${m.reason[0].toUpperCase()}${m.reason.slice(1)}.`
+        : `Bid ${fmt.rate(t.bid)} for ${within} · from ${fmt.int(m.based_on.requests)} requests`;
       const xs = m.groups.map((g) => Number(g.median_bid));
       const hover = (key) => m.groups.map((g) =>
         `bids ${fmt.rate(g.bids_from)} to ${fmt.rate(g.bids_to)} (${fmt.int(g.requests)} requests): ${fmt.seconds(g[key])}`);

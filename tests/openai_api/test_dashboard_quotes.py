@@ -67,6 +67,7 @@ def test_the_curve_is_the_quotes_groups_lowest_bids_first(client, world) -> None
          "requests": 30, "ttft_p50_s": 1.5, "ttft_p90_s": 2.7, "ttft_p99_s": 3.0},
     ]  # fmt: skip
     assert curve["target"] == {"ttft_s": 3.0, "probability": 0.9, "bid": "0.100000000"}
+    assert curve["reason"] is None  # quoted: nothing to explain
     assert body["poll_s"] > 0
     # The page starts from the same curve, and polls this URL.
     page = client.get("/tenants/acme/dashboard/")
@@ -85,6 +86,21 @@ def test_a_market_without_history_has_no_groups_and_no_quote(client, world) -> N
     assert curve["market"] == "quiet-llm"
     assert curve["groups"] == [] and curve["based_on"]["requests"] == 0
     assert curve["target"]["bid"] is None
+    # The page shows GET /v1/quotes' reason as it is (window 600 s, no requests).
+    assert curve["reason"] == "too few requests served in the last 600 s to quote (0)"
+
+
+def test_a_target_no_bid_bought_says_why(client, world) -> None:
+    """A target of 1 s at 90%: the fastest group's waits (0.1 to 3.0 s) are within 1 s for 10
+    of 30, far short of 90%: no quote, and the API's sentence for it."""
+    world.market.priority_ttft_s = 1.0
+    world.market.save()
+    logged_in(client, world, "a_admin")
+    (curve,) = client.get(URL).json()["markets"]
+    assert curve["target"]["bid"] is None
+    assert curve["reason"] == (
+        "no recent bid was served within 1 s 90% of the time by a margin clear of chance"
+    )
 
 
 @pytest.mark.parametrize("persona", PERSONAS)

@@ -50,8 +50,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -66,7 +64,7 @@ from benchmarks.html import Section, Table, command_line, write_json, write_page
 from benchmarks.metrics import percentile
 from benchmarks.options import floats
 from config.serving import SERVERS, server_argv
-from engines.router import free_ports
+from engines.router import free_ports, http_wait
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_REQUESTS = 300
@@ -225,25 +223,6 @@ def start(
             out.close()  # type: ignore[union-attr]
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float = 60.0) -> None:
-    """Wait until ``url`` answers anything but a server error; RuntimeError when ``proc`` exits
-    first, or past ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: its process exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except urllib.error.HTTPError as exc:
-            if exc.code < 500:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer in {timeout_s:g} s")
-
-
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """Terminate a subprocess (its workers with it); kill what has not ended in 10 s."""
     try:
@@ -394,7 +373,7 @@ def _progress(name: str, p: RatePoint) -> None:
 
 async def _warmed(session: aiohttp.ClientSession, paths: Paths, proc: subprocess.Popen) -> None:
     """Once the gateway answers, ``WARMUP_REQUESTS`` requests through it and to the engine."""
-    wait_http(paths.gateway.url.replace("/v1/completions", "/v1/models"), proc)
+    http_wait(paths.gateway.url.replace("/v1/completions", "/v1/models"), proc)
     for _ in range(WARMUP_REQUESTS):
         await one(session, paths.gateway, paths.gateway.body)
         await one(session, paths.direct, {**paths.direct.body, "rid": f"warm-{uuid.uuid4().hex}"})
@@ -815,7 +794,7 @@ def main(argv: list[str] | None = None) -> None:
         key = setup_database(engine_url)
         if floors:
             floor_table(create=True)
-        wait_http(f"{engine_url}/health", engine)
+        http_wait(f"{engine_url}/health", engine)
         repeats, soaked = asyncio.run(measure(args, Gateways(logs, engine_url, key)))
         runs = merged(repeats)
     finally:

@@ -51,12 +51,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engines.client import EngineClient, EngineError, generate_body
 from engines.contract.tokenizer import Tokenizer
-from engines.router import Router, RouterOptions, free_ports
+from engines.router import Router, RouterOptions, free_ports, http_wait
 from engines.sim import EngineConfig
 from mechanism import POLICIES
 
 from .bids import BidSpec
-from .gateway import start, stop, wait_http
+from .gateway import start, stop
 from .html import Section, Table, command_line, write_page
 from .live import admitted
 from .metrics import Served, mean, ratio, summarize
@@ -233,7 +233,7 @@ class Fleet:
                 argv += ["--set", setting]
             self.engines.append((engine_id, f"http://127.0.0.1:{port}", rounds, start(argv)))
         for _, url, _, proc in self.engines:
-            wait_http(f"{url}/health", proc, timeout_s=30.0)
+            http_wait(f"{url}/health", proc, timeout_s=30.0)
         if self.router_kwargs is not None:
             options = RouterOptions(
                 port=router_port, prometheus_port=metrics_port,

@@ -196,6 +196,25 @@ def router_wait(
         time.sleep(0.2)
 
 
+def http_wait(url: str, process: Any | None = None, *, timeout_s: float = 60.0) -> None:
+    """Wait until ``url`` answers anything but a server error; RuntimeError when ``process``
+    (anything with ``poll`` and ``returncode``) exits first, or past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{url}: its process exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer in {timeout_s:g} s")
+
+
 def router_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The router's environment: ``environ`` with ``HF_ENDPOINT`` pointing nowhere unless set."""
     env = dict(environ)

@@ -47,7 +47,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,7 @@ from accounts.services.autobidder import autobidder_configure
 from config.serving import MULTI_WORKER_SERVERS, SERVERS, server_argv
 from config.supervisor import ChildSpec, Process, RestartPolicy, Supervisor
 from engines.contract.wire import ADMIN_TOKEN_ENV
-from engines.router import RouterOptions, router_argv, router_env, router_wait
+from engines.router import RouterOptions, http_wait, router_argv, router_env, router_wait
 from market.engine_control import EngineUnreachable, engine_config_push
 from market.models import Market, Replica
 from market.services import market_demo_seed, replica_set
@@ -415,17 +414,11 @@ class Command(BaseCommand):
                 start_new_session=True,
             )  # fmt: skip
 
-    def _wait_http(self, url: str, name: str, proc: Process, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise CommandError(f"{name} exited with {proc.returncode}; see var/logs/{name}.log")
-            try:
-                with urllib.request.urlopen(url, timeout=1.0):
-                    return
-            except OSError:
-                time.sleep(0.3)
-        raise CommandError(f"{name} did not answer at {url} within {timeout_s:.0f} s")
+    def _wait_http(self, url: str, name: str, proc: Process) -> None:
+        try:
+            http_wait(url, proc)
+        except RuntimeError as exc:
+            raise CommandError(f"{name}: {exc}; see var/logs/{name}.log") from None
 
     def _pace(self, stop: threading.Event) -> None:
         """Embedded mode: the autobidders' pacing steps, the markets' hold horizons, their

@@ -69,6 +69,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from engines.contract.knobs import MarketKnobs
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
@@ -128,9 +131,7 @@ def t975(df: int) -> float:
     """Student's t quantile at 0.975 for ``df`` degrees of freedom (1.96 above 30)."""
     if df < 1:
         return math.nan
-    if df in _T975:
-        return _T975[df]
-    return _T975[min((k for k in _T975 if k >= df), default=30)] if df <= 30 else 1.96
+    return _T975[min(k for k in _T975 if k >= df)] if df <= 30 else 1.96
 
 
 def interval(xs: Sequence[float]) -> tuple[float, float, float]:
@@ -727,9 +728,8 @@ def table(summary: dict) -> str:
     return Table(columns, rows).text()
 
 
-def write_html(result: dict, path: str) -> None:
-    """A self-contained Plotly report of the training grid and the held-out seeds."""
-    from plotly.subplots import make_subplots
+def figure(result: dict) -> go.Figure:
+    """The training grid, the held-out seeds, and one seed's multiplier over the period."""
 
     summary, trained = result["held_out"], result["training"]
     fig = make_subplots(
@@ -761,12 +761,7 @@ def write_html(result: dict, path: str) -> None:
     fig.update_xaxes(title_text="virtual seconds", row=4, col=1)
     fig.update_yaxes(title_text="mu", type="log", row=4, col=1)
     fig.update_layout(height=1500, showlegend=True)
-    write_page(
-        path,
-        "Autobidder pacing on the simulated engine",
-        [Section("Held-out seeds", table(summary), figures=[fig])],
-        command=result["command"],
-    )
+    return fig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -810,63 +805,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid = MU_GRID[::step]
     train_seeds = TRAIN_SEEDS[: args.train_seeds]
     held = HELD_OUT_SEEDS[: args.held_out_seeds]
+    result: dict = {"command": command_line("benchmarks.pacing", argv), "setup": asdict(setup)}
     if args.latency_target:
-        return _target_main(args, argv, setup, tenants, shares, held)
-    n_train = len(train_seeds) * len(tenants) * (2 + len(shares) * (len(grid) + len(eta0s)))
-    n_held = len(held) * len(tenants) * (2 + len(shares) * 4)
-    with Runner(setup, args.workers, n_train + n_held) as runner:
-        trained = train(
-            runner, tenants=tenants, shares=shares, seeds=train_seeds, eta0s=eta0s, grid=grid
-        )
-        held_result = held_out(runner, trained, tenants=tenants, shares=shares, seeds=held)
-    first = held[0]
-    curves = {
-        f"{r.spec.tenant}@{r.spec.share:g}": r.curve
-        for r in held_result["runs"]
-        if r.spec.seed == first and r.spec.strategy == "pacing"
-    }
-    result = {
-        "command": command_line("benchmarks.pacing", argv),
-        "setup": asdict(setup),
-        "train_seeds": list(train_seeds),
-        "held_out_seeds": list(held),
-        "mu_grid": list(grid),
-        "training": trained,
-        "held_out": held_result["summary"],
-        "curves": curves,
-    }
-    print(table(result["held_out"]))
+        result |= _target_run(args.latency_target, setup, args.workers, tenants, shares, held)
+        text = target_table(result["latency_target"])
+        title = "Autobidding to a latency target on the simulated engine"
+    else:
+        n_train = len(train_seeds) * len(tenants) * (2 + len(shares) * (len(grid) + len(eta0s)))
+        n_held = len(held) * len(tenants) * (2 + len(shares) * 4)
+        with Runner(setup, args.workers, n_train + n_held) as runner:
+            trained = train(
+                runner, tenants=tenants, shares=shares, seeds=train_seeds, eta0s=eta0s, grid=grid
+            )
+            held_result = held_out(runner, trained, tenants=tenants, shares=shares, seeds=held)
+        curves = {
+            f"{r.spec.tenant}@{r.spec.share:g}": r.curve
+            for r in held_result["runs"]
+            if r.spec.seed == held[0] and r.spec.strategy == "pacing"
+        }
+        result |= {
+            "train_seeds": list(train_seeds),
+            "held_out_seeds": list(held),
+            "mu_grid": list(grid),
+            "training": trained,
+            "held_out": held_result["summary"],
+            "curves": curves,
+        }
+        text, title = table(result["held_out"]), "Autobidder pacing on the simulated engine"
+    print(text)
     if args.json:
         write_json(args.json, result)
     if args.html:
-        write_html(result, args.html)
+        figures = [] if args.latency_target else [figure(result)]
+        section = Section("Held-out seeds", text, figures=figures)
+        write_page(args.html, title, [section], command=result["command"])
     return 0
 
 
-def _target_main(args, argv, setup: Setup, tenants, shares, seeds) -> int:
-    ttft_s, p = (float(x) for x in args.latency_target.split(","))
+def _target_run(target: str, setup: Setup, workers: int, tenants, shares, seeds) -> dict:
+    """The latency-target case (``--latency-target TTFT_S,P``) on the held-out ``seeds``."""
+    ttft_s, p = (float(x) for x in target.split(","))
     if not (ttft_s > 0 and 0 < p < 1):
         raise SystemExit(f"--latency-target: want TTFT_S > 0 and 0 < P < 1, got {ttft_s}, {p}")
     n = len(seeds) * len(tenants) * (2 + len(shares) * len(TARGET_STRATEGIES))  # at most
-    with Runner(setup, args.workers, n) as runner:
+    with Runner(setup, workers, n) as runner:
         case = target_case(runner, (ttft_s, p), tenants=tenants, shares=shares, seeds=seeds)
-    result = {
-        "command": command_line("benchmarks.pacing", argv),
-        "setup": asdict(setup),
-        "held_out_seeds": list(seeds),
-        "latency_target": case,
-    }
-    print(target_table(case))
-    if args.json:
-        write_json(args.json, result)
-    if args.html:
-        write_page(
-            args.html,
-            "Autobidding to a latency target on the simulated engine",
-            [Section("Held-out seeds", target_table(case))],
-            command=result["command"],
-        )
-    return 0
+    return {"held_out_seeds": list(seeds), "latency_target": case}
 
 
 if __name__ == "__main__":

@@ -82,6 +82,10 @@ VARIANTS: dict[str, dict[str, float | bool]] = {
 }
 
 
+# A row's figures from metrics.summarize (PolicyMetrics fields), in the JSON's order.
+ROW_METRICS = ("cache_hit_rate", "mean_ttft_s", "p99_ttft_s", "welfare", "revenue")
+
+
 @dataclass(frozen=True)
 class TextRequest:
     """One request of the workload: its text, what it asks, its bid ($/s), its arrival (s)."""
@@ -148,17 +152,11 @@ def engine_capacity_rps(reqs: list[TextRequest], config: EngineConfig) -> float:
 
 def scaled(config: EngineConfig, n: int) -> EngineConfig:
     """An engine ``n`` times as fast and as large as ``config``."""
-    return replace(
-        config,
-        step_fixed_s=config.step_fixed_s / n,
-        prefill_token_s=config.prefill_token_s / n,
-        prefill_attention_s=config.prefill_attention_s / n,
-        decode_seq_s=config.decode_seq_s / n,
-        decode_context_token_s=config.decode_context_token_s / n,
-        kv_capacity_tokens=config.kv_capacity_tokens * n,
-        max_running_requests=config.max_running_requests * n,
-        max_prefill_tokens=config.max_prefill_tokens * n,
-    )
+    costs = ("step_fixed_s", "prefill_token_s", "prefill_attention_s", "decode_seq_s",
+             "decode_context_token_s")  # fmt: skip
+    sizes = ("kv_capacity_tokens", "max_running_requests", "max_prefill_tokens")
+    faster = {name: getattr(config, name) / n for name in costs}
+    return replace(config, **faster, **{name: getattr(config, name) * n for name in sizes})
 
 
 def config_settings(config: EngineConfig) -> list[str]:
@@ -360,11 +358,7 @@ def figures(
         }
         return {
             "requests": len(part),
-            "cache_hit_rate": m.cache_hit_rate,
-            "mean_ttft_s": m.mean_ttft_s,
-            "p99_ttft_s": m.p99_ttft_s,
-            "welfare": m.welfare,
-            "revenue": m.revenue,
+            **{k: getattr(m, k) for k in ROW_METRICS},
             "urgent_mean_ttft_s": by_class["urgent"],
             "background_mean_ttft_s": by_class["background"],
             # What the auction buys: how much sooner the urgent (high-bid) fifth is served than

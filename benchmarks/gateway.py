@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import subprocess
@@ -61,7 +62,7 @@ import uvloop
 from plotly.subplots import make_subplots
 
 from benchmarks.html import Section, Table, command_line, write_json, write_page
-from benchmarks.metrics import percentile
+from benchmarks.metrics import mean, percentile
 from benchmarks.options import floats
 from config.serving import SERVERS, server_argv
 from engines.router import free_ports, http_wait
@@ -149,12 +150,9 @@ class ServerRun:
 
 def saturation_rate(points: list[RatePoint]) -> float | None:
     """The highest rate of a sweep (ascending) up to which every rate was carried."""
-    best = None
-    for point in sorted(points, key=lambda p: p.rate):
-        if not point.carried:
-            break
-        best = point.rate
-    return best
+    ascending = sorted(points, key=lambda p: p.rate)
+    carried = list(itertools.takewhile(lambda p: p.carried, ascending))
+    return carried[-1].rate if carried else None
 
 
 def parse_configs(text: str) -> list[tuple[str, int]]:
@@ -300,16 +298,15 @@ async def arrivals_stream(
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     start_at = loop.time() + 0.05
-    tasks, t, i = [], 0.0, 0
+    tasks, t = [], 0.0
     while (t := t + rng.expovariate(rate)) <= duration_s:
         delay = start_at + t - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
         body = dict(target.body)
         if "rid" in body:
-            body["rid"] = f"{rid_prefix}-{i}"
+            body["rid"] = f"{rid_prefix}-{len(tasks)}"
         tasks.append(asyncio.create_task(one(session, target, body)))
-        i += 1
     done = await asyncio.gather(*tasks)
     elapsed = loop.time() - start_at
     ttfbs = [ttfb for ttfb, _, ok in done if ok]
@@ -322,7 +319,7 @@ async def arrivals_stream(
         offered_rate=len(done) / duration_s,
         achieved_rate=ok / elapsed if elapsed > 0 else 0.0,
         **{f"p{q}_ms": percentile(totals, q) for q in PERCENTILES},
-        mean_ms=sum(totals) / ok if ok else float("nan"),
+        mean_ms=mean(totals),
         **{f"ttfb_p{q}_ms": percentile(ttfbs, q) for q in PERCENTILES},
     )
 
@@ -334,9 +331,6 @@ class Paths:
     gateway: Target
     direct: Target
 
-    def streamed(self) -> Paths:
-        return Paths(self.gateway.streamed(), self.direct.streamed())
-
 
 async def rate_point(
     session: aiohttp.ClientSession,
@@ -347,6 +341,9 @@ async def rate_point(
     duration_s: float,
     stream: bool = False,
 ) -> RatePoint:
+    """Both streams at ``rate`` for ``duration_s``, with ``stream: true`` when ``stream``."""
+    if stream:
+        paths = Paths(paths.gateway.streamed(), paths.direct.streamed())
     run = uuid.uuid4().hex[:8]
     cpu_before = cpu_seconds(procs)
     gw, dr = await asyncio.gather(
@@ -400,9 +397,8 @@ async def server_run(
     result.saturation_rate = saturation_rate(result.sweep)
     if args.stream_rate > 0:
         result.streaming = await rate_point(
-            session, paths.streamed(), procs, rate=args.stream_rate, duration_s=args.duration,
-            stream=True,
-        )  # fmt: skip
+            session, paths, procs, rate=args.stream_rate, duration_s=args.duration, stream=True
+        )
         _progress(result.name, result.streaming)
     return result
 
@@ -691,8 +687,8 @@ def soak_figure(soaked: Soak) -> go.Figure:
     """Each gateway process's RSS over the soak."""
     fig = go.Figure()
     for pid, samples in soaked.samples.items():
-        fig.add_trace(go.Scatter(x=[t for t, _ in samples], y=[rss / 2**20 for _, rss in samples],
-                                 name=f"pid {pid}", mode="lines"))  # fmt: skip
+        fig.add_scatter(x=[t for t, _ in samples], y=[rss / 2**20 for _, rss in samples],
+                        name=f"pid {pid}", mode="lines")  # fmt: skip
     fig.update_layout(xaxis_title="seconds", yaxis_title="RSS (MiB)")
     return fig
 

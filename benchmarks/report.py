@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from operator import attrgetter
 
 from .goal import (
     BASE,
@@ -60,9 +61,12 @@ def load_text(load: float | None, capacity_rps: float | None, rate_rps: float | 
 def goal_checks(goal: Goal | None) -> str:
     """The goal's four checks as ``yes/no/yes/no`` (hit/TTFT/capture/p99); "-" without a
     goal."""
-    if goal is None:
-        return "-"
-    return "/".join("n/a" if ok is None else "yes" if ok else "no" for ok in goal.passes)
+    return "-" if goal is None else yes_no(goal.passes)
+
+
+def yes_no(checks: Iterable[bool | None]) -> str:
+    """Checks as ``yes/no/n/a`` (None: the check does not apply)."""
+    return "/".join("n/a" if ok is None else "yes" if ok else "no" for ok in checks)
 
 
 def policy_rows(
@@ -126,57 +130,40 @@ GOAL_LEGEND = (
     f"welfare loss), p99 TTFT <= {TAIL_SLACK:g} x lpm's"
 )
 
+
+# Each column of the findings table: its title, number format and what it shows of a point.
 _FINDING_COLUMNS = (
-    ("kv k", "{:g}"),
-    ("load", "{:g}"),
-    ("groups", "{}"),
-    ("x/group", "{}"),
-    ("lpm TTFT s", "{:.3f}"),
-    ("lpm hit", "{:.3f}"),
-    ("hb/lpm TTFT", "{:.2f}"),
-    ("dfs hit gap pp", "{:+.2f}"),
-    ("dfs/best TTFT", "{:.3f}"),
-    ("dfs welfare gain %", "{:+.1f}"),
-    ("holds hit/ttft/welf", "{}"),
-    ("dens/dfs TTFT", "{:.3f}"),
-    ("dens welfare gain %", "{:+.1f}"),
-    ("dens hit gap pp", "{:+.2f}"),
+    ("kv k", "{:g}", lambda sp: sp.kv_capacity_tokens / 1000),
+    ("load", "{:g}", attrgetter("point.load")),
+    ("groups", "{}", attrgetter("groups")),
+    ("x/group", "{}", attrgetter("prompts_per_group")),
+    ("lpm TTFT s", "{:.3f}", attrgetter("findings.lpm_mean_ttft_s")),
+    ("lpm hit", "{:.3f}", attrgetter("findings.lpm_cache_hit_rate")),
+    ("hb/lpm TTFT", "{:.2f}", attrgetter("findings.hb_ttft_vs_lpm")),
+    ("dfs hit gap pp", "{:+.2f}", attrgetter("findings.hit_gap_pp")),
+    ("dfs/best TTFT", "{:.3f}", attrgetter("findings.ttft_vs_best")),
+    ("dfs welfare gain %", "{:+.1f}", attrgetter("findings.welfare_gain_vs_best_pct")),
+    ("holds hit/ttft/welf", "{}", lambda sp: yes_no(sp.findings.holds)),
+    ("dens/dfs TTFT", "{:.3f}", attrgetter("findings.density_ttft_vs_dfs")),
+    ("dens welfare gain %", "{:+.1f}", attrgetter("findings.density_welfare_gain_pct")),
+    ("dens hit gap pp", "{:+.2f}", attrgetter("findings.density_hit_gap_pp")),
 )
 
 
 def findings_table(points: list[SweepPoint]) -> str:
     """One row per sweep point (sweep.py explains every column)."""
-    rows = []
-    for sp in points:
-        f = sp.findings
-        holds = "/".join("yes" if h else "no" for h in f.holds)
-        values = (
-            sp.kv_capacity_tokens / 1000,
-            sp.point.load,
-            sp.groups,
-            sp.prompts_per_group,
-            f.lpm_mean_ttft_s,
-            f.lpm_cache_hit_rate,
-            f.hb_ttft_vs_lpm,
-            f.hit_gap_pp,
-            f.ttft_vs_best,
-            f.welfare_gain_vs_best_pct,
-            holds,
-            f.density_ttft_vs_dfs,
-            f.density_welfare_gain_pct,
-            f.density_hit_gap_pp,
-        )
-        rows.append(
-            [
-                v if isinstance(v, str) else formatted(fmt, v)
-                for (_, fmt), v in zip(_FINDING_COLUMNS, values, strict=True)
-            ]
-        )
+    rows = [
+        [
+            v if isinstance(v := get(sp), str) else formatted(fmt, v)
+            for _, fmt, get in _FINDING_COLUMNS
+        ]
+        for sp in points
+    ]
     return (
         "findings: dfs = dfs-auction, dens = dfs-auction-density, hb = highest-bid; best = the "
         "better of lpm and dfs-weight per metric;\nhit gaps in percentage points, welfare gains "
         "in % of the other's welfare loss (positive: less waiting cost)\n"
-        + Table([t for t, _ in _FINDING_COLUMNS], rows).text()
+        + Table([t for t, _, _ in _FINDING_COLUMNS], rows).text()
     )
 
 

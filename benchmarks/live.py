@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engines.client import EngineClient, EngineError, EngineMeta, generate_body
@@ -170,14 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _bars(merged: dict[str, object], path: str, command: str) -> None:
     """The table, and mean TTFT, cache hit rate and welfare per policy, one bar chart each."""
-
     names = list(merged["policies"])
     rows = merged["policies"]
     fig = make_subplots(
         rows=1, cols=3, subplot_titles=("mean TTFT, s", "cache hit rate", "realized welfare, $")
     )
     for col, key in enumerate(("mean_ttft_s", "cache_hit_rate", "welfare"), start=1):
-        fig.add_trace(go.Bar(x=names, y=[rows[n][key] for n in names], name=key), 1, col)
+        fig.add_bar(x=names, y=[rows[n][key] for n in names], name=key, row=1, col=col)
     fig.update_layout(showlegend=False, height=450)
     section = Section("", table(merged), figures=[fig])
     write_page(path, merged["meta"]["title"], [section], command=command)

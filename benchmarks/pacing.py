@@ -458,7 +458,6 @@ class Runner:
         return self
 
     def many(self, specs: Iterable[Spec], label: str) -> list[Outcome]:
-        specs = list(specs)
         self.progress.set_label(label)
         jobs = [(s, self.setup) for s in specs]
         out = []

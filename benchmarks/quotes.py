@@ -40,7 +40,7 @@ from benchmarks.html import Section, Table, arguments, command_line, write_json,
 from benchmarks.metrics import percentile
 from benchmarks.options import floats, ints
 from benchmarks.progress import Progress
-from benchmarks.runner import Capacities
+from benchmarks.runner import Capacities, sim_request
 from benchmarks.workloads import Workload, gsp
 from engines.contract.knobs import MarketKnobs
 from engines.sim import Engine, EngineConfig, SimRequest
@@ -102,9 +102,7 @@ def calibrate(
     """Serve ``workload`` at ``rate_rps`` with probes bidding their quotes (see the module)."""
     timed = workload.at_rate(rate_rps, seed)
     engine = Engine(config, POLICY, knobs=MarketKnobs())  # a book every book_interval_s
-    queue = ArrivalQueue(
-        [SimRequest(r.id, r.tokens, r.max_new_tokens, r.bid, r.arrival) for r in timed.requests]
-    )
+    queue = ArrivalQueue([sim_request(r) for r in timed.requests])
     arrivals = sorted(r.arrival for r in timed.requests)
     first_probe = arrivals[len(arrivals) // 4]
     last_probe = arrivals[-1]

@@ -58,7 +58,8 @@ class Point:
     runs: dict[str, PolicyRun] = field(default_factory=dict)
 
 
-def _sim(req: BenchRequest) -> SimRequest:
+def sim_request(req: BenchRequest) -> SimRequest:
+    """``req`` as the simulated engine takes it."""
     return SimRequest(req.id, req.tokens, req.max_new_tokens, req.bid, req.arrival)
 
 
@@ -82,7 +83,7 @@ def simulate(
         first.append(req)
         turns[req.id] = (s, 0)
         classes[req.id] = s.bid_class
-    queue = ArrivalQueue([_sim(r) for r in first])
+    queue = ArrivalQueue([sim_request(r) for r in first])
     served: list[Served] = []
 
     def finished(req: SimRequest) -> None:
@@ -96,7 +97,7 @@ def simulate(
             if nxt is not None:
                 turns[nxt.id] = (session, k + 1)
                 classes[nxt.id] = session.bid_class
-                queue.push(_sim(nxt))
+                queue.push(sim_request(nxt))
         if on_served is not None:
             on_served()
 

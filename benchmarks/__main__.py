@@ -139,13 +139,6 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
 }
 
 
-def _workload(args: argparse.Namespace, bids: BidSpec) -> Workload:
-    """The workload the options describe: the trace, or the generated ``--workload``."""
-    if args.trace:
-        return load_trace(args.trace, time_scale=args.time_scale, seed=args.seed)
-    return _generated(args, args.workload, bids)
-
-
 def _generated(args: argparse.Namespace, name: str, bids: BidSpec, **given: int) -> Workload:
     """Workload ``name`` from its ``--NAME-*`` options, ``given`` overriding some of them."""
     prefix = f"{name}_"
@@ -220,7 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         bids = BidSpec(
             args.bids, args.bid_value, args.bid_low, args.bid_high, args.bid_mu, args.bid_sigma
         )
-        workload = _workload(args, bids)
+        workload = (
+            load_trace(args.trace, time_scale=args.time_scale, seed=args.seed)
+            if args.trace
+            else _generated(args, args.workload, bids)
+        )
     except (ValueError, OSError) as exc:  # TraceError is a ValueError
         parser.error(str(exc))
     loads: tuple[float | None, ...] = (None,) if args.trace else (args.load or (1.5,))

@@ -205,10 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in timed.requests
     ]
     runs = {
-        "automatic": serve(requests, start=opts.start, target_s=opts.target,
-                           interval_s=opts.interval, auto=True),
-        "fixed": serve(requests, start=opts.start, target_s=opts.target,
-                       interval_s=opts.interval, auto=False),
+        name: serve(requests, start=opts.start, target_s=opts.target, interval_s=opts.interval,
+                    auto=auto)
+        for name, auto in (("automatic", True), ("fixed", False))
     }  # fmt: skip
     summaries = [summary(name, run, opts.target) for name, run in runs.items()]
     every = max(1, len(runs["automatic"]) // 40)

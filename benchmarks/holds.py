@@ -150,19 +150,18 @@ async def run_rule(
         results = await asyncio.gather(
             *(one(p, b) for p, b in zip(prompts, burst_bids, strict=True))
         )
+        served, refused = results.count("served"), results.count("refused")
         out.bursts += 1
         out.sent += len(results)
-        out.served += results.count("served")
-        refused = results.count("refused")
+        out.served += served
         out.refused += refused
-        out.other_errors += len(results) - results.count("served") - refused
+        out.other_errors += len(results) - served - refused
         status = await sync_to_async(budget_status)(tenant=tenant)
         out.spent_after_burst.append(str(status.spent))
         if refused and out.unspent_at_first_refusal is None:
             out.unspent_at_first_refusal = str(status.limit - status.spent)
         if sized is not None:
             await sync_to_async(hold_horizon_renew)(market=market, **sized)
-        served = results.count("served")
         print(
             f"  {rule}: burst {out.bursts}: {served} served, {refused} refused; spent "
             f"${status.spent:.4f} of ${status.limit:.2f}; horizon {out.horizons_s[-1]:.3g} s",

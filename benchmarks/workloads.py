@@ -52,20 +52,21 @@ class Session:
     bid_class: str
     start: float = 0.0
 
-    def turn_id(self, k: int) -> str:
-        return f"{self.id}-t{k:02d}"
-
-    def first_turn(self) -> BenchRequest:
-        """Turn 0: the prefix and the first message."""
+    def turn(self, k: int, context: tuple[int, ...], arrival: float) -> BenchRequest:
+        """Turn k: ``context`` (the conversation so far) + ``messages[k]``, at ``arrival``."""
         return BenchRequest(
-            self.turn_id(0),
-            self.prefix + self.messages[0],
+            f"{self.id}-t{k:02d}",
+            context + self.messages[k],
             self.max_new_tokens,
             self.bid,
             self.bid_class,
-            self.start,
+            arrival,
             self.id,
         )
+
+    def first_turn(self) -> BenchRequest:
+        """Turn 0: the prefix and the first message."""
+        return self.turn(0, self.prefix, self.start)
 
     def next_turn(
         self, k: int, prompt: tuple[int, ...], output: tuple[int, ...], finished_at: float
@@ -74,15 +75,7 @@ class Session:
         the last turn."""
         if k + 1 >= len(self.messages):
             return None
-        return BenchRequest(
-            self.turn_id(k + 1),
-            prompt + output + self.messages[k + 1],
-            self.max_new_tokens,
-            self.bid,
-            self.bid_class,
-            finished_at + self.think_s[k],
-            self.id,
-        )
+        return self.turn(k + 1, prompt + output, finished_at + self.think_s[k])
 
 
 @dataclass(frozen=True)

@@ -563,16 +563,17 @@ def held_out(runner: Runner, trained: dict, *, tenants, shares, seeds) -> dict:
 
 def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
     best = trained["best_fixed"][t, share]
-    warm = [r for r in runs if _is(r, t, share, "pacing")]
-    cold = [r for r in runs if _is(r, t, share, "pacing-cold")]
     fixed = {r.spec.seed: r for r in runs if _is(r, t, share, best)}
     full = {r.spec.seed: r for r in runs if _is(r, t, share, "mu=0")}
-    by_seed = {r.spec.seed: r for r in warm}
-    cold_by_seed = {r.spec.seed: r for r in cold}
+    by_seed = {r.spec.seed: r for r in runs if _is(r, t, share, "pacing")}
+    cold_by_seed = {r.spec.seed: r for r in runs if _is(r, t, share, "pacing-cold")}
     order = [s for s in seeds if s in by_seed]
+    free = {s: free_scored[s, t] for s in order}
 
-    def ratios(mine):
-        return [mine[s].utility / fixed[s].utility for s in order if fixed[s].utility]
+    def ratios(mine, base=fixed):
+        """Utility over ``base``'s per seed; a seed where ``base`` gained nothing (a short
+        period can admit none of the tenant's requests) has no ratio."""
+        return [mine[s].utility / base[s].utility for s in order if base[s].utility]
 
     def avg(attr: str) -> float:  # the pacing runs' mean over the seeds
         return statistics.fmean(getattr(by_seed[s], attr) for s in order)
@@ -580,7 +581,6 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
     r_warm, r_cold = ratios(by_seed), ratios(cold_by_seed)
     mean, lo, hi = interval(r_warm)
     diff = interval([by_seed[s].utility - fixed[s].utility for s in order])
-    free_u = [free_scored[s, t].utility for s in order]
     out = {
         "tenant": t,
         "budget_share": share,
@@ -609,24 +609,14 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
         "mu_end": [by_seed[s].mu_end for s in order],
         "utility": avg("utility"),
         "best_fixed_utility": statistics.fmean(fixed[s].utility for s in order),
-        "free_utility": statistics.fmean(free_u),
+        "free_utility": statistics.fmean(free[s].utility for s in order),
         "free_spend_by_quarter": [
-            statistics.fmean(free_scored[s, t].quarters[q] for s in order) for q in range(4)
+            statistics.fmean(free[s].quarters[q] for s in order) for q in range(4)
         ],
-        # A seed where the free run gained nothing (a short period can admit none of the
-        # tenant's requests) has no ratio to it.
-        "utility_over_free": interval(
-            [
-                by_seed[s].utility / free_scored[s, t].utility
-                for s in order
-                if free_scored[s, t].utility
-            ]
-        )[0],
+        "utility_over_free": interval(ratios(by_seed, free))[0],
     }
     if full:
-        out["full_value_ratio"] = interval(
-            [full[s].utility / fixed[s].utility for s in order if fixed[s].utility]
-        )[0]
+        out["full_value_ratio"] = interval(ratios(full))[0]
         out["full_value_spend_over_budget"] = [full[s].spend_over_budget for s in order]
     return out
 

@@ -191,24 +191,18 @@ def setup_name(policy: str, variant: str, thresholds: dict[str, float | bool]) -
     return policy + "".join(f" {k}={v:g}" for k, v in thresholds.items())
 
 
+@dataclass
 class Fleet:
-    """Engines as child processes (and the gateway in front of them, unless one engine alone)."""
+    """Engines as child processes (and the gateway in front of them, with ``router_kwargs``:
+    RouterOptions; None for one engine alone)."""
 
-    def __init__(
-        self,
-        configs: list[EngineConfig],
-        speed: float,
-        work: Path,
-        router: dict | None,
-        policy: str = ENGINE_POLICY,
-    ) -> None:
-        self.configs = configs
-        self.policy = policy
-        self.speed = speed
-        self.work = work
-        self.router_kwargs = router
-        self.engines: list[tuple[str, str, Path, subprocess.Popen[bytes]]] = []
-        self.router: Router | None = None
+    configs: list[EngineConfig]
+    speed: float
+    work: Path
+    router_kwargs: dict | None
+    policy: str = ENGINE_POLICY
+    engines: list[tuple[str, str, Path, subprocess.Popen[bytes]]] = field(default_factory=list)
+    router: Router | None = None
 
     def __enter__(self) -> Fleet:
         try:

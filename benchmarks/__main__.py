@@ -290,8 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "market_knobs": dataclasses.asdict(knobs),
             "argv": arguments(argv),
         }
-        doc = to_json(main_points, sweep_points, meta)
-        write_json(args.json, doc)
+        write_json(args.json, to_json(main_points, sweep_points, meta))
     if args.html:
         command = command_line("benchmarks", argv)
         figures.write_report(args.html, main_points, tables, sweep_points, findings, command)

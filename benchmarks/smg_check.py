@@ -74,11 +74,6 @@ async def send_all(url: str, rids: list[str]) -> dict[str, float | str]:
     return out
 
 
-def admitted_bids(paths: Sequence[Path]) -> dict[str, float]:
-    """Request id -> the bid its admitting round recorded, from round-record files."""
-    return {a["request_id"]: a["bid"] for path in paths for a in admitted(path)}
-
-
 def check(
     engine_urls: Sequence[str],
     *,
@@ -98,7 +93,8 @@ def check(
     finally:
         front.stop()
     time.sleep(0.5)  # the last round records reach their files
-    recorded = admitted_bids(rounds) if rounds else {}
+    # Request id -> the bid its admitting round recorded.
+    recorded = {a["request_id"]: a["bid"] for path in rounds for a in admitted(path)}
     failures = []
     for i, rid in enumerate(rids):
         sent, got = bid_of(i), reported.get(rid)

@@ -212,12 +212,11 @@ def workload(seed: int, setup: Setup) -> tuple[BenchRequest, ...]:
         seed=seed,
     ).at_rate(setup.rate, seed)
     rng = random.Random(f"{seed}:tenants")
-    names, weights = list(TRAFFIC), list(TRAFFIC.values())
-    out = []
-    for r in base.requests[:total]:
-        tenant = rng.choices(names, weights)[0]
-        out.append(replace(r, tenant=tenant, bid=r.bid * VALUE_SCALE[tenant]))
-    return tuple(out)
+    tenants = rng.choices(list(TRAFFIC), list(TRAFFIC.values()), k=total)
+    return tuple(
+        replace(r, tenant=t, bid=r.bid * VALUE_SCALE[t])
+        for r, t in zip(base.requests[:total], tenants, strict=True)
+    )
 
 
 class _Focal:

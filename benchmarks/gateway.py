@@ -427,7 +427,7 @@ def rss_growth(samples: list[tuple[float, int]], *, window_s: float = SOAK_WINDO
     t0, t1 = samples[0][0], samples[-1][0]
     first = [rss for t, rss in samples if t <= t0 + window_s]
     last = [rss for t, rss in samples if t >= t1 - window_s]
-    return (sum(last) / len(last)) / (sum(first) / len(first)) - 1
+    return mean(last) / mean(first) - 1
 
 
 async def soak(
@@ -452,10 +452,8 @@ async def soak(
     async def sample() -> None:
         while True:
             for p in workers_only:
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     samples[p.pid].append((loop.time() - started, p.memory_info().rss))
-                except psutil.NoSuchProcess:
-                    pass
             await asyncio.sleep(SOAK_SAMPLE_S)
 
     sampler = asyncio.create_task(sample())

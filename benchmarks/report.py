@@ -70,27 +70,22 @@ def yes_no(checks: Iterable[bool | None]) -> str:
 
 
 def policy_rows(
-    metrics: Mapping[str, Mapping[str, float]],
-    goals: Mapping[str, Goal],
-    base: str = BASE,
+    metrics: Mapping[str, Mapping[str, float]], goals: Mapping[str, Goal]
 ) -> tuple[str, list[str], list[list[str]]]:
     """The policy table's column titles and one row per policy: every metric with its ratio to
-    ``base`` (lpm; the first policy when lpm did not run), and the goal's capture and checks for
+    the base (lpm; the first policy when lpm did not run), and the goal's capture and checks for
     the bid-using policies (goal.py). Returns the base used, the titles and the rows.
 
     Welfare is a loss (negative), so a welfare ratio below 1 means less waiting cost than lpm.
     """
-    if base not in metrics:
-        base = next(iter(metrics))
-    ref = metrics[base]
+    base = BASE if BASE in metrics else next(iter(metrics))
     titles = ["policy"] + [_COLUMNS[k][0] for k in METRIC_KEYS] + ["capture", "hit/ttft/cap/p99"]
     rows = []
     for name, values in metrics.items():
         row = [name]
         for key in METRIC_KEYS:
-            row.append(
-                f"{formatted(_COLUMNS[key][1], values[key])} {_ratio(values[key], ref[key])}"
-            )
+            ratio = _ratio(values[key], metrics[base][key])
+            row.append(f"{formatted(_COLUMNS[key][1], values[key])} {ratio}")
         goal = goals.get(name)
         row += ["-" if goal is None else formatted("{:.2f}", goal.capture), goal_checks(goal)]
         rows.append(row)
@@ -110,10 +105,10 @@ def from_json(
     return {name: m.as_dict() for name, m in metrics.items()}, met
 
 
-def policy_table(point: Point, base: str = BASE) -> str:
+def policy_table(point: Point) -> str:
     """:func:`policy_rows` of one point as aligned text, with the wall time of each policy."""
     metrics = {name: run.metrics.as_dict() for name, run in point.runs.items()}
-    base, titles, cells = policy_rows(metrics, point_goals(point), base)
+    base, titles, cells = policy_rows(metrics, point_goals(point))
     titles.append("wall s")
     for row, run in zip(cells, point.runs.values(), strict=True):
         row.append(f"{run.wall_s:.1f}")

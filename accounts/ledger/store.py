@@ -9,6 +9,7 @@ from typing import Any
 
 from accounts.figures import duration, usd, usd_apart
 from accounts.models import LedgerEntry
+from accounts.models.ledger import TOKEN_COUNTS
 from accounts.selectors.budgets import BudgetStatus
 
 
@@ -45,11 +46,7 @@ class Usage:
 
     def tokens_detail(self) -> dict[str, int]:
         """The token entry's detail (a TokensDetail)."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
+        return {name: getattr(self, name) for name in TOKEN_COUNTS}
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,6 +120,9 @@ class TokensDetail(CapDetail):
     completion_tokens: int
 
 
+TOKEN_COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens")  # a TokensDetail's keys
+
+
 class LedgerEntry(models.Model):
     """One charge to a tenant, in exact dollars. One per (request, kind): replays add nothing."""
 

@@ -15,9 +15,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import ChargeKind, Invoice, InvoiceLine, LedgerEntry, Tenant
+from accounts.models.ledger import TOKEN_COUNTS
 from accounts.money import ZERO
-
-USAGE_FIELDS = ("prompt_tokens", "cached_tokens", "completion_tokens")
 
 
 @dataclass
@@ -86,7 +85,7 @@ def invoice_generate(
         else:
             line.tokens += entry.amount
             # The usage the token charge was computed from (only when charged in this period).
-            line.usage = {name: int(entry.detail.get(name, 0)) for name in USAGE_FIELDS}
+            line.usage = {name: int(entry.detail.get(name, 0)) for name in TOKEN_COUNTS}
     priority_total = sum((line.priority for line in lines.values()), ZERO)
     tokens_total = sum((line.tokens for line in lines.values()), ZERO)
     try:

@@ -12,6 +12,7 @@ from typing import Any
 from accounts import rules
 from accounts.algebra import SQL
 from accounts.models.budgets import WINDOWED_PERIODS
+from accounts.models.ledger import TOKEN_COUNTS
 from accounts.money import Prices
 
 from .sql import (
@@ -207,7 +208,7 @@ def request_settle(
         "tokens": tokens,
         "priority": priority,
         "round_id": round_id,
-        "tokens_detail": json.dumps({k: usage[k] for k in _TOKEN_FIELDS}),
+        "tokens_detail": json.dumps({k: usage[k] for k in TOKEN_COUNTS}),
         "priority_detail": json.dumps(priority_detail or {}),
         "price_input": prices[0],
         "price_cached": prices[1],
@@ -223,8 +224,6 @@ def request_settle(
         return SettleOutcome(status=None)
     return SettleOutcome(*row)
 
-
-_TOKEN_FIELDS = ("prompt_tokens", "cached_tokens", "completion_tokens")
 
 _PRICES_SQL = typed("""
 SELECT m.price_input_per_mtok, m.price_cached_input_per_mtok, m.price_output_per_mtok

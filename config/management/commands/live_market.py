@@ -67,8 +67,9 @@ from market.services import market_demo_seed, replica_set
 
 ROOT = Path(settings.BASE_DIR)
 AGENT_KEY_NAME = "live-market agents"
-# Embedded mode: seconds between two holds sweeps (celery beat runs it every minute with Redis).
-SWEEP_INTERVAL_S = 60.0
+# Embedded mode: celery beat's entries that this command runs, each at its beat interval (the
+# round records and the live publishers run in live_serve).
+EMBEDDED_JOBS = ("autobidders-step", "hold-horizons", "auto-reserves", "holds-sweep")
 # The demo's engines: a small deployment (a few requests at a time, a slow decode), so that the
 # agents' load queues requests and the auction has something to order.
 DEMO_ENGINE = ("max_running_requests=4", "step_fixed_s=0.03")
@@ -422,37 +423,21 @@ class Command(BaseCommand):
 
     def _pace(self, stop: threading.Event) -> None:
         """Embedded mode: the autobidders' pacing steps, the markets' hold horizons, their
-        automatic reserves and the holds sweep (celery beat's jobs with Redis)."""
-        from accounts.services import holds_sweep
-        from accounts.services.periodic import autobidders_step_due
-        from market.holds import hold_horizons_renew
-        from market.tasks import reserves_auto_step
+        automatic reserves and the holds sweep: beat's ``EMBEDDED_JOBS``, run in this thread."""
+        from config.celery import app
 
-        interval = settings.AUTOBID_INTERVAL_S
-        reserve_interval = settings.AUTO_RESERVE_INTERVAL_S
-        swept = paced = reserved = time.monotonic()
-        while not stop.wait(min(interval, reserve_interval)):
-            if time.monotonic() - reserved >= reserve_interval:
-                reserved = time.monotonic()
+        app.autodiscover_tasks(force=True)  # import the apps' tasks now, as a worker does
+        jobs = [settings.CELERY_BEAT_SCHEDULE[name] for name in EMBEDDED_JOBS]
+        due = [time.monotonic() + job["schedule"] for job in jobs]
+        while not stop.wait(min(job["schedule"] for job in jobs)):
+            for i, job in enumerate(jobs):
+                if time.monotonic() < due[i]:
+                    continue
+                due[i] = time.monotonic() + job["schedule"]
                 try:
-                    reserves_auto_step()  # the task's body, in this process (pushes included)
-                except Exception as exc:  # noqa: BLE001 (stepped again next interval)
-                    self.stderr.write(f"automatic reserve step failed: {exc}")
-            if time.monotonic() - paced < interval:
-                continue
-            paced = time.monotonic()
-            try:
-                autobidders_step_due(interval_s=interval)
-                hold_horizons_renew()
-            except Exception as exc:  # noqa: BLE001 (a failed step is retried next interval)
-                self.stderr.write(f"pacing step failed: {exc}")
-            if time.monotonic() - swept < SWEEP_INTERVAL_S:
-                continue
-            swept = time.monotonic()
-            try:
-                holds_sweep(stale_after_s=settings.STALE_REQUEST_S)
-            except Exception as exc:  # noqa: BLE001 (swept again next time)
-                self.stderr.write(f"holds sweep failed: {exc}")
+                    app.tasks[job["task"]]()  # the task's body, in this process
+                except Exception as exc:  # noqa: BLE001 (run again at its next interval)
+                    self.stderr.write(f"{job['task']} failed: {exc}")
 
     def _report(self, line: str) -> None:
         """A child's exit or start, on the terminal (its own output is in its log)."""

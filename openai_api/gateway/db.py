@@ -106,17 +106,10 @@ def _run(fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
             if conn.connection is not None and not conn.in_atomic_block:
                 conn.close()
         if database_busy(exc):
-            seconds = BUSY_RETRY_AFTER_S
-            raise DatabaseBusy(
-                f"the database is busy; retry after {seconds} s",
-                headers={"Retry-After": str(seconds)},
-            ) from exc
+            raise DatabaseBusy.retrying("the database is busy", BUSY_RETRY_AFTER_S) from exc
         if database_unreachable(exc):
-            seconds = UNAVAILABLE_RETRY_AFTER_S
-            raise DatabaseUnavailable(
-                f"the database cannot be reached; retry after {seconds} s",
-                headers={"Retry-After": str(seconds)},
-            ) from exc
+            what = "the database cannot be reached"
+            raise DatabaseUnavailable.retrying(what, UNAVAILABLE_RETRY_AFTER_S) from exc
         raise
 
 

@@ -8,7 +8,7 @@ Bad input is always a 4xx; a 5xx only ever means the engine (or the gateway's ow
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 from django.http import JsonResponse
 
@@ -34,6 +34,14 @@ class GatewayError(Exception):
         if code is not None:
             self.code = code
         self.headers = headers or {}
+
+    @classmethod
+    def retrying(cls, what: str, seconds: int, detail: str = "") -> Self:
+        """This error, to be tried again after ``seconds`` (whole seconds): said in its message
+        and in its ``Retry-After`` header."""
+        return cls(
+            f"{what}; retry after {seconds} s{detail}", headers={"Retry-After": str(seconds)}
+        )
 
     def body(self) -> dict[str, Any]:
         """The JSON error body."""

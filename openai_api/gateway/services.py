@@ -142,10 +142,7 @@ def _engine_failure(exc: EngineError, *, charged: Settled | None = None) -> Gate
         )
     if isinstance(exc, EngineOverloaded):
         seconds = max(1, round(exc.retry_after_s))
-        return EngineBusy(
-            f"the engine's queue is full; retry after {seconds} s: {exc.message}",
-            headers={"Retry-After": str(seconds)},
-        )
+        return EngineBusy.retrying("the engine's queue is full", seconds, f": {exc.message}")
     if isinstance(exc, EngineRejected):
         return MalformedRequest(
             f"the engine refused the request: {exc.message}",

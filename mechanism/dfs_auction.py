@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter, itemgetter
-from typing import NamedTuple, Protocol, final
+from typing import Generic, NamedTuple, Protocol, TypeVar, final
 
 from .plan import BSUM, INNER, TIE, WORK, Block, BlockKey, Plan
 from .requests import effective_bid
@@ -36,6 +36,7 @@ _bsum_of = itemgetter(BSUM)
 _work_of = itemgetter(WORK)
 _handle_of = attrgetter("handle")
 _NO_TIE = (float("inf"), "")  # the tie of a node with no blocks (the root of an empty tree)
+_T = TypeVar("_T")
 
 
 class KeyedPolicy(Protocol):
@@ -51,9 +52,8 @@ class KeyedPolicy(Protocol):
 def plan_dfs_auction(tree: RequestTree, policy: KeyedPolicy, reserve: int, overhead: int) -> Plan:
     """DFS order with sibling blocks by the policy's ``BlockKey`` (average bid or bid density).
 
-    The state of each node is kept across rounds and worked out again only where the tree
-    changed (``_dfs_states``); the plan reads it through views, and leaves the cumulative work
-    to the Clearing to count for the requests it is asked about.
+    The plan reads the nodes' kept state (``_dfs_states``) through views, and leaves the
+    cumulative work to the Clearing to count for the requests it is asked about.
     """
     key = policy.block_key
     if key is None:
@@ -62,8 +62,8 @@ def plan_dfs_auction(tree: RequestTree, policy: KeyedPolicy, reserve: int, overh
     return Plan(
         root_state.flat,
         overhead,
-        blocks=_BlockView(token),
-        inside=_InsideView(token),
+        blocks=_View(token, attrgetter("block")),
+        inside=_View(token, attrgetter("inside")),
         root=tree.root,
         handles=root_state.handles,
         key=key,
@@ -161,40 +161,25 @@ class _Memo:
         self.retie = False
 
 
-class _InsideView:
-    """A round's view of the nodes' DFS state under one planner token: ``view[node]`` is that
-    node's blocks in order (``_Memo.inside``), as payments.py reads a Plan's (plan.NodeLookup)."""
+class _View(Generic[_T]):
+    """A round's view of the nodes' DFS state under one planner token, as payments.py reads a
+    Plan's (plan.NodeLookup): ``view[node]`` is ``read`` of that node's state (``_Memo.inside``,
+    its blocks in order, or ``_Memo.block``, its own block)."""
 
-    __slots__ = ("token",)
+    __slots__ = ("token", "read")
 
-    def __init__(self, token: int) -> None:
+    def __init__(self, token: int, read: Callable[[_Memo], _T]) -> None:
         self.token = token
+        self.read = read
 
-    def __getitem__(self, node: Node) -> list[Block]:
-        return _planned(node, self.token).inside
-
-
-class _BlockView:
-    """The same view of each node's own block (``_Memo.block``)."""
-
-    __slots__ = ("token",)
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-
-    def __getitem__(self, node: Node) -> Block:
-        return _planned(node, self.token).block
-
-
-def _planned(node: Node, token: int) -> _Memo:
-    """The state a round reads through its views, still kept, or RuntimeError."""
-    state = _state(node, token)
-    if state is None:
-        raise RuntimeError(
-            "the round's planner state is gone (more rounds with other settings cleared "
-            "on this tree since than it keeps); clear the round again"
-        )
-    return state
+    def __getitem__(self, node: Node) -> _T:
+        state = _state(node, self.token)
+        if state is None:
+            raise RuntimeError(
+                "the round's planner state is gone (more rounds with other settings cleared "
+                "on this tree since than it keeps); clear the round again"
+            )
+        return self.read(state)
 
 
 def _state(x: Node, token: int) -> _Memo | None:
@@ -228,12 +213,10 @@ def _new_state(x: Node, token: int, live: Callable[[], set[int]]) -> _Memo:
 
 def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -> tuple[int, _Memo]:
     """Bring the DFS auction's state up to date at every node that changed since it was last
-    worked out; returns the planner's token and the root's state.
+    worked out, children first; returns the planner's token and the root's state.
 
     Nodes holding one request (leaves, most nodes) keep no state: their block is the request's,
-    worked out by the parent. A node is worked out again only if it changed, from its
-    children's blocks (an unchanged child's kept, a changed one's worked out first): a round
-    costs time proportional to the changed nodes and their children, plus copying the order.
+    worked out by the parent.
     """
     token = tree.plan_token((key, reserve, overhead))
     root = tree.root
@@ -262,10 +245,8 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
         xs = _state(x, token) or _new_state(x, token, live)
         if split:
             _split_step(x, xs, changed, token, key, reserve, overhead)
-        elif xs.built < 0 or 4 * len(changed) > len(xs.kids):
-            _rebuild(x, xs, changed, token, key, reserve, overhead)
         else:
-            _patch(x, xs, changed, token, key, reserve, overhead)
+            _step(x, xs, changed, token, key, reserve, overhead)
         xs.block = _node_block(x, xs, key)
         xs.built = version
         if xs.split:  # its blocks are its parent's: nothing is served from its own order
@@ -340,7 +321,7 @@ def _own_blocks(x: Node, key: BlockKey, reserve: int, overhead: int, under: bool
     return out
 
 
-def _rebuild(
+def _step(
     x: Node,
     xs: _Memo,
     changed: list[Node],
@@ -349,51 +330,30 @@ def _rebuild(
     reserve: int,
     overhead: int,
 ) -> None:
-    """Work a node's blocks out from its children's (an unchanged child's kept) and sort them."""
-    old = xs.kids
-    kids: dict[Node, Block] = {}
-    if xs.built >= 0:
-        built = xs.built
-        for c in x.children.values():
-            if c.changed <= built:
-                kids[c] = old[c]
-    kids.update(zip(changed, _child_blocks(changed, token, key, reserve, overhead), strict=True))
+    """A node's blocks brought up to date: patched (``_patch``), or, when most of them changed,
+    taken afresh from its children's (an unchanged child's kept) and sorted."""
+    fresh = _child_blocks(changed, token, key, reserve, overhead)
     own = _own_blocks(x, key, reserve, overhead, False)
-    xs.kids = kids
+    if xs.built < 0 or 4 * len(changed) > len(xs.kids):
+        built, old = xs.built, xs.kids
+        xs.kids = {c: old[c] for c in x.children.values() if c.changed <= built}
+        xs.kids.update(zip(changed, fresh, strict=True))
+        xs.sort_blocks([*xs.kids.values(), *own])
+    else:
+        _patch(x, xs, changed, fresh, own)
     xs.own = own
-    xs.sort_blocks([*kids.values(), *own])
 
 
-def _patch(
-    x: Node,
-    xs: _Memo,
-    changed: list[Node],
-    token: int,
-    key: BlockKey,
-    reserve: int,
-    overhead: int,
-) -> None:
-    """Replace the blocks that changed in a node's sorted blocks: those of the children that
-    changed, of children gone (cut off or merged away) and of the requests ending here."""
+def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: list[Block]) -> None:
+    """Replace the blocks that changed in a node's sorted blocks: those of the ``changed``
+    children (now ``fresh``), of children gone (cut off or merged away) and of the requests
+    ending here (now ``own``)."""
     kids = xs.kids
-    for block in xs.own:
-        xs.drop(block)
-    for c, block in zip(
-        changed, _child_blocks(changed, token, key, reserve, overhead), strict=True
-    ):
-        old = kids.get(c)
-        if old is not None:
-            xs.drop(old)
-        kids[c] = block
-        xs.add(block)
-    if len(kids) > len(x.children):  # children gone since (cut off, merged away): drop them
-        for c in kids.keys() - set(x.children.values()):
-            xs.drop(kids.pop(c))
-    own = _own_blocks(x, key, reserve, overhead, False)
-    for block in own:
-        xs.add(block)
-    xs.own = own
-    xs.settle()
+    gone = [*xs.own, *(kids[c] for c in changed if c in kids)]
+    kids.update(zip(changed, fresh, strict=True))
+    if len(kids) > len(x.children):
+        gone.extend(kids.pop(c) for c in kids.keys() - set(x.children.values()))
+    xs.swap(gone, [*fresh, *own])
 
 
 def _split_step(

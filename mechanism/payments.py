@@ -127,7 +127,7 @@ def request_block(plan: Plan, entry: Entry, *, reserve: int) -> tuple[Node, int]
     as the planner does (dfs_auction._child_blocks, _own_blocks), so that the planner files
     nothing per request.
     """
-    key = _key_of(plan)
+    key, _, inside, _ = _dfs(plan)
     node = entry.node
     b = effective_bid(entry.ticks, reserve, 0) + entry.credit  # the planner's: bid and age credit
     work = plan.overhead
@@ -137,39 +137,19 @@ def request_block(plan: Plan, entry: Entry, *, reserve: int) -> tuple[Node, int]
         assert up is not None  # a request never ends at the root: its tokens are not empty
         node = up
     x = _unsplit(node, key.split_cached)
-    siblings = _inside_of(plan)[x]
+    siblings = inside[x]
     i = bisect_left(siblings, (key.nk(b, 1, work, key.counts_cached(entry)), entry.tie))
     if i == len(siblings) or siblings[i][INNER] is not entry:
         raise RuntimeError(f"request {entry.req.id!r} is not where its round's plan put it")
     return x, i
 
 
-def _key_of(plan: Plan) -> BlockKey:
-    key = plan.key
-    if key is None:
-        raise ValueError("the plan is not a DFS auction's: its blocks go by no key")
-    return key
-
-
-def _inside_of(plan: Plan) -> NodeLookup[list[Block]]:
-    inside = plan.inside
-    if inside is None:
+def _dfs(plan: Plan) -> tuple[BlockKey, NodeLookup[Block], NodeLookup[list[Block]], Node]:
+    """A DFS auction's plan's key, blocks, ``inside`` and root; ValueError for another plan."""
+    key, blocks, inside, root = plan.key, plan.blocks, plan.inside, plan.root
+    if key is None or blocks is None or inside is None or root is None:
         raise ValueError("the plan is not a DFS auction's: it keeps no blocks")
-    return inside
-
-
-def _blocks_of(plan: Plan) -> NodeLookup[Block]:
-    blocks = plan.blocks
-    if blocks is None:
-        raise ValueError("the plan is not a DFS auction's: it keeps no blocks")
-    return blocks
-
-
-def _root_of(plan: Plan) -> Node:
-    root = plan.root
-    if root is None:
-        raise ValueError("the plan is not a DFS auction's: it has no tree")
-    return root
+    return key, blocks, inside, root
 
 
 # A node's unsplit ancestor is a node: the root is never split (Node.fully_cached).
@@ -200,8 +180,7 @@ def dfs_charge(
     b = effective_bid(entry.ticks, reserve, 0)
     if b <= 0:
         return 0.0, 0
-    key = _key_of(plan)
-    blocks_of, inside = _blocks_of(plan), _inside_of(plan)
+    key, blocks_of, inside, _ = _dfs(plan)
     node, i = request_block(plan, entry, reserve=reserve)
     block = inside[node][i]
     total = 0.0
@@ -250,8 +229,7 @@ def dfs_payments(
     requests is taken off (``_Own``). Those sums need every bid from the start, so the blocks
     are charged as the walk meets them.
     """
-    key = _key_of(plan)
-    inside = _inside_of(plan)
+    key, _, inside, root = _dfs(plan)
     n = len(plan.order)
     pay = [0.0] * n
     saved = [0] * n
@@ -267,7 +245,7 @@ def dfs_payments(
         own = _Own(owners, [b + e.credit for b, e in zip(bids, plan.order, strict=True)])
         ahead = pay
     later: list[_Later] = []
-    stack: list[tuple[Node, int]] = [(_root_of(plan), 0)]  # a node and its first position
+    stack: list[tuple[Node, int]] = [(root, 0)]  # a node and its first position
     while stack:
         x, start = stack.pop()
         blocks = inside[x]
@@ -473,7 +451,8 @@ class DfsCharges:
     def _sums_at(self, x: Node) -> Sums:
         got = self._sums.get(x)
         if got is None:
-            got = self._sums[x] = _sibling_sums(_inside_of(self.plan)[x])
+            _, _, inside, _ = _dfs(self.plan)
+            got = self._sums[x] = _sibling_sums(inside[x])
         return got
 
     def charge(self, entry: Entry) -> tuple[float, int]:

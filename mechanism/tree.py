@@ -314,9 +314,8 @@ class RequestTree:
 
     def remove(self, request_id: str) -> WaitingRequest:
         """Remove a waiting request (served or cancelled) and return it."""
-        entry = self.entries.pop(request_id, None)
-        if entry is None:
-            raise ValueError(f"request {request_id!r} is not waiting")
+        entry = self._waiting(request_id)
+        del self.entries[request_id]
         self._bid_unfile(entry)
         node = entry.node
         del node.reqs[request_id]
@@ -354,9 +353,7 @@ class RequestTree:
         self, request_id: str, *, bid: float | None = None, cached_len: int | None = None
     ) -> WaitingRequest:
         """Change a waiting request's bid or cached length in place and return the new request."""
-        entry = self.entries.get(request_id)
-        if entry is None:
-            raise ValueError(f"request {request_id!r} is not waiting")
+        entry = self._waiting(request_id)
         req = entry.req
         old = req.cached_len
         if bid is None:  # the cached length alone (the engines' common case): no re-filing
@@ -371,34 +368,35 @@ class RequestTree:
             entry.ticks = to_ticks(req.bid)
             self._bid_file(entry)
         entry.req = req
-        v = self.version + 1
-        x: Node | None = entry.node
-        while x is not None:
-            x.changed = v
-            x = x.parent
+        self._changed_at(entry.node)
         new = req.cached_len
         if new > old:
             self._raise_cached(entry.node, new)
         elif new < old:
             self._lower_cached(entry.node, old)
-        self.version += 1
         return entry.req
 
     def set_credit(self, request_id: str, credit: int) -> None:
         """Give a waiting request an age credit of ``credit`` bid ticks (aging.py): the change
         reaches the incremental planners as a change of its node, like a bid's."""
-        entry = self.entries.get(request_id)
-        if entry is None:
-            raise ValueError(f"request {request_id!r} is not waiting")
+        entry = self._waiting(request_id)
         if isinstance(credit, bool) or not isinstance(credit, int) or credit < 0:
             raise ValueError(f"request {request_id!r}: credit must be an int >= 0, got {credit!r}")
         entry.credit = credit
-        v = self.version + 1
-        x: Node | None = entry.node
+        self._changed_at(entry.node)
+
+    def _waiting(self, request_id: str) -> Entry:
+        entry = self.entries.get(request_id)
+        if entry is None:
+            raise ValueError(f"request {request_id!r} is not waiting")
+        return entry
+
+    def _changed_at(self, x: Node | None) -> None:
+        """A request at ``x`` changed: so did ``x`` and the nodes above it, in a new version."""
+        v = self.version = self.version + 1
         while x is not None:
             x.changed = v
             x = x.parent
-        self.version = v
 
     # --- in-batch sharing (for the engines' admission loop) -----------------------------------
 

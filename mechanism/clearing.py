@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from operator import attrgetter
 
 from .payments import Charges, DfsCharges, TenantCharges
 from .plan import BSUM, REQUESTS, WORK, Plan
 from .policies import POLICY, policy_checked
-from .requests import BID_SCALE, WaitingRequest, effective_bid, to_ticks
+from .requests import BID_SCALE, WaitingRequest, effective_bid, number_checked, to_ticks
 from .tree import Node, RequestTree
 from .welfare import planned_welfare
 
@@ -243,24 +242,6 @@ def charge_scope_checked(scope: object) -> str:
     return scope
 
 
-def _params_checked(
-    reserve: float, tokens_per_second: float, overhead_tokens: int
-) -> tuple[float, float, int]:
-    if isinstance(reserve, bool) or not isinstance(reserve, int | float):
-        raise ValueError(f"reserve must be a number, got {reserve!r}")
-    if not math.isfinite(reserve) or reserve < 0:
-        raise ValueError(f"reserve must be finite and >= 0, got {reserve!r}")
-    if isinstance(tokens_per_second, bool) or not isinstance(tokens_per_second, int | float):
-        raise ValueError(f"tokens_per_second must be a number, got {tokens_per_second!r}")
-    if not math.isfinite(tokens_per_second) or tokens_per_second <= 0:
-        raise ValueError(f"tokens_per_second must be finite and > 0, got {tokens_per_second!r}")
-    if isinstance(overhead_tokens, bool) or not isinstance(overhead_tokens, int):
-        raise ValueError(f"overhead_tokens must be an int, got {overhead_tokens!r}")
-    if overhead_tokens < 0:
-        raise ValueError(f"overhead_tokens must be >= 0, got {overhead_tokens!r}")
-    return float(reserve), float(tokens_per_second), overhead_tokens
-
-
 def clear_tree(
     tree: RequestTree,
     policy: str,
@@ -276,7 +257,11 @@ def clear_tree(
     request) or ``"tenant"`` (not for its own tenant's, ``payments.TenantCharges``; DFS
     auctions only, the other policies charge as usual)."""
     rules = POLICY[policy_checked(policy)]
-    reserve, tps, overhead = _params_checked(reserve, tokens_per_second, overhead_tokens)
+    reserve = number_checked("reserve", reserve, allow_zero=True)
+    tps = number_checked("tokens_per_second", tokens_per_second)
+    overhead = overhead_tokens
+    if isinstance(overhead, bool) or not isinstance(overhead, int) or overhead < 0:
+        raise ValueError(f"overhead_tokens must be an int >= 0, got {overhead!r}")
     plan = rules.planner(tree, rules, to_ticks(reserve), overhead)
     return Clearing(
         tree,

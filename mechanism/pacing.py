@@ -61,6 +61,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .requests import number_checked
+
 DEFAULT_ETA0 = 1.0  # tuned on the benchmark's training seeds (benchmarks.pacing)
 DEFAULT_GRADIENT_CLIP = 20.0  # overspend in one interval: up to 21x the target counts in full
 DEFAULT_END_GUARD_SHARE = 0.1  # the last tenth of a period: mu rises by at most eta a step
@@ -72,14 +74,6 @@ MU_MAX_FLOOR = 1.0  # the derived mu_max is never below this
 EXPOSURE_QUANTILE = 0.99
 EXPOSURE_WINDOW = 512  # recent settled requests the quantile is taken over
 EXPOSURE_MIN_SAMPLES = 32  # until then, the worst case (factor 1)
-
-
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>=' if allow_zero else '>'} 0, got {value!r}")
-    return float(value)
 
 
 def mu_max_for(
@@ -96,9 +90,9 @@ def mu_max_for(
         ("value_max", value_max),
         ("arrival_rate", arrival_rate),
         ("wait_bound_s", wait_bound_s),
+        ("target_rate", target_rate),
     ):
-        _positive(name, value, allow_zero=True)
-    _positive("target_rate", target_rate, allow_zero=True)
+        number_checked(name, value, allow_zero=True)
     if target_rate == 0:
         return math.inf if value_max > 0 else MU_MAX_FLOOR
     return max(MU_MAX_FLOOR, value_max * arrival_rate * wait_bound_s / target_rate - 1.0)
@@ -122,10 +116,10 @@ class PacingAgent:
     history: list[tuple[float, float, float]] = field(default_factory=list)  # (t, mu, spent)
 
     def __post_init__(self) -> None:
-        _positive("budget", self.budget, allow_zero=True)
-        _positive("period_s", self.period_s)
-        _positive("eta0", self.eta0)
-        _positive("gradient_clip", self.gradient_clip)
+        number_checked("budget", self.budget, allow_zero=True)
+        number_checked("period_s", self.period_s)
+        number_checked("eta0", self.eta0)
+        number_checked("gradient_clip", self.gradient_clip)
         if not 0 <= self.end_guard_share < 1:
             raise ValueError(f"end_guard_share must lie in [0, 1), got {self.end_guard_share!r}")
         if isinstance(self.updates, bool) or not isinstance(self.updates, int) or self.updates < 1:
@@ -137,7 +131,7 @@ class PacingAgent:
         if not self.values:
             raise ValueError("the autobidder needs a value for at least one request class")
         for name, value in self.values.items():
-            _positive(f"value of class {name!r}", value, allow_zero=True)
+            number_checked(f"value of class {name!r}", value, allow_zero=True)
 
     @property
     def eta(self) -> float:
@@ -165,8 +159,8 @@ class PacingAgent:
 
     def observe(self, spent: float, interval_s: float) -> float:
         """Record an interval's spend (dollars over ``interval_s`` seconds); return the new mu."""
-        _positive("spent", spent, allow_zero=True)
-        _positive("interval_s", interval_s)
+        number_checked("spent", spent, allow_zero=True)
+        number_checked("interval_s", interval_s)
         target = self.target(interval_s)
         self.spent += spent
         self.elapsed_s += interval_s

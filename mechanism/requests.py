@@ -104,6 +104,16 @@ def bid_checked(bid: object, *, request_id: str) -> float:
     return value
 
 
+def number_checked(name: str, value: float, *, allow_zero: bool = False) -> float:
+    """``value`` as a float if it is a finite number > 0 (>= 0 with ``allow_zero``), else
+    ValueError naming it ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>=' if allow_zero else '>'} 0, got {value!r}")
+    return float(value)
+
+
 def to_ticks(amount: float) -> int:
     """Dollars per second as a whole number of bid ticks (rounded to the nearest)."""
     return round(amount * BID_SCALE)

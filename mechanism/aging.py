@@ -40,10 +40,9 @@ Not covered yet: quotes (quotes.py) and the order book (book.py) read bids only.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass
 
-from .requests import MAX_BID, to_ticks
+from .requests import MAX_BID, number_checked, to_ticks
 from .tree import RequestTree
 
 # The credit's steps up to the bound and its density at the bound ($/s per prompt token), chosen
@@ -91,16 +90,10 @@ class AgeCredit:
     steps: int = DEFAULT_STEPS
 
     def __post_init__(self) -> None:
-        for name in ("wait_s", "density"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number, got {value!r}")
-        if not (math.isfinite(self.wait_s) and self.wait_s > 0):
-            raise ValueError(f"wait_s must be finite and > 0 seconds, got {self.wait_s!r}")
-        if not 0 < self.density <= MAX_BID:
-            raise ValueError(
-                f"density must be in (0, {MAX_BID:g}] $/s per token, got {self.density!r}"
-            )
+        number_checked("wait_s", self.wait_s)
+        d = self.density
+        if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d <= MAX_BID:
+            raise ValueError(f"density must be in (0, {MAX_BID:g}] $/s per token, got {d!r}")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not self.steps >= 1:
             raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
 

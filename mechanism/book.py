@@ -44,8 +44,7 @@ def subtree_book(
     fully cached subtrees (a subtree of the book need not be a block there); cached depths are
     the tree's own. Call it before the tree changes.
     """
-    if tree.version != clearing._version:
-        raise RuntimeError("the request tree changed since this round was cleared")
+    clearing._check()
     plan = clearing._plan
     # A split plan (dfs-auction-kv-split) has no block for a fully cached subtree: walked.
     if plan.key is not None and not plan.key.split_cached:
@@ -58,7 +57,7 @@ def _walked_book(
 ) -> list[SubtreeRow]:
     """``subtree_book`` for any order: every node's totals from its children's."""
     position = {rid: i for i, rid in enumerate(clearing.order)}
-    reserve = round(clearing.reserve * BID_SCALE)
+    reserve = clearing._reserve_ticks
     overhead = clearing.overhead_tokens
     stats: dict[Node, tuple[int, int, int, int]] = {}  # n, bid ticks, work, first
     for x in reversed(tree.nodes()):
@@ -165,8 +164,7 @@ def block_of(
     to that subtree's size, once per subtree when a ``cache`` dict is passed for the round; call
     it before the tree changes.
     """
-    if tree.version != clearing._version:
-        raise RuntimeError("the request tree changed since this round was cleared")
+    clearing._check()
     x = tree.entries[request_id].node
     while (up := x.parent) is not tree.root:
         assert up is not None  # the walk from a request's node reaches the root first
@@ -177,7 +175,7 @@ def block_of(
     if totals is not None:
         n, bsum, work = totals
     else:
-        reserve = round(clearing.reserve * BID_SCALE)
+        reserve = clearing._reserve_ticks
         overhead = clearing.overhead_tokens
         n = bsum = work = 0
         stack = [x]

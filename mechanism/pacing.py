@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .requests import number_checked
 
@@ -180,17 +180,8 @@ class PacingAgent:
 
     def next_period(self, *, budget: float | None = None) -> PacingAgent:
         """The agent for the next period: the same settings, warm-started at this mu."""
-        return PacingAgent(
-            budget=self.budget if budget is None else budget,
-            period_s=self.period_s,
-            values=self.values,
-            updates=self.updates,
-            eta0=self.eta0,
-            mu_max=self.mu_max,
-            mu=self.mu,
-            gradient_clip=self.gradient_clip,
-            end_guard_share=self.end_guard_share,
-        )
+        budget = self.budget if budget is None else budget
+        return replace(self, budget=budget, spent=0.0, elapsed_s=0.0, history=[])
 
 
 def exposure_factor(

@@ -410,7 +410,11 @@ class RequestTree:
         """Uncached tokens the request shares with the requests added to the batch ``stamp``:
         what admitting it to that batch would compute a second time (<= 0: nothing)."""
         entry = self.entries[request_id]
-        x = _batch_mark(entry.node, stamp)
+        x: Node | None = entry.node
+        while x is not None and x.mark != stamp:  # the batch marks the root, at least
+            x = x.parent
+        if x is None:
+            raise _stale_batch(stamp)
         return x.end - entry.req.cached_len
 
     def batch_add(self, request_id: str, stamp: int) -> None:
@@ -481,17 +485,6 @@ class RequestTree:
             node = node.parent
         out.reverse()
         return out
-
-
-def _batch_mark(x: Node, stamp: int) -> Node:
-    """The nearest node from ``x`` up that the batch ``stamp`` computes (the root, at least, once
-    the batch has begun); ValueError if ``stamp`` is not the current batch."""
-    y: Node | None = x
-    while y is not None and y.mark != stamp:
-        y = y.parent
-    if y is None:
-        raise _stale_batch(stamp)
-    return y
 
 
 def _stale_batch(stamp: int) -> ValueError:

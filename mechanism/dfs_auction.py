@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter, itemgetter
-from typing import Generic, NamedTuple, Protocol, TypeVar, final
+from typing import Generic, Protocol, TypeVar, final
 
 from .plan import BSUM, INNER, TIE, WORK, Block, BlockKey, Plan
 from .requests import effective_bid
@@ -413,18 +413,7 @@ def _split_rebuild(
     xs.sort_blocks(blocks)
 
 
-class _SplitChanges(NamedTuple):
-    """What changed below a dfs-auction-kv-split node since it was last worked out: the blocks
-    that left its blocks and those that joined them, the changed children's new parts (a block,
-    or a split child's state), and the children gone (cut off or merged away)."""
-
-    gone: list[Block]
-    came: list[Block]
-    parts: dict[Node, Block | _Memo]
-    left: list[Node]
-
-
-def _split_changes(
+def _split_patch(
     x: Node,
     xs: _Memo,
     changed: list[Node],
@@ -432,15 +421,16 @@ def _split_changes(
     key: BlockKey,
     reserve: int,
     overhead: int,
-) -> _SplitChanges | None:
-    """dfs-auction-kv-split: what the changed children of a node whose split did not change
-    bring and take away (a split child: what its own blocks gained and lost), or None where
-    that is not known from what the node kept (a child that was split and is no longer, or
-    that was split and went)."""
+) -> bool:
+    """dfs-auction-kv-split: patch a node whose split did not change by what its changed
+    children bring and take away (a split child: what its own blocks gained and lost), and by
+    its children gone (cut off or merged away); False, having changed nothing, where it must be
+    worked out afresh instead: what changed is not known from what the node kept (a child that
+    was split and is no longer, or that was split and went), or is most of its blocks."""
     parts = xs.parts
     gone: list[Block] = []
     came: list[Block] = []
-    records: dict[Node, Block | _Memo] = {}
+    records: dict[Node, Block | _Memo] = {}  # the changed children's new parts
     keyed: list[Node] = []  # the changed children that are blocks here
     new_kids = 0
     for c in changed:
@@ -459,11 +449,12 @@ def _split_changes(
             records[c] = cs
             continue
         if type(old) is _Memo:  # what it held here is known only as its blocks were
-            return None
+            return False
         if old is not None:
             gone.append(old)
         keyed.append(c)
-    fresh = _child_blocks(keyed, token, key, reserve, overhead, xs.split)
+    under = xs.split
+    fresh = _child_blocks(keyed, token, key, reserve, overhead, under)
     records.update(zip(keyed, fresh, strict=True))
     came.extend(fresh)
     left: list[Node] = []
@@ -472,35 +463,14 @@ def _split_changes(
         for c in left:
             old = parts[c]
             if type(old) is _Memo:
-                return None
+                return False
             gone.append(old)
-    return _SplitChanges(gone, came, records, left)
-
-
-def _split_patch(
-    x: Node,
-    xs: _Memo,
-    changed: list[Node],
-    token: int,
-    key: BlockKey,
-    reserve: int,
-    overhead: int,
-) -> bool:
-    """dfs-auction-kv-split: patch a node whose split did not change by what changed below it
-    (``_split_changes``); False, having changed nothing, where it must be worked out afresh
-    instead: what changed is not known, or is most of its blocks."""
-    changes = _split_changes(x, xs, changed, token, key, reserve, overhead)
-    if changes is None:
-        return False
-    gone, came, records, left = changes
     if 4 * (len(gone) + len(came)) > len(xs.inside) + 4:
         return False
-    under = xs.split
     own = _own_blocks(x, key, reserve, overhead, under)
     gone.extend(xs.own)
     came.extend(own)
     xs.swap(gone, came)
-    parts = xs.parts
     for c in left:
         del parts[c]
     parts.update(records)

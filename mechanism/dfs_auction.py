@@ -334,11 +334,13 @@ def _step(
     taken afresh from its children's (an unchanged child's kept) and sorted."""
     fresh = _child_blocks(changed, token, key, reserve, overhead)
     own = _own_blocks(x, key, reserve, overhead, False)
-    if xs.built < 0 or 4 * len(changed) > len(xs.kids):
-        built, old = xs.built, xs.kids
-        xs.kids = {c: old[c] for c in x.children.values() if c.changed <= built}
-        xs.kids.update(zip(changed, fresh, strict=True))
-        xs.sort_blocks([*xs.kids.values(), *own])
+    built = xs.built
+    if built < 0 or 4 * len(changed) > len(xs.kids):
+        old = xs.kids
+        kids = {c: old[c] for c in x.children.values() if c.changed <= built} if built >= 0 else {}
+        kids.update(zip(changed, fresh, strict=True))
+        xs.kids = kids
+        xs.sort_blocks([*kids.values(), *own])
     else:
         _patch(x, xs, changed, fresh, own)
     xs.own = own

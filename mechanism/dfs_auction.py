@@ -351,11 +351,20 @@ def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: lis
     children (now ``fresh``), of children gone (cut off or merged away) and of the requests
     ending here (now ``own``)."""
     kids = xs.kids
-    gone = [*xs.own, *(kids[c] for c in changed if c in kids)]
-    kids.update(zip(changed, fresh, strict=True))
+    for block in xs.own:
+        xs.drop(block)
+    for c, block in zip(changed, fresh, strict=True):
+        old = kids.get(c)
+        if old is not None:
+            xs.drop(old)
+        kids[c] = block
+        xs.add(block)
     if len(kids) > len(x.children):
-        gone.extend(kids.pop(c) for c in kids.keys() - set(x.children.values()))
-    xs.swap(gone, [*fresh, *own])
+        for c in kids.keys() - set(x.children.values()):
+            xs.drop(kids.pop(c))
+    for block in own:
+        xs.add(block)
+    xs.settle()
 
 
 def _split_step(

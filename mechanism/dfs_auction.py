@@ -216,7 +216,9 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
     worked out, children first; returns the planner's token and the root's state.
 
     Nodes holding one request (leaves, most nodes) keep no state: their block is the request's,
-    worked out by the parent.
+    worked out by the parent. A node is worked out again only if it changed, from its
+    children's blocks (an unchanged child's kept): a round costs time proportional to the
+    changed nodes and their children, plus copying the order.
     """
     token = tree.plan_token((key, reserve, overhead))
     root = tree.root

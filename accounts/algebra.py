@@ -1,13 +1,13 @@
 """Two readings of the same arithmetic, so that each money rule is written once.
 
 A rule in ``accounts.rules`` is a function of an ``x`` (one of the two below) and its
-operands. Called with :data:`VALUES` and Decimal or datetime operands it computes the rule's
-result (the reference ledger code, the selectors, the models); called with :data:`SQL` and
-column or parameter expressions it returns the rule as a PostgreSQL expression (the ledger's
-single statements, ``accounts.ledger.statements``). The two readings agree by construction on
-everything but how they are written: an absent amount is ``None`` in Python and ``NULL`` in SQL,
-and both readings treat it alike (ignored by ``least``, carried through ``add``, ``sub`` and
-``clip0``).
+operands. Called with :data:`SQL` and column or parameter expressions it returns the rule as a
+PostgreSQL expression (the ledger's statements, ``accounts.ledger.statements``); called with
+:data:`VALUES` and Decimal or datetime operands it computes the rule's result (the selectors,
+the models, and the tests' reference ledger, which checks the statements). The two readings
+agree by construction on everything but how they are written: an absent amount is ``None`` in
+Python and ``NULL`` in SQL, and both readings treat it alike (ignored by ``least``, carried
+through ``add``, ``sub`` and ``clip0``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""What a request may be charged when it is settled: the rule that keeps every budget whole
-(DESIGN.md 6).
+"""What a request may be charged when it is settled: the rule that keeps every budget whole.
 
 A request's money moves like a two-phase transfer. The gateway places one **hold** before it
 forwards the request (``request_open``: it must fit every budget), and resolves it exactly once:
@@ -45,21 +44,20 @@ is older (the ledger is summed then); read for what is left (:func:`window_spent
 window older than the row's (a writer's clock behind the row's) reads the row's: the most it
 can have spent.
 
-**Written once.** Each rule is one function of ``x`` (``accounts.algebra``): with
-``VALUES`` it computes (the reference ORM code ``accounts.ledger.orm``, the models, the
-selectors), with ``SQL`` it is the expression the PostgreSQL statements run
-(``accounts.ledger.statements``). Nothing here is restated in SQL by hand.
+**Written once.** Each rule is one function of ``x`` (``accounts.algebra``): with ``SQL`` it
+is the expression the ledger's statements run (``accounts.ledger.statements``); with
+``VALUES`` it computes (the models, the selectors, and the tests' reference ledger, which the
+statements are checked against). Nothing here is restated in SQL by hand.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from accounts.algebra import VALUES, Sql, Values
-from accounts.money import money, money_str
+from accounts.algebra import Sql, Values
+from accounts.money import money
 from mechanism.pacing import high_quantile
 
 X = Values | Sql  # the two readings of a rule
@@ -104,23 +102,6 @@ def priority_hold(*, effective_bid: Decimal, horizon_s: float, consent_cap: Deci
     """The priority part of a request's hold, dollars: ``effective_bid`` ($/s) x the market's
     hold horizon (seconds), at most ``consent_cap`` (what the tenant consented to)."""
     return min(consent_cap, money(effective_bid * Decimal(repr(horizon_s))))
-
-
-@dataclass(frozen=True)
-class Allowed:
-    """A charge as it may be written (dollars) and, when less than asked, what capped it."""
-
-    amount: Decimal
-    capped_by: str | None  # PRIORITY_CAP, BUDGET, AUTOBIDDER_BUDGET, or None: not capped
-
-
-@dataclass(frozen=True)
-class Settlement:
-    """What a settlement may write: the token charge and the priority charge (None: the engine
-    reported none)."""
-
-    tokens: Allowed
-    priority: Allowed | None
 
 
 def window_spent(x: X, *, kept_start: Any, kept_spent: Any, start: Any) -> Any:
@@ -168,9 +149,16 @@ def settlement(
     budget_room: Any,
     autobidder_room: Any,
 ) -> tuple[Any, Any, Any, Any]:
-    """What a settlement may write (the module's docstring): (tokens, what cut them, priority,
-    what cut it), a cut None (NULL) when nothing did. Operands as for
-    :func:`settlement_allowed`."""
+    """The most of the ``tokens`` and ``priority`` dollars asked that a settlement may write
+    (the module's docstring): (tokens, what cut them, priority, what cut it), a cut None (NULL)
+    when nothing did; nothing asked for priority (None), nothing written.
+
+    ``priority_cap``: the request's consent cap (None: none); ``hold_remaining``: what its open
+    hold still reserves (0 when released); ``budget_room``: the least, over the budgets that
+    apply, of :func:`left` (None: no budget applies); ``autobidder_room``: the autobidder's
+    budget less its spend in the window (autobid requests; None otherwise). Ties name the first
+    limit in the order cap, budget, autobidder.
+    """
     room = x.add(hold_remaining, x.clip0(budget_room))
     taken, tokens_cut = x.capped(tokens, [(room, BUDGET)])
     limits = [
@@ -180,48 +168,3 @@ def settlement(
     ]
     paid, priority_cut = x.capped(priority, limits)
     return taken, tokens_cut, paid, priority_cut
-
-
-def settlement_allowed(
-    *,
-    tokens: Decimal,
-    priority: Decimal | None,
-    priority_cap: Decimal | None,
-    hold_remaining: Decimal,
-    budget_room: Decimal | None,
-    autobidder_room: Decimal | None,
-) -> Settlement:
-    """The most of the ``tokens`` and ``priority`` dollars asked that a settlement may write
-    (:func:`settlement`, computed).
-
-    ``priority_cap``: the request's consent cap (None: none); ``hold_remaining``: what its open
-    hold still reserves (0 when released); ``budget_room``: the least, over the budgets that
-    apply, of :func:`left` (None: no budget applies); ``autobidder_room``: the autobidder's
-    budget less its spend in the window (autobid requests; None otherwise). Ties name the first
-    limit in the order cap, budget, autobidder.
-    """
-    taken, tokens_cut, paid, priority_cut = settlement(
-        VALUES,
-        tokens=tokens,
-        priority=priority,
-        priority_cap=priority_cap,
-        hold_remaining=hold_remaining,
-        budget_room=budget_room,
-        autobidder_room=autobidder_room,
-    )
-    return Settlement(
-        tokens=Allowed(amount=taken, capped_by=tokens_cut),
-        priority=None if paid is None else Allowed(amount=paid, capped_by=priority_cut),
-    )
-
-
-def capped_detail(detail: dict[str, Any], *, allowed: Allowed, asked: Decimal) -> dict[str, Any]:
-    """An entry's detail with what a cap cut, when one did (amounts as exact strings)."""
-    if allowed.capped_by is None:
-        return detail
-    return {
-        **detail,
-        "capped_at": money_str(allowed.amount),
-        "capped_by": allowed.capped_by,
-        "uncapped": money_str(asked),
-    }

@@ -1,15 +1,18 @@
-"""The ledger store on PostgreSQL: each write one statement (``accounts.ledger.statements``),
-the reference (:class:`~accounts.ledger.orm.OrmLedger`) where a statement declines."""
+"""The ledger store: each write one statement (``accounts.ledger.statements``), and the few
+steps a statement needs first when it declines (counter rows created, or locked)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.db import transaction
+
 from accounts.ledger import statements
-from accounts.ledger.orm import OrmLedger
+from accounts.ledger.counters import budget_counters_ensure
 from accounts.ledger.store import BudgetExhausted, Outcome, PriorityCharge, Settled, Usage
 from accounts.models import (
     ApiKey,
@@ -23,7 +26,6 @@ from accounts.models import (
     Tenant,
 )
 from accounts.money import PostedPrices, prices_of
-from accounts.rules import BUDGET, VALUES, Allowed, capped_detail, fits
 from accounts.selectors.budgets import BudgetStatus, budget_status_of
 from accounts.windows import window_for
 
@@ -38,8 +40,11 @@ _UNSET_AT_OPEN = (
 )
 
 
-class PostgresLedger(OrmLedger):
-    """The ledger's writes in single statements, with the reference behind."""
+class PostgresLedger:
+    """The ledger's writes, a two-phase transfer per request: open a request with its hold (or
+    place a hold alone), settle it (both its charges, the hold closed), or close its hold
+    unsettled. Amounts in dollars (``Decimal``, 9 places); ``now`` is the write's time, which
+    decides the budget windows it counts in."""
 
     def hold_place(
         self,
@@ -50,27 +55,12 @@ class PostgresLedger(OrmLedger):
         amount: Decimal,
         now: datetime,
     ) -> Hold:
-        placed = self._placed(
+        """Reserve ``amount`` against every budget that applies (BudgetExhausted, nothing
+        written, when it does not fit); a replay returns the first hold."""
+        hold, _ = self._placed(
             tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
         )
-        if placed is None:
-            return super().hold_place(
-                tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
-            )
-        return statements.model_loaded(
-            Hold,
-            {
-                "id": placed.hold_id,
-                "request_id": request_id,
-                "tenant_id": tenant.pk,
-                "api_key_id": api_key.pk if api_key else None,
-                "amount": amount,
-                "remaining": amount,
-                "state": HoldState.OPEN,
-                "created_at": now,
-                "closed_at": None,
-            },
-        )
+        return hold
 
     def request_open(
         self,
@@ -82,11 +72,13 @@ class PostgresLedger(OrmLedger):
         now: datetime,
         fields: dict[str, Any],
     ) -> Request:
+        """:meth:`hold_place` and the request's row (``fields``: its market_id, bid, ...)
+        together; a replay returns the row as it is."""
         request = {
             "market": fields["market_id"],
             **{k: v for k, v in fields.items() if k != "market_id"},
         }
-        placed = self._placed(
+        _, created = self._placed(
             tenant=tenant,
             api_key=api_key,
             request_id=request_id,
@@ -94,29 +86,24 @@ class PostgresLedger(OrmLedger):
             now=now,
             request=request,
         )
-        if placed is not None and placed.request_created:
+        owner = {"tenant_id": tenant.pk, "api_key_id": api_key.pk if api_key else None}
+        if created:
             return statements.model_loaded(
                 Request,
                 {
                     "request_id": request_id,
-                    "tenant_id": tenant.pk,
-                    "api_key_id": api_key.pk if api_key else None,
+                    **owner,
                     "status": RequestStatus.QUEUED,
                     "created_at": now,
                     **dict.fromkeys(_UNSET_AT_OPEN),
                     **fields,
                 },
             )
-        if placed is not None:  # the hold is new but the request's row was there already
-            return Request.objects.get(request_id=request_id)
-        return super().request_open(
-            tenant=tenant,
-            api_key=api_key,
-            request_id=request_id,
-            amount=amount,
-            now=now,
-            fields=fields,
+        # A replay, or a hold for a request id that was held alone (``hold_place``) first.
+        row, _ = Request.objects.get_or_create(
+            request_id=request_id, defaults={**owner, "created_at": now, **fields}
         )
+        return row
 
     def _placed(
         self,
@@ -127,25 +114,48 @@ class PostgresLedger(OrmLedger):
         amount: Decimal,
         now: datetime,
         request: dict[str, object] | None = None,
-    ) -> statements.HoldOutcome | None:
-        """The hold statement, with the request's row when ``request`` is given: what it did
-        when it placed the hold, BudgetExhausted when a budget refused it, else None: the
-        reference decides (the statement declined, or the request already has a hold)."""
-        fast = statements.hold_place(
-            tenant_id=tenant.pk,
-            api_key_id=api_key.pk if api_key else None,
-            request_id=request_id,
-            amount=amount,
-            now=now,
-            request=request,
-        )
-        if fast.hold_id is not None:
-            return fast
-        if not fast.counted or fast.fits:
-            return None  # declined, or a hold is already there
-        if Hold.objects.filter(request_id=request_id).exists():
-            return None  # a replay: the first hold is returned, whatever the budget says now
-        raise BudgetExhausted(status=_refusal(fast.budgets, amount=amount, now=now), amount=amount)
+    ) -> tuple[Hold, bool]:
+        """The hold statement, with the request's row when ``request`` is given: the hold (the
+        first one for a replay) and whether the request's row was written with it.
+        BudgetExhausted when a budget refused it; ValueError when the request is held for
+        another tenant or key."""
+        api_key_id = api_key.pk if api_key else None
+        args = {
+            "tenant_id": tenant.pk,
+            "api_key_id": api_key_id,
+            "request_id": request_id,
+            "amount": amount,
+            "now": now,
+            "request": request,
+        }
+        placed = statements.hold_place(**args)
+        if not placed.counted:  # a counter row is missing, or the clock is behind a row's window
+            with transaction.atomic():
+                budget_counters_ensure(tenant_id=tenant.pk, api_key_id=api_key_id, now=now)
+                statements.counters_lock(tenant_id=tenant.pk, api_key_id=api_key_id)
+                placed = statements.hold_place(**args, summed=True)
+        if placed.hold_id is not None:
+            hold = statements.model_loaded(
+                Hold,
+                {
+                    "id": placed.hold_id,
+                    "request_id": request_id,
+                    "tenant_id": tenant.pk,
+                    "api_key_id": api_key_id,
+                    "amount": amount,
+                    "remaining": amount,
+                    "state": HoldState.OPEN,
+                    "created_at": now,
+                    "closed_at": None,
+                },
+            )
+            return hold, placed.request_created
+        existing = Hold.objects.filter(request_id=request_id).first()
+        if existing is None:
+            raise BudgetExhausted(status=_refusal(placed.budgets, now=now), amount=amount)
+        if existing.tenant_id != tenant.pk or existing.api_key_id != api_key_id:
+            raise ValueError(f"request {request_id!r} is held for another tenant or key")
+        return existing, False  # a replay: the first hold, whatever the budget says now
 
     def request_settle(
         self,
@@ -157,33 +167,37 @@ class PostgresLedger(OrmLedger):
         prices: PostedPrices,
         now: datetime,
     ) -> Settled:
-        fast = statements.request_settle(
-            request_id=request_id,
-            usage=asdict(usage),
-            tokens=tokens,
-            priority=None if priority is None else priority.amount,
-            round_id="" if priority is None else priority.round_id,
-            priority_detail=None if priority is None else priority.detail,
-            prices=prices_of(prices),
-            now=now,
-        )
+        """Settle a served request once: write its token entry of at most ``tokens`` dollars
+        and its priority entry (when the engine reported one) of at most ``priority.amount``
+        (``rules.settlement``), close its hold and count both, atomically with the request
+        locked, and mark it served with its ``usage``. ``tokens`` was priced from ``prices``:
+        written only if they are still the request's market's (REPRICED otherwise: the caller
+        prices it again)."""
+        args = {
+            "request_id": request_id,
+            "usage": asdict(usage),
+            "tokens": tokens,
+            "priority": None if priority is None else priority.amount,
+            "round_id": "" if priority is None else priority.round_id,
+            "priority_detail": None if priority is None else priority.detail,
+            "prices": prices_of(prices),
+            "now": now,
+        }
+        fast = statements.request_settle(**args)
+        if fast.status == RequestStatus.QUEUED and fast.priced and not fast.counted:
+            # Its tenant's or key's counter rows are missing: created, then settled.
+            budget_counters_ensure(tenant_id=fast.tenant_id, api_key_id=fast.api_key_id, now=now)
+            fast = statements.request_settle(**args)
         if fast.status is None:
             return Settled(Outcome.UNKNOWN)
         if fast.status == RequestStatus.FAILED:
             return Settled(Outcome.NOT_SERVED)
         if fast.status == RequestStatus.SERVED:
             return Settled(Outcome.DUPLICATE)
+        if not fast.priced:
+            return Settled(Outcome.REPRICED)
         if fast.tokens_id is None:
-            if not fast.priced:
-                return Settled(Outcome.REPRICED)
-            return super().request_settle(  # declined: the reference decides
-                request_id=request_id,
-                usage=usage,
-                tokens=tokens,
-                priority=priority,
-                prices=prices,
-                now=now,
-            )
+            raise RuntimeError(f"request {request_id!r}: its counter rows could not be created")
         owner = {
             "request_id": request_id,
             "tenant_id": fast.tenant_id,
@@ -191,74 +205,54 @@ class PostgresLedger(OrmLedger):
             "market_id": fast.market_id,
             "created_at": now,
         }
-        token_entry = _entry_loaded(
-            owner,
-            entry_id=fast.tokens_id,
-            kind=ChargeKind.TOKENS,
-            round_id="",
-            asked=tokens,
-            allowed=Allowed(
-                amount=fast.tokens_amount,
-                capped_by=None if fast.tokens_amount >= tokens else BUDGET,
-            ),
-            detail=usage.tokens_detail(),
+        token_entry = statements.model_loaded(
+            LedgerEntry,
+            {
+                **owner,
+                "id": fast.tokens_id,
+                "kind": ChargeKind.TOKENS,
+                "round_id": "",
+                "amount": fast.tokens_amount,
+                "detail": json.loads(fast.tokens_detail),
+            },
         )
         priority_entry = None
         if priority is not None and fast.priority_id is not None:
-            priority_entry = _entry_loaded(
-                owner,
-                entry_id=fast.priority_id,
-                kind=ChargeKind.PRIORITY,
-                round_id=priority.round_id,
-                asked=priority.amount,
-                allowed=Allowed(amount=fast.priority_amount, capped_by=fast.priority_capped_by),
-                detail=priority.detail,
+            priority_entry = statements.model_loaded(
+                LedgerEntry,
+                {
+                    **owner,
+                    "id": fast.priority_id,
+                    "kind": ChargeKind.PRIORITY,
+                    "round_id": priority.round_id,
+                    "amount": fast.priority_amount,
+                    "detail": json.loads(fast.priority_detail),
+                },
             )
         return Settled(Outcome.WRITTEN, token_entry, priority_entry)
 
     def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
+        """Release the request's open hold, nothing charged; ``fail_request``: also mark the
+        request failed if it is still queued. Returns whether the request failed now
+        (``fail_request``, or no request row: whether a hold was released), else whether a
+        hold was released."""
         fast = statements.hold_close(request_id=request_id, now=now, fail_request=fail_request)
-        if fast.counted:
-            if fail_request and fast.request_found:
-                return fast.failed
-            return fast.released
-        return super().hold_close(request_id=request_id, now=now, fail_request=fail_request)
+        if not fast.counted:
+            # The hold's tenant or key has no counter rows: created, then released.
+            budget_counters_ensure(tenant_id=fast.tenant_id, api_key_id=fast.api_key_id, now=now)
+            fast = statements.hold_close(request_id=request_id, now=now, fail_request=fail_request)
+        if fail_request and fast.request_found:
+            return fast.failed
+        return fast.released
 
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
+        """The request's market's prices now; None when there is no such request."""
         return statements.request_prices(request_id=request_id)
 
 
-def _entry_loaded(
-    owner: dict[str, Any],
-    *,
-    entry_id: int,
-    kind: str,
-    round_id: str,
-    asked: Decimal,
-    allowed: Allowed,
-    detail: dict[str, Any],
-) -> LedgerEntry:
-    """The entry the settle statement wrote, from what it was given and what it returned."""
-    return statements.model_loaded(
-        LedgerEntry,
-        {
-            **owner,
-            "id": entry_id,
-            "kind": kind,
-            "round_id": round_id,
-            "amount": allowed.amount,
-            "detail": capped_detail(detail, allowed=allowed, asked=asked),
-        },
-    )
-
-
-def _refusal(rows: list[statements.BudgetRow], *, amount: Decimal, now: datetime) -> BudgetStatus:
+def _refusal(rows: list[statements.BudgetRow], *, now: datetime) -> BudgetStatus:
     """The status of the first budget, in id order, that the hold statement found too full."""
-    row = next(
-        r
-        for r in rows
-        if not fits(VALUES, limit=r.limit, spent=r.spent, held=r.held, amount=amount)
-    )
+    row = next(r for r in rows if not r.fits)
     budget = Budget(
         id=row.budget_id,
         api_key_id=row.api_key_id,

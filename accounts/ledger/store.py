@@ -51,7 +51,7 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """The result of :meth:`~accounts.ledger.orm.OrmLedger.request_settle`."""
+    """The result of :meth:`~accounts.ledger.postgres.PostgresLedger.request_settle`."""
 
     outcome: Outcome
     tokens: LedgerEntry | None = None  # when WRITTEN

@@ -2,8 +2,8 @@
 
 Each counter value below is worked out by hand from the charges made; ``counters_mismatches``
 also re-sums the ledger and the holds independently. On PostgreSQL the writes are single
-statements (``accounts.ledger.statements``): they are checked against the ORM reference code,
-and the hot path's statement counts are pinned.
+statements (``accounts.ledger.statements``): they are checked against the ORM reference
+(``tests.accounts.reference_ledger``), and the hot path's statement counts are pinned.
 """
 
 import importlib
@@ -13,7 +13,6 @@ from decimal import Decimal
 import pytest
 from django.apps import apps
 
-from accounts import ledger as ledger_module
 from accounts.ledger import Settled
 from accounts.models import BudgetCounter, Hold, LedgerEntry, Period, Request
 from accounts.selectors import budget_status
@@ -37,6 +36,7 @@ from tests.accounts.factories import (
     spend,
     tenant_create,
 )
+from tests.accounts.reference_ledger import reference_ledger_use
 
 pytestmark = pytest.mark.django_db
 
@@ -167,6 +167,33 @@ def test_counters_missing_for_existing_spend_are_summed_from_the_ledger(tenant, 
     assert counters_mismatches(tenant) == []
 
 
+def test_a_settlement_and_a_release_first_create_the_counters_they_miss(tenant, market) -> None:
+    budget_set(tenant=tenant, limit="1", period=Period.DAY)
+    key, _ = api_key_create(tenant=tenant, name="k", created_by=None)
+    open_(tenant, market, "r1", "0.25", key=key)
+    open_(tenant, market, "r2", "0.125")
+    budget_hold(tenant=tenant, api_key=None, request_id="h", amount="0.0625", now=NOW)
+    BudgetCounter.objects.all().delete()  # as before the counters existed
+    # r1: tokens 0.0084 (as in test_counters_follow_a_requests_life) + 0.25 priority = 0.2584.
+    request_settle(
+        request_id="r1", prompt_tokens=1200, cached_tokens=1000, completion_tokens=500,
+        priority=priority_charge(0.25), now=NOW,
+    )  # fmt: skip
+    rows = counters(tenant)
+    assert (rows[None]["day_spent"], rows[None]["held"]) == (D("0.2584"), D("0.1875"))
+    assert (rows[key.pk]["day_spent"], rows[key.pk]["held"]) == (D("0.2584"), D(0))
+    BudgetCounter.objects.all().delete()
+    assert request_fail(request_id="r2", now=NOW)
+    rows = counters(tenant)
+    assert set(rows) == {None}  # r2 was the tenant's own
+    assert (rows[None]["day_spent"], rows[None]["held"]) == (D("0.2584"), D("0.0625"))
+    BudgetCounter.objects.all().delete()
+    assert hold_release(request_id="h", now=NOW)
+    rows = counters(tenant)
+    assert (rows[None]["spent_total"], rows[None]["held"]) == (D("0.2584"), D(0))
+    assert counters_mismatches(tenant) == []
+
+
 def test_the_migration_builds_the_counters_of_existing_data(tenant, market) -> None:
     key, _ = api_key_create(tenant=tenant, name="k", created_by=None)
     spend(tenant=tenant, market=market, request_id="a", charge=0.25, at=NOW, api_key=key)
@@ -182,7 +209,7 @@ def test_the_migration_builds_the_counters_of_existing_data(tenant, market) -> N
     assert counters_mismatches(tenant) == []
 
 
-# --- PostgreSQL: the single statements against the reference code ------------------------------
+# --- The single statements against the reference code ------------------------------------------
 
 
 def life(slug: str) -> list:
@@ -283,7 +310,7 @@ def life(slug: str) -> list:
 @pytest.mark.postgres
 def test_the_single_statements_do_what_the_reference_code_does(monkeypatch) -> None:
     fast = life("fast")
-    monkeypatch.setattr(ledger_module, "STATEMENTS", False)
+    reference_ledger_use(monkeypatch)
     reference = life("ref")
     assert fast == reference
     # And by hand, so that the two agreeing is not the two making one mistake (or doing nothing):

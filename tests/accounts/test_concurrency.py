@@ -7,12 +7,12 @@ it (and the tables are flushed afterwards).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 
-from accounts import ledger
-from accounts.ledger import Outcome
+from accounts.ledger import Outcome, Settled
 from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Period
 from accounts.selectors import budget_status, budget_statuses_for_tenant
 from accounts.services import (
@@ -25,6 +25,7 @@ from accounts.services import (
     request_settle,
 )
 from tests.accounts.factories import (
+    MIDNIGHT,
     NOW,
     counters_mismatches,
     market_create,
@@ -33,6 +34,7 @@ from tests.accounts.factories import (
     spend,
     tenant_create,
 )
+from tests.accounts.reference_ledger import reference_ledger_use
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -135,7 +137,8 @@ def test_holds_charges_and_failures_of_one_tenant_at_once_agree_with_the_ledger(
     # once: no deadlock, no error but refusals, never over the budget, and the counters are the
     # ledger's and the holds' sums at the end. With the single statements of the hot path, and
     # with the reference ORM code they stand for.
-    monkeypatch.setattr(ledger, "STATEMENTS", statements == "single")
+    if statements == "reference":
+        reference_ledger_use(monkeypatch)
     market = market_create()
     tenant = tenant_create("acme")
     budget_set(tenant=tenant, limit="1", period=Period.DAY)
@@ -169,3 +172,50 @@ def test_holds_charges_and_failures_of_one_tenant_at_once_agree_with_the_ledger(
     assert (tenant_budget.scope, tenant_budget.spent) == ("tenant", status.spent)
     assert key_budget.scope == "key"
     assert key_budget.spent <= Decimal("0.5")
+
+
+@pytest.mark.parametrize("statements", ["single", "reference"])
+def test_holds_whose_clock_is_behind_the_counters_window_never_overspend_their_own_at_once(
+    statements, monkeypatch
+) -> None:
+    # A gateway whose clock lags stamps its requests Wednesday 23:59:59 after Thursday's first
+    # charge moved the counters' day to Thursday: each hold is checked against Wednesday's spend,
+    # which only the ledger has, while other connections settle and fail theirs at once.
+    if statements == "reference":
+        reference_ledger_use(monkeypatch)
+    market = market_create()
+    tenant = tenant_create("acme")
+    budget_set(tenant=tenant, limit="1", period=Period.DAY)
+    wednesday, thursday = MIDNIGHT - timedelta(seconds=1), MIDNIGHT + timedelta(seconds=1)
+    spend(tenant=tenant, market=market, request_id="wed", charge=0.5, at=wednesday)
+    spend(tenant=tenant, market=market, request_id="thu", charge=0.25, at=thursday)
+
+    def life(i: int) -> Callable[[], object]:
+        rid = f"c{i}"
+
+        def run() -> object:
+            request_open(request_id=rid, tenant=tenant, api_key=None, market=market,
+                         bid="0.1", hold_amount="0.02", now=wednesday)  # fmt: skip
+            if i % 3 == 0:
+                return request_fail(request_id=rid, now=wednesday)
+            # 100 prompt tokens at $3/M = 0.0003, and a priority charge of 0.0197: its hold.
+            return request_settle(
+                request_id=rid, prompt_tokens=100, cached_tokens=0, completion_tokens=0,
+                priority=priority_charge(0.0197, round_id=f"r{i}"), now=wednesday,
+            )  # fmt: skip
+
+        return run
+
+    results = run_concurrently([life(i) for i in range(200)])
+    others = [r for r in results if isinstance(r, Exception) and not isinstance(r, BudgetExhausted)]
+    assert others == []
+    served = [r for r in results if isinstance(r, Settled)]
+    # Wednesday had 1 - 0.5 = 0.5 left: at most 25 requests of 0.02 each are served in it, so
+    # at least 133 - 25 = 108 of the 133 that would be were refused.
+    assert 0 < len(served) <= 25
+    assert sum(isinstance(r, BudgetExhausted) for r in results) >= 108
+    assert counters_mismatches(tenant) == []
+    status = budget_status(tenant=tenant, now=wednesday)
+    assert (status.spent, status.held) == (Decimal("0.5") + Decimal("0.02") * len(served), 0)
+    # Thursday's window keeps its own charge only.
+    assert budget_status(tenant=tenant, now=thursday).spent == Decimal("0.25")

@@ -8,7 +8,8 @@
 - **503 not charged**: a request that failed has no entry, whatever was settled for it.
 
 The property tests replay random lives of requests against both implementations of the
-ledger's writes (PostgreSQL's single statements and the ORM reference code) and check the
+ledger's writes (the store's single statements and the ORM reference in
+``tests.accounts.reference_ledger``) and check the
 invariants from the ledger and the holds themselves (``counters_mismatches`` re-sums them).
 """
 
@@ -23,7 +24,6 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accounts import ledger
 from accounts.models import (
     Autobidder,
     BidSource,
@@ -60,6 +60,7 @@ from tests.accounts.factories import (
     run_concurrently,
     tenant_create,
 )
+from tests.accounts.reference_ledger import reference_ledger_use
 
 pytestmark = pytest.mark.django_db
 
@@ -81,8 +82,10 @@ step = st.tuples(
 
 @pytest.fixture(params=["single", "reference"])
 def statements(request, monkeypatch) -> str:
-    """Both implementations of the ledger's writes (the single statements need PostgreSQL)."""
-    monkeypatch.setattr(ledger, "STATEMENTS", request.param == "single")
+    """Both implementations of the ledger's writes: the store's single statements, and the ORM
+    reference they are checked against."""
+    if request.param == "reference":
+        reference_ledger_use(monkeypatch)
     return request.param
 
 

@@ -1,23 +1,23 @@
-"""The hot path's writes on PostgreSQL, one statement each: a hold, a charge, a release.
+"""The ledger's writes on PostgreSQL, one statement each: a hold, a charge, a release.
 
 Each function here does in one SQL statement (so in one round trip, atomic without BEGIN and
-COMMIT) what the reference ledger store (``accounts.ledger.orm``) does in a transaction; the
-PostgreSQL store (``accounts.ledger.postgres``) runs them, and the reference instead in the few
-cases a statement here declines (it then writes nothing and says so): the first
-request of a tenant or key (no counter rows yet), a hold for a request id that already has one,
-and a hold whose clock is behind the window its counters keep.
+COMMIT) what a write of the ledger needs; the store (``accounts.ledger.postgres``) runs them. A
+statement declines (it then writes nothing and says so) only when a counter row it needs is
+missing (the first request of a tenant or key), or, for a hold, when a budget's window at the
+hold's time is older than the one its counter row keeps (a clock behind it) and the ledger was
+not to be summed for it: the store then creates the rows, or locks them first, and runs it again.
 
 Locks, in the same order everywhere so that two statements never deadlock: the request's row,
 then its hold's, then the counter rows of its tenant and of its key, in that order
 (``ORDER BY api_key_id NULLS FIRST ... FOR UPDATE``). ``FOR UPDATE`` returns the newest committed
 version of a row it waited for, so every check below reads values no one else can change before
 the statement commits: concurrent holds cannot overspend a budget. The counters' window rule is
-:meth:`accounts.models.BudgetCounter.charge_counted`'s.
+``accounts.rules.window_counted``.
 
-The modules: ``hold`` (a hold placed, a hold closed), ``charge`` (a request settled, a request's
-prices) and ``sql`` (the cursor, parameter types and SQL fragments they share). The money rules
-in them are not written here: each is ``accounts.rules``'s, read as SQL. To read the statements
-as PostgreSQL runs them: ``manage.py ledger_statements``.
+The modules: ``hold`` (a hold placed, a hold closed, counter rows locked), ``charge`` (a request
+settled, a request's prices) and ``sql`` (the cursor, parameter types and SQL fragments they
+share). The money rules in them are not written here: each is ``accounts.rules``'s, read as SQL.
+To read the statements as PostgreSQL runs them: ``manage.py ledger_statements``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .hold import (
     RELEASE_SQL,
     BudgetRow,
     HoldOutcome,
+    counters_lock,
     hold_close,
     hold_place,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "RELEASE_SQL",
     "BudgetRow",
     "HoldOutcome",
+    "counters_lock",
     "hold_close",
     "hold_place",
     "model_loaded",

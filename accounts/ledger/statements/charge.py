@@ -21,14 +21,13 @@ from .sql import (
     WINDOW_SPENT_AT_MOST,
     prepared_cursor,
     typed,
+    window_bound,
     window_counted,
     windows,
 )
 
 # The start of the autobidder's window at the statement's time.
-_AUTOBID_WINDOW = "CASE a.period {} END".format(
-    " ".join(f"WHEN '{p}' THEN %({p})s" for p in WINDOWED_PERIODS)
-)
+_AUTOBID_WINDOW = window_bound("a.period")
 # What the autobidder's budget has left (``rules.left`` of ``rules.window_spent_at_most``).
 _AUTOBID_LEFT = rules.left(
     SQL,
@@ -132,7 +131,7 @@ entries AS (
                     'capped_by', s.priority_cut, 'uncapped', %(priority)s::text) END,
            %(now)s
     FROM live q, settled s WHERE %(priority)s IS NOT NULL
-    RETURNING id, kind, amount
+    RETURNING id, kind, amount, detail
 ),
 request_served AS (
     UPDATE accounts_request SET status = 'served', finished_at = %(now)s,
@@ -159,9 +158,10 @@ autobid_counted AS (
 SELECT q.status, q.counted, q.priced, q.tenant_id, q.api_key_id, q.market_id,
        (SELECT id FROM entries WHERE kind = 'tokens'),
        (SELECT amount FROM entries WHERE kind = 'tokens'),
+       (SELECT detail::text FROM entries WHERE kind = 'tokens'),
        (SELECT id FROM entries WHERE kind = 'priority'),
        (SELECT amount FROM entries WHERE kind = 'priority'),
-       (SELECT priority_cut FROM settled WHERE %(priority)s IS NOT NULL)
+       (SELECT detail::text FROM entries WHERE kind = 'priority')
 FROM request q
 """)
 
@@ -181,9 +181,10 @@ class SettleOutcome:
     market_id: int | None = None
     tokens_id: int | None = None
     tokens_amount: Decimal | None = None  # as written: it may be cut (to the budget)
+    tokens_detail: str | None = None  # as written (JSON): with what a cap cut, if one did
     priority_id: int | None = None
     priority_amount: Decimal | None = None
-    priority_capped_by: str | None = None
+    priority_detail: str | None = None
 
 
 def request_settle(
@@ -197,7 +198,7 @@ def request_settle(
     prices: tuple[Decimal, Decimal, Decimal],
     now: datetime,
 ) -> SettleOutcome:
-    """Settle a queued request (``accounts.rules.settlement_allowed``): its token entry
+    """Settle a queued request (``accounts.rules.settlement``): its token entry
     of at most ``tokens`` dollars and, unless ``priority`` is None, its priority entry of at most
     ``priority``; close its hold, count both, mark it served with ``usage`` (prompt_tokens,
     cached_tokens, completion_tokens, ttft_s, e2e_s). ``prices`` (input, cached input, output per

@@ -1,5 +1,5 @@
 """A hold placed and a hold closed, one statement each (the package's docstring says how they
-lock and when they decline)."""
+lock and when they decline), and the lock of a tenant's and key's counter rows."""
 
 from __future__ import annotations
 
@@ -11,23 +11,35 @@ from typing import Any
 from accounts import rules
 from accounts.algebra import SQL
 
-from .sql import COUNTERS_FOUND, COUNTERS_NEEDED, WINDOW_SPENT, prepared_cursor, typed, windows
+from .sql import (
+    COUNTERS_FOUND,
+    COUNTERS_NEEDED,
+    LEDGER_SPENT,
+    WINDOW_SPENT,
+    prepared_cursor,
+    typed,
+    windows,
+)
 
 # Whether the hold fits a budget's usage row (``rules.fits``).
 _FITS = rules.fits(SQL, limit='"limit"', spent="spent", held="held", amount="%(amount)s")
 
-_HOLD_SQL = f"""
-WITH counter AS (
+# The counter rows of a tenant and of its key (if any), locked in the order every writer takes.
+_COUNTERS = """
     SELECT id, api_key_id, held, spent_total,
            day_start, day_spent, week_start, week_spent, month_start, month_spent
     FROM accounts_budgetcounter
     WHERE tenant_id = %(tenant)s AND (api_key_id IS NULL OR api_key_id = %(key)s)
     ORDER BY api_key_id NULLS FIRST
-    FOR UPDATE
+    FOR UPDATE"""
+COUNTERS_LOCK_SQL = typed(_COUNTERS)
+
+_HOLD_SQL = f"""
+WITH counter AS ({_COUNTERS}
 ),
-usage AS (
+usage AS (  -- a window older than its row's (a clock behind): the ledger's sum, when summed
     SELECT b.id, b.api_key_id, b.period, b."limit", b.soft_alert_fraction, c.held,
-           {WINDOW_SPENT} AS spent
+           COALESCE({WINDOW_SPENT}, CASE WHEN %(summed)s THEN {LEDGER_SPENT} END) AS spent
     FROM accounts_budget b JOIN counter c ON c.api_key_id IS NOT DISTINCT FROM b.api_key_id
     WHERE b.tenant_id = %(tenant)s AND (b.api_key_id IS NULL OR b.api_key_id = %(key)s)
 ),
@@ -49,7 +61,8 @@ held AS (
     FROM counter WHERE c.id = counter.id AND EXISTS (SELECT FROM placed)
 ){{request}}
 SELECT v.counted, v.fits, (SELECT id FROM placed), {{request_inserted}},
-       u.id, u.api_key_id, u.period, u."limit", u.soft_alert_fraction, u.spent, u.held
+       u.id, u.api_key_id, u.period, u."limit", u.soft_alert_fraction, u.spent, u.held,
+       {_FITS}
 FROM verdict v LEFT JOIN usage u ON true
 ORDER BY u.id
 """
@@ -82,13 +95,15 @@ class BudgetRow:
     soft_alert_fraction: Decimal
     spent: Decimal  # in the window at the hold's time
     held: Decimal  # before this hold
+    fits: bool  # whether the hold fits it
 
 
 @dataclass(frozen=True)
 class HoldOutcome:
     """What the hold statement did: ``hold_id`` is set when it placed the hold. Else it wrote
-    nothing: ``counted`` false, it declined; ``fits`` false, a budget refused (``budgets``:
-    which); both true, the request already has a hold."""
+    nothing: ``counted`` false, it declined (a counter row is missing, or a window is older than
+    its row's and the ledger was not to be summed); ``fits`` false, a budget refused
+    (``budgets``: which); both true, the request already has a hold."""
 
     hold_id: int | None
     counted: bool
@@ -105,10 +120,12 @@ def hold_place(
     amount: Decimal,
     now: datetime,
     request: dict[str, Any] | None = None,
+    summed: bool = False,
 ) -> HoldOutcome:
     """Hold ``amount`` dollars for ``request_id`` if every budget of the tenant and the key
     fits it, and (with ``request``: market, bid, priority_cap, request_class, bid_source)
-    record the request.
+    record the request. ``summed``: the spend of a window older than its counter row's is
+    summed from the ledger; only with the counter rows locked already (:func:`counters_lock`).
     """
     params = {
         "tenant": tenant_id,
@@ -116,6 +133,7 @@ def hold_place(
         "request_id": request_id,
         "amount": amount,
         "now": now,
+        "summed": summed,
         **windows(now),
         **(request or {}),
     }
@@ -131,6 +149,12 @@ def hold_place(
         budgets=budgets,
         request_created=bool(request_created),
     )
+
+
+def counters_lock(*, tenant_id: int, api_key_id: int | None) -> None:
+    """Lock the counter rows of a tenant and of its key (if any) until the transaction ends."""
+    with prepared_cursor() as cursor:
+        cursor.execute(COUNTERS_LOCK_SQL, {"tenant": tenant_id, "key": api_key_id})
 
 
 _RELEASE_SQL_UNTYPED = f"""
@@ -170,19 +194,22 @@ counted AS (
     FROM counter WHERE c.id = counter.id
 )
 SELECT (SELECT ok FROM go), (SELECT count(*) FROM request), (SELECT count(*) FROM failed),
-       (SELECT count(*) FROM released)
+       (SELECT count(*) FROM released), (SELECT tenant_id FROM hold), (SELECT api_key_id FROM hold)
 """
 RELEASE_SQL = typed(_RELEASE_SQL_UNTYPED)
 
 
 @dataclass(frozen=True)
 class ReleaseOutcome:
-    """What the release statement did; when ``counted`` is false it declined (wrote nothing)."""
+    """What the release statement did; when ``counted`` is false it declined (wrote nothing):
+    the open hold's tenant or key (``tenant_id``, ``api_key_id``) has no counter row."""
 
     counted: bool
     request_found: bool
     failed: bool  # the request was queued and is now failed
     released: bool  # its open hold was released
+    tenant_id: int | None  # the open hold's, if any
+    api_key_id: int | None
 
 
 def hold_close(*, request_id: str, now: datetime, fail_request: bool) -> ReleaseOutcome:
@@ -191,7 +218,12 @@ def hold_close(*, request_id: str, now: datetime, fail_request: bool) -> Release
     params = {"request_id": request_id, "now": now, "fail": fail_request}
     with prepared_cursor() as cursor:
         cursor.execute(RELEASE_SQL, params)
-        counted, found, failed, released = cursor.fetchone()
+        counted, found, failed, released, tenant_id, api_key_id = cursor.fetchone()
     return ReleaseOutcome(
-        counted=counted, request_found=found > 0, failed=failed > 0, released=released > 0
+        counted=counted,
+        request_found=found > 0,
+        failed=failed > 0,
+        released=released > 0,
+        tenant_id=tenant_id,
+        api_key_id=api_key_id,
     )

@@ -53,12 +53,16 @@ PARAM_TYPES = {
     "day": "timestamptz",
     "week": "timestamptz",
     "month": "timestamptz",
+    "day_end": "timestamptz",
+    "week_end": "timestamptz",
+    "month_end": "timestamptz",
     "prompt_tokens": "integer",
     "cached_tokens": "integer",
     "completion_tokens": "integer",
     "ttft_s": "double precision",
     "e2e_s": "double precision",
     "fail": "boolean",
+    "summed": "boolean",
 }
 
 
@@ -118,15 +122,27 @@ def prepared_cursor() -> CursorWrapper:
     return connection.make_cursor(cursor)
 
 
-def windows(now: datetime) -> dict[str, datetime]:
-    """The start of each windowed period's window at ``now``: the counters' ``*_start``."""
-    return {p: window_for(period=p, now=now).start for p in WINDOWED_PERIODS}
+def windows(now: datetime) -> dict[str, datetime | None]:
+    """Each windowed period's window at ``now``: its start (``day``, ...: the counters'
+    ``*_start``) and its end (``day_end``, ...)."""
+    params: dict[str, datetime | None] = {}
+    for p in WINDOWED_PERIODS:
+        window = window_for(period=p, now=now)
+        params[p], params[f"{p}_end"] = window.start, window.end
+    return params
 
 
 # How many counter rows a request of (tenant, key) needs: the tenant's, and the key's if any.
 COUNTERS_NEEDED = "CASE WHEN {key} IS NULL THEN 1 ELSE 2 END"
 COUNTERS_FOUND = """(SELECT count(*) FROM accounts_budgetcounter c
       WHERE c.tenant_id = {tenant} AND (c.api_key_id IS NULL OR c.api_key_id = {key}))"""
+
+
+def window_bound(period: str, bound: str = "") -> str:
+    """The start (``bound`` "") or the end (``bound`` "_end") of the window at the statement's
+    time of the windowed period in column ``period`` (a parameter per period, :func:`windows`)."""
+    whens = " ".join(f"WHEN '{p}' THEN %({p}{bound})s" for p in WINDOWED_PERIODS)
+    return f"CASE {period} {whens} END"
 
 
 def _by_period(rule: Callable[..., str]) -> str:
@@ -143,10 +159,17 @@ def _by_period(rule: Callable[..., str]) -> str:
 
 
 # The spend of a budget's window (``rules.window_spent``): NULL when that window is older than
-# the row's (then the statements decline, and the reference code sums the ledger).
+# the row's (a writer's clock behind the row's): LEDGER_SPENT then.
 WINDOW_SPENT = _by_period(rules.window_spent)
 # The spend of a budget's window read for what it has left (``rules.window_spent_at_most``).
 WINDOW_SPENT_AT_MOST = _by_period(rules.window_spent_at_most)
+# The spend of a budget ``b``'s window at the statement's time, summed from the ledger. Read only
+# with the counter rows locked by an earlier statement of the transaction: this statement's
+# snapshot then holds every entry counted in them, and no other can be written meanwhile.
+LEDGER_SPENT = f"""(SELECT COALESCE(sum(e.amount), 0) FROM accounts_ledgerentry e
+      WHERE e.tenant_id = b.tenant_id AND (b.api_key_id IS NULL OR e.api_key_id = b.api_key_id)
+        AND e.created_at >= {window_bound("b.period")}
+        AND e.created_at < {window_bound("b.period", "_end")})"""
 
 
 def window_counted(row: str, *, start: str, spent: str, window: str, amount: str) -> str:

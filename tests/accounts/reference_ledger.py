@@ -1,32 +1,35 @@
-"""The reference ledger store: the ORM, in a transaction per write (``accounts.ledger``).
+"""The ledger's writes as a plain reference: the ORM, in a transaction per write, with the money
+rules computed in Python (``accounts.rules`` read with ``VALUES``). The ledger store's single
+statements (``accounts.ledger``) are checked against it: :func:`reference_ledger_use` puts it
+in the store's place, and the equivalence, concurrency and money-invariant tests run both.
 
 Locks, in the same order everywhere so that two writers never deadlock: the request's row, its
-hold's, the counter rows of its tenant and key (``counters.budget_counters_locked``), the
-autobidder's. Counter rows a write needs are created first (``budget_counters_ensure``), before
-anything is locked.
+hold's, the counter rows of its tenant and key (:func:`counters_locked`), the autobidder's.
+Counter rows a write needs are created first (``budget_counters_ensure``), before anything is
+locked.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 
-from accounts.ledger.counters import (
-    budget_counters_ensure,
-    budget_counters_locked,
-    budget_counters_saved,
-    budget_room,
-)
+from accounts import ledger
+from accounts.algebra import VALUES
+from accounts.ledger.counters import budget_counters_ensure
 from accounts.ledger.store import BudgetExhausted, Outcome, PriorityCharge, Settled, Usage
 from accounts.models import (
     ApiKey,
     Autobidder,
     BidSource,
     Budget,
+    BudgetCounter,
     ChargeKind,
     Hold,
     HoldState,
@@ -35,15 +38,90 @@ from accounts.models import (
     RequestStatus,
     Tenant,
 )
-from accounts.money import ZERO, PostedPrices, prices_of
-from accounts.rules import capped_detail, settlement_allowed
+from accounts.money import ZERO, PostedPrices, money_str, prices_of
+from accounts.rules import left, settlement
 from accounts.selectors.budgets import budget_usage_counted
+from accounts.windows import window_for
 
 
-class OrmLedger:
-    """The ledger's writes with the ORM: the reference implementation, and the interface
-    (``PostgresLedger`` overrides each write). Amounts in dollars (``Decimal``, 9 places); ``now``
-    is the write's time, which decides the budget windows it counts in."""
+def reference_ledger_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the services write through :class:`ReferenceLedger` instead of the ledger store
+    (until the test ends)."""
+    monkeypatch.setattr(ledger, "_LEDGER", ReferenceLedger())
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """A charge as it may be written (dollars) and, when less than asked, what capped it."""
+
+    amount: Decimal
+    capped_by: str | None  # rules.PRIORITY_CAP, BUDGET, AUTOBIDDER_BUDGET, or None: not capped
+
+
+def settlement_allowed(**operands: Any) -> tuple[Allowed, Allowed | None]:
+    """``rules.settlement`` computed: what a settlement may write of the token charge and of
+    the priority charge (None: the engine reported none)."""
+    taken, tokens_cut, paid, priority_cut = settlement(VALUES, **operands)
+    priority = None if paid is None else Allowed(amount=paid, capped_by=priority_cut)
+    return Allowed(amount=taken, capped_by=tokens_cut), priority
+
+
+def capped_detail(detail: dict[str, Any], *, allowed: Allowed, asked: Decimal) -> dict[str, Any]:
+    """An entry's detail with what a cap cut, when one did (amounts as exact strings)."""
+    if allowed.capped_by is None:
+        return detail
+    return {
+        **detail,
+        "capped_at": money_str(allowed.amount),
+        "capped_by": allowed.capped_by,
+        "uncapped": money_str(asked),
+    }
+
+
+def counters_locked(*, tenant_id: int, api_key_id: int | None) -> list[BudgetCounter]:
+    """Lock and return the counter rows of a tenant and of its key (if any), the tenant's first.
+    Call inside ``transaction.atomic``."""
+    return list(
+        BudgetCounter.objects.select_for_update()
+        .filter(Q(api_key__isnull=True) | Q(api_key_id=api_key_id), tenant_id=tenant_id)
+        .order_by(F("api_key_id").asc(nulls_first=True))
+    )
+
+
+def counters_saved(counters: list[BudgetCounter]) -> None:
+    """Save what changed in locked counter rows."""
+    for counter in counters:
+        counter.save(
+            update_fields=[
+                "held", "spent_total", "day_start", "day_spent", "week_start", "week_spent",
+                "month_start", "month_spent",
+            ]
+        )  # fmt: skip
+
+
+def budget_room(
+    *, tenant_id: int, api_key_id: int | None, counters: list[BudgetCounter], now: datetime
+) -> Decimal | None:
+    """The least, over the budgets that apply to a request of (tenant, key), of limit - spent
+    in the window at ``now`` - held, dollars, from their ``counters`` (locked by the caller);
+    None when no budget applies. A window newer than ``now``'s (the caller's clock is behind
+    the row's) reads the row's window: the most it can have spent."""
+    by_scope = {c.api_key_id: c for c in counters}
+    budgets = Budget.objects.filter(
+        Q(api_key__isnull=True) | Q(api_key_id=api_key_id), tenant_id=tenant_id
+    )
+    rooms = []
+    for budget in budgets:
+        counter = by_scope[budget.api_key_id]
+        start = window_for(period=budget.period, now=now).start
+        spent = counter.spent_in(period=budget.period, window_start=start, at_most=True)
+        rooms.append(left(VALUES, limit=budget.limit, spent=spent, held=counter.held))
+    return min(rooms, default=None)
+
+
+class ReferenceLedger:
+    """The ledger store's writes with the ORM (the same interface as
+    ``accounts.ledger.postgres.PostgresLedger``)."""
 
     @transaction.atomic
     def request_open(
@@ -56,8 +134,7 @@ class OrmLedger:
         now: datetime,
         fields: dict[str, Any],
     ) -> Request:
-        """:meth:`hold_place` and the request's row (``fields``: its market_id, bid, ...)
-        together; a replay returns the row as it is."""
+        """:meth:`hold_place` and the request's row together; a replay returns the row."""
         self._hold(tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now)
         request, _ = Request.objects.get_or_create(
             request_id=request_id,
@@ -79,7 +156,7 @@ class OrmLedger:
         ``transaction.atomic``, first; as ``hold_place``: in a transaction of its own."""
         api_key_id = api_key.pk if api_key else None
         budget_counters_ensure(tenant_id=tenant.pk, api_key_id=api_key_id, now=now)
-        counters = budget_counters_locked(tenant_id=tenant.pk, api_key_id=api_key_id)
+        counters = counters_locked(tenant_id=tenant.pk, api_key_id=api_key_id)
         existing = Hold.objects.filter(request_id=request_id).first()
         if existing is not None:
             if existing.tenant_id != tenant.pk or existing.api_key_id != api_key_id:
@@ -105,7 +182,7 @@ class OrmLedger:
         )
         for counter in counters:
             counter.held += amount
-        budget_counters_saved(counters)
+        counters_saved(counters)
         return hold
 
     hold_place = transaction.atomic(_hold)
@@ -120,12 +197,9 @@ class OrmLedger:
         prices: PostedPrices,
         now: datetime,
     ) -> Settled:
-        """Settle a served request once: write its token entry of at most ``tokens`` dollars
-        and its priority entry (when the engine reported one) of at most ``priority.amount``
-        (``rules.settlement_allowed``), close its hold and count both, atomically with the
-        request locked, and mark it served with its ``usage``. ``tokens`` was priced from
-        ``prices``: written only if they are still the request's market's (REPRICED
-        otherwise: the caller prices it again)."""
+        """Settle a served request once: both its entries, each at most what the money rules
+        allow, its hold closed, both counted, with the request locked; REPRICED when
+        ``prices`` are no longer its market's."""
         owner = Request.objects.filter(request_id=request_id).values("tenant_id", "api_key_id")
         scope = owner.first()
         if scope is None:
@@ -145,13 +219,13 @@ class OrmLedger:
                 .filter(request_id=request_id, state=HoldState.OPEN)
                 .first()
             )
-            counters = budget_counters_locked(**scope)
+            counters = counters_locked(**scope)
             autobidder = None
             if priority is not None and request.bid_source == BidSource.AUTOBID:
                 locked = Autobidder.objects.select_for_update()
                 autobidder = locked.filter(tenant_id=scope["tenant_id"]).first()
             remaining = hold.remaining if hold is not None else ZERO
-            allowed = settlement_allowed(
+            allowed_tokens, allowed_priority = settlement_allowed(
                 tokens=tokens,
                 priority=None if priority is None else priority.amount,
                 priority_cap=request.priority_cap,
@@ -164,24 +238,24 @@ class OrmLedger:
                 **entry,
                 kind=ChargeKind.TOKENS,
                 round_id="",
-                amount=allowed.tokens.amount,
-                detail=capped_detail(usage.tokens_detail(), allowed=allowed.tokens, asked=tokens),
+                amount=allowed_tokens.amount,
+                detail=capped_detail(usage.tokens_detail(), allowed=allowed_tokens, asked=tokens),
                 created_at=now,
             )
-            charged = allowed.tokens.amount
+            charged = allowed_tokens.amount
             priority_entry = None
-            if priority is not None and allowed.priority is not None:
+            if priority is not None and allowed_priority is not None:
                 priority_entry = LedgerEntry.objects.create(
                     **entry,
                     kind=ChargeKind.PRIORITY,
                     round_id=priority.round_id,
-                    amount=allowed.priority.amount,
+                    amount=allowed_priority.amount,
                     detail=capped_detail(
-                        priority.detail, allowed=allowed.priority, asked=priority.amount
+                        priority.detail, allowed=allowed_priority, asked=priority.amount
                     ),
                     created_at=now,
                 )
-                charged += allowed.priority.amount
+                charged += allowed_priority.amount
             Request.objects.filter(pk=request_id).update(
                 status=RequestStatus.SERVED,
                 finished_at=now,
@@ -197,7 +271,7 @@ class OrmLedger:
             for counter in counters:
                 counter.charge_counted(amount=charged, at=now)
                 counter.held -= remaining
-            budget_counters_saved(counters)
+            counters_saved(counters)
             if autobidder is not None and priority_entry is not None:
                 autobidder.charge_counted(amount=priority_entry.amount, at=now)
                 autobidder.save(update_fields=["spent_start", "spent_in_window"])
@@ -238,10 +312,10 @@ class OrmLedger:
         hold = Hold.objects.select_for_update().filter(request_id=request_id).first()
         if hold is None or hold.state != HoldState.OPEN:
             return False
-        counters = budget_counters_locked(tenant_id=hold.tenant_id, api_key_id=hold.api_key_id)
+        counters = counters_locked(tenant_id=hold.tenant_id, api_key_id=hold.api_key_id)
         for counter in counters:
             counter.held -= hold.remaining
-        budget_counters_saved(counters)
+        counters_saved(counters)
         hold.state, hold.remaining, hold.closed_at = HoldState.RELEASED, ZERO, now
         hold.save(update_fields=["remaining", "state", "closed_at"])
         return True

@@ -165,7 +165,8 @@ WINDOW_SPENT = _by_period(rules.window_spent)
 WINDOW_SPENT_AT_MOST = _by_period(rules.window_spent_at_most)
 # The spend of a budget ``b``'s window at the statement's time, summed from the ledger. Read only
 # with the counter rows locked by an earlier statement of the transaction: this statement's
-# snapshot then holds every entry counted in them, and no other can be written meanwhile.
+# snapshot (READ COMMITTED: its own) then holds every entry counted in them, and no other can be
+# written meanwhile.
 LEDGER_SPENT = f"""(SELECT COALESCE(sum(e.amount), 0) FROM accounts_ledgerentry e
       WHERE e.tenant_id = b.tenant_id AND (b.api_key_id IS NULL OR e.api_key_id = b.api_key_id)
         AND e.created_at >= {window_bound("b.period")}

@@ -3,6 +3,9 @@
     python -m benchmarks.agents --base-url http://127.0.0.1:8000/v1 \\
         --key acme=im_... --key globex=im_... --model sim-8b --sessions-per-minute 40
 
+(``AGENT_KEYS="acme=im_... globex=im_..."`` in the environment instead of ``--key``: keys on
+a command line are visible to anyone on the host through ``ps``.)
+
 Each tenant runs multi-turn sessions with the official ``openai`` client: a session opens on
 the tenant's tool prompt (shared by all its sessions, so their prefixes share the KV cache),
 then asks questions turn by turn, each turn's prompt holding the conversation so far. Some
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import time
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 
 import openai
 
+KEYS_ENV = "AGENT_KEYS"  # "acme=im_... globex=im_...": the keys kept out of the command line
 TOOLS = (
     "search(query) finds documents; fetch(url) reads one; calc(expression) evaluates "
     "arithmetic; sql(query) runs a read-only query on the warehouse; chart(spec) draws"
@@ -132,7 +137,10 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--key", action="append", default=[], help="TENANT=API_KEY (repeat)")
+    parser.add_argument(
+        "--key", action="append", default=[],
+        help=f"TENANT=API_KEY (repeat); or ${KEYS_ENV}, space-separated (not seen in ps)",
+    )  # fmt: skip
     parser.add_argument("--model", required=True, help="the market's served model")
     parser.add_argument("--sessions-per-minute", type=float, default=40.0)
     parser.add_argument("--max-sessions", type=int, default=64)
@@ -140,8 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs forever")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    args.key += os.environ.get(KEYS_ENV, "").split()
     if not args.key:
-        parser.error("give at least one --key TENANT=API_KEY")
+        parser.error(f"give at least one --key TENANT=API_KEY (or ${KEYS_ENV})")
     try:
         asyncio.run(run(args))
     except KeyboardInterrupt:

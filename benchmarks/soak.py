@@ -8,7 +8,7 @@ It runs ``manage.py live_market`` (two simulated replicas behind the router, uvi
 workers, a Celery worker and beat, the bidding agents) with its PostgreSQL and Redis reached
 through TCP proxies (``benchmarks.faults``), and injects, in turn:
 
-- ``replica``: SIGKILL of the first replica (the supervisor starts it again);
+- ``replica``: SIGKILL of the first replica (supervisord starts it again);
 - ``router``: SIGKILL of the router (every request fails until it is back: 503);
 - ``worker``: SIGKILL of the Celery worker (round records and periodic work wait for it);
 - ``redis``: Redis unreachable for ``--redis-down`` seconds (30);
@@ -70,7 +70,7 @@ class Market:
             self.log.write(line)
             self.log.flush()
             self.lines.append(line.rstrip("\n"))
-            if found := re.search(r"\] (\S+): started.* \(pid (\d+)\)", line):
+            if found := re.search(r"spawned: '(\S+)' with pid (\d+)", line):  # supervisord
                 self.pids[found[1]] = int(found[2])
             if "Ctrl-C stops everything" in line:
                 self._up.set()
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
     check = ledger_check(grace_s=settings.STALE_REQUEST_S)
     restarts = Counter(
-        found[1] for line in market.lines if (found := re.search(r"\] (\S+): started again", line))
+        found[1] for line in market.lines if (found := re.search(r"exited: (\S+) ", line))
     )
     summary = {
         "minutes": opts.minutes,

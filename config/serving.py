@@ -1,5 +1,5 @@
 """How the ASGI application is served: one place for the command lines of the servers the project
-runs (``manage.py live_market`` with Redis, ``benchmarks.gateway``, the production
+runs (``manage.py live_market``, ``benchmarks.gateway``, the production
 recipe), so that what is measured is what is run.
 
 - **uvicorn** (the default in production): uvloop's event loop and httptools' HTTP parser, with
@@ -8,8 +8,7 @@ recipe), so that what is measured is what is run.
   and PostgreSQL. Django has no lifespan protocol: ``--lifespan off``.
 - **granian** (Rust's hyper underneath), the ASGI interface without lifespan (``asginl``),
   uvloop, N worker processes.
-- **daphne**, one process (Twisted): what ``make run`` serves in embedded mode, where the
-  in-memory channel layer needs every websocket in one process.
+- **daphne**, one process (Twisted): the benchmark's reference point.
 
 Access logs are off on every server (a line per request is a tail-latency cost; the gateway's
 Prometheus metrics count the answers).

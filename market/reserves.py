@@ -1,7 +1,6 @@
 """The markets' automatic reserves: each interval, a market whose automatic reserve is on moves
 its reserve toward its target wait by the mechanism's rule (``mechanism.reserve``), audited as a
-``ReserveChange`` marked automatic (celery beat: ``market.reserves_auto_step``; the embedded mode:
-``manage.py live_market``'s pacing thread).
+``ReserveChange`` marked automatic (celery beat: ``market.reserves_auto_step``).
 
 The engines learn of a move as of a manual one: the task queues the push of each market it moved
 (``market.tasks``), once the step has committed.

@@ -70,7 +70,7 @@ def rounds_consume(
     published). See ``scheduler_bridge.settlement.stream``.
     """
     if not settings.REDIS_URL:
-        logger.warning("rounds_consume needs REDIS_URL (use `manage.py rounds_consume --jsonl`)")
+        logger.warning("rounds_consume needs REDIS_URL")
         return asdict(rounds.ConsumeStats(stalled="REDIS_URL is not set"))
     client = rounds.redis_client(settings.REDIS_URL)
     try:

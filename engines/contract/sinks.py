@@ -189,8 +189,8 @@ class QueuedSink(Sink):
 
 
 class JsonlSink(QueuedSink):
-    """Appends each record as one line of JSON to ``path`` (for a machine without Redis;
-    ``manage.py rounds_consume --jsonl PATH`` follows such a file)."""
+    """Appends each record as one line of JSON to ``path`` (what the benchmarks read; the market
+    takes round records from the Redis stream only)."""
 
     thread_name = "round-records-jsonl"
 

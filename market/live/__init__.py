@@ -5,6 +5,5 @@
 - :mod:`market.live.publisher`: round records (as the consumers take them) to books, round
   results and spend ticks, throttled per market and per tenant;
 - :mod:`market.live.engine_status`: scraping an engine's Prometheus ``/metrics``;
-- :mod:`market.live.periodic`: the once-a-second work (engine status, spend of token charges);
-- :mod:`config.embedded`: all of it inside the web server's process, for the embedded mode.
+- :mod:`market.live.periodic`: the once-a-second work (engine status, spend of token charges).
 """

@@ -16,9 +16,8 @@ wait in it (``tenants``: requests by tenant slug, from the tenant tags the engin
 count), and each engine's part keeps the waiting bids its last book record carried, which the
 console counts against a reserve before it is applied (``book_bids``).
 
-Each market's last published book lives in Django's cache (Redis when ``REDIS_URL`` is set, so
-every publishing process and every consumer sees the same one; local memory in the embedded
-mode, where everything runs in one process), with a version. Publishing compares the new rows
+Each market's last published book lives in Django's cache (Redis, so every publishing process
+and every consumer sees the same one), with a version. Publishing compares the new rows
 with it and sends only the difference, under a short lock so two publishers (two Celery workers)
 cannot interleave versions; at most once per ``min_interval_s`` per market.
 """

@@ -1,7 +1,6 @@
 """The once-a-second live work: engine status, spend of token charges, idle books.
 
-:func:`live_tick` is what celery beat runs every second (``market.live_publish``) with
-Redis, and what :mod:`config.embedded` runs in the web process without it:
+:func:`live_tick` is what celery beat runs every second (``market.live_publish``):
 
 - scrape each active market's engine ``/metrics`` and send its :class:`EngineStatus`; an engine
   that reports an empty queue gets an empty book (no round reports a queue that drained);

@@ -1,12 +1,12 @@
 """Round records, as the consumers take them, to the consoles: books, round results and spend
 ticks.
 
-``scheduler_bridge.settlement.stream`` (the Redis stream) and ``scheduler_bridge.settlement.jsonl``
-(the embedded JSONL file) hand each record to :meth:`RoundsPublisher.settled` once checked (round
-records move no money), call :meth:`~RoundsPublisher.tick` between reads and
-:meth:`~RoundsPublisher.flush` before they return. Per market, at most one book message and one
-round result every ``min_interval_s`` (0.5 s): the latest book waits for its turn (an older one
-waiting is replaced), and round results add up until sent. Per tenant, at most one spend tick
+``scheduler_bridge.settlement.stream`` (the consumer of the Redis stream) hands each record to
+:meth:`RoundsPublisher.settled` once checked (round records move no money), calls
+:meth:`~RoundsPublisher.tick` between reads and :meth:`~RoundsPublisher.flush` before it
+returns. Per market, at most one book message and one round result every ``min_interval_s``
+(0.5 s): the latest book waits for its turn (an older one waiting is replaced), and round
+results add up until sent. Per tenant, at most one spend tick
 every ``min_interval_s``, with the rows of every request of theirs admitted since the previous
 one.
 

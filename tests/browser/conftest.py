@@ -3,10 +3,12 @@ installed by ``.ci/run``; no browser download), against the real ASGI app served
 this process (``asgi_server``) and a live market:
 
 - a simulated engine in real time, slowed so a queue forms, writing its round records to a
-  JSONL file;
-- the live publishers as the embedded mode runs them in the web process
-  (``config.embedded``: the JSONL follower publishes round records, the periodic publisher
-  polls the engine's ``/metrics``), sending through the loop that serves the websockets;
+  Redis stream of the test's own;
+- the live publishers, over the Redis channel layer as in production: ``manage.py
+  rounds_consume`` (a process of its own, on the test database) takes the round records from
+  the stream and publishes them, and the once-a-second tick that celery beat runs
+  (``market.live.periodic.live_tick``: engine status from ``/metrics``, token spend) runs in a
+  thread;
 - a load generator: threads of two tenants' programs sending chat completions with bids
   through the gateway.
 
@@ -27,11 +29,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
+from django.conf import settings
 
 from accounts.models import Role
 from accounts.services import api_key_create, budget_set, invoice_generate, month_bounds
 from config.celery import app as celery_app
-from config.embedded import LiveServices, live_services_start
 from engines.router import Router, RouterOptions
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
@@ -41,6 +44,7 @@ from openai_api.gateway.keys import api_key_cache_clear
 from openai_api.gateway.selectors import caches_clear
 from tests.accounts.factories import PASSWORD, tenant_create, user_create
 from tests.conftest import ENGINE_ADMIN_TOKEN, REPO_ROOT, DaphneThread, dead_port
+from tests.market.live_helpers import LivePublishers
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -180,7 +184,7 @@ class LoadGenerator:
 @pytest.fixture
 def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
     """A market with a real engine, two tenants (acme, globex) with members and an operator,
-    the embedded live publishers, and load from both tenants' programs."""
+    the live publishers, and load from both tenants' programs."""
     with _live(asgi_server, tmp_path, replicas=1) as live:
         yield live
 
@@ -207,18 +211,19 @@ def _live(
     caches_clear()
     api_key_cache_clear()
     eager = celery_app.conf.task_always_eager
-    celery_app.conf.task_always_eager = True  # the reserve push runs in the request, as embedded
+    celery_app.conf.task_always_eager = True  # the reserve push runs in the request: no worker
     slug = f"live-{uuid.uuid4().hex[:8]}"
-    files = [tmp_path / f"rounds-{i}.jsonl" for i in range(replicas)]
+    stream = f"imtest:rounds:{slug}"
     sims = [
         ServerThread(
             ServerOptions.of(
-                port=0, speed=1.0, market=slug, rounds_jsonl=str(jsonl), settings=ENGINE_SETTINGS,
+                port=0, speed=1.0, market=slug, redis_url=settings.REDIS_URL,
+                rounds_stream=stream, settings=ENGINE_SETTINGS,
                 engine_id=None if replicas == 1 else f"{slug}-r{i + 1}",
                 admin_token=ENGINE_ADMIN_TOKEN,  # the market's pushes send it
             )
         ).start()
-        for i, jsonl in enumerate(files)
+        for i in range(replicas)
     ]  # fmt: skip
     router = None
     if replicas > 1:
@@ -249,14 +254,15 @@ def _live(
         server=asgi_server, sim=sims[0], market=market, keys=keys,
         replicas=sims if router is not None else [],
     )  # fmt: skip
-    services: LiveServices = live_services_start(loop=asgi_server.loop, rounds_jsonl=files)
+    publishers = LivePublishers(stream, tmp_path / "rounds_consume.log")
     load = LoadGenerator(live).start() if agents else None
     try:
         yield live
     finally:
         if load is not None:
             load.stop()
-        services.stop()
+        publishers.stop()
+        redis.Redis.from_url(settings.REDIS_URL).delete(stream, f"{stream}:dead")
         if router is not None:
             router.stop()
         for sim in sims:

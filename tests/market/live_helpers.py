@@ -1,15 +1,28 @@
-"""Hand-made round records for the live-console tests (the personas: ``tests.personas``).
+"""Hand-made round records for the live-console tests (the personas: ``tests.personas``), and
+the live publishers as Celery runs them (``LivePublishers``).
 
 Every number here is written out by hand; expectations in the tests are worked out by hand too.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
+from django.db import close_old_connections, connections
 from django.test import Client
 
 from engines.contract.records import SCHEMA
+from market.live.periodic import live_tick
+from tests.conftest import REPO_ROOT
+from tests.scheduler_bridge.workers import worker_database_url
+
+logger = logging.getLogger(__name__)
 
 
 def subtree(
@@ -89,3 +102,38 @@ def session_cookie(client: Client) -> list[tuple[bytes, bytes]]:
     if sid is not None:
         headers.append((b"cookie", f"sessionid={sid.value}".encode()))
     return headers
+
+
+class LivePublishers:
+    """What Celery runs in production, against the test database: ``manage.py rounds_consume``
+    on the engines' stream (a process), and the periodic tick every second (a thread)."""
+
+    def __init__(self, stream: str, log: Path) -> None:
+        env = os.environ.copy() | {"DATABASE_URL": worker_database_url()}
+        with log.open("w") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "manage.py", "rounds_consume", "--stream", stream],
+                cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="live-tick", daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                close_old_connections()
+                live_tick()
+            except Exception:
+                logger.exception("live: periodic tick failed")
+        connections.close_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

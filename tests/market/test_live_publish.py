@@ -1,12 +1,15 @@
-"""Publishing: round records (both consumers) and the periodic tick, to the groups."""
+"""Publishing: round records (the Redis stream's consumer) and the periodic tick, to the groups,
+and on to a browser's socket."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from decimal import Decimal
 
+import aiohttp
 import httpx
 import pytest
 import redis
@@ -23,9 +26,9 @@ from market.live import book, periodic, publisher, spend
 from market.live.publisher import RoundsPublisher
 from market.models import Market
 from scheduler_bridge.settlement import stream as rounds
-from scheduler_bridge.settlement.jsonl import rounds_jsonl_follow
 from tests.accounts.factories import market_create, tenant_create
-from tests.market.live_helpers import admitted, record, subtree
+from tests.market.live_helpers import LivePublishers, admitted, record, subtree
+from tests.personas import logged_in, world_create
 
 pytestmark = pytest.mark.django_db
 
@@ -144,30 +147,24 @@ def check_published(messages, market: str) -> None:
     assert a2["engine"] == "sim@test"  # the replica that ranked it, as its answer said
 
 
-def test_the_jsonl_follower_publishes_what_it_takes(sent, market, tmp_path) -> None:
-    path = tmp_path / "rounds.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in three_rounds_served(market)))
-    before = ledger()
-    stats = rounds_jsonl_follow(path=path, publisher=RoundsPublisher())
-    assert (stats.taken, stats.admitted) == (3, 3)
-    assert ledger() == before  # round records move no money
-    check_published(sent, market.slug)
-
-
-@pytest.mark.redis
-def test_the_stream_consumer_publishes_what_it_takes(sent, market) -> None:
-    served = three_rounds_served(market)
-    before = ledger()
+def consumed(records: list[dict]) -> rounds.ConsumeStats:
+    """``records`` written to a stream of their own and taken by the stream's consumer."""
     client = rounds.redis_client(settings.REDIS_URL)
     stream = f"test-live:{uuid.uuid4().hex}"
     try:
-        for r in served:
+        for r in records:
             client.xadd(stream, {"record": json.dumps(r)})
         sc = rounds.StreamConsumer(client=client, stream=stream, consumer="t")
-        stats = rounds.rounds_consume(sc=sc, until_idle=True, publisher=RoundsPublisher())
+        return rounds.rounds_consume(sc=sc, until_idle=True, publisher=RoundsPublisher())
     finally:
         client.delete(stream)
         client.close()
+
+
+def test_the_stream_consumer_publishes_what_it_takes(sent, market) -> None:
+    served = three_rounds_served(market)
+    before = ledger()
+    stats = consumed(served)
     assert (stats.taken, stats.admitted) == (3, 3)
     assert ledger() == before  # round records move no money
     check_published(sent, market.slug)
@@ -192,7 +189,7 @@ def test_results_and_ticks_are_throttled_per_market_and_tenant(sent, market) -> 
     assert not pub.pending()
 
 
-def test_a_publishing_failure_never_stops_the_consumer(monkeypatch, market, tmp_path) -> None:
+def test_a_publishing_failure_never_stops_the_consumer(monkeypatch, market) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("the channel layer is down")
 
@@ -200,9 +197,7 @@ def test_a_publishing_failure_never_stops_the_consumer(monkeypatch, market, tmp_
     monkeypatch.setattr(publisher, "group_send_many", broken)
     open_requests(market, "acme", ["a1", "a2"])
     open_requests(market, "globex", ["b1"])
-    path = tmp_path / "rounds.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in three_rounds(market.slug)))
-    stats = rounds_jsonl_follow(path=path, publisher=RoundsPublisher())
+    stats = consumed(three_rounds(market.slug))
     assert (stats.read, stats.taken, stats.admitted) == (3, 3, 3)
 
 
@@ -236,6 +231,41 @@ def test_the_periodic_tick_sends_engine_status_idle_books_and_token_spend(sent, 
     assert acme["budget"] is None and acme["spent_window"] == "0.004500000"
 
 
-@pytest.mark.redis
 def test_redis_is_reachable_for_the_live_tests() -> None:
     assert redis.Redis.from_url(settings.REDIS_URL).ping()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_records_an_engine_writes_to_the_stream_reach_a_browser_socket(
+    asgi_server, tmp_path, client, unique_slug
+) -> None:
+    """From the Redis stream, through ``manage.py rounds_consume`` (a process of its own) and
+    the Redis channel layer, to a websocket of the web server."""
+    world = world_create(market_slug=unique_slug)
+    logged_in(client, world, "operator")
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    stream = f"imtest:rounds:{unique_slug}"
+    publishers = LivePublishers(stream, tmp_path / "rounds_consume.log")
+    writer = redis.Redis.from_url(settings.REDIS_URL)
+
+    async def watch() -> dict[str, dict]:
+        url = f"ws://127.0.0.1:{asgi_server.port}/ws/markets/{unique_slug}/"
+        headers = {"Cookie": cookie, "Origin": asgi_server.url}
+        seen: dict[str, dict] = {}
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(url, headers=headers) as ws:
+                rec = record(unique_slug, 1, subtrees=[subtree("k", requests=3)])
+                writer.xadd(stream, {"record": json.dumps(rec)})  # what the engine does
+                while not {"book.diff", "round.result"} <= set(seen):
+                    message = await asyncio.wait_for(ws.receive_json(), timeout=30)
+                    seen[message["kind"]] = message
+        return seen
+
+    try:
+        seen = asyncio.run(watch())
+    finally:
+        publishers.stop()
+        writer.delete(stream, f"{stream}:dead")
+        writer.close()
+    assert [r["key"] for r in seen["book.diff"]["changed"]] == ["k"]
+    assert seen["round.result"]["rounds"] == 1

@@ -1,14 +1,11 @@
 """``manage.py rounds_consume``: take round records in the foreground until Ctrl-C.
 
-    manage.py rounds_consume [--stream NAME] [--group NAME] [--once]   # the Redis stream
-    manage.py rounds_consume --jsonl PATH [--follow] [--state PATH]   # embedded mode, no Redis
+    manage.py rounds_consume [--stream NAME] [--group NAME] [--once]
 
-The first runs the same loop as the Celery task ``scheduler_bridge.rounds_consume``
-(``scheduler_bridge.settlement.stream``), as one more consumer of the group; the second tails the
-JSONL file the simulated engine writes with ``--rounds-jsonl``
-(``scheduler_bridge.settlement.jsonl``), keeping its byte offset in ``PATH.offset``. Both check
-each record and publish it to the live consoles; neither moves money (the gateway settles each
-request's charges). Both are safe to stop and restart at any moment.
+The same loop as the Celery task ``scheduler_bridge.rounds_consume``
+(``scheduler_bridge.settlement.stream``), as one more consumer of the group: it checks each
+record of the Redis stream and publishes it to the live consoles; it moves no money (the gateway
+settles each request's charges). Safe to stop and restart at any moment.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -25,7 +21,6 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduler_bridge.settlement import stream as rounds
-from scheduler_bridge.settlement.jsonl import rounds_jsonl_follow
 
 STATS_EVERY_S = 10.0  # how often the Redis loop prints what it did, wall seconds
 IDLE_RETRY_S = 1.0  # pause after a call stopped by an outage, seconds
@@ -34,8 +29,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class Command(BaseCommand):
     help = (
-        "Take round records from the Redis stream, or from a JSONL file (--jsonl), and publish "
-        "them to the live consoles (they move no money)."
+        "Take round records from the Redis stream and publish them to the live consoles (they "
+        "move no money)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -51,21 +46,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--once", action="store_true", help="stop when there is nothing left to take"
         )
-        parser.add_argument("--jsonl", type=Path, metavar="PATH", help="read a JSONL file instead")
-        parser.add_argument("--follow", action="store_true", help="with --jsonl: keep tailing")
-        parser.add_argument("--state", type=Path, help="with --jsonl: offset file (PATH.offset)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["jsonl"] is None and (options["follow"] or options["state"]):
-            raise CommandError("--follow and --state go with --jsonl")
         self._stop = False
         # Ctrl-C and SIGTERM finish the record in hand, then stop (previous handlers restored).
         previous = {sig: signal.signal(sig, self._request_stop) for sig in STOP_SIGNALS}
         try:
-            if options["jsonl"] is not None:
-                self._jsonl(options)
-            else:
-                self._stream(options)
+            self._stream(options)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -73,20 +60,9 @@ class Command(BaseCommand):
     def _request_stop(self, signum: int, frame: FrameType | None) -> None:
         self._stop = True
 
-    def _jsonl(self, options: dict[str, Any]) -> None:
-        path: Path = options["jsonl"]
-        self.stdout.write(f"taking round records from {path} (follow: {options['follow']})")
-        stats = rounds_jsonl_follow(
-            path=path,
-            state_path=options["state"],
-            follow=options["follow"],
-            should_stop=lambda: self._stop,
-        )
-        self.stdout.write(_summary(stats))
-
     def _stream(self, options: dict[str, Any]) -> None:
         if not settings.REDIS_URL:
-            raise CommandError("REDIS_URL is not set: use --jsonl PATH for the embedded mode")
+            raise CommandError("REDIS_URL is not set")
         sc = rounds.StreamConsumer(
             client=rounds.redis_client(settings.REDIS_URL),
             stream=options["stream"] or settings.ROUNDS_STREAM,

@@ -1,11 +1,17 @@
 """Round records from a real Redis stream to the live consoles, in this process (``stream.py``).
 
 Published, then acknowledged; malformed records dead-lettered; pending entries of a dead
-consumer reclaimed; replays taken again; outages leaving everything pending. Round records move
+consumer reclaimed; replays taken again; outages leaving everything pending; the command killed
+and started again taking what was written meanwhile. Round records move
 no money: the requests they admit stay as the gateway left them (queued, holds open).
 """
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import redis
@@ -15,6 +21,7 @@ from django.db import OperationalError
 from scheduler_bridge.settlement import stream as rounds
 from scheduler_bridge.settlement.stream import StreamConsumer, rounds_consume
 from tests.accounts.factories import market_create, tenant_create
+from tests.conftest import REPO_ROOT
 from tests.scheduler_bridge.settlement.rounds_helpers import (
     RecordingPublisher,
     Streams,
@@ -24,8 +31,9 @@ from tests.scheduler_bridge.settlement.rounds_helpers import (
     round_ids,
     streams_fixture,
 )
+from tests.scheduler_bridge.workers import wait_until, worker_database_url
 
-pytestmark = [pytest.mark.redis, pytest.mark.django_db]
+pytestmark = [pytest.mark.django_db]
 
 
 streams = pytest.fixture(streams_fixture, name="streams")
@@ -236,4 +244,50 @@ def test_the_command_drains_the_stream_once(streams: Streams, opened, capsys) ->
     assert "; 8 admitted requests" in out  # 4 records x 2
     assert "charged" not in out
     assert streams.pending() == 0
+    assert_no_money_moved()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_killed_and_restarted_takes_what_was_written_meanwhile_once(
+    streams: Streams, opened
+) -> None:
+    """``manage.py rounds_consume`` in a subprocess, SIGKILLed and started again: the records
+    written while none ran are taken by the next, and nothing twice."""
+    rec = records()
+    env = os.environ.copy() | {"DATABASE_URL": worker_database_url()}
+    command = [sys.executable, "manage.py", "rounds_consume", "--stream", streams.name,
+               "--consumer", "command"]  # fmt: skip
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+
+    def delivered_up_to(entry: bytes) -> bool:
+        groups = streams.client.xinfo_groups(streams.name)
+        return bool(groups) and groups[0]["last-delivered-id"] == entry and not streams.pending()
+
+    taker = start()
+    try:
+        streams.add(rec[0])
+        last = streams.add(rec[1])  # written while it runs
+        wait_until(lambda: delivered_up_to(last), what="rounds 0 and 1")
+        taker.send_signal(signal.SIGKILL)
+        taker.wait(timeout=10)
+        streams.add(rec[2])
+        last = streams.add(rec[3])  # written while none runs
+        assert not delivered_up_to(last)
+        taker = start()
+        wait_until(lambda: delivered_up_to(last), what="rounds 2 and 3")
+        taker.send_signal(signal.SIGTERM)  # a clean stop prints what it did
+        out, _ = taker.communicate(timeout=20)
+    finally:
+        if taker.poll() is None:
+            taker.kill()
+            taker.wait()
+    assert taker.returncode == 0, out
+    # The second took rounds 2 and 3 only: 2 records x 2 admitted.
+    assert "records: 2 read, 2 taken, 0 reclaimed, 0 dead-lettered" in out, out
+    assert "; 4 admitted requests" in out, out
     assert_no_money_moved()

@@ -3,6 +3,9 @@
 PYTHON_BOOT := $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
+# What needs PostgreSQL and Redis runs through this: with DATABASE_URL / REDIS_URL unset it starts
+# the checkout's own (data in var/services/) for the command and stops them after it.
+WITH_SERVICES := "$(PY)" -m config.local_services --
 # Holds the sha256 of the pyproject.toml the venv was installed from.
 STAMP := $(VENV)/.installed-pyproject
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k healthz -x"` (the main stage) or
@@ -41,22 +44,20 @@ venv:
 		"$(PY)" -m pip install --quiet -e '.[dev]' && echo "$$want" > "$(STAMP)"; \
 	fi
 
-## run: check its ports and the services, migrate, seed the demo, then run the live market on
-## http://$(HOST):$(PORT)/ (the simulated engines, the web server, settlement and publishers,
-## and agents bidding)
+## run: with PostgreSQL and Redis (the checkout's own unless configured), check its ports and
+## the services, migrate, seed the demo, then run the live market on http://$(HOST):$(PORT)/
+## (the simulated engines, the web server, settlement and publishers, and agents bidding)
 run: venv
-	@"$(PY)" $(LIVE_MARKET) --check-ports
-	@"$(PY)" manage.py check_services
-	@"$(PY)" manage.py migrate --noinput
-	@"$(PY)" manage.py seed_demo
-	@exec "$(PY)" $(LIVE_MARKET)
+	@$(WITH_SERVICES) sh -c '"$(PY)" $(LIVE_MARKET) --check-ports \
+		&& "$(PY)" manage.py check_services && "$(PY)" manage.py migrate --noinput \
+		&& "$(PY)" manage.py seed_demo && exec "$(PY)" $(LIVE_MARKET)'
 
 ## test: the whole test suite, in two stages: the main suite, then the SGLang plugin's
 test: test-main test-sglang
 
 ## test-main: everything but the SGLang plugin's tests, in .venv
 test-main: venv
-	@"$(VENV)/bin/pytest" --ignore=tests/engines/sglang_plugin $(PYTEST_ARGS)
+	@$(WITH_SERVICES) "$(VENV)/bin/pytest" --ignore=tests/engines/sglang_plugin $(PYTEST_ARGS)
 
 ## venv-sglang: create .venv-sglang if missing; (re)install when its inputs changed. The first
 ## install copies torch (several GB) from pip's sources and takes minutes.
@@ -77,7 +78,7 @@ venv-sglang:
 ## test-sglang: the SGLang plugin against SGLang's real scheduler classes, on the CPU
 test-sglang: venv-sglang
 	@echo "==> SGLang plugin stage ($(SGLANG_VENV))"
-	@"$(SGLANG_VENV)/bin/pytest" tests/engines/sglang_plugin $(SGLANG_PYTEST_ARGS)
+	@$(WITH_SERVICES) "$(SGLANG_VENV)/bin/pytest" tests/engines/sglang_plugin $(SGLANG_PYTEST_ARGS)
 
 lint: venv imports
 	@"$(VENV)/bin/ruff" check .

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -487,11 +488,13 @@ async def _load(
 @dataclass(frozen=True)
 class Secrets:
     """What the hosts are given besides the URLs: Django's secret key and the engines' admin
-    token (gateways, worker, engines), smg's control-plane key (the engines host only)."""
+    token (gateways, worker, engines), smg's control-plane key (the engines host only), the
+    gateways' metrics token."""
 
     secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     control_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    metrics_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
 
 def market_setup(r: Rehearsal, django_env: dict[str, str], replicas: dict[str, str]) -> dict:
@@ -546,7 +549,8 @@ def hosts_start(
         address = net.address(name)
         metrics = r.host_dir(name) / "prometheus"  # the host's workers' counters
         metrics.mkdir()
-        env = {**django_env, "ALLOWED_HOSTS": address, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
+        env = {**django_env, "ALLOWED_HOSTS": address, "PROMETHEUS_MULTIPROC_DIR": str(metrics),
+               "METRICS_TOKEN": keys.metrics_token}  # fmt: skip
         argv = server_argv("uvicorn", host=address, port=GATEWAY_PORT,
                            workers=opts.gateway_workers, python=PY)  # fmt: skip
         r.spawn(name, "uvicorn", argv, env)
@@ -589,6 +593,24 @@ def _rounds_state(client: Any) -> dict[str, int]:
     read = group["last-delivered-id"]
     unread = 0 if read == last else len(client.xrange(DEFAULT_STREAM, f"({_text(read)}", "+"))
     return {"written": written, "unread": unread, "pending": int(group["pending"])}
+
+
+def gateway_answers(base: str, token: str) -> dict[str, int]:
+    """A gateway's own count of its answers by HTTP status (``gateway_requests_total`` of its
+    ``/metrics``, summed over its workers)."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    request = urllib.request.Request(
+        f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        text = reply.read().decode()
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gateway_requests_total" and "status" in sample.labels:
+                counts[sample.labels["status"]] += int(sample.value)
+    return dict(sorted(counts.items()))
 
 
 def _rows(database_url: str, query: str, *params: object) -> dict[str, int]:
@@ -690,6 +712,7 @@ def rehearse(r: Rehearsal, opts: argparse.Namespace) -> dict[str, Any]:
         timings["load_s"] = time.monotonic() - start
         r.say("load: done; " + "; ".join(
             f"{n}: {dict(load.answers)}" for n, load in loads.items()))  # fmt: skip
+        counted = {n: gateway_answers(base, keys.metrics_token) for n, base in gateways.items()}
         figures = settle_and_check(
             r, opts, database_url, redis_url, django_env, setup["key_id"], loads
         )
@@ -702,11 +725,13 @@ def rehearse(r: Rehearsal, opts: argparse.Namespace) -> dict[str, Any]:
         and figures["requests_in_database"] == {"served": answered}
         and entries.get("tokens") == entries.get("priority") == answered
         and all(figures["settled_by_gateway"][n] == opts.requests for n in loads)
+        and all(counted[n] == {"200": opts.requests} for n in loads)
     )
     return {
         "hosts": {h: net.address(h) for h in HOSTS},
         "requests_per_gateway": {n: load.sent for n, load in loads.items()},
         "answers_by_status": {n: dict(sorted(load.answers.items())) for n, load in loads.items()},
+        "gateway_metrics": counted,
         "latency_s": {n: load.latency() for n, load in loads.items()},
         **figures,
         "seconds": {k: round(v, 1) for k, v in timings.items()},
@@ -720,7 +745,8 @@ def _summary(figures: dict[str, Any]) -> str:
         lat = figures["latency_s"].get(name) or {}
         lines.append(
             f"  {name:<10} {figures['hosts'][name]:<12} sent {sent}, answers "
-            f"{figures['answers_by_status'][name]}, settled {figures['settled_by_gateway'][name]}"
+            f"{figures['answers_by_status'][name]} (its /metrics: "
+            f"{figures['gateway_metrics'][name]}), settled {figures['settled_by_gateway'][name]}"
             + (f", latency p50 {lat['p50']} s, max {lat['max']} s" if lat else "")
         )
     entries = figures["ledger_entries"]

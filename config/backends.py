@@ -1,21 +1,19 @@
 """The services the settings point at, from their URLs: ``DATABASE_URL`` into Django's
-``DATABASES`` entry, ``REDIS_URL`` into the Celery, Channels and cache settings (or their
-in-process stand-ins when it is unset). Pure functions with errors that name the variable and
-never echo a password; ``config.env`` reads the variables and calls them.
+``DATABASES`` entry, ``REDIS_URL`` into the Celery, Channels and cache settings. Pure
+functions with errors that name the variable and never echo a password; ``config.env`` reads
+the variables and calls them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from config.errors import EnvironmentVariableError
 
 POSTGRES_SCHEMES = ("postgres", "postgresql")
-SQLITE_SCHEME = "sqlite"
 REDIS_SCHEMES = ("redis", "rediss")
 POSTGRES_DEFAULT_PORT = 5432
 REDIS_DEFAULT_PORT = 6379
@@ -34,7 +32,7 @@ POSTGRES_QUERY_OPTIONS = frozenset(
         "target_session_attrs",
     }
 )
-DATABASE_URL_FORMS = "postgres://USER:PASSWORD@HOST:PORT/NAME or sqlite:///PATH"
+DATABASE_URL_FORMS = "postgres://USER:PASSWORD@HOST:PORT/NAME"
 REDIS_URL_FORMS = "redis://[:PASSWORD@]HOST[:PORT][/DB] or rediss://..."
 
 
@@ -54,44 +52,10 @@ class RedisURL:
         return f"{_host_for_display(self.host)}:{self.port}/{self.db}"
 
 
-def sqlite_database(path: Path | str) -> dict[str, Any]:
-    """Django ``DATABASES`` entry for a SQLite file (or ``":memory:"``)."""
-    return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(path)}
-
-
-# SQLite under concurrent writers (the embedded mode: the gateway's database thread, the
-# round-record follower, the periodic tick and the pacing steps all write to one file). WAL lets
-# reads go on beside the one writer; IMMEDIATE transactions take the write lock at BEGIN, since
-# a deferred one that has read and then writes cannot wait for the lock (SQLite answers
-# "database is locked" at once, to avoid a deadlock); and a connection waits up to
-# SQLITE_TIMEOUT_S seconds for the lock before it gives up. synchronous=NORMAL is durable in
-# WAL mode except for the last transactions before a power loss.
-SQLITE_TIMEOUT_S = 10.0
-SQLITE_CONCURRENT_OPTIONS: dict[str, Any] = {
-    "transaction_mode": "IMMEDIATE",
-    "timeout": SQLITE_TIMEOUT_S,
-    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
-}
-
-
-def database_concurrent(database: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``DATABASES`` entry set up for several writers at once: a SQLite one gets
-    :data:`SQLITE_CONCURRENT_OPTIONS` (its own options win), a PostgreSQL one is unchanged."""
-    if not database["ENGINE"].endswith("sqlite3"):
-        return dict(database)
-    return {**database, "OPTIONS": {**SQLITE_CONCURRENT_OPTIONS, **database.get("OPTIONS", {})}}
-
-
-def parse_database_url(value: str, *, base_dir: Path) -> dict[str, Any]:
-    """Turn ``DATABASE_URL`` into a Django ``DATABASES["default"]`` entry.
-
-    Relative SQLite paths are taken relative to ``base_dir`` (the repository), not the
-    working directory, so every command sees the same file.
-    """
+def parse_database_url(value: str) -> dict[str, Any]:
+    """Turn ``DATABASE_URL`` into a Django ``DATABASES["default"]`` entry (PostgreSQL)."""
     variable = "DATABASE_URL"
     parts = _split(value, variable, DATABASE_URL_FORMS)
-    if parts.scheme == SQLITE_SCHEME:
-        return _parse_sqlite(parts, base_dir=base_dir)
     if parts.scheme not in POSTGRES_SCHEMES:
         raise EnvironmentVariableError(
             variable,
@@ -126,27 +90,6 @@ def parse_database_url(value: str, *, base_dir: Path) -> dict[str, Any]:
         "PORT": str(port),
         "OPTIONS": options,
     }
-
-
-def _parse_sqlite(parts: SplitResult, *, base_dir: Path) -> dict[str, Any]:
-    variable = "DATABASE_URL"
-    if parts.netloc:
-        raise EnvironmentVariableError(
-            variable,
-            "has a host in a sqlite URL; use sqlite:///relative/path or sqlite:////absolute/path",
-        )
-    if parts.query:
-        raise EnvironmentVariableError(variable, "takes no query parameters in a sqlite URL")
-    # "sqlite:///db.sqlite3" -> path "/db.sqlite3" -> relative; "sqlite:////tmp/x" -> absolute.
-    path = unquote(parts.path.removeprefix("/"))
-    if not path:
-        raise EnvironmentVariableError(
-            variable, "has no file path; use sqlite:///relative/path or sqlite:////absolute/path"
-        )
-    if path == ":memory:":
-        return sqlite_database(":memory:")
-    file = Path(path)
-    return sqlite_database(file if file.is_absolute() else base_dir / file)
 
 
 def parse_redis_url(value: str) -> RedisURL:
@@ -220,36 +163,30 @@ def _host_for_display(host: str) -> str:
 
 
 def database_display(database: Mapping[str, Any]) -> str:
-    """Where a ``DATABASES`` entry points, without credentials: ``host:port/name`` or a path."""
-    if database["ENGINE"].endswith("postgresql"):
-        host = _host_for_display(str(database.get("HOST") or "localhost"))
-        port = database.get("PORT") or POSTGRES_DEFAULT_PORT
-        return f"{host}:{port}/{database['NAME']}"
-    return str(database["NAME"])
+    """Where a ``DATABASES`` entry points, without credentials: ``host:port/name``."""
+    host = _host_for_display(str(database.get("HOST") or "localhost"))
+    port = database.get("PORT") or POSTGRES_DEFAULT_PORT
+    return f"{host}:{port}/{database['NAME']}"
 
 
-# Settings derived from REDIS_URL (or its absence). Kept here so tests can check both branches.
+# Settings derived from REDIS_URL.
 
 
-def celery_settings(redis: RedisURL | None) -> dict[str, Any]:
-    """``CELERY_*`` settings: Redis broker and result backend, or eager execution in-process."""
+def celery_settings(redis: RedisURL) -> dict[str, Any]:
+    """``CELERY_*`` settings: Redis as the broker and the result backend."""
     return {
         "CELERY_TASK_SERIALIZER": "json",
         "CELERY_RESULT_SERIALIZER": "json",
         "CELERY_ACCEPT_CONTENT": ["json"],
         "CELERY_RESULT_EXPIRES": 3600,  # seconds
         "CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP": True,
-        "CELERY_BROKER_URL": redis.url if redis else "memory://",
-        "CELERY_RESULT_BACKEND": redis.url if redis else None,
-        "CELERY_TASK_ALWAYS_EAGER": redis is None,
-        "CELERY_TASK_EAGER_PROPAGATES": redis is None,
+        "CELERY_BROKER_URL": redis.url,
+        "CELERY_RESULT_BACKEND": redis.url,
     }
 
 
-def channel_layers(redis: RedisURL | None) -> dict[str, Any]:
-    """``CHANNEL_LAYERS``: channels_redis on Redis, or the in-memory layer (one process only)."""
-    if redis is None:
-        return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+def channel_layers(redis: RedisURL) -> dict[str, Any]:
+    """``CHANNEL_LAYERS``: channels_redis on Redis, shared by every process."""
     return {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -258,10 +195,8 @@ def channel_layers(redis: RedisURL | None) -> dict[str, Any]:
     }
 
 
-def caches(redis: RedisURL | None) -> dict[str, Any]:
-    """``CACHES``: Django's Redis cache, or local memory."""
-    if redis is None:
-        return {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+def caches(redis: RedisURL) -> dict[str, Any]:
+    """``CACHES``: Django's Redis cache."""
     return {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",

@@ -7,11 +7,11 @@ URLs turn into (``DATABASES``, Celery, Channels and the cache) is ``config.backe
 Variables:
 
 - ``DATABASE_URL``: ``postgres://USER:PASSWORD@HOST:PORT/NAME`` (or ``postgresql://``), through
-  psycopg 3; or ``sqlite:///relative/path`` / ``sqlite:////absolute/path``. Unset: SQLite file
-  ``db.sqlite3`` in the repository.
+  psycopg 3. Required: ``make run`` and ``make test`` set it to the checkout's own PostgreSQL
+  when it is unset (``config.local_services``).
 - ``REDIS_URL``: ``redis://[:PASSWORD@]HOST[:PORT][/DB]`` or ``rediss://`` (TLS). Used for the
-  Celery broker and result backend, the Channels layer and the Django cache. Unset: in-memory
-  channel layer, eager Celery, local-memory cache.
+  Celery broker and result backend, the Channels layer, the Django cache, the round records and
+  the control store. Required, and set like ``DATABASE_URL``.
 - ``SECRET_KEY``: required when ``DEBUG`` is off.
 - ``DEBUG``: ``1/0``, ``true/false``, ``yes/no``, ``on/off``. Unset: on (the local demo).
 - ``ALLOWED_HOSTS``: comma-separated host names.
@@ -28,9 +28,6 @@ Variables:
 - ``ROUNDS_STREAM``, ``ENGINE_ADMIN_TOKEN`` (:func:`env_text`), ``AUTOBID_INTERVAL_S``,
   ``AUTO_RESERVE_INTERVAL_S``, ``STALE_REQUEST_S``: settlement, the console's push to engines
   and the periodic steps; defaults in ``config.settings``.
-- ``MARKET_CONTROL_DIR``: a directory where the market also writes each market's control state
-  as ``<slug>.json`` (``engines.contract.control``), for engines that follow a file
-  (the embedded mode without Redis). Unset: Redis only (when ``REDIS_URL`` is set).
 - ``METRICS_TOKEN``: the bearer token the gateway's ``/metrics`` asks for. Unset: ``/metrics``
   is off (403), so no deployment publishes its metrics by accident.
 - ``INVOICE_ISSUER_NAME`` (:func:`env_text`), ``INVOICE_ISSUER_ADDRESS`` (lines separated by
@@ -44,10 +41,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from config.backends import RedisURL, parse_database_url, parse_redis_url, sqlite_database
+from config.backends import RedisURL, parse_database_url, parse_redis_url
 from config.errors import EnvironmentVariableError
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -64,31 +60,38 @@ class EnvConfig:
     secret_key: str
     allowed_hosts: list[str]
     database: dict[str, Any]
-    redis: RedisURL | None
+    redis: RedisURL
     serve_static: bool
     metrics_token: str | None
 
 
-def load(environ: Mapping[str, str], *, base_dir: Path) -> EnvConfig:
+def load(environ: Mapping[str, str]) -> EnvConfig:
     """Read and validate every variable; raise :class:`EnvironmentVariableError` on a bad one."""
     debug = env_bool(environ, "DEBUG", default=True)
-    database_url = env_text(environ, "DATABASE_URL")
-    redis_url = env_text(environ, "REDIS_URL")
     return EnvConfig(
         debug=debug,
         secret_key=secret_key(environ, debug=debug),
         allowed_hosts=env_list(
             environ, "ALLOWED_HOSTS", default=list(DEBUG_ALLOWED_HOSTS) if debug else []
         ),
-        database=(
-            parse_database_url(database_url, base_dir=base_dir)
-            if database_url
-            else sqlite_database(base_dir / "db.sqlite3")
-        ),
-        redis=parse_redis_url(redis_url) if redis_url else None,
+        database=parse_database_url(service_url(environ, "DATABASE_URL")),
+        redis=parse_redis_url(service_url(environ, "REDIS_URL")),
         serve_static=env_bool(environ, "SERVE_STATIC", default=True),
         metrics_token=env_text(environ, "METRICS_TOKEN"),
     )
+
+
+def service_url(environ: Mapping[str, str], name: str) -> str:
+    """``DATABASE_URL`` or ``REDIS_URL``, which every command needs."""
+    value = env_text(environ, name)
+    if value is None:
+        raise EnvironmentVariableError(
+            name,
+            "is not set. `make run` and `make test` start the checkout's own PostgreSQL and "
+            "Redis when it is unset; for another command, run it through them with "
+            "`python -m config.local_services -- COMMAND`, or set it to your own service",
+        )
+    return value
 
 
 def env_text(environ: Mapping[str, str], name: str) -> str | None:

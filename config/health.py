@@ -19,7 +19,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from config import backends
 
-State = Literal["ok", "error", "not configured"]
+State = Literal["ok", "error"]
 
 REDIS_TIMEOUT_S = 2.0  # seconds for Redis to accept the connection and answer PING
 DISTRIBUTION = "inference-market"
@@ -31,23 +31,21 @@ UNREACHABLE_REASONS = frozenset({"connection refused", "timed out", "host not fo
 class ServiceStatus:
     """The outcome of one reachability check."""
 
-    service: str  # "PostgreSQL", "SQLite" or "Redis"
+    service: str  # "PostgreSQL" or "Redis"
     variable: str  # the environment variable that configures it
-    target: str  # host:port/name or a file path; never credentials
+    target: str  # host:port/name; never credentials
     state: State
     reason: str = ""  # short, e.g. "connection refused"
 
     @property
     def ok(self) -> bool:
-        """Usable, or deliberately absent (an embedded default stands in)."""
-        return self.state != "error"
+        """It answered."""
+        return self.state == "ok"
 
     def describe(self) -> str:
         """One line for a person."""
         if self.state == "ok":
             return f"{self.service} at {self.target}: ok"
-        if self.state == "not configured":
-            return f"{self.service}: not configured ({self.reason})"
         if self.reason in UNREACHABLE_REASONS:
             return (
                 f"{self.service} at {self.target} is unreachable: {self.reason}. "
@@ -71,9 +69,7 @@ def database_status(connection: BaseDatabaseWrapper | None = None) -> ServiceSta
     PostgreSQL connection attempts give up after ``backends.POSTGRES_CONNECT_TIMEOUT_S`` seconds.
     """
     connection = connection if connection is not None else connections[DEFAULT_DB_ALIAS]
-    service = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}.get(
-        connection.vendor, connection.display_name
-    )
+    service = "PostgreSQL"
     target = backends.database_display(connection.settings_dict)
     try:
         with connection.cursor() as cursor:
@@ -84,16 +80,8 @@ def database_status(connection: BaseDatabaseWrapper | None = None) -> ServiceSta
     return ServiceStatus(service, "DATABASE_URL", target, "ok")
 
 
-def redis_status(url: str | None, *, timeout_s: float = REDIS_TIMEOUT_S) -> ServiceStatus:
-    """Connect to ``url`` and send PING; ``None`` means Redis is not configured."""
-    if url is None:
-        return ServiceStatus(
-            "Redis",
-            "REDIS_URL",
-            "",
-            "not configured",
-            "REDIS_URL unset: in-memory channel layer, eager Celery, local-memory cache",
-        )
+def redis_status(url: str, *, timeout_s: float = REDIS_TIMEOUT_S) -> ServiceStatus:
+    """Connect to ``url`` and send PING."""
     target = backends.parse_redis_url(url).display
     client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     try:

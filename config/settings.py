@@ -1,8 +1,8 @@
 """Django settings. Everything that varies between machines comes from the environment.
 
-See ``config/env.py`` for the variables and their defaults. With none set, the project runs on
-embedded defaults (SQLite, in-memory channel layer, eager Celery); with ``DATABASE_URL`` and
-``REDIS_URL`` set, it uses PostgreSQL and Redis.
+See ``config/env.py`` for the variables and their defaults. ``DATABASE_URL`` (PostgreSQL) and
+``REDIS_URL`` are required; ``make run`` and ``make test`` start the checkout's own when they are
+unset (``config.local_services``).
 """
 
 import os
@@ -15,7 +15,7 @@ from engines.contract.records import DEFAULT_STREAM
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-ENV = env.load(os.environ, base_dir=BASE_DIR)
+ENV = env.load(os.environ)
 
 DEBUG = ENV.debug
 SECRET_KEY = ENV.secret_key
@@ -69,17 +69,15 @@ TEMPLATES = [
     },
 ]
 
-# Databases: DATABASE_URL (PostgreSQL via psycopg 3), else a SQLite file in the repository.
-# SQLite in WAL mode with IMMEDIATE transactions and a busy timeout (backends.database_concurrent):
-# the embedded mode's writers share one file.
-DATABASES = {"default": backends.database_concurrent(ENV.database)}
+# The database: PostgreSQL through psycopg 3, from DATABASE_URL.
+DATABASES = {"default": ENV.database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: one URL for the Celery broker and results, the Channels layer and the cache.
-REDIS_URL = ENV.redis.url if ENV.redis else None
+REDIS_URL = ENV.redis.url
 CACHES = backends.caches(ENV.redis)
 CHANNEL_LAYERS = backends.channel_layers(ENV.redis)
-# CELERY_BROKER_URL, CELERY_RESULT_BACKEND, CELERY_TASK_ALWAYS_EAGER (when REDIS_URL is unset), ...
+# CELERY_BROKER_URL, CELERY_RESULT_BACKEND, ...
 globals().update(backends.celery_settings(ENV.redis))
 # Tasks that acknowledge late take one message at a time, so a lost worker strands only that one.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -94,10 +92,6 @@ AUTOBID_INTERVAL_S = env.env_seconds(os.environ, "AUTOBID_INTERVAL_S", default=1
 AUTO_RESERVE_INTERVAL_S = env.env_seconds(os.environ, "AUTO_RESERVE_INTERVAL_S", default=10.0)
 # Sent as `Authorization: Bearer ...` to engines' /admin/market (market.engine_control).
 ENGINE_ADMIN_TOKEN = env.env_text(os.environ, "ENGINE_ADMIN_TOKEN")
-# The market's control store (engines.contract.control), which engines without an HTTP
-# control path (SGLang's plugin) follow: in Redis when REDIS_URL is set; also as a JSON file per
-# market in this directory when set (the embedded mode: <dir>/<market slug>.json).
-MARKET_CONTROL_DIR = env.env_text(os.environ, "MARKET_CONTROL_DIR")
 # The engine client's waits, seconds (engines.client explains them): connecting;
 # silence (mid-answer: a failure; before the answer begins: then the engine's health is checked);
 # and the longest an answer may take to begin (a non-streamed one: the whole answer).
@@ -135,7 +129,7 @@ GATEWAY_API_KEY_CACHE_S = env.env_seconds(
 GATEWAY_MARKET_CACHE_S = env.env_seconds(
     os.environ, "GATEWAY_MARKET_CACHE_S", default=2.0, zero=True
 )
-# The gateway's database threads (openai_api.gateway.db; always 1 on SQLite). Its work is
+# The gateway's database threads (openai_api.gateway.db). Its work is
 # Python under the GIL: more threads mostly contend.
 GATEWAY_DB_THREADS = env.env_int(os.environ, "GATEWAY_DB_THREADS", default=2)
 # Batch jobs (openai_api.batches): the Celery queue of their runs (unset: the default

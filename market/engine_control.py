@@ -6,8 +6,7 @@ changes them.
 the market as it is when the task runs:
 
 1. writes the market's control state to the control store (``engines.contract.control``:
-   the Redis key of the market when ``REDIS_URL`` is set, and ``<MARKET_CONTROL_DIR>/<slug>.json``
-   when that is set). Engines that follow the store read it within their poll interval, and a
+   the market's Redis key). Engines that follow the store read it within their poll interval, and a
    replica that starts or restarts reads it first: the SGLang plugin does, since SGLang has no
    route for the market's control;
 2. sends ``{"policy", "reserve", "wait_bound_s"}`` to the control path
@@ -29,13 +28,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal
 
 from django.conf import settings
 
 from engines.client import EngineRejected, EngineUnavailable, engine_client
-from engines.contract.control import ControlStore, FileControlStore, RedisControlStore, now_state
+from engines.contract.control import RedisControlStore, now_state
 from market.models import Market
 
 logger = logging.getLogger(__name__)
@@ -62,33 +60,19 @@ def retry_delay_s(retries: int) -> float:
     return min(RETRY_BASE_S * 2**retries, RETRY_MAX_S)
 
 
-def control_stores(slug: str) -> list[ControlStore]:
-    """The control stores a market's state is written to (none without Redis or a directory)."""
-    stores: list[ControlStore] = []
-    if settings.REDIS_URL:
-        stores.append(RedisControlStore(settings.REDIS_URL, slug, timeout_s=TIMEOUT_S))
-    if settings.MARKET_CONTROL_DIR:
-        stores.append(FileControlStore(Path(settings.MARKET_CONTROL_DIR) / f"{slug}.json"))
-    return stores
+def control_publish(market: Market) -> None:
+    """Write the market's policy, reserve and wait bound to its control store.
 
-
-def control_publish(market: Market) -> bool:
-    """Write the market's policy, reserve and wait bound to its control stores; False when there
-    are none.
-
-    Raises :class:`EngineUnreachable` when one cannot be written (a retry may help).
+    Raises :class:`EngineUnreachable` when it cannot be written (a retry may help).
     """
-    stores = control_stores(market.slug)
+    store = RedisControlStore(settings.REDIS_URL, market.slug, timeout_s=TIMEOUT_S)
     state = now_state(market.policy, float(market.reserve), market.wait_bound_s)
     try:
-        for store in stores:
-            store.write(state)
+        store.write(state)
     except Exception as exc:  # redis errors, OSError: worth retrying
         raise EngineUnreachable(f"control store for {market.slug}: {exc}") from exc
     finally:
-        for store in stores:
-            store.close()
-    return bool(stores)
+        store.close()
 
 
 def control_targets(market: Market) -> list[str]:
@@ -126,7 +110,7 @@ def engine_config_push(
     if market is None:
         logger.warning("engine config: market %s no longer exists; nothing pushed", market_id)
         return "no-market"
-    published = control_publish(market)
+    control_publish(market)
     targets = control_targets(market) if engines is None else [u.strip() for u in engines]
     if url is not None:
         targets = [u for u in targets if u == url]
@@ -137,7 +121,7 @@ def engine_config_push(
     unreachable: list[tuple[str, str]] = []
     for target in targets:
         try:
-            outcomes.append(_push(market, target, published=published, timeout_s=timeout_s))
+            outcomes.append(_push(market, target, timeout_s=timeout_s))
         except EngineUnavailable as exc:
             unreachable.append((target, exc.message))
     if unreachable:
@@ -148,7 +132,7 @@ def engine_config_push(
     return next(o for o in _OUTCOME_ORDER if o in outcomes)
 
 
-def _push(market: Market, base_url: str, *, published: bool, timeout_s: float) -> PushOutcome:
+def _push(market: Market, base_url: str, *, timeout_s: float) -> PushOutcome:
     """POST the market's control to one engine (EngineUnavailable when it is away)."""
     client = engine_client()
     try:
@@ -163,7 +147,7 @@ def _push(market: Market, base_url: str, *, published: bool, timeout_s: float) -
             )
         )
     except EngineRejected as exc:
-        if exc.status == 404 and published:
+        if exc.status == 404:
             # No control route (SGLang): the engine follows the control store written above.
             logger.info(
                 "engine config: market %s: policy %s, reserve %s $/s published to the control "
@@ -171,7 +155,7 @@ def _push(market: Market, base_url: str, *, published: bool, timeout_s: float) -
                 market.slug, market.policy, market.reserve, base_url,
             )  # fmt: skip
             return "published"
-        # 401 (wrong token), 404 (an engine without this endpoint), 400: retrying won't help.
+        # 401 (wrong token), 400: retrying won't help.
         logger.error(
             "engine config: %s refused policy %s, reserve %s for market %s: %s",
             base_url, market.policy, market.reserve, market.slug, exc.message[:500],

@@ -31,10 +31,6 @@ def engine_config_push(self: Task, *, market_id: int, url: str | None = None) ->
     try:
         return engine_control.engine_config_push(market_id=market_id, url=url)
     except engine_control.EngineUnreachable as exc:
-        if self.request.is_eager:
-            # Eager mode runs in the operator's request: no sleeping retries there.
-            logger.warning("engine config: not pushed (%s); no worker to retry it", exc)
-            return "unreachable"
         delay = engine_control.retry_delay_s(self.request.retries)
         logger.warning("engine config: %s; retrying in %g s", exc, delay)
         retry, *others = exc.urls or (url,)

@@ -1,8 +1,6 @@
-"""Shared fixtures and the rules for tests that need real services.
-
-Markers (declared in pyproject.toml): ``postgres`` and ``redis`` tests skip, with a reason, when
-DATABASE_URL / REDIS_URL do not point at those services; ``celery_worker`` tests need Redis too.
-Under ``CI=true`` any skip fails the run (tests/ci_policy.py).
+"""Shared fixtures. Every test runs against the real PostgreSQL and Redis of DATABASE_URL and
+REDIS_URL (``make test`` starts the checkout's own when they are unset). Under ``CI=true`` any
+skip fails the run (tests/ci_policy.py).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from engines.sim.server import ServerOptions
 from tests import ci_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SERVICE_VARIABLES = ("DATABASE_URL", "REDIS_URL")
 # An engine's control is closed without an admin token. The tests' market holds this one, as a
 # deployment holds its own: the market's pushes send it (settings and subprocesses alike), and
 # the simulated engines the tests start for a market ask for it (``start_sim``).
@@ -37,18 +34,6 @@ def pytest_configure(config: pytest.Config) -> None:
     ci_policy.register(config)
     os.environ[ADMIN_TOKEN_ENV] = ENGINE_ADMIN_TOKEN
     settings.ENGINE_ADMIN_TOKEN = ENGINE_ADMIN_TOKEN
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    from django.conf import settings
-
-    if item.get_closest_marker("postgres") and settings.DATABASES["default"]["ENGINE"] != (
-        "django.db.backends.postgresql"
-    ):
-        pytest.skip("needs PostgreSQL: set DATABASE_URL=postgres://... (.ci/run does)")
-    needs_redis = item.get_closest_marker("redis") or item.get_closest_marker("celery_worker")
-    if needs_redis and not settings.REDIS_URL:
-        pytest.skip("needs Redis: set REDIS_URL=redis://... (.ci/run does)")
 
 
 @pytest.fixture(autouse=True)
@@ -78,10 +63,13 @@ ManageRunner = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def run_manage() -> ManageRunner:
-    """Run ``manage.py`` in a fresh process with only the given service variables set."""
+    """Run ``manage.py`` in a fresh process with this one's environment, ``env`` on top and the
+    variables in ``unset`` removed."""
 
-    def run(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        environ = {k: v for k, v in os.environ.items() if k not in SERVICE_VARIABLES}
+    def run(
+        *args: str, env: Mapping[str, str] | None = None, unset: tuple[str, ...] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        environ = {k: v for k, v in os.environ.items() if k not in unset}
         environ.update(env or {})
         return subprocess.run(
             [sys.executable, "manage.py", *args],

@@ -12,7 +12,6 @@ def test_no_model_change_lacks_a_migration() -> None:
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_migrations_applied_on_postgres() -> None:
     assert connection.vendor == "postgresql"

@@ -3,9 +3,9 @@
 OpenAI's shape (a page of buckets, each with its results).
 
 Buckets are aligned to UTC: a ``1m``, ``1h`` or ``1d`` bucket starts at a multiple of 60, 3,600
-or 86,400 seconds of Unix time, the width the database truncates to (``Trunc``, on PostgreSQL
-and SQLite alike). Each bucket is clipped to the asked window ``[start_time, end_time)``, so
-the first and last may be narrower than the width, and nothing outside the window is counted.
+or 86,400 seconds of Unix time, the width the database truncates to (``Trunc``). Each bucket
+is clipped to the asked window ``[start_time, end_time)``, so the first and last may be
+narrower than the width, and nothing outside the window is counted.
 A bucket is half-open: a row at its ``end_time`` is the next bucket's.
 
 Usage counts served requests (status ``served``) by the second they finished; failed requests

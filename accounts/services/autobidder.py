@@ -210,16 +210,12 @@ def autobid_admission(*, tenant: Tenant) -> Iterator[None]:
     in flight that the others opened: without it, a burst of concurrent requests all see nothing
     in flight and all bid as if alone (20 at once gave away 3x the budget in the money test).
 
-    On PostgreSQL a transaction-scoped advisory lock on the tenant: it does not touch the rows
-    settlement locks (request, hold, counters, autobidder, in that order), so the two cannot
-    deadlock. Elsewhere (SQLite) writes are serialized anyway.
+    A transaction-scoped advisory lock on the tenant: it does not touch the rows settlement
+    locks (request, hold, counters, autobidder, in that order), so the two cannot deadlock.
     """
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_advisory_xact_lock(%s, %s)", [AUTOBID_LOCK_SPACE, tenant.pk]
-                )
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [AUTOBID_LOCK_SPACE, tenant.pk])
         yield
 
 

@@ -30,7 +30,7 @@ from accounts.services.settlement import request_open, request_settle
 from accounts.services.tenants import DEMO_TENANTS
 
 # The days of the month with traffic (every month has them), and the keys it came through: a
-# modest month (13 requests a tenant), so that the first `make run` stays quick on SQLite too.
+# modest month (13 requests a tenant), so that the first `make run` stays quick.
 DEMO_DAYS = (3, 8, 14, 19, 25)
 WEB_KEY, BATCH_KEY = "web-app", "nightly-batch"
 HOLD = "0.50"  # dollars held per request: far above any demo charge, far below the budget

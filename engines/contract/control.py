@@ -2,7 +2,7 @@
 market reads them, so an operator's change reaches any engine the same way.
 
 The market writes a ``ControlState`` when an operator changes one of them (and at start): in
-Redis, the key ``control_key(market)``; without Redis (the embedded mode), a JSON file. An
+Redis, the key ``control_key(market)``. An
 engine follows the store with a ``ControlFollower``: it reads the state once when it starts (so
 a replica that starts or restarts runs with the values in effect, not its own defaults), then
 every ``poll_s`` seconds in a thread, and the engine applies a change from its next round. Its
@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from .wire import CONTROL_FIELDS, ControlError, control_read
@@ -111,33 +108,6 @@ class RedisControlStore:
 
     def close(self) -> None:
         self.client.close()
-
-
-class FileControlStore:
-    """The state in a JSON file, replaced whole on each write (a reader never sees half)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def read(self) -> str | None:
-        try:
-            return self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-
-    def write(self, state: ControlState) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(control_dumps(state))
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-    def close(self) -> None:
-        pass
 
 
 class ControlFollower:
@@ -254,20 +224,14 @@ def follower_for(
     *,
     market: str,
     redis_url: str | None,
-    path: str | None,
     poll_s: float = DEFAULT_POLL_S,
     accept: Callable[[ControlState], str | None] | None = None,
     on_refused: Callable[[], None] | None = None,
 ) -> ControlFollower | None:
-    """The follower of ``market``'s store: the file at ``path`` if given, else Redis; None when
-    neither is configured."""
-    store: ControlStore
-    if path:
-        store = FileControlStore(path)
-    elif redis_url:
-        store = RedisControlStore(redis_url, market)
-    else:
+    """The follower of ``market``'s store in Redis; None without ``redis_url``."""
+    if not redis_url:
         return None
+    store = RedisControlStore(redis_url, market)
     return ControlFollower(store, poll_s=poll_s, accept=accept, on_refused=on_refused)
 
 

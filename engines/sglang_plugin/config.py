@@ -49,11 +49,9 @@ class PluginConfig:
     rounds_jsonl: str | None = None  # without Redis: append the records to this file
     record_queue_size: int = 1000  # records waiting for Redis before new ones are dropped
     # The market's control store (``engines.contract.control``): the policy, reserve and wait
-    # bound the console sets, read at start and every ``control_poll_s`` seconds; the file when
-    # given, else the Redis key of ``redis_url``. ``follow_control`` False: the config's values
-    # stay.
+    # bound the console sets, read at start and every ``control_poll_s`` seconds from the Redis
+    # key of ``redis_url``. ``follow_control`` False: the config's values stay.
     follow_control: bool = True
-    control_file: str | None = None
     control_poll_s: float = 0.5
 
     def __post_init__(self) -> None:
@@ -67,7 +65,7 @@ class PluginConfig:
         poll = self.control_poll_s
         if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll < 3600:
             raise ValueError(f"control_poll_s must be a number in (0, 3600), got {poll!r}")
-        for name in ("engine_id", "redis_url", "rounds_jsonl", "control_file"):
+        for name in ("engine_id", "redis_url", "rounds_jsonl"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string or null, got {value!r}")

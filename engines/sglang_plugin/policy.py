@@ -197,7 +197,6 @@ class AuctionSchedulePolicy(sglang_policy.SchedulePolicy):
         follower = follower_for(
             market=config.knobs.market,
             redis_url=config.redis_url,
-            path=config.control_file,
             poll_s=config.control_poll_s,
             accept=MarketQueue.refusal,
             on_refused=lambda: metrics.count("control_refused"),

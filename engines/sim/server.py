@@ -100,13 +100,12 @@ class ServerOptions:
     admin_token: str | None = None
     engine_id: str | None = None  # default "sim@HOST:PORT"
     # Follow the market's control store (engines.contract.control) as SGLang's plugin
-    # does: the file when given, else the Redis key of the market at redis_url.
+    # does: the Redis key of the market at redis_url.
     follow_control: bool = False
-    control_file: str | None = None
 
     def __post_init__(self) -> None:
-        if self.follow_control and not (self.redis_url or self.control_file):
-            raise ValueError("--follow-control needs --redis-url or --control-file")
+        if self.follow_control and not self.redis_url:
+            raise ValueError("--follow-control needs --redis-url")
 
     @classmethod
     def of(cls, **values: Any) -> ServerOptions:
@@ -130,9 +129,7 @@ class SimServer:
         config, knobs = settings_split(options.settings, options.knobs)
         self.tokenizer = default_tokenizer()
         self.control = (
-            follower_for(
-                market=knobs.market, redis_url=options.redis_url, path=options.control_file
-            )
+            follower_for(market=knobs.market, redis_url=options.redis_url)
             if options.follow_control
             else None
         )
@@ -417,8 +414,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     p.add_argument("--rounds-stream", default=DEFAULT_STREAM)
     p.add_argument("--rounds-jsonl", default=None, metavar="PATH", help="also append records")
     p.add_argument("--follow-control", action="store_true",
-                   help="follow the market's control store (Redis or --control-file)")  # fmt: skip
-    p.add_argument("--control-file", default=None, metavar="PATH")
+                   help="follow the market's control store in Redis")  # fmt: skip
     p.add_argument("--speed", type=float, default=1.0, help="engine seconds per wall second")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE)
     p.add_argument("--admin-token", default=None, help=f"default: ${ADMIN_TOKEN_ENV}")

@@ -110,10 +110,7 @@ def batch_run(*, batch_id: int) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _run_lock(batch_id: int) -> Iterator[bool]:
-    """Whether this process now holds the batch's run lock (always true off PostgreSQL)."""
-    if connection.vendor != "postgresql":
-        yield True
-        return
+    """Whether this process now holds the batch's run lock (a PostgreSQL advisory lock)."""
     # A run whose worker was just killed may hold it a moment longer: until PostgreSQL sees
     # its connection close.
     deadline = time.monotonic() + LOCK_WAIT_S

@@ -35,9 +35,8 @@ from openai_api.gateway.errors import DatabaseBusy, DatabaseUnavailable
 
 T = TypeVar("T")
 BUSY_RETRY_AFTER_S = 1  # the Retry-After of a DatabaseBusy answer, seconds
-# SQLite's messages once its busy timeout is over; PostgreSQL's SQLSTATEs for a lock that was
-# not granted in time, a deadlock, and a serialization failure (each rolls the transaction back).
-SQLITE_BUSY_MESSAGES = ("database is locked", "database table is locked")
+# PostgreSQL's SQLSTATEs for a lock that was not granted in time, a deadlock, and a
+# serialization failure (each rolls the transaction back).
 POSTGRES_BUSY_SQLSTATES = frozenset({"55P03", "40P01", "40001"})
 # PostgreSQL's SQLSTATEs of a server going away: shut down by an administrator, after a crash,
 # or not accepting connections yet (starting, recovering); class 08 is a connection exception.
@@ -55,10 +54,7 @@ _background: set[asyncio.Task[Any]] = set()
 
 
 def threads_configured() -> int:
-    """The ``GATEWAY_DB_THREADS`` setting; always 1 on SQLite, which takes one writer at a time
-    (its in-memory test database refuses a second with "table is locked" rather than waiting)."""
-    if connections["default"].vendor == "sqlite":
-        return 1
+    """The ``GATEWAY_DB_THREADS`` setting."""
     threads = settings.GATEWAY_DB_THREADS
     if threads < 1:
         raise ValueError(f"GATEWAY_DB_THREADS must be >= 1, got {threads}")
@@ -76,11 +72,10 @@ def _pool() -> ThreadPoolExecutor:
 
 def database_busy(exc: BaseException) -> bool:
     """Whether ``exc`` says the database was too busy (a lock not had in time), not broken."""
-    if not isinstance(exc, DatabaseError):
-        return False
-    if getattr(exc.__cause__, "sqlstate", None) in POSTGRES_BUSY_SQLSTATES:
-        return True
-    return isinstance(exc, OperationalError) and str(exc).startswith(SQLITE_BUSY_MESSAGES)
+    return (
+        isinstance(exc, DatabaseError)
+        and getattr(exc.__cause__, "sqlstate", None) in POSTGRES_BUSY_SQLSTATES
+    )
 
 
 def database_unreachable(exc: BaseException) -> bool:
@@ -88,9 +83,7 @@ def database_unreachable(exc: BaseException) -> bool:
     opposed to a statement that failed."""
     if isinstance(exc, InterfaceError):  # the connection was already closed
         return True
-    if not isinstance(exc, OperationalError) or connections["default"].vendor != "postgresql":
-        return False
-    if exc.__cause__ is None:
+    if not isinstance(exc, OperationalError) or exc.__cause__ is None:
         return False  # not the driver's: nothing says the server is away
     sqlstate = getattr(exc.__cause__, "sqlstate", None)
     # No SQLSTATE: the driver's own error (connection refused, reset, closed).

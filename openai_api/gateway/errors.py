@@ -189,8 +189,8 @@ def error_response(exc: GatewayError) -> JsonResponse:
 
 
 class DatabaseBusy(GatewayError):
-    """503: the database stayed locked past its timeout (SQLite's busy timeout, a PostgreSQL
-    lock timeout, deadlock or serialization failure); ``Retry-After`` says when to try again.
+    """503: the database stayed locked past its timeout (a PostgreSQL lock timeout, deadlock
+    or serialization failure); ``Retry-After`` says when to try again.
     Raised by the gateway's database steps (``db.db_call``), whose transactions roll back."""
 
     status = 503

@@ -307,7 +307,6 @@ def life(slug: str) -> list:
     return [*unslugged, state]
 
 
-@pytest.mark.postgres
 def test_the_single_statements_do_what_the_reference_code_does(monkeypatch) -> None:
     fast = life("fast")
     reference_ledger_use(monkeypatch)
@@ -330,7 +329,6 @@ def test_the_single_statements_do_what_the_reference_code_does(monkeypatch) -> N
     assert (counter_rows[True]["spent_total"], counter_rows[True]["held"]) == (D("0.2584"), D(0))
 
 
-@pytest.mark.postgres
 def test_the_hot_path_takes_one_statement_per_step(
     tenant, market, django_assert_num_queries
 ) -> None:

@@ -36,7 +36,7 @@ from tests.accounts.factories import (
 )
 from tests.accounts.reference_ledger import reference_ledger_use
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def test_200_concurrent_holds_at_a_budgets_edge_never_overspend_it() -> None:

@@ -47,7 +47,6 @@ def test_a_negative_amount_is_refused_by_the_database(entry) -> None:
         LedgerEntry.objects.filter(pk=entry.pk).update(amount=Decimal("-1"))
 
 
-@pytest.mark.postgres
 def test_the_unique_key_is_request_id_and_kind_on_postgres(entry) -> None:
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, "accounts_ledgerentry")

@@ -200,7 +200,6 @@ def test_a_charge_after_its_hold_was_released_is_cut_to_what_the_budget_has_left
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.postgres
 def test_concurrent_autobid_requests_at_the_edge_of_the_autobidders_budget(statements) -> None:
     """Issue 15: the safety rule at the budget level, under concurrency, on PostgreSQL.
 

@@ -172,7 +172,6 @@ def test_the_invoice_task_is_idempotent() -> None:
 
 
 @pytest.mark.celery_worker
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_real_worker_steps_each_enabled_autobidder_once_per_interval(tmp_path: Path) -> None:
     configure("acme"), configure("globex"), configure("idle", enabled=False)

@@ -46,6 +46,7 @@ def test_the_market_over_five_hosts_serves_both_gateways_and_settles_every_reque
     assert figures["answers_by_status"] == {
         "gateway-1": {"200": REQUESTS}, "gateway-2": {"200": REQUESTS}
     }  # fmt: skip
+    assert figures["gateway_metrics"] == figures["answers_by_status"]  # each gateway's own count
     # The run's rows in the rehearsal's database (psycopg): every request served, each with its
     # tokens and its priority entry; the round records all consumed by the worker host.
     assert figures["requests_in_database"] == {"served": 2 * REQUESTS}

@@ -1,7 +1,6 @@
 """Parsing the environment: good URLs give the expected settings; bad ones a clear error."""
 
 import string
-from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -11,7 +10,6 @@ from hypothesis import strategies as st
 from config import backends, env
 from config.env import EnvironmentVariableError
 
-BASE = Path("/srv/market")
 PASSWORD = "s3cretPassw0rd"
 
 
@@ -58,16 +56,10 @@ PASSWORD = "s3cretPassw0rd"
                 "OPTIONS": {"connect_timeout": "2", "sslmode": "require"},
             },
         ),
-        (
-            "sqlite:///db.sqlite3",
-            {"ENGINE": "django.db.backends.sqlite3", "NAME": str(BASE / "db.sqlite3")},
-        ),
-        ("sqlite:////tmp/x.db", {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.db"}),
-        ("sqlite:///:memory:", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}),
     ],
 )
 def test_database_url_parses(url: str, expected: dict) -> None:
-    assert backends.parse_database_url(url, base_dir=BASE) == expected
+    assert backends.parse_database_url(url) == expected
 
 
 # --- DATABASE_URL: malformed --------------------------------------------------------------
@@ -87,15 +79,14 @@ MALFORMED_DATABASE_URLS = [
     (f"postgres://app:{PASSWORD}@[::1/market", "could not be parsed"),
     # "@host" forgotten: the password lands where the port should be, and must not be quoted.
     (f"postgres://app:{PASSWORD}/market", "has a port that is not a number"),
-    ("sqlite://somehost/db.sqlite3", "has a host in a sqlite URL"),
-    ("sqlite://", "has no file path"),
+    ("sqlite:///db.sqlite3", "has unsupported scheme 'sqlite'"),
 ]
 
 
 @pytest.mark.parametrize(("url", "problem"), MALFORMED_DATABASE_URLS)
 def test_malformed_database_url_names_the_variable_and_the_problem(url: str, problem: str) -> None:
     with pytest.raises(EnvironmentVariableError) as raised:
-        backends.parse_database_url(url, base_dir=BASE)
+        backends.parse_database_url(url)
     message = str(raised.value)
     assert isinstance(raised.value, ImproperlyConfigured)
     assert raised.value.variable == "DATABASE_URL"
@@ -180,7 +171,7 @@ def test_no_error_echoes_the_password(password: str, template: str) -> None:
         if url.startswith("redis"):
             backends.parse_redis_url(url)
         else:
-            backends.parse_database_url(url, base_dir=BASE)
+            backends.parse_database_url(url)
     assert password not in str(raised.value)
 
 
@@ -200,30 +191,38 @@ def test_env_bool_rejects_other_words() -> None:
         env.env_bool({"DEBUG": "maybe"}, "DEBUG", default=False)
 
 
-def test_defaults_with_nothing_set() -> None:
-    config = env.load({}, base_dir=BASE)
+SERVICES = {"DATABASE_URL": "postgres://app@db/market", "REDIS_URL": "redis://cache:6379/0"}
+
+
+def test_defaults_with_only_the_services_set() -> None:
+    config = env.load(SERVICES)
     assert config.debug is True
     assert config.secret_key == env.DEV_SECRET_KEY
     assert config.allowed_hosts == ["localhost", "127.0.0.1", "[::1]"]
-    assert config.database == {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": str(BASE / "db.sqlite3"),
-    }
-    assert config.redis is None
+    assert config.database["ENGINE"] == "django.db.backends.postgresql"
+    assert config.redis.host == "cache"
     assert config.serve_static is True
 
 
-def test_blank_urls_count_as_unset() -> None:
-    config = env.load({"DATABASE_URL": "  ", "REDIS_URL": ""}, base_dir=BASE)
-    assert config.database["ENGINE"] == "django.db.backends.sqlite3"
-    assert config.redis is None
+@pytest.mark.parametrize("variable", ["DATABASE_URL", "REDIS_URL"])
+@pytest.mark.parametrize("value", [None, "  "])
+def test_each_service_url_is_required_and_the_error_says_how_to_get_one(variable, value) -> None:
+    environ = {k: v for k, v in SERVICES.items() if k != variable}
+    if value is not None:
+        environ[variable] = value
+    with pytest.raises(EnvironmentVariableError) as raised:
+        env.load(environ)
+    assert raised.value.variable == variable
+    message = str(raised.value)
+    assert message.startswith(f"{variable} is not set.")
+    assert "make run" in message and "python -m config.local_services -- COMMAND" in message
 
 
 def test_production_needs_a_secret_key() -> None:
     with pytest.raises(
         EnvironmentVariableError, match=r"^SECRET_KEY must be set when DEBUG is off"
     ):
-        env.load({"DEBUG": "0"}, base_dir=BASE)
+        env.load({**SERVICES, "DEBUG": "0"})
 
 
 def test_production_environment() -> None:
@@ -236,7 +235,6 @@ def test_production_environment() -> None:
             "REDIS_URL": "redis://cache:6379/1",
             "SERVE_STATIC": "0",
         },
-        base_dir=BASE,
     )
     assert config.debug is False
     assert config.secret_key == "k" * 50
@@ -248,7 +246,7 @@ def test_production_environment() -> None:
 
 def test_load_reports_a_malformed_url() -> None:
     with pytest.raises(EnvironmentVariableError, match=r"^REDIS_URL has no host"):
-        env.load({"REDIS_URL": "redis:///0"}, base_dir=BASE)
+        env.load({**SERVICES, "REDIS_URL": "redis:///0"})
 
 
 # --- what REDIS_URL switches ---------------------------------------------------------------
@@ -256,21 +254,9 @@ def test_load_reports_a_malformed_url() -> None:
 REDIS = backends.parse_redis_url("redis://cache:6379/0")
 
 
-def test_without_redis_celery_is_eager_and_layers_and_cache_are_in_memory() -> None:
-    celery = backends.celery_settings(None)
-    assert celery["CELERY_TASK_ALWAYS_EAGER"] is True
-    assert celery["CELERY_TASK_EAGER_PROPAGATES"] is True
-    assert celery["CELERY_BROKER_URL"] == "memory://"
-    assert (
-        backends.channel_layers(None)["default"]["BACKEND"]
-        == "channels.layers.InMemoryChannelLayer"
-    )
-    assert backends.caches(None)["default"]["BACKEND"].endswith("LocMemCache")
-
-
 def test_with_redis_one_url_serves_broker_results_layer_and_cache() -> None:
     celery = backends.celery_settings(REDIS)
-    assert celery["CELERY_TASK_ALWAYS_EAGER"] is False
+    assert "CELERY_TASK_ALWAYS_EAGER" not in celery
     assert celery["CELERY_BROKER_URL"] == celery["CELERY_RESULT_BACKEND"] == REDIS.url
     layer = backends.channel_layers(REDIS)["default"]
     assert layer["BACKEND"] == "channels_redis.core.RedisChannelLayer"
@@ -281,7 +267,5 @@ def test_with_redis_one_url_serves_broker_results_layer_and_cache() -> None:
 
 
 def test_database_display_has_no_credentials() -> None:
-    database = backends.parse_database_url(
-        f"postgres://app:{PASSWORD}@db:5433/market", base_dir=BASE
-    )
+    database = backends.parse_database_url(f"postgres://app:{PASSWORD}@db:5433/market")
     assert backends.database_display(database) == "db:5433/market"

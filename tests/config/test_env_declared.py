@@ -26,7 +26,6 @@ DECLARED = {
     "AUTOBID_INTERVAL_S": ("10.0", "2.5", "2.5"),
     "AUTO_RESERVE_INTERVAL_S": ("10.0", "30", "30.0"),
     "ENGINE_ADMIN_TOKEN": ("None", " s3cret ", "s3cret"),
-    "MARKET_CONTROL_DIR": ("None", " /tmp/control ", "/tmp/control"),
     "INVOICE_DUE_DAYS": ("30", "0", "0"),
     # twice ENGINE_ANSWER_TIMEOUT_S's 600 s unless set
     "STALE_REQUEST_S": ("1200.0", "900", "900.0"),

@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from engines.contract.control import (
-    FileControlStore,
     RedisControlStore,
     control_loads,
     now_state,
@@ -58,7 +57,6 @@ def stored(settings, slug: str):
     return None if text is None else control_loads(text)
 
 
-@pytest.mark.redis
 @pytest.mark.django_db
 def test_an_engine_without_a_control_route_gets_the_change_through_the_store(
     settings, sglang_like, eager, django_capture_on_commit_callbacks
@@ -73,28 +71,15 @@ def test_an_engine_without_a_control_route_gets_the_change_through_the_store(
 
 
 @pytest.mark.django_db
-def test_without_a_store_a_404_is_still_a_refusal(settings, sglang_like) -> None:
-    settings.REDIS_URL = None
-    settings.MARKET_CONTROL_DIR = None
-    market = market_create()
-    engine_url_set(market, sglang_like)
-    assert engine_config_push(market_id=market.pk) == "refused"
-
-
-@pytest.mark.django_db
-def test_the_store_is_a_file_per_market_in_the_control_directory(settings, tmp_path) -> None:
-    settings.REDIS_URL = None
-    settings.MARKET_CONTROL_DIR = str(tmp_path / "control")
+def test_a_market_without_engines_still_has_its_state_in_the_store(settings) -> None:
     market = market_create()
     Market.objects.filter(pk=market.pk).update(policy="highest-bid", reserve="0.5")
     engine_url_set(market, "")
     assert engine_config_push(market_id=market.pk) == "no-engine"
-    text = FileControlStore(tmp_path / "control" / f"{market.slug}.json").read()
-    state = control_loads(text)
+    state = stored(settings, market.slug)
     assert (state.policy, state.reserve) == ("highest-bid", 0.5)
 
 
-@pytest.mark.redis
 @pytest.mark.django_db
 def test_a_simulated_engine_following_the_store_runs_the_console_values(
     settings, eager, django_capture_on_commit_callbacks

@@ -136,14 +136,13 @@ def test_nothing_is_pushed_when_the_change_rolls_back(django_capture_on_commit_c
 
 @pytest.mark.django_db
 def test_an_engine_that_is_down_never_fails_the_operators_change(
-    eager, django_capture_on_commit_callbacks, caplog
+    django_capture_on_commit_callbacks,
 ) -> None:
     market = market_create()
     engine_url_set(market, f"http://127.0.0.1:{dead_port()}")
-    with django_capture_on_commit_callbacks(execute=True):
+    with django_capture_on_commit_callbacks(execute=True):  # the push is queued for a worker
         assert market_reserve_set(market=market, reserve="0.25", user=None) is not None
     assert Market.objects.get(pk=market.pk).reserve == Decimal("0.25")
-    assert "no worker to retry it" in caplog.text
 
 
 @pytest.mark.django_db
@@ -173,7 +172,6 @@ def test_retries_back_off() -> None:
 
 
 @pytest.mark.celery_worker
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_retries_until_the_engine_comes_up(tmp_path: Path) -> None:
     market = market_create()

@@ -93,7 +93,6 @@ def test_one_replica_away_is_named_and_the_others_are_pushed(two_sims) -> None:
 
 
 @pytest.mark.celery_worker
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_retries_the_replica_that_is_away_and_only_it(tmp_path: Path) -> None:
     with ServerThread(

@@ -36,7 +36,6 @@ def test_celery_is_eager_exactly_when_redis_is_unset() -> None:
         assert celery_app.conf.result_backend == settings.REDIS_URL
 
 
-@pytest.mark.redis
 def test_the_rounds_task_reports_records_taken_and_no_money() -> None:
     """In this process, on an empty stream: the result counts records and admitted requests;
     nothing in it is money (round records move none)."""
@@ -158,7 +157,6 @@ def test_each_task_is_named_for_its_package_and_the_old_names_still_route() -> N
 
 
 @pytest.mark.celery_worker
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_message_queued_under_an_old_name_runs_the_renamed_task(tmp_path: Path) -> None:
     """A message queued before the upgrade (``scheduler_bridge.invoices_generate``) reaches a

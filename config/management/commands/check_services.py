@@ -9,7 +9,7 @@ from config.health import service_statuses
 
 class Command(BaseCommand):
     help = (
-        "Try the database and Redis (when REDIS_URL is set) with short timeouts; print one line "
+        "Try the database and Redis with short timeouts; print one line "
         "per service and exit non-zero, naming the service, when one cannot be used."
     )
 

@@ -9,7 +9,7 @@ from engines.contract.control import (
     SCHEMA,
     ControlFollower,
     ControlState,
-    FileControlStore,
+    RedisControlStore,
     control_dumps,
     control_loads,
     follower_for,
@@ -86,19 +86,12 @@ def test_a_follower_gives_each_change_once_and_keeps_the_last_good_one() -> None
     assert follower.stats() == {"reads": 6, "read_errors": 1, "refused": 2, "changes": 2}
 
 
-def test_a_file_store_is_replaced_whole(tmp_path) -> None:
-    store = FileControlStore(tmp_path / "a" / "m.json")
-    assert store.read() is None
-    store.write(ControlState("fcfs", 0.5))
-    store.write(ControlState("highest-bid", 0.75))
-    assert control_loads(store.read()) == ControlState("highest-bid", 0.75)
-    assert [p.name for p in (tmp_path / "a").iterdir()] == ["m.json"]  # no temporary left
-
-
-def test_which_store_is_followed() -> None:
-    assert follower_for(market="m", redis_url=None, path=None) is None
-    assert isinstance(follower_for(market="m", redis_url=None, path="/x").store, FileControlStore)
-    dead = follower_for(market="m", redis_url=f"redis://127.0.0.1:{dead_port()}/0", path=None)
+def test_which_store_is_followed(settings) -> None:
+    assert follower_for(market="m", redis_url=None) is None
+    follower = follower_for(market="m", redis_url=settings.REDIS_URL)
+    assert isinstance(follower.store, RedisControlStore)
+    assert follower.store.key == "inference-market:control:m"
+    dead = follower_for(market="m", redis_url=f"redis://127.0.0.1:{dead_port()}/0")
     dead.poll()  # a store that is down is counted, never raised
     assert dead.read_errors == 1
     with pytest.raises(ValueError, match="poll_s must be > 0"):

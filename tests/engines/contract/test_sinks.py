@@ -6,7 +6,6 @@ import json
 import time
 import uuid
 
-import pytest
 import redis
 from django.conf import settings
 
@@ -33,7 +32,6 @@ def test_a_full_queue_drops_at_once() -> None:
     assert (sink.pending, sink.dropped_queue_full, sink.dropped) == (2, 3, 3)
 
 
-@pytest.mark.redis
 def test_the_redis_sink_reconnects_after_a_failure() -> None:
     stream = f"test:sink-rounds:{uuid.uuid4().hex}"
     sink = RedisStreamSink(settings.REDIS_URL, stream, backoff_s=0.05)

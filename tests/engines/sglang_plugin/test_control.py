@@ -1,5 +1,5 @@
 """The market's control path into SGLang: the plugin follows the market's control store (a
-Redis key, or a file in embedded mode), so the console's policy and reserve reach SGLang as
+Redis key), so the console's policy and reserve reach SGLang as
 they reach the simulated engine, from the next round; and the checks SGLang itself makes at
 startup, the inert class, and a queue the market cannot fully read."""
 
@@ -13,7 +13,6 @@ from sglang.srt.managers.schedule_batch import NextBatchPlan, ScheduleBatch
 from sglang.srt.managers.schedule_policy import CacheAgnosticPolicy, PrefillAdder, SchedulePolicy
 
 from engines.contract.control import (
-    FileControlStore,
     RedisControlStore,
     control_key,
     now_state,
@@ -87,7 +86,6 @@ def check_follows(store, pol, allocator, cache) -> None:
     assert (third["policy"], third["reserve"]) == ("dfs-auction", 0.0)
 
 
-@pytest.mark.redis
 def test_the_console_reaches_sglang_through_redis() -> None:
     from django.conf import settings
 
@@ -114,19 +112,6 @@ def test_the_console_reaches_sglang_through_redis() -> None:
             pol.control.stop()
     finally:
         store.client.delete(store.key)
-
-
-def test_the_console_reaches_sglang_through_a_file_in_embedded_mode(tmp_path) -> None:
-    store = FileControlStore(tmp_path / "control" / "m.json")
-    store.write(now_state("highest-bid", 0.5))
-    allocator, cache = kv_pool(1_000)
-    pol, _ = market_policy(
-        "dfs-auction-density", cache, control_file=str(store.path), control_poll_s=0.02
-    )
-    try:
-        check_follows(store, pol, allocator, cache)
-    finally:
-        pol.control.stop()
 
 
 def test_without_a_store_the_configured_values_stay() -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
-from pathlib import Path
+import uuid
 
 import pytest
 
-from engines.contract.control import FileControlStore, now_state
+from engines.contract.control import RedisControlStore, now_state
 
 ROUNDS = 64
 EVERY = 8
@@ -24,7 +24,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(rank: int, port: int, path: str, out: multiprocessing.Queue) -> None:
+def _market() -> str:
+    return f"ranks-{uuid.uuid4().hex[:8]}"
+
+
+def _rank_main(
+    rank: int, port: int, redis_url: str, market: str, out: multiprocessing.Queue
+) -> None:
     import torch.distributed as dist
 
     from engines.contract.control import ControlFollower
@@ -37,7 +43,7 @@ def _rank_main(rank: int, port: int, path: str, out: multiprocessing.Queue) -> N
         follower = None
         if rank == 0:
             follower = ControlFollower(
-                FileControlStore(Path(path)), poll_s=3600, accept=MarketQueue.refusal
+                RedisControlStore(redis_url, market), poll_s=3600, accept=MarketQueue.refusal
             )
             follower.poll()  # what start() does first; polled again by hand below
         shared = RankSharedControl(follower, group=group, src=0, rank=rank, every=EVERY)
@@ -45,7 +51,7 @@ def _rank_main(rank: int, port: int, path: str, out: multiprocessing.Queue) -> N
         for round_ in range(1, ROUNDS + 1):
             if rank == 0 and round_ == 20:
                 # The console changes the market now; the leader's follower reads it.
-                FileControlStore(Path(path)).write(now_state("highest-bid", 0.5))
+                RedisControlStore(redis_url, market).write(now_state("highest-bid", 0.5))
                 follower.poll()
             state = shared.take()
             if state is not None:
@@ -55,9 +61,9 @@ def _rank_main(rank: int, port: int, path: str, out: multiprocessing.Queue) -> N
         dist.destroy_process_group()
 
 
-def test_both_ranks_switch_in_the_same_round(tmp_path) -> None:
-    path = tmp_path / "control.json"
-    store = FileControlStore(path)
+def test_both_ranks_switch_in_the_same_round(settings) -> None:
+    market = _market()
+    store = RedisControlStore(settings.REDIS_URL, market)
     store.write(now_state("dfs-auction", 0.25))  # in the store when the ranks start
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
@@ -65,7 +71,10 @@ def test_both_ranks_switch_in_the_same_round(tmp_path) -> None:
     env_before = os.environ.get("GLOO_SOCKET_IFNAME")
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     try:
-        procs = [ctx.Process(target=_rank_main, args=(r, port, str(path), out)) for r in (0, 1)]
+        procs = [
+            ctx.Process(target=_rank_main, args=(r, port, settings.REDIS_URL, market, out))
+            for r in (0, 1)
+        ]
         for p in procs:
             p.start()
         results = dict((rank, (seen, n)) for rank, seen, n in (out.get(timeout=120) for _ in procs))
@@ -94,7 +103,7 @@ def test_the_follower_runs_on_the_first_rank_only() -> None:
         RankSharedControl(None, group=None, src=0, rank=1, every=0)
 
 
-def test_the_plugin_shares_one_follower_over_an_attention_tp_group(tmp_path, monkeypatch) -> None:
+def test_the_plugin_shares_one_follower_over_an_attention_tp_group(settings, monkeypatch) -> None:
     """The policy's wiring: which rank follows the store. SGLang's runtime context (published by
     a GPU server) stands in as the group coordinator's four fields."""
     from types import SimpleNamespace
@@ -104,9 +113,9 @@ def test_the_plugin_shares_one_follower_over_an_attention_tp_group(tmp_path, mon
     from engines.sglang_plugin.policy import AuctionSchedulePolicy
     from engines.sglang_plugin.rank_control import RankSharedControl
 
-    path = tmp_path / "m.json"
-    FileControlStore(path).write(now_state("dfs-auction", 0.1))
-    config = PluginConfig.of(policy="dfs-auction", control_file=str(path), market="m")
+    market = _market()
+    RedisControlStore(settings.REDIS_URL, market).write(now_state("dfs-auction", 0.1))
+    config = PluginConfig.of(policy="dfs-auction", redis_url=settings.REDIS_URL, market=market)
     for rank, leads in ((0, True), (1, False)):
         group = SimpleNamespace(world_size=2, rank=rank, first_rank=0, cpu_group=None)
         monkeypatch.setattr(policy_module, "_attn_tp_group", lambda group=group: group)

@@ -82,7 +82,7 @@ def test_the_command_serves_and_stops_on_sigterm() -> None:
         (["--set", "in_batch_defer_tokens=-1"], "in_batch_defer_tokens must be an integer >= 0"),
         (["--speed", "0"], "speed must be"),
         (["--max-queue", "0"], "--max-queue must be >= 1"),
-        (["--follow-control"], "--follow-control needs --redis-url or --control-file"),
+        (["--follow-control"], "--follow-control needs --redis-url"),
     ],
 )
 def test_bad_options_exit_with_a_message(bad, words, capsys) -> None:

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from engines.contract.control import FileControlStore, now_state
+from engines.contract.control import RedisControlStore, now_state
 from engines.contract.records import round_record_checked
 from engines.contract.tokenizer import encode
 from engines.sim.config import EngineConfig
@@ -299,12 +299,13 @@ def test_admin_market_is_closed_without_an_admin_token(start_server) -> None:
     assert (info["policy"], info["reserve"]) == ("dfs-auction-kv-split", 0.001)
 
 
-def test_a_local_override_is_undone_at_the_next_control_poll(start_server, tmp_path) -> None:
+def test_a_local_override_is_undone_at_the_next_control_poll(start_server, settings) -> None:
     """An engine that follows the market's control store runs the store's values: a push to its
     own control path that differs lasts until the follower's next poll (0.5 s)."""
-    store = FileControlStore(tmp_path / "control.json")
+    market = f"override-{uuid.uuid4().hex[:8]}"
+    store = RedisControlStore(settings.REDIS_URL, market)
     store.write(now_state("dfs-auction-density", 0.001, wait_bound_s=30))
-    sim = start_server(follow_control=True, control_file=str(store.path))
+    sim = start_server(follow_control=True, redis_url=settings.REDIS_URL, market=market)
     records: list[dict] = []
     sim.call(lambda: sim.server.callbacks.callbacks.append(records.append))
     auth = {"Authorization": f"Bearer {ENGINE_ADMIN_TOKEN}"}

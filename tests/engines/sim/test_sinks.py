@@ -8,7 +8,6 @@ import time
 import uuid
 
 import httpx
-import pytest
 import redis
 from django.conf import settings
 
@@ -22,7 +21,6 @@ def generate(url: str, rid: str, text: str, max_new_tokens: int = 3) -> httpx.Re
     return httpx.post(f"{url}/generate", json=body, timeout=30)
 
 
-@pytest.mark.redis
 def test_round_records_reach_a_real_redis_stream(start_server) -> None:
     stream = f"test:sim-rounds:{uuid.uuid4().hex}"
     client = redis.Redis.from_url(settings.REDIS_URL)

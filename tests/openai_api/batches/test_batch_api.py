@@ -15,7 +15,7 @@ from tests.openai_api.batches.batch_helpers import (
 )
 from tests.personas import program_create
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.usefixtures("batch_queue")]
+pytestmark = [pytest.mark.usefixtures("batch_queue")]
 
 JSONL = {"Content-Type": "application/jsonl"}
 

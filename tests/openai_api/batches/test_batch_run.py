@@ -25,7 +25,7 @@ from tests.openai_api.batches.batch_helpers import (
 )
 from tests.openai_api.conftest import market_create
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.usefixtures("batch_queue")]
+pytestmark = [pytest.mark.usefixtures("batch_queue")]
 JSONL = {"Content-Type": "application/jsonl"}
 # "<|user|>\nHi batch\n<|assistant|>\n": < | user | > \n Hi ␠ batch \n < | assistant | > \n
 CHAT_TOKENS = 16
@@ -294,44 +294,3 @@ def wait_until_true(check, timeout_s: float = 30.0) -> None:
     from tests.openai_api.helpers import wait_until
 
     wait_until(check, timeout_s=timeout_s)
-
-
-def test_without_a_worker_a_batch_runs_in_a_thread_of_its_own(gateway, acme, market):
-    """Embedded mode (Celery eager): the submitting request returns while the batch waits to
-    run beside the server, instead of serving every line inside that request."""
-    import threading
-
-    from config.celery import app
-
-    entered, release = threading.Event(), threading.Event()
-    started: list[threading.Thread] = []
-    real_run = batch_run.run
-
-    def gated_run(batch_id: int):  # the task's body, held until the submission has returned
-        started.append(threading.current_thread())
-        entered.set()
-        assert release.wait(30)
-        return real_run(batch_id)
-
-    model = market.served_model
-    lines = [completion_line(f"q{i}", model, prompt=prompt_of(i, 4), max_tokens=2) for i in (1, 2)]
-    eager = app.conf.task_always_eager
-    app.conf.task_always_eager = True
-    batch_run.run = gated_run
-    try:
-        with acme.http(gateway) as http:
-            public_id = submit(http, lines)  # answers although the run has not even started
-            assert batch_of(public_id).status == "validating"
-            assert entered.wait(30)
-            release.set()
-            (thread,) = started
-            assert thread.name == f"batch-{batch_of(public_id).pk}"
-            thread.join(30)
-            assert not thread.is_alive()
-            batch = http.get(f"/v1/batches/{public_id}").json()
-    finally:
-        batch_run.run = real_run
-        app.conf.task_always_eager = eager
-    assert batch["status"] == "completed"
-    assert batch["request_counts"]["completed"] == 2
-    assert LedgerEntry.objects.filter(kind=ChargeKind.TOKENS).count() == 2

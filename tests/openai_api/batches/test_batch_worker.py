@@ -31,8 +31,6 @@ from tests.scheduler_bridge.workers import celery_worker, wait_until
 
 pytestmark = [
     pytest.mark.celery_worker,
-    pytest.mark.redis,
-    pytest.mark.postgres,
     pytest.mark.usefixtures("batch_queue"),
 ]
 LINES = 10

@@ -113,8 +113,6 @@ def line_with(field: str, escape: str) -> str:
     return json.dumps(line).replace(placeholder, f"a{escape}")
 
 
-@pytest.mark.postgres
-@pytest.mark.redis
 @pytest.mark.usefixtures("batch_queue")
 @pytest.mark.parametrize("escape", BAD)
 @pytest.mark.parametrize("field", ["custom_id", "body.model", "body.prompt", "body.user"])
@@ -135,8 +133,6 @@ def test_a_batch_line_with_bad_text_is_refused_whole(gateway, acme, field, escap
     assert not BatchJob.objects.exists()
 
 
-@pytest.mark.postgres
-@pytest.mark.redis
 @pytest.mark.usefixtures("batch_queue")
 @pytest.mark.parametrize("escape", BAD)
 @pytest.mark.parametrize(
@@ -270,9 +266,9 @@ def test_metrics_need_the_token_when_it_is_set(gateway, settings):
 def test_metrics_token_is_read_from_the_environment(tmp_path):
     from config import env
 
-    assert env.load({"METRICS_TOKEN": "  tok  "}, base_dir=tmp_path).metrics_token == "tok"
-    assert env.load({"METRICS_TOKEN": " "}, base_dir=tmp_path).metrics_token is None
-    assert env.load({}, base_dir=tmp_path).metrics_token is None
+    assert env.load({"METRICS_TOKEN": "  tok  "}).metrics_token == "tok"
+    assert env.load({"METRICS_TOKEN": " "}).metrics_token is None
+    assert env.load({}).metrics_token is None
 
 
 # --- status lines -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A database that stays locked past its timeout is a 503 with Retry-After, not a 500.
 
-``db.database_busy`` tells a lock timeout (SQLite's "database is locked", PostgreSQL's lock
-timeout, deadlock and serialization failure) from a broken database; the gateway's database
+``db.database_busy`` tells a lock timeout (PostgreSQL's lock timeout, deadlock and
+serialization failure) from a broken database; the gateway's database
 steps turn the first kind into ``DatabaseBusy``."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def _wrapped(cause: Exception, message: str) -> OperationalError:
 @pytest.mark.parametrize(
     ("exc", "busy"),
     [
-        (OperationalError("database is locked"), True),
-        (OperationalError("database table is locked"), True),
+        # No PostgreSQL SQLSTATE behind it: not told busy by its words alone.
+        (OperationalError("database is locked"), False),
         (_wrapped(psycopg.errors.LockNotAvailable("lock timeout"), "lock timeout"), True),
         (_wrapped(psycopg.errors.DeadlockDetected("deadlock detected"), "deadlock"), True),
         (_wrapped(psycopg.errors.SerializationFailure("could not serialize"), "serialize"), True),
@@ -54,7 +54,8 @@ def _chat(gateway, acme, market) -> httpx.Response:
 
 def test_a_locked_database_is_a_503_with_retry_after(gateway, acme, market, monkeypatch):
     def admit_locked(**kwargs):
-        raise OperationalError("database is locked")  # as SQLite says after its busy timeout
+        # What Django raises for PostgreSQL's lock_timeout: the driver's error as the cause.
+        raise _wrapped(psycopg.errors.LockNotAvailable("lock timeout"), "lock timeout")
 
     monkeypatch.setattr(admission, "request_admit", admit_locked)
     response = _chat(gateway, acme, market)

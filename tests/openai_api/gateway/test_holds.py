@@ -15,7 +15,7 @@ from accounts.selectors import budget_status
 from tests.openai_api.helpers import HELLO
 from tests.personas import program_create
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 DEMO_BUDGET = "50"  # dollars a month: the demo tenants' budget (accounts.services.tenants)
 

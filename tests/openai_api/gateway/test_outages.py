@@ -51,7 +51,6 @@ from tests.scheduler_bridge.workers import celery_worker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.postgres,
     pytest.mark.celery_worker,
 ]
 
@@ -236,7 +235,6 @@ async def _published(base: str, slug: str, cookie: str) -> dict:
                 await asyncio.sleep(1.0)
 
 
-@pytest.mark.redis
 def test_redis_outage_loses_no_money_and_everything_comes_back(
     start_sim, unique_slug, tmp_path: Path, client
 ) -> None:

@@ -45,7 +45,7 @@ from tests.openai_api.conftest import market_create
 from tests.openai_api.helpers import HELLO, token_charge_by_hand, wait_until
 from tests.personas import logged_in, program_create, world_create
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 WORKERS = 2
 
 
@@ -245,7 +245,6 @@ def test_metrics_sum_every_worker(served, sim) -> None:
         assert float(line.rsplit(" ", 1)[1]) == 30
 
 
-@pytest.mark.redis
 def test_websockets_are_served_by_the_workers_and_reach_the_browser(served, client) -> None:
     """/ws/ under uvicorn: an operator's socket is accepted by one worker and gets a message
     sent through the Redis channel layer from another process (this one)."""

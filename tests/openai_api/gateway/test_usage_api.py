@@ -21,8 +21,6 @@ from tests.openai_api.conftest import market_create
 from tests.openai_api.openapi.schema_check import checked
 from tests.personas import program_create
 
-pytestmark = [pytest.mark.postgres]
-
 T0_DT = datetime(2026, 11, 17, tzinfo=UTC)
 T0 = 1_794_873_600  # 2026-11-17T00:00:00Z: 20,774 days x 86,400 s since 1970-01-01
 DAY, HOUR = 86_400, 3_600

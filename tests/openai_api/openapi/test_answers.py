@@ -41,7 +41,7 @@ from tests.openai_api.openapi.schema_check import (
     sse_events,
 )
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.usefixtures("batch_queue")]
+pytestmark = [pytest.mark.usefixtures("batch_queue")]
 
 JSONL = {"Content-Type": "application/jsonl"}
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"

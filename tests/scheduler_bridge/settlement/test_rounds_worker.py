@@ -46,8 +46,6 @@ from tests.scheduler_bridge.workers import celery_worker, wait_until
 
 pytestmark = [
     pytest.mark.celery_worker,
-    pytest.mark.redis,
-    pytest.mark.postgres,
     pytest.mark.django_db(transaction=True),
 ]
 

@@ -126,8 +126,7 @@ class BudgetCounter(models.Model):
     There is a row per tenant and per key that has made requests, whether or not a budget
     applies, so a budget set later, or switched to another period, reads the right spend at once.
     Every ledger entry and every change of an open hold updates the rows of its tenant and key
-    in the same transaction (``accounts.ledger.statements`` on PostgreSQL, else the reference
-    store's own code).
+    in the same transaction (``accounts.ledger.statements``).
 
     For each period the row keeps the spend of one window: the newest that a charge has fallen
     in (its ``*_start`` is computed from the charge's time, ``accounts.windows``). A charge in a

@@ -76,8 +76,8 @@ class ChargeKind(models.TextChoices):
 
 
 class CapDetail(TypedDict, total=False):
-    """What a cap cut from a charge (``accounts.rules.capped_detail``), amounts as exact
-    strings; absent when nothing was cut."""
+    """What a cap cut from a charge (written by the settle statement,
+    ``accounts.ledger.statements``), amounts as exact strings; absent when nothing was cut."""
 
     capped_at: str  # the amount written
     capped_by: str  # "priority_cap", "budget" or "autobidder_budget"

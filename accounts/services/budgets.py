@@ -5,11 +5,11 @@ settlement turns the hold into ledger entries; a failed request's hold is releas
 (:func:`hold_release`). Every write that changes what a tenant or key has spent or holds updates
 its :class:`~accounts.models.BudgetCounter` rows in the same transaction, with the rows locked
 (``SELECT ... FOR UPDATE``, the tenant's row before the key's, and always after the request's and
-the hold's rows, so two writers never deadlock): on PostgreSQL concurrent holds are serialized
-per tenant and cannot overspend.
+the hold's rows, so two writers never deadlock): concurrent holds are serialized per tenant and
+cannot overspend.
 
-The writes themselves are the ledger store's (``accounts.ledger``: one statement each on
-PostgreSQL, the ORM elsewhere).
+The writes themselves are the ledger store's (``accounts.ledger``: one PostgreSQL statement
+each).
 """
 
 from __future__ import annotations

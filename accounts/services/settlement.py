@@ -8,8 +8,8 @@ ledger entry, unique per (request, kind), and a request settles once: a replay c
 The entries, the hold and the budget counters commit together, with the request's row locked
 first. Round records never move money: they feed the order books and the consoles.
 
-The writes are the ledger store's (``accounts.ledger``: one statement each on PostgreSQL, the
-ORM elsewhere), with typed results (``Settled``).
+The writes are the ledger store's (``accounts.ledger``: one PostgreSQL statement each), with
+typed results (``Settled``).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def request_settle(
 
     The token charge is at the prices of the market's row when it is written. ``market``, the
     request's market as the caller read it, saves reading them first when they are still the
-    same (on PostgreSQL the settlement is then one statement).
+    same (the settlement is then one statement).
     """
     now = now or timezone.now()
     usage = Usage(prompt_tokens, cached_tokens, completion_tokens, ttft_s, e2e_s)

@@ -21,7 +21,6 @@ command is gone (killed, say) is taken over, and stopped at this command's end.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import socket
@@ -55,27 +54,21 @@ class Running:
     variable: str
     url: str
     pid: int | None = None
-    process: subprocess.Popen[bytes] | None = None  # when this command started it
+    started: bool = False  # by this command (else found running)
 
     def stop(self) -> None:
         """Stop the server if it is this command's (PostgreSQL's fast shutdown on SIGINT, Redis
         saves nothing), waiting for it to exit; SIGKILL after :data:`STOP_TIMEOUT_S`."""
         if self.pid is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGINT)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while self._running():
-            if time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
-                deadline = math.inf
-            time.sleep(0.05)
-
-    def _running(self) -> bool:
-        if self.process is not None:  # a child: reaped once it exits
-            return self.process.poll() is None
-        return self.pid is not None and _alive(self.pid)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            server = psutil.Process(self.pid)
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(STOP_TIMEOUT_S)  # reaps it when it is this command's child
+            except psutil.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
 def _owned(folder: Path, variable: str, url: str, pid: int) -> Running:
@@ -91,7 +84,7 @@ def _owned(folder: Path, variable: str, url: str, pid: int) -> Running:
 
 def _started(folder: Path, variable: str, url: str, process: subprocess.Popen[bytes]) -> Running:
     (folder / "owner").write_text(f"{os.getpid()}\n")
-    return Running(variable, url, process.pid, process)
+    return Running(variable, url, process.pid, started=True)
 
 
 def free_port() -> int:
@@ -271,8 +264,8 @@ def services_start(environ: dict[str, str], folder: Path = SERVICES_DIR) -> list
             service = start(folder / name)
             environ[variable] = service.url
             running.append(service)
-            owner = "started" if service.process else "already running"
-            owner += ", taken over" if service.pid and not service.process else ""
+            owner = "started" if service.started else "already running"
+            owner += ", taken over" if service.pid and not service.started else ""
             print(f"local services: {variable}={service.url} ({owner})", flush=True)
     except BaseException:
         services_stop(running)

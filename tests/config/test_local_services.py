@@ -81,7 +81,8 @@ def test_a_second_command_shares_them_and_takes_over_when_the_first_is_gone(fold
     first = subprocess.Popen(
         [sys.executable, "-c", code, str(folder)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
     )
-    urls = first.stdout.readline().split()
+    lines = iter(first.stdout.readline, "")
+    urls = next(line for line in lines if not line.startswith("local services:")).split()
     assert len(urls) == 2, "the first command did not start the services"
     shared = local_services.services_start({}, folder)
     assert [r.url for r in shared] == urls
@@ -93,7 +94,7 @@ def test_a_second_command_shares_them_and_takes_over_when_the_first_is_gone(fold
     taken = local_services.services_start({}, folder)
     try:
         assert [r.url for r in taken] == urls
-        assert all(r.pid is not None and r.process is None for r in taken)
+        assert all(r.pid is not None and not r.started for r in taken)
     finally:
         local_services.services_stop(taken)
     assert all(_gone(r.pid) for r in taken)

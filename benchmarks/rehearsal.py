@@ -528,6 +528,7 @@ def hosts_start(
     net = r.network
     engines = net.address("engines")
     engine_env = {**_base_env(), "ENGINE_ADMIN_TOKEN": keys.admin_token}
+    started: dict[str, Process] = {}
     for engine_id, port in zip(replicas, REPLICA_PORTS, strict=True):
         argv = [PY, "-m", "engines.sim.server", "--host", engines, "--port", str(port),
                 "--policy", setup["policy"], "--reserve", setup["reserve"],
@@ -535,7 +536,7 @@ def hosts_start(
                 "--engine-id", engine_id]  # fmt: skip
         for setting in ENGINE_SETTINGS:
             argv += ["--set", setting]
-        r.spawn("engines", engine_id, argv, engine_env)
+        started[engine_id] = r.spawn("engines", engine_id, argv, engine_env)
     schedule = r.host_dir("worker") / "celerybeat-schedule"
     r.spawn("worker", "celery-worker",
             [PY, "-m", "celery", "-A", "config", "worker", "--loglevel=WARNING",
@@ -553,21 +554,22 @@ def hosts_start(
                "METRICS_TOKEN": keys.metrics_token}  # fmt: skip
         argv = server_argv("uvicorn", host=address, port=GATEWAY_PORT,
                            workers=opts.gateway_workers, python=PY)  # fmt: skip
-        r.spawn(name, "uvicorn", argv, env)
+        started[name] = r.spawn(name, "uvicorn", argv, env)
         gateways[name] = f"http://{address}:{GATEWAY_PORT}"
-    for url in replicas.values():
-        http_wait(f"{url}/health", timeout_s=START_TIMEOUT_S)
+    for engine_id, url in replicas.items():
+        http_wait(f"{url}/health", started[engine_id].popen, timeout_s=START_TIMEOUT_S)
     r.say(f"engines host: replicas {', '.join(replicas.values())} answer")
     # smg once its workers answer (it backs off between probes of a worker that does not).
     router = RouterOptions(
         port=ROUTER_PORT, worker_urls=tuple(replicas.values()), host=engines,
         prometheus_port=ROUTER_METRICS_PORT, control_key=keys.control_key,
     )  # fmt: skip
-    r.spawn("engines", "smg", router_argv(router, python=PY), router_env(_base_env()))
-    router_wait(router.url, len(replicas), timeout_s=START_TIMEOUT_S, control_key=keys.control_key)
+    smg = r.spawn("engines", "smg", router_argv(router, python=PY), router_env(_base_env()))
+    router_wait(router.url, len(replicas), smg.popen, timeout_s=START_TIMEOUT_S,
+                control_key=keys.control_key)  # fmt: skip
     r.say(f"engines host: smg at {router.url}, {len(replicas)} replicas healthy in it")
-    for base in gateways.values():
-        http_wait(f"{base}/healthz", timeout_s=START_TIMEOUT_S)
+    for name, base in gateways.items():
+        http_wait(f"{base}/healthz", started[name].popen, timeout_s=START_TIMEOUT_S)
     r.check_alive()
     r.say(f"gateway hosts: {', '.join(gateways.values())} answer; worker host: Celery worker "
           "and beat running")  # fmt: skip

@@ -1,5 +1,7 @@
-"""The multi-host rehearsal: the market split over Linux network namespaces on this machine, as
-separate hosts would run it, then a bounded load through both gateways and the ledger check.
+"""The multi-host rehearsal: the market split over Linux network namespaces, one per host.
+
+On this machine, as separate hosts would run it, then a bounded load through both gateways,
+settlement and the ledger check.
 
     sudo .venv/bin/python -m benchmarks.rehearsal [--requests 100] [--concurrency 4] [--json PATH]
 
@@ -771,8 +773,11 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n")[0])  # fmt: skip
     p.add_argument("--requests", type=int, default=100, help="per gateway (100)")
     p.add_argument("--concurrency", type=int, default=4, help="per gateway (4)")
-    p.add_argument("--gateway-workers", type=int, default=2, help="uvicorn workers per gateway")
-    p.add_argument("--settle-timeout", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--gateway-workers", type=int, default=2,
+                   help="uvicorn workers per gateway (2)")  # fmt: skip
+    p.add_argument("--settle-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long settlement may take after the load; also ledger_check's "
+                   "--grace (60)")  # fmt: skip
     p.add_argument("--json", type=Path, metavar="PATH", help="write the figures there")
     p.add_argument("--logs", type=Path, metavar="DIR",
                    help="copy every host's logs there (by host) before the cleanup")  # fmt: skip

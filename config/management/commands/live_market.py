@@ -168,9 +168,12 @@ class Command(BaseCommand):
         var: Path,
     ) -> None:
         """supervisord in the foreground, as this command's one child, until it exits;
-        Ctrl-C, SIGTERM and SIGHUP stop it, and it stops every program (whole groups)."""
+        Ctrl-C, SIGTERM and SIGHUP stop it, and it stops every program (whole groups). It is in
+        a process group of its own: the terminal's signals reach this command only (SIGHUP
+        would make supervisord reload)."""
         supervisord = Path(sys.executable).with_name("supervisord")
-        proc = subprocess.Popen([str(supervisord), "-n", "-c", str(path)], cwd=ROOT)
+        argv = [str(supervisord), "-n", "-c", str(path)]
+        proc = subprocess.Popen(argv, cwd=ROOT, process_group=0)
 
         stopping = []
 

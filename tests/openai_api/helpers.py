@@ -53,3 +53,15 @@ def hold(request_id: str) -> Hold:
 
 def request_row(request_id: str) -> Request:
     return Request.objects.get(request_id=request_id)
+
+
+def lock_timeout() -> Exception:
+    """What Django raises when PostgreSQL's lock_timeout ends a statement: its own
+    OperationalError, the driver's LockNotAvailable (SQLSTATE 55P03) as the cause."""
+    import psycopg.errors
+    from django.db import OperationalError
+
+    try:
+        raise OperationalError("lock timeout") from psycopg.errors.LockNotAvailable("lock timeout")
+    except OperationalError as exc:
+        return exc

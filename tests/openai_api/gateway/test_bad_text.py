@@ -266,9 +266,10 @@ def test_metrics_need_the_token_when_it_is_set(gateway, settings):
 def test_metrics_token_is_read_from_the_environment(tmp_path):
     from config import env
 
-    assert env.load({"METRICS_TOKEN": "  tok  "}).metrics_token == "tok"
-    assert env.load({"METRICS_TOKEN": " "}).metrics_token is None
-    assert env.load({}).metrics_token is None
+    services = {"DATABASE_URL": "postgres://app@db/market", "REDIS_URL": "redis://cache:6379/0"}
+    assert env.load({**services, "METRICS_TOKEN": "  tok  "}).metrics_token == "tok"
+    assert env.load({**services, "METRICS_TOKEN": " "}).metrics_token is None
+    assert env.load(services).metrics_token is None
 
 
 # --- status lines -----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from django.db import IntegrityError, OperationalError
 from accounts.models import Hold, HoldState, LedgerEntry
 from openai_api.gateway import admission
 from openai_api.gateway.db import database_busy
-from tests.openai_api.helpers import HELLO
+from tests.openai_api.helpers import HELLO, lock_timeout
 
 
 def _wrapped(cause: Exception, message: str) -> OperationalError:
@@ -54,8 +54,7 @@ def _chat(gateway, acme, market) -> httpx.Response:
 
 def test_a_locked_database_is_a_503_with_retry_after(gateway, acme, market, monkeypatch):
     def admit_locked(**kwargs):
-        # What Django raises for PostgreSQL's lock_timeout: the driver's error as the cause.
-        raise _wrapped(psycopg.errors.LockNotAvailable("lock timeout"), "lock timeout")
+        raise lock_timeout()
 
     monkeypatch.setattr(admission, "request_admit", admit_locked)
     response = _chat(gateway, acme, market)

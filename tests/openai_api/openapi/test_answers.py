@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError
 
 from accounts.services import budget_set
 from openai_api.batches.tasks import batch_run
@@ -32,7 +32,7 @@ from tests.openai_api.batches.batch_helpers import (
 )
 from tests.openai_api.conftest import market_create
 from tests.openai_api.fake_engines import bid_dropping_route, stalled_engine
-from tests.openai_api.helpers import HELLO, wait_until
+from tests.openai_api.helpers import HELLO, lock_timeout, wait_until
 from tests.openai_api.openapi.schema_check import (
     checked,
     component,
@@ -380,7 +380,7 @@ PRODUCERS: dict[tuple[str, int], Callable[[World], tuple[httpx.Response, str | N
         CHAT,
     ),
     ("chat_template_unavailable", 503): _template,
-    ("database_busy", 503): _admit_raising(OperationalError("database is locked")),
+    ("database_busy", 503): _admit_raising(lock_timeout()),
     ("database_unavailable", 503): _admit_raising(InterfaceError("connection already closed")),
     ("engine_timeout", 504): _timeout,
 }

@@ -22,6 +22,12 @@ the market as it is when the task runs:
 Both steps send the latest values, so pushes that overtake each other or run twice still leave
 the engines with what the database says. A store that cannot be written is retried like an
 engine that is away.
+
+The periodic tick (``market.live.periodic``, every second) writes the store back when it is
+found stale (:func:`control_stale`: nothing there, a state no engine can use, or one written
+before the market's last change, ``Market.updated_at``): after Redis lost its data, or a push
+that never ran. An engine following the store then runs the market's values again within its
+poll, a value pushed to its own control path meanwhile included (:func:`controls_refresh`).
 """
 
 from __future__ import annotations
@@ -33,7 +39,14 @@ from typing import Literal
 from django.conf import settings
 
 from engines.client import EngineRejected, EngineUnavailable, engine_client
-from engines.contract.control import RedisControlStore, now_state
+from engines.contract.control import (
+    ControlState,
+    RedisControlStore,
+    control_loads,
+    control_texts,
+    now_state,
+)
+from engines.contract.wire import ControlError
 from market.models import Market
 
 logger = logging.getLogger(__name__)
@@ -60,19 +73,74 @@ def retry_delay_s(retries: int) -> float:
     return min(RETRY_BASE_S * 2**retries, RETRY_MAX_S)
 
 
-def control_publish(market: Market) -> None:
-    """Write the market's policy, reserve and wait bound to its control store.
+def control_stale(text: bytes | None, market: Market) -> bool:
+    """Whether the text a market's control store holds must be written again: nothing there, a
+    state no engine can use, or one written before the market's last change
+    (``Market.updated_at``, which each change of its policy, reserve or wait bound sets)."""
+    if text is None:
+        return True
+    try:
+        state = control_loads(text)
+    except ControlError:
+        return True
+    return state.written_at < market.updated_at.timestamp()
 
-    Raises :class:`EngineUnreachable` when it cannot be written (a retry may help).
+
+def control_publish(market: Market, *, if_stale: bool = False) -> bool:
+    """Write the market's policy, reserve and wait bound to its control store; whether it wrote.
+
+    ``if_stale``: only when the store's state is stale (:func:`control_stale`) against the
+    market as the database has it then, and unless another writer writes the key meanwhile (a
+    push of a change made since is newer). Raises :class:`EngineUnreachable` when the store
+    cannot be read or written (a retry may help).
     """
     store = RedisControlStore(settings.REDIS_URL, market.slug, timeout_s=TIMEOUT_S)
-    state = now_state(market.policy, float(market.reserve), market.wait_bound_s)
+
+    def stale_state(text: bytes | None) -> ControlState | None:
+        current = Market.objects.filter(pk=market.pk).first()  # read after the key is watched
+        return None if current is None or not control_stale(text, current) else _state(current)
+
     try:
-        store.write(state)
+        if if_stale:
+            return store.replace(stale_state)
+        store.write(_state(market))
+        return True
     except Exception as exc:  # redis errors, OSError: worth retrying
         raise EngineUnreachable(f"control store for {market.slug}: {exc}") from exc
     finally:
         store.close()
+
+
+def _state(market: Market) -> ControlState:
+    return now_state(market.policy, float(market.reserve), market.wait_bound_s)
+
+
+_refresh_failing = False  # the last refresh could not reach the store (logged once)
+
+
+def controls_refresh(markets: Sequence[Market]) -> list[str]:
+    """Write back each of ``markets``' control stores found stale (:func:`control_stale`): one
+    read of all the keys, a write only for a stale one. The slugs written; a store that cannot
+    be reached is logged (once until it answers again) and left to the next call."""
+    global _refresh_failing
+    written: list[str] = []
+    try:
+        texts = control_texts(settings.REDIS_URL, [m.slug for m in markets], timeout_s=TIMEOUT_S)
+        for market in markets:
+            if control_stale(texts[market.slug], market) and control_publish(market, if_stale=True):
+                written.append(market.slug)
+    except Exception as exc:  # redis errors, OSError, EngineUnreachable: the next tick retries
+        if not _refresh_failing:
+            logger.warning("engine config: cannot refresh the control stores: %s", exc)
+        _refresh_failing = True
+        return written
+    _refresh_failing = False
+    if written:
+        logger.info(
+            "engine config: control store written back (missing or older than the market): %s",
+            ", ".join(written),
+        )
+    return written
 
 
 def control_targets(market: Market) -> list[str]:

@@ -2,7 +2,9 @@
 market reads them, so an operator's change reaches any engine the same way.
 
 The market writes a ``ControlState`` when an operator changes one of them (and at start): in
-Redis, the key ``control_key(market)``. An
+Redis, the key ``control_key(market)``; its periodic tick reads every market's key at once
+(``control_texts``) and writes back one found missing or older than the market's last change
+(``RedisControlStore.replace``, which leaves a state written meanwhile). An
 engine follows the store with a ``ControlFollower``: it reads the state once when it starts (so
 a replica that starts or restarts runs with the values in effect, not its own defaults), then
 every ``poll_s`` seconds in a thread, and the engine applies a change from its next round. Its
@@ -24,7 +26,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -100,14 +102,52 @@ class RedisControlStore:
         )
 
     def read(self) -> bytes | None:
-        value = self.client.get(self.key)
-        return value if isinstance(value, bytes) or value is None else str(value).encode()
+        return _as_bytes(self.client.get(self.key))
 
     def write(self, state: ControlState) -> None:
         self.client.set(self.key, control_dumps(state))
 
+    def replace(self, make: Callable[[bytes | None], ControlState | None]) -> bool:
+        """Write ``make(the text stored)`` (None: nothing to write) unless the key changes
+        between the read and the write: a state another writer wrote meanwhile stays (a
+        transaction on the key, ``WATCH``). Whether it was written."""
+        import redis  # noqa: PLC0415 - only where Redis is used
+
+        with self.client.pipeline() as pipe:
+            try:
+                pipe.watch(self.key)  # type: ignore[no-untyped-call]
+                state = make(_as_bytes(pipe.get(self.key)))
+                if state is None:
+                    return False
+                pipe.multi()
+                pipe.set(self.key, control_dumps(state))
+                pipe.execute()
+            except redis.WatchError:
+                return False
+        return True
+
     def close(self) -> None:
         self.client.close()
+
+
+def control_texts(
+    url: str, markets: Sequence[str], *, timeout_s: float = 2.0
+) -> dict[str, bytes | None]:
+    """The text each market's store holds (None: nothing), read at once (one ``MGET``)."""
+    import redis  # noqa: PLC0415 - only where Redis is used
+
+    if not markets:
+        return {}
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        values = client.mget([control_key(m) for m in markets])
+    finally:
+        client.close()
+    return {m: _as_bytes(v) for m, v in zip(markets, values, strict=True)}
+
+
+def _as_bytes(value: object) -> bytes | None:
+    return value if isinstance(value, bytes) or value is None else str(value).encode()
 
 
 class ControlFollower:

@@ -12,7 +12,9 @@ from engines.contract.control import (
     RedisControlStore,
     control_dumps,
     control_loads,
+    control_texts,
     follower_for,
+    now_state,
 )
 from engines.contract.wire import ControlError
 from tests.conftest import dead_port
@@ -96,3 +98,35 @@ def test_which_store_is_followed(settings) -> None:
     assert dead.read_errors == 1
     with pytest.raises(ValueError, match="poll_s must be > 0"):
         ControlFollower(Store(), poll_s=0)
+
+
+def test_replace_leaves_a_state_written_between_its_read_and_its_write(
+    settings, unique_slug
+) -> None:
+    """The periodic write-back of a stale store (``replace``) never overwrites a state another
+    writer (an operator's push) wrote after it read the key: it writes nothing then."""
+    store = RedisControlStore(settings.REDIS_URL, unique_slug)
+    other = RedisControlStore(settings.REDIS_URL, unique_slug)
+    read: list[bytes | None] = []
+
+    def make(text: bytes | None) -> ControlState:
+        read.append(text)
+        return now_state("fcfs", 0.5)
+
+    assert store.replace(make) is True and read == [None]
+    assert control_loads(store.read()) == ControlState("fcfs", 0.5)
+    assert store.replace(lambda text: None) is False  # nothing to write: nothing written
+    assert control_loads(store.read()) == ControlState("fcfs", 0.5)
+
+    def raced(text: bytes | None) -> ControlState:
+        other.write(now_state("dfs-auction-density", 0.25))  # the push, meanwhile
+        return now_state("fcfs", 0.75)
+
+    assert store.replace(raced) is False
+    assert control_loads(store.read()) == ControlState("dfs-auction-density", 0.25)
+    texts = control_texts(settings.REDIS_URL, [unique_slug, f"{unique_slug}-none"])
+    assert control_loads(texts[unique_slug]) == ControlState("dfs-auction-density", 0.25)
+    assert texts[f"{unique_slug}-none"] is None and control_texts(settings.REDIS_URL, []) == {}
+    store.client.delete(store.key)
+    store.close()
+    other.close()

@@ -161,13 +161,10 @@ def engine_config_push(
     *,
     market_id: int,
     url: str | None = None,
-    engines: Sequence[str] | None = None,
     timeout_s: float = TIMEOUT_S,
 ) -> PushOutcome:
     """Write the market's current policy, reserve ($/s) and wait bound (s) to its control store
-    and POST them to its engines (``url``: only that one, if it still is one of them;
-    ``engines``: these base URLs instead of the market's, as ``live_market`` pushes to the
-    engines it started).
+    and POST them to its engines (``url``: only that one, if it still is one of them).
 
     Returns what happened (of several engines: ``refused`` if one refused, else ``published`` if
     one only follows the store, else ``pushed``); raises :class:`EngineUnreachable` naming the
@@ -179,7 +176,7 @@ def engine_config_push(
         logger.warning("engine config: market %s no longer exists; nothing pushed", market_id)
         return "no-market"
     control_publish(market)
-    targets = control_targets(market) if engines is None else [u.strip() for u in engines]
+    targets = control_targets(market)
     if url is not None:
         targets = [u for u in targets if u == url]
     if not targets:

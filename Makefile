@@ -48,7 +48,7 @@ venv:
 ## the services, migrate, seed the demo, then run the live market on http://$(HOST):$(PORT)/
 ## (the simulated engines, the web server, settlement and publishers, and agents bidding)
 run: venv
-	@$(WITH_SERVICES) sh -c '"$(PY)" $(LIVE_MARKET) --check-ports \
+	@exec $(WITH_SERVICES) sh -c '"$(PY)" $(LIVE_MARKET) --check-ports \
 		&& "$(PY)" manage.py check_services && "$(PY)" manage.py migrate --noinput \
 		&& "$(PY)" manage.py seed_demo && exec "$(PY)" $(LIVE_MARKET)'
 
@@ -57,7 +57,7 @@ test: test-main test-sglang
 
 ## test-main: everything but the SGLang plugin's tests, in .venv
 test-main: venv
-	@$(WITH_SERVICES) "$(VENV)/bin/pytest" --ignore=tests/engines/sglang_plugin $(PYTEST_ARGS)
+	@exec $(WITH_SERVICES) "$(VENV)/bin/pytest" --ignore=tests/engines/sglang_plugin $(PYTEST_ARGS)
 
 ## venv-sglang: create .venv-sglang if missing; (re)install when its inputs changed. The first
 ## install copies torch (several GB) from pip's sources and takes minutes.
@@ -78,7 +78,7 @@ venv-sglang:
 ## test-sglang: the SGLang plugin against SGLang's real scheduler classes, on the CPU
 test-sglang: venv-sglang
 	@echo "==> SGLang plugin stage ($(SGLANG_VENV))"
-	@$(WITH_SERVICES) "$(SGLANG_VENV)/bin/pytest" tests/engines/sglang_plugin $(SGLANG_PYTEST_ARGS)
+	@exec $(WITH_SERVICES) "$(SGLANG_VENV)/bin/pytest" tests/engines/sglang_plugin $(SGLANG_PYTEST_ARGS)
 
 lint: venv imports
 	@"$(VENV)/bin/ruff" check .

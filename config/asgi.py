@@ -28,7 +28,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from market.routing import websocket_urlpatterns as market_websockets  # noqa: E402
-from openai_api.gateway.asgi import with_gateway  # noqa: E402
+from openai_api.gateway.asgi import lifespan, with_gateway  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 # The OpenAI-compatible API (/v1/..., /metrics) skips the site's middleware (sessions, CSRF, ...).
@@ -40,6 +40,8 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter([*market_websockets]))
         ),
+        # uvicorn's --lifespan on: at its stop, the gateway's cut-off requests release their holds.
+        "lifespan": lifespan,
     }
 )
 

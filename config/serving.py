@@ -5,7 +5,9 @@ recipe), so that what is measured is what is run.
 - **uvicorn** (the default in production): uvloop's event loop and httptools' HTTP parser, with
   ``websockets`` for ``/ws/``. ``--workers N`` forks N processes behind one socket; they share
   nothing in memory, so several need Redis (``REDIS_URL``: the channel layer, the cache, Celery)
-  and PostgreSQL. Django has no lifespan protocol: ``--lifespan off``.
+  and PostgreSQL. ``--lifespan on``: Django has no lifespan protocol, the gateway's (its stop:
+  the requests cut off after ``--timeout-graceful-shutdown`` release their holds before the
+  worker exits).
 - **granian** (Rust's hyper underneath), the ASGI interface without lifespan (``asginl``),
   uvloop, N worker processes.
 - **daphne**, one process (Twisted): the benchmark's reference point.
@@ -23,6 +25,10 @@ APPLICATION = "config.asgi:application"
 SERVERS = ("uvicorn", "granian", "daphne")
 # Servers that fork worker processes (Daphne serves from one).
 MULTI_WORKER_SERVERS = frozenset({"uvicorn", "granian"})
+# uvicorn's stop: how long it lets the requests in flight finish, seconds, before it cancels the
+# rest (the gateway then releases their holds: lifespan shutdown, openai_api.gateway.asgi); with
+# that release (at most 3 s), under supervisord's stopwaitsecs (10 s), which kills the group.
+GRACEFUL_SHUTDOWN_S = 5
 
 
 def server_argv(
@@ -48,8 +54,8 @@ def server_argv(
         return [
             python, "-m", "uvicorn", application, "--host", host, "--port", str(port),
             "--workers", str(workers), "--loop", "uvloop", "--http", "httptools",
-            "--ws", "websockets-sansio", "--lifespan", "off", "--no-access-log",
-            "--log-level", "warning", "--timeout-graceful-shutdown", "10",
+            "--ws", "websockets-sansio", "--lifespan", "on", "--no-access-log",
+            "--log-level", "warning", "--timeout-graceful-shutdown", str(GRACEFUL_SHUTDOWN_S),
         ]  # fmt: skip
     if server == "granian":
         return [

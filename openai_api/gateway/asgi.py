@@ -39,6 +39,7 @@ from django.dispatch import Signal
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import set_script_prefix
 
+from openai_api.gateway.db import drained, request_tracked
 from openai_api.gateway.errors import (
     BodyTooLarge,
     Forbidden,
@@ -50,6 +51,10 @@ from openai_api.gateway.errors import (
 )
 
 logger = logging.getLogger(__name__)
+# At the server's stop, how long the requests it cut off may take to release their holds,
+# seconds (``lifespan``): with uvicorn's --timeout-graceful-shutdown (config.serving), within
+# supervisord's stopwaitsecs (10 s), after which the process group is killed.
+STOP_DRAIN_S = 3.0
 ASGIApp = Callable[
     [dict, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]
 ]
@@ -153,9 +158,19 @@ class GatewayASGIHandler(ASGIHandler):
         # Listen for a disconnect while the response is made (as Django does).
         tasks = [
             asyncio.create_task(self.listen_for_disconnect(receive)),
-            asyncio.create_task(process_request(request, send)),
+            request_tracked(asyncio.create_task(process_request(request, send))),
         ]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The server stops without waiting for this request any longer (uvicorn's
+            # --timeout-graceful-shutdown): the view takes it as a client that left (its hold
+            # released, or what a stream sent charged) before this handler ends.
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            body_file.close()
+            raise
         for task in tasks:
             if task.done():
                 try:
@@ -194,6 +209,25 @@ class GatewayASGIHandler(ASGIHandler):
         self._exception_middleware = []
         # ASGI handlers load their middleware async (the gateway's views are async anyway).
         self._middleware_chain = json_errors(self._get_response_async)
+
+
+async def lifespan(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+    """The ASGI lifespan protocol (uvicorn's ``--lifespan on``): nothing to do at startup; at
+    shutdown, which uvicorn starts once the requests it waited for ended and it cancelled the
+    others (``--timeout-graceful-shutdown``), wait up to :data:`STOP_DRAIN_S` seconds for those
+    to unwind and for the releases and settlements they started (``db.drained``): a stopped
+    gateway leaves no hold open. What is still running after that is the lost gateways' sweep's
+    (``accounts.services.gateways``)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if not await drained(STOP_DRAIN_S):
+                what = "gateway stop: requests or their releases still running after %g s"
+                logger.warning(what, STOP_DRAIN_S)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 def with_gateway(site: ASGIApp) -> ASGIApp:

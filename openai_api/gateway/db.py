@@ -8,7 +8,9 @@ threads (``GATEWAY_DB_THREADS``, default 2) whose connections stay open. A threa
 connection failed closes it, and the next step there reconnects.
 
 Work handed to a thread always finishes, even when the request that waited for it is cancelled
-(the client went away): callers that must clean up after it use :func:`detached`.
+(the client went away): callers that must clean up after it use :func:`detached`. When the
+server stops, :func:`drained` waits for those tasks (and the requests still unwinding) before the
+process exits.
 
 A step that waited out a lock (:func:`database_busy`) raises ``errors.DatabaseBusy``, a 503
 with ``Retry-After``, rather than a 500: the database is busy, not broken. A step that could not
@@ -51,6 +53,7 @@ _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
 _threads = 0
 _background: set[asyncio.Task[Any]] = set()
+_requests: set[asyncio.Task[Any]] = set()
 
 
 def threads_configured() -> int:
@@ -146,6 +149,32 @@ async def shielded(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` to the end even if the caller is cancelled meanwhile (then it re-raises
     the cancellation after ``coro`` finishes in the background)."""
     return await asyncio.shield(detached(coro))
+
+
+def request_tracked(task: asyncio.Task[T]) -> asyncio.Task[T]:
+    """Count ``task`` (a request being served) among what :func:`drained` waits for."""
+    _requests.add(task)
+    task.add_done_callback(_requests.discard)
+    return task
+
+
+async def drained(timeout_s: float) -> bool:
+    """Wait, up to ``timeout_s`` seconds, until this loop has no request being served (those
+    :func:`request_tracked`) and no detached task (the settlements and releases they started,
+    and those these start in turn): whether all ended. The server's stop waits here after it
+    cancelled the requests it would not wait for, so that their holds are released (or their
+    answers settled) before the process exits."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        await asyncio.sleep(0)  # cancelled tasks take their cancellation, starting their releases
+        pending = [t for t in (*_requests, *_background) if t.get_loop() is loop and not t.done()]
+        if not pending:
+            return True
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return False
+        await asyncio.wait(pending, timeout=remaining)
 
 
 async def background_drained(timeout_s: float = 10.0) -> None:

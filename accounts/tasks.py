@@ -1,6 +1,7 @@
 """The accounts' Celery tasks, thin wrappers over ``accounts.services`` that celery beat drives
 (``CELERY_BEAT_SCHEDULE`` in ``config.settings``): ``autobidders_step`` every
-``AUTOBID_INTERVAL_S`` seconds, ``holds_sweep`` every minute, ``invoices_generate`` daily."""
+``AUTOBID_INTERVAL_S`` seconds, ``gateways_sweep`` every 5 s, ``holds_sweep`` every minute,
+``invoices_generate`` daily."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from celery import Task, shared_task
 from django.conf import settings
 
-from accounts.services import periodic, settlement
+from accounts.services import gateways, periodic, settlement
 
 
 @shared_task(bind=True, name="accounts.autobidders_step", acks_late=True)
@@ -25,6 +26,13 @@ def holds_sweep() -> dict[str, Any]:
     """Close what a lost gateway left open: requests still queued long after any request is
     served, failed uncharged (beat: every minute)."""
     return asdict(settlement.holds_sweep(stale_after_s=settings.STALE_REQUEST_S))
+
+
+@shared_task(name="accounts.gateways_sweep", ignore_result=True)
+def gateways_sweep() -> dict[str, Any]:
+    """Close what a gateway process that stopped beating left open: its requests still queued,
+    failed uncharged (beat: every ``gateways.SWEEP_S`` seconds)."""
+    return asdict(gateways.lost_gateways_sweep())
 
 
 @shared_task(bind=True, name="accounts.invoices_generate", acks_late=True)

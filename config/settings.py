@@ -99,10 +99,10 @@ ENGINE_CONNECT_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_CONNECT_TIMEOUT_S
 ENGINE_READ_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_READ_TIMEOUT_S", default=30.0)
 ENGINE_ANSWER_TIMEOUT_S = env.env_seconds(os.environ, "ENGINE_ANSWER_TIMEOUT_S", default=600.0)
 # How long a request's hold may stay open, seconds: a request still queued this long after it
-# was opened fails, uncharged, its hold released (accounts.services.settlement.holds_sweep). A
-# gateway releases a hold itself when the client leaves or the engine fails; the requests in
-# flight when a gateway is killed or stopped keep theirs (part of their tenants' budgets) until
-# then (the soak: 43 of 6,073 requests at its stop). It must exceed
+# was opened fails, uncharged, its hold released (accounts.services.settlement.holds_sweep): the
+# last resort. A gateway releases a hold itself when the client leaves, the engine fails or its
+# stop cuts the request off; those of a killed gateway process are released once its heartbeat
+# is gone (accounts.services.gateways: 10-15 s). It must exceed
 # ENGINE_ANSWER_TIMEOUT_S, the longest the gateway waits for an answer to begin, or a request
 # still served would be failed and go uncharged: twice that by default (20 minutes).
 STALE_REQUEST_S = env.env_seconds(
@@ -167,6 +167,8 @@ CELERY_BEAT_SCHEDULE = {
     "autobidders-step": _every("accounts.autobidders_step", AUTOBID_INTERVAL_S),
     "hold-horizons": _every("market.hold_horizons_renew", AUTOBID_INTERVAL_S),
     "auto-reserves": _every("market.reserves_auto_step", AUTO_RESERVE_INTERVAL_S),
+    # The requests of a gateway process that stopped beating (accounts.services.gateways).
+    "gateways-sweep": _every("accounts.gateways_sweep", 5.0),
     "holds-sweep": _every("accounts.holds_sweep", 60.0),
     "invoices-generate": {
         "task": "accounts.invoices_generate",

@@ -54,6 +54,15 @@ class Request(models.Model):
     status = models.CharField(
         max_length=8, choices=RequestStatus.choices, default=RequestStatus.QUEUED
     )
+    gateway = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The gateway process that admitted it and holds its hold (its instance id, "
+        "accounts.services.gateways): when that process stops beating, its requests still "
+        "queued are failed uncharged. Empty: not admitted by a gateway process.",
+    )
     created_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)

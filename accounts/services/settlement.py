@@ -15,10 +15,12 @@ typed results (``Settled``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from accounts.ledger import Outcome, PriorityCharge, Settled, Usage, ledger_store
@@ -44,6 +46,7 @@ def request_open(
     request_class: str = "interactive",
     bid_source: str = "none",
     priority_cap: Decimal | None = None,
+    gateway: str = "",
     now: datetime | None = None,
 ) -> Request:
     """Record a request the gateway is about to forward, and hold ``hold_amount`` dollars.
@@ -52,7 +55,8 @@ def request_open(
     dollars per second of waiting. ``priority_cap`` (dollars) bounds the priority charge
     settled for it later: what the tenant consented to, which may exceed the hold (the
     settlement rule keeps the budgets whole whatever the hold); None leaves it uncapped.
-    Idempotent per ``request_id``.
+    ``gateway``: the instance id of the gateway process that holds it (``accounts.services.
+    gateways``), written in the same row. Idempotent per ``request_id``.
     """
     now = now or timezone.now()
     amount = hold_amount_checked(tenant=tenant, api_key=api_key, amount=hold_amount)
@@ -64,6 +68,7 @@ def request_open(
         "request_class": request_class,
         "bid_source": bid_source,
         "priority_cap": None if priority_cap is None else money(priority_cap),
+        "gateway": gateway,
     }
     return ledger_store().request_open(
         tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now, fields=fields
@@ -165,23 +170,50 @@ def request_settle(
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What :func:`holds_sweep` did, counted in requests."""
+    """What a sweep (:func:`holds_sweep`, :func:`gateways_lost_sweep`) did, counted in
+    requests."""
 
-    failed: int = 0  # queued far longer than any request is served in
+    failed: int = 0  # failed uncharged, their holds released
 
 
 def holds_sweep(*, stale_after_s: float, now: datetime | None = None) -> SweepResult:
     """Close what a lost gateway left open, so that no hold reserves a budget for ever: a
     request still queued ``stale_after_s`` seconds after it was opened (a client waits minutes
     at most) fails, uncharged, its hold released. Idempotent and safe beside live settlement
-    (the same locked writes: a request settled meanwhile stays served)."""
+    (the same locked writes: a request settled meanwhile stays served). The last resort:
+    :func:`gateways_lost_sweep` closes those of a gateway known gone much sooner."""
     now = now or timezone.now()
-    failed = 0
     stale = Request.objects.filter(
         status=RequestStatus.QUEUED, created_at__lt=now - timedelta(seconds=stale_after_s)
     )
-    for request_id in stale.values_list("request_id", flat=True):
-        failed += request_fail(request_id=request_id, now=now)
+    failed = _queued_failed(stale, now=now)
     if failed:
         logger.info("holds sweep: %d stale requests failed", failed)
     return SweepResult(failed=failed)
+
+
+def gateways_lost_sweep(*, gateways: Sequence[str], now: datetime | None = None) -> SweepResult:
+    """Fail, uncharged, the requests still queued that the gateway processes ``gateways`` (their
+    instance ids) admitted, their holds released: those processes are gone (killed, or stopped
+    without finishing them), so nothing will ever settle them. The same writes as
+    :func:`holds_sweep`."""
+    if not gateways:
+        return SweepResult()
+    now = now or timezone.now()
+    lost = Request.objects.filter(status=RequestStatus.QUEUED, gateway__in=list(gateways))
+    failed = _queued_failed(lost, now=now)
+    if failed:
+        logger.warning(
+            "holds sweep: %d requests of %d lost gateway processes failed, uncharged",
+            failed, len(gateways),
+        )  # fmt: skip
+    return SweepResult(failed=failed)
+
+
+def _queued_failed(requests: QuerySet[Request], *, now: datetime) -> int:
+    """Fail each of ``requests`` still queued (``request_fail``: its hold released, nothing
+    charged; one locked write each, so one settled meanwhile stays served): how many."""
+    failed = 0
+    for request_id in requests.values_list("request_id", flat=True):
+        failed += request_fail(request_id=request_id, now=now)
+    return failed

@@ -36,6 +36,7 @@ from openai_api.gateway.errors import (
     InvalidValue,
     ModelNotFound,
 )
+from openai_api.gateway.instance import instance_id
 from openai_api.gateway.keys import api_key_authenticated
 from openai_api.gateway.selectors import market_for_model, priority_quote, target_quote
 from openai_api.gateway.validation import CHAT, CompletionParams
@@ -118,6 +119,7 @@ def request_admit_for(
                 request_class=params.request_class,
                 bid_source=source,
                 priority_cap=money(cap),
+                gateway=instance_id(),
             )
         except BudgetExhausted as exc:
             raise BudgetExhaustedError(str(exc)) from None

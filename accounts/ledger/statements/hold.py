@@ -70,9 +70,10 @@ ORDER BY u.id
 _REQUEST_INSERT = """,
 request AS (
     INSERT INTO accounts_request (request_id, tenant_id, api_key_id, market_id, bid,
-                                  priority_cap, request_class, bid_source, status, created_at)
+                                  priority_cap, request_class, bid_source, gateway, status,
+                                  created_at)
     SELECT %(request_id)s, %(tenant)s, %(key)s, %(market)s, %(bid)s,
-           %(priority_cap)s, %(request_class)s, %(bid_source)s, 'queued', %(now)s
+           %(priority_cap)s, %(request_class)s, %(bid_source)s, %(gateway)s, 'queued', %(now)s
     WHERE EXISTS (SELECT FROM placed)
     ON CONFLICT (request_id) DO NOTHING
     RETURNING 1
@@ -123,9 +124,10 @@ def hold_place(
     summed: bool = False,
 ) -> HoldOutcome:
     """Hold ``amount`` dollars for ``request_id`` if every budget of the tenant and the key
-    fits it, and (with ``request``: market, bid, priority_cap, request_class, bid_source)
-    record the request. ``summed``: the spend of a window older than its counter row's is
-    summed from the ledger; only with the counter rows locked already (:func:`counters_lock`).
+    fits it, and (with ``request``: market, bid, priority_cap, request_class, bid_source,
+    gateway) record the request. ``summed``: the spend of a window older than its counter
+    row's is summed from the ledger; only with the counter rows locked already
+    (:func:`counters_lock`).
     """
     params = {
         "tenant": tenant_id,

@@ -38,6 +38,7 @@ PARAM_TYPES = {
     "request_id": "varchar",
     "request_class": "varchar",
     "bid_source": "varchar",
+    "gateway": "varchar",
     "round_id": "varchar",
     "amount": "numeric",
     "bid": "numeric",

@@ -1,0 +1,195 @@
+"""A gateway that stops, or dies, with requests in flight leaves no hold open (issue 45, item 3).
+
+uvicorn as ``config.serving`` runs it (two workers, on the test database and Redis), in a
+process group of its own as supervisord runs its programs, in front of a slow simulated engine
+(its requests take a minute): requests are in flight, each with its hold, when
+
+- the group gets SIGTERM (supervisord's stop, ``stopasgroup``): uvicorn lets the requests finish
+  for ``GRACEFUL_SHUTDOWN_S`` seconds, then cancels the rest, and the gateway releases their holds
+  (failed, uncharged) before its workers exit; a request that finished meanwhile is served and
+  charged as usual. Before: the holds stayed open until the stale sweep, 20 minutes later.
+- the group gets SIGKILL: nothing in the process can release anything, but its heartbeat stops;
+  ``TTL_S`` seconds later the lost gateways' sweep (celery beat's ``accounts.gateways_sweep``,
+  called here as the worker would) fails those requests, uncharged. Before: 20 minutes.
+
+Either way ``manage.py ledger_check --grace 5`` passes right after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import httpx
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+
+from accounts import tasks
+from accounts.models import BudgetCounter, Hold, HoldState, LedgerEntry, Request, RequestStatus
+from accounts.services import gateways
+from config.serving import GRACEFUL_SHUTDOWN_S, server_argv
+from tests.conftest import REPO_ROOT, dead_port
+from tests.openai_api.conftest import market_create
+from tests.openai_api.gateway.test_served import _database_url, _workers
+from tests.openai_api.helpers import HELLO, wait_until
+from tests.personas import program_create
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+WORKERS = 2
+SLOW = 6  # requests on the slow engine: still in flight when the gateway stops
+# The simulated engine's forward pass, engine seconds (at the tests' speed, 20 engine seconds
+# a wall second): 10 s is 0.5 s of wall time a token, so max_tokens 100 takes ~50 s.
+SLOW_STEP = ("step_fixed_s=10",)
+QUICK_STEP = ("step_fixed_s=4",)  # 0.2 s a token: max_tokens 8 takes ~2 s, within the grace
+
+
+@contextlib.contextmanager
+def uvicorn_group(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """uvicorn with two workers on the test database, in a process group of its own (as
+    supervisord starts a program): the process and its base URL. Killed at the end if still
+    running."""
+    port = dead_port()
+    environ = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "DEBUG": "0",
+        "SECRET_KEY": settings.SECRET_KEY,
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "GATEWAY_API_KEY_CACHE_S": "0",
+        "GATEWAY_MARKET_CACHE_S": "0",
+    }
+    argv = server_argv("uvicorn", host="127.0.0.1", port=port, workers=WORKERS)
+    log_path = tmp_path / "uvicorn.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        argv, cwd=REPO_ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "uvicorn did not answer in 60 s"
+            time.sleep(0.2)
+        wait_until(lambda: len(_workers(proc.pid)) == WORKERS)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+def _in_flight(base: str, key: str, bodies: list[dict]) -> list[object]:
+    """POST every body at once from a thread (one connection each); the answers, (status, JSON)
+    or the exception, land in the list returned as they come."""
+    answers: list[object] = []
+
+    async def post_all() -> None:
+        headers = {"Authorization": f"Bearer {key}"}
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+            async def post(body: dict) -> None:
+                try:
+                    url = f"{base}/v1/chat/completions"
+                    async with session.post(url, json=body, headers=headers) as response:
+                        answers.append((response.status, await response.json()))
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    answers.append(exc)
+
+            await asyncio.gather(*(post(b) for b in bodies))
+
+    threading.Thread(target=asyncio.run, args=(post_all(),), daemon=True).start()
+    return answers
+
+
+def _chat(model: str, max_tokens: int) -> dict:
+    return {"model": model, "messages": HELLO, "max_tokens": max_tokens}
+
+
+def _open_holds(tenant) -> int:
+    return Hold.objects.filter(tenant=tenant, state=HoldState.OPEN).count()
+
+
+def _ledger_checked() -> None:
+    call_command("ledger_check", "--grace", "5")  # CommandError when it fails
+
+
+def test_a_stopped_gateway_releases_the_holds_of_the_requests_it_cuts_off(
+    tmp_path: Path, start_sim
+) -> None:
+    slow = market_create(engine_url=start_sim(settings=SLOW_STEP).url)
+    quick = market_create(engine_url=start_sim(settings=QUICK_STEP).url)
+    program = program_create("stopped")
+    with uvicorn_group(tmp_path) as (proc, base):
+        answers = _in_flight(base, program.key, [_chat(slow.served_model, 100)] * SLOW)
+        wait_until(lambda: Request.objects.filter(tenant=program.tenant).count() == SLOW)
+        quick_answer = _in_flight(base, program.key, [_chat(quick.served_model, 8)])
+        wait_until(lambda: Request.objects.filter(tenant=program.tenant).count() == SLOW + 1)
+        assert _open_holds(program.tenant) == SLOW + 1
+        rows = Request.objects.filter(tenant=program.tenant)
+        assert all(len(r.gateway) == 32 for r in rows)  # each knows its gateway process
+        stopped_at = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)  # supervisord's stop (stopasgroup)
+        proc.wait(timeout=GRACEFUL_SHUTDOWN_S + 8)
+        exited_s = time.monotonic() - stopped_at
+    # Within supervisord's stopwaitsecs (10 s): the grace, then the releases.
+    assert exited_s < 10, exited_s
+    # Nothing is left open: not a second later, and no sweep ran.
+    assert _open_holds(program.tenant) == 0
+    quick_row = Request.objects.get(market=quick)
+    assert quick_row.status == RequestStatus.SERVED  # it finished within the grace: charged
+    assert quick_answer and quick_answer[0][0] == 200  # type: ignore[index]
+    cut = Request.objects.filter(market=slow)
+    assert {r.status for r in cut} == {RequestStatus.FAILED}
+    assert not LedgerEntry.objects.filter(request__in=cut).exists()
+    assert {h.state for h in Hold.objects.filter(request_id__in=cut)} == {HoldState.RELEASED}
+    assert BudgetCounter.objects.get(tenant=program.tenant, api_key=None).held == 0
+    assert len(answers) == SLOW and all(not isinstance(a, tuple) or a[0] != 200 for a in answers)
+    _ledger_checked()
+
+
+def test_a_killed_gateways_holds_are_released_once_its_heartbeat_is_gone(
+    tmp_path: Path, start_sim
+) -> None:
+    slow = market_create(engine_url=start_sim(settings=SLOW_STEP).url)
+    program = program_create("killed")
+    with uvicorn_group(tmp_path) as (proc, base):
+        _in_flight(base, program.key, [_chat(slow.served_model, 100)] * SLOW)
+        wait_until(lambda: _open_holds(program.tenant) == SLOW)
+        # A live gateway's requests are not its sweep's.
+        assert tasks.gateways_sweep()["failed"] == 0
+        os.killpg(proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        proc.wait(timeout=10)
+    assert tasks.gateways_sweep()["failed"] == 0  # its heartbeat lasts TTL_S yet
+    assert _open_holds(program.tenant) == SLOW
+    failed = 0
+    while _open_holds(program.tenant):  # celery beat's ticks, every SWEEP_S
+        assert time.monotonic() - killed_at < gateways.TTL_S + 5, "not released in time"
+        failed += tasks.gateways_sweep()["failed"]
+        time.sleep(0.25)
+    released_s = time.monotonic() - killed_at
+    assert gateways.TTL_S - gateways.BEAT_S - 0.5 < released_s  # no sooner than its heartbeat
+    assert failed == SLOW
+    rows = Request.objects.filter(tenant=program.tenant)
+    assert {r.status for r in rows} == {RequestStatus.FAILED}
+    assert not LedgerEntry.objects.filter(tenant=program.tenant).exists()
+    assert BudgetCounter.objects.get(tenant=program.tenant, api_key=None).held == 0
+    _ledger_checked()

@@ -180,6 +180,9 @@ def celery_settings(redis: RedisURL) -> dict[str, Any]:
         "CELERY_ACCEPT_CONTENT": ["json"],
         "CELERY_RESULT_EXPIRES": 3600,  # seconds
         "CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP": True,
+        # A worker that lost Redis retries until it is back (every 2, 4, ... 30 s), however long
+        # it is away: Celery's default gives up after 100 tries (about 47 minutes) and exits.
+        "CELERY_BROKER_CONNECTION_MAX_RETRIES": None,
         "CELERY_BROKER_URL": redis.url,
         "CELERY_RESULT_BACKEND": redis.url,
     }

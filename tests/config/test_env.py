@@ -258,6 +258,9 @@ def test_with_redis_one_url_serves_broker_results_layer_and_cache() -> None:
     celery = backends.celery_settings(REDIS)
     assert "CELERY_TASK_ALWAYS_EAGER" not in celery
     assert celery["CELERY_BROKER_URL"] == celery["CELERY_RESULT_BACKEND"] == REDIS.url
+    # A worker keeps trying to reach a Redis that went away, however long (issue 45).
+    assert celery["CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP"] is True
+    assert celery["CELERY_BROKER_CONNECTION_MAX_RETRIES"] is None
     layer = backends.channel_layers(REDIS)["default"]
     assert layer["BACKEND"] == "channels_redis.core.RedisChannelLayer"
     assert layer["CONFIG"]["hosts"] == [REDIS.url]

@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import pytest
 import redis
+from celery import Celery
 from django.conf import settings
 from django.db import connection
 
@@ -67,9 +68,16 @@ def worker_database_url() -> str:
 
 @contextlib.contextmanager
 def celery_worker(
-    log_dir: Path, *, pool: str = "solo", env: Mapping[str, str] | None = None
+    log_dir: Path,
+    *,
+    pool: str = "solo",
+    concurrency: int = 1,
+    env: Mapping[str, str] | None = None,
+    control: Celery = celery_app,
 ) -> Iterator[Worker]:
-    """Start a worker on a fresh queue against the test database; stop it (or reap it) after."""
+    """Start a worker on a fresh queue against the test database; stop it (or reap it) after.
+    ``control`` is the app that sees it come up: one on the worker's broker when ``env`` gives
+    it a ``REDIS_URL`` of its own."""
     token = uuid.uuid4().hex[:12]
     name, queue = f"imtest-{token}@pytest", f"imtest-{token}"
     log = log_dir / f"worker-{token}.log"
@@ -78,7 +86,7 @@ def celery_worker(
     with log.open("w") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "config", "worker", f"--pool={pool}",
-             "--concurrency=1", "-Q", queue, "-n", name, "--without-heartbeat",
+             f"--concurrency={concurrency}", "-Q", queue, "-n", name, "--without-heartbeat",
              "--without-gossip", "--without-mingle", "--loglevel=INFO",
              "--include=tests.pause_hooks"],
             cwd=REPO_ROOT, env=environ, stdout=log_file, stderr=subprocess.STDOUT,
@@ -86,7 +94,7 @@ def celery_worker(
     worker = Worker(name=name, queue=queue, process=process, log=log)
     try:
         deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-        while not celery_app.control.ping(destination=[name], timeout=1.0):
+        while not control.control.ping(destination=[name], timeout=1.0):
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"celery worker did not come up; its log:\n{log.read_text()}")
         yield worker

@@ -1,4 +1,4 @@
-"""Budget windows, computed from the clock when they are read (DESIGN.md 6).
+"""Budget windows, computed from the clock when they are read (docs/ledger.md, "Budgets and holds").
 
 Windows are UTC calendar periods, half-open ``[start, end)``: a day starts at 00:00 UTC, a week
 on Monday 00:00 UTC, a month on the 1st at 00:00 UTC. A budget with period "none" never resets:

@@ -1,6 +1,6 @@
 """SGLang's model gateway in front of a market's replicas: smg 1.13.0 (the successor of
-``sglang-router``; a Rust router built into a Python extension), started as
-``python -m smg.launch_router``.
+``sglang-router``; a Rust router built into a Python extension), run by ``python -m
+engines.router`` (smg's ``launch_router`` with the control key from the environment).
 
 The market does not route requests itself: its entry point is the gateway (or one engine), and
 the gateway picks a replica per request by its policy (``cache_aware`` keeps a prefix on the
@@ -18,14 +18,22 @@ What this module sets, and why:
   gateway, where no auction orders them, the engines' queues stay empty and bids stop mattering
   (measured: a bid of 1.0 $/s waited 4.71 s, one of 0.001 $/s 4.00 s; with it off, 1.19 s and
   3.68 s). The auction runs in the engines' queues; the gateway must pass requests straight on.
-- **Its control plane is not open to the network.** smg serves its control routes (``POST
-  /workers`` registers a backend by URL, ``/flush_cache`` drops the engines' caches) on its
-  one port with no credential unless given one: the gateway binds to loopback
-  (``127.0.0.1``, the default ``host``), or, on any other address, only with
-  ``control_key``, which it passes as smg's ``--control-plane-api-keys`` (an admin key) and
-  which ``router_ready`` sends. Its Prometheus exporter binds to loopback too, on a port of its
-  own: a free one unless ``prometheus_port`` says which (smg's default, 29000, would be taken
-  by a second gateway on the machine: a test, a benchmark, a second market).
+- **Its control plane takes a key, always.** smg serves its control routes on its one port
+  (``POST /workers`` registers a backend by URL and ``DELETE /workers/{id}`` removes one: with
+  them, whoever reaches the port decides which engines serve the market; ``/flush_cache``
+  drops the engines' caches), with no credential unless given one, and a loopback address
+  does not keep out the other programs and users of the host. So every gateway has
+  ``control_key`` (a random one unless the caller gives one: ``live_market`` gives the engine
+  admin token), which smg takes as a ``--control-plane-api-keys`` admin key: without
+  ``Authorization: Bearer <key>`` the control routes, ``GET /workers`` among them, answer 401,
+  while the data plane (``/generate``, ``/v1/models``) stays open. ``router_ready`` and
+  ``router_wait`` send it. The key is never on a command line (``ps`` shows command lines to
+  every user of the host): the command is ``python -m engines.router`` with smg's flags, which
+  reads the key from ``CONTROL_KEY_ENV`` in its environment (``router_env`` puts it there),
+  adds it to smg's arguments and runs smg in the same process; without it, it refuses to
+  start. Its Prometheus exporter binds to loopback, on a port of its own: a free one unless
+  ``prometheus_port`` says which (smg's default, 29000, would be taken by a second gateway on
+  the machine: a test, a benchmark, a second market).
 - **Health checks every ``health_check_interval_s``** (default 2 s; smg's own is 60 s), a
   replica leaving the rotation after ``health_failure_threshold`` failed checks (2; smg's 3),
   so that a replica that died leaves within seconds and one that came back returns.
@@ -60,6 +68,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -67,15 +76,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 NOWHERE = "http://127.0.0.1:9"  # the discard port: connections are refused at once
 START_TIMEOUT_S = 60.0
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 CONTROL_KEY_ID = "market"  # the control-plane key's id and name in smg
+CONTROL_KEY_ENV = "ROUTER_CONTROL_KEY"  # where ``python -m engines.router`` reads the key
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,8 @@ class RouterOptions:
     circuit_open_s: int = 5  # an open circuit is tried again after this (a replica restarted)
     log_level: str = "warn"
     prometheus_port: int | None = None  # None: a free port, chosen when the command is built
-    control_key: str | None = None  # the control plane's admin key; needed off loopback
+    # The control plane's admin key (the module's docstring): a random one unless given.
+    control_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     shutdown_grace_s: int = 1
 
     def __post_init__(self) -> None:
@@ -113,13 +123,11 @@ class RouterOptions:
             raise ValueError("the router needs at least one worker URL")
         if self.cache_threshold is not None and not 0 <= self.cache_threshold <= 1:
             raise ValueError("cache_threshold must be in 0..1")
-        if self.host not in LOOPBACK and not self.control_key:
+        if not (self.control_key or "").strip():
             raise ValueError(
-                f"a router on {self.host} needs a control_key: its control plane (POST "
-                "/workers, /flush_cache) would be open to whoever reaches it"
+                "control_key must not be blank: the router's control plane (POST /workers, "
+                "DELETE /workers/{id}, /flush_cache) would be open to whoever reaches it"
             )
-        if self.control_key is not None and not self.control_key.strip():
-            raise ValueError("control_key must not be blank")
 
     @property
     def url(self) -> str:
@@ -127,10 +135,11 @@ class RouterOptions:
 
 
 def router_argv(options: RouterOptions, *, python: str = sys.executable) -> list[str]:
-    """The gateway's command line (smg's priority scheduler never on: the module's docstring)."""
+    """The gateway's command line (smg's priority scheduler never on: the module's docstring),
+    without its control key, which goes in its environment (``router_env``)."""
     metrics_port = options.prometheus_port or free_port("127.0.0.1", not_=options.port)
     argv = [
-        python, "-m", "smg.launch_router",
+        python, "-m", "engines.router",
         "--host", options.host, "--port", str(options.port),
         "--worker-urls", *options.worker_urls,
         "--policy", options.policy,
@@ -152,10 +161,12 @@ def router_argv(options: RouterOptions, *, python: str = sys.executable) -> list
             argv += [flag, str(value)]
     if not options.worker_overload_protection:
         argv.append("--disable-worker-overload-protection")
-    if options.control_key:
-        key = f"{CONTROL_KEY_ID}:{CONTROL_KEY_ID}:admin:{options.control_key}"
-        argv += ["--control-plane-api-keys", key]
     return argv
+
+
+def control_key_args(key: str) -> list[str]:
+    """smg's arguments for the control plane's one key, an admin's."""
+    return ["--control-plane-api-keys", f"{CONTROL_KEY_ID}:{CONTROL_KEY_ID}:admin:{key}"]
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -215,10 +226,12 @@ def http_wait(url: str, process: Any | None = None, *, timeout_s: float = 60.0) 
     raise RuntimeError(f"{url} did not answer in {timeout_s:g} s")
 
 
-def router_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The router's environment: ``environ`` with ``HF_ENDPOINT`` pointing nowhere unless set."""
+def router_env(environ: Mapping[str, str], options: RouterOptions) -> dict[str, str]:
+    """The router's environment: ``environ`` with its control key (``CONTROL_KEY_ENV``) and
+    ``HF_ENDPOINT`` pointing nowhere unless set."""
     env = dict(environ)
     env.setdefault("HF_ENDPOINT", NOWHERE)
+    env[CONTROL_KEY_ENV] = options.control_key
     return env
 
 
@@ -226,7 +239,8 @@ def router_ready(
     url: str, workers: int, *, timeout_s: float = 1.0, control_key: str | None = None
 ) -> bool:
     """Whether the router at ``url`` answers and has ``workers`` healthy workers (its control
-    plane's ``GET /workers``, with ``control_key`` when it has one)."""
+    plane's ``GET /workers``, with ``control_key``: without it, a router answers 401 and this is
+    False)."""
     request = urllib.request.Request(f"{url}/workers")
     if control_key:
         request.add_header("Authorization", f"Bearer {control_key}")
@@ -255,7 +269,7 @@ class Router:
         try:
             self.process = subprocess.Popen(
                 router_argv(self.options), stdout=out, stderr=subprocess.STDOUT,
-                env=router_env(os.environ),
+                env=router_env(os.environ, self.options),
             )  # fmt: skip
         finally:
             if self.log is not None:
@@ -291,3 +305,22 @@ class Router:
 def worker_urls(ports: Sequence[int], host: str = "127.0.0.1") -> tuple[str, ...]:
     """The base URLs of engines on ``ports``."""
     return tuple(f"http://{host}:{port}" for port in ports)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m engines.router SMG_FLAGS...``: smg's router, with the control key from
+    ``CONTROL_KEY_ENV`` (the module's docstring); exits with a message without one."""
+    key = os.environ.get(CONTROL_KEY_ENV, "")
+    if not key.strip():
+        sys.exit(
+            f"engines.router: {CONTROL_KEY_ENV} is not set; the router will not start with its "
+            "control plane (POST /workers, DELETE /workers/{id}, /flush_cache) open"
+        )
+    from smg.launch_router import launch_router, parse_router_args
+
+    flags = list(sys.argv[1:] if argv is None else argv)
+    launch_router(parse_router_args([*flags, *control_key_args(key)]))
+
+
+if __name__ == "__main__":
+    main()

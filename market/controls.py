@@ -17,8 +17,8 @@ from decimal import Decimal
 
 RESERVE_CONFIRM_FACTOR = Decimal(10)
 
-# One line per policy of the mechanism's registry (``mechanism.POLICIES``; DESIGN.md
-# 4.2), as the console's policy switch explains them.
+# One line per policy of the mechanism's registry (``mechanism.POLICIES``; docs/mechanism.md,
+# "Orders and policies"), as the console's policy switch explains them.
 POLICY_DESCRIPTIONS: dict[str, str] = {
     "fcfs": "First come, first served: arrival order; bids buy nothing.",
     "lpm": "Longest cached prefix first, for the cache; bids buy nothing.",

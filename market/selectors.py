@@ -99,7 +99,7 @@ def revenue_per_minute(
 ) -> list[MinuteRevenue]:
     """The last ``minutes`` minutes of ``market`` (the current one last), zero-filled, from the
     ledger. Welfare is the planned welfare (``mechanism.welfare.planned_welfare``) of the
-    priority entries, summed in the database from their detail (DESIGN.md 4.3)."""
+    priority entries, summed in the database from their detail (docs/mechanism.md, "Welfare")."""
     if minutes < 1:
         raise ValueError("minutes must be at least 1")
     now = (now or timezone.now()).astimezone(UTC)

@@ -1,4 +1,5 @@
-"""A tenant's autobidder (DESIGN.md 4.6): its settings, its multiplier, and the multiplier's past.
+"""A tenant's autobidder: its settings, its multiplier, and the multiplier's past (the rules:
+docs/mechanism.md, "The autobidder").
 
 The autobidder bids for the tenant's requests that carry no explicit bid: value / (1 + mu) for
 the request's class, capped so that the worst case (bid x max_wait_s) fits what is left of its

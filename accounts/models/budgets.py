@@ -1,4 +1,5 @@
-"""Budgets, holds and the counters budgets are checked against (DESIGN.md 4.6 and 6).
+"""Budgets, holds and the counters budgets are checked against (docs/ledger.md, "Budgets and
+holds" and "The money rules"; the autobidder's budget: docs/mechanism.md, "The autobidder").
 
 A budget caps what a tenant (or one of its API keys) may spend per period. The period's window
 is computed from the clock (``accounts.windows``): spend in a window is the sum of the ledger

@@ -1,4 +1,5 @@
-"""Requests and the ledger: what each served request was charged, exactly (DESIGN.md 4.5, 6).
+"""Requests and the ledger: what each served request was charged, exactly (docs/mechanism.md,
+"Rounds and charging"; docs/ledger.md, "Money and the ledger").
 
 A request pays two parts, each one :class:`LedgerEntry`, both written when the gateway settles
 it from the engine's answer: the priority charge the engine computed in the round that admitted
@@ -80,7 +81,8 @@ class Request(models.Model):
 
 
 class ChargeKind(models.TextChoices):
-    PRIORITY = "priority", "Priority"  # the truthful priority charge (DESIGN.md 4.4)
+    # The truthful priority charge (docs/mechanism.md, "Payments").
+    PRIORITY = "priority", "Priority"
     TOKENS = "tokens", "Tokens"  # posted prices x tokens used
 
 

@@ -6,7 +6,7 @@ was spent in it are read from the clock, the row's counter and the ledger each t
 budgets, nothing resets by a job. Bids are quantized to whole nano-dollars per second with the
 money rule.
 
-**The safety rule** (DESIGN.md 4.6; the benchmark runs the same functions,
+**The safety rule** (docs/mechanism.md, "The safety rule"; the benchmark runs the same functions,
 ``mechanism.pacing``): settlement writes each priority charge of an autobid request as at
 most what is left of the autobidder's budget, with its row locked (``accounts.ledger``), so the
 budget is never overspent however many requests are in flight. Here, the bid keeps an exposure

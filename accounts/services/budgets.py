@@ -1,4 +1,5 @@
-"""Budgets, holds and the counters they are checked against (DESIGN.md 4.6 and 6).
+"""Budgets, holds and the counters they are checked against (docs/ledger.md, "Budgets and holds"
+and "The money rules"; the autobidder's budget: docs/mechanism.md, "The autobidder").
 
 The gateway holds a request's worst-case cost before forwarding it (:func:`budget_hold`); the
 settlement turns the hold into ledger entries; a failed request's hold is released

@@ -1,4 +1,5 @@
-"""Requests and their settlement into the ledger (DESIGN.md 4.5 and 6).
+"""Requests and their settlement into the ledger (docs/mechanism.md, "Rounds and charging";
+docs/ledger.md, "The money rules").
 
 A request's money moves like a two-phase transfer: :func:`request_open` (the gateway holds what
 the request is likely to cost), then exactly one of :func:`request_settle` (served: its token

@@ -1,4 +1,5 @@
-"""The tenant-facing, OpenAI-compatible gateway (DESIGN.md 2 and 7).
+"""The tenant-facing, OpenAI-compatible gateway (docs/api.md, "A request's path: admit, forward,
+settle" and "Errors").
 
 ``views`` (HTTP, thin) -> ``validation`` (the body, the bid, the headers) -> ``services`` (admit,
 forward through ``engines.client``, settle) with ``keys`` (API keys, cached),

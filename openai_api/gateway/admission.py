@@ -1,4 +1,5 @@
-"""Admitting a request (the gateway's first step, DESIGN.md 2): authenticate the API key, find
+"""Admitting a request (the gateway's first step; docs/api.md, "A request's path: admit, forward,
+settle"): authenticate the API key, find
 the market, choose the bid (explicit, else the tenant's autobidder, else 0), render the prompt,
 and hold what it is likely to cost with ``request_open``.
 

@@ -1,4 +1,5 @@
-"""The gateway's errors (DESIGN.md 7), each an HTTP status with an OpenAI-style JSON body.
+"""The gateway's errors (docs/api.md, "Errors"), each an HTTP status with an OpenAI-style JSON
+body.
 
 ``{"error": {"message", "type", "param", "code"}}``: ``type`` is OpenAI's category
 (``invalid_request_error``, ``authentication_error``, ...), ``code`` a short machine-readable

@@ -1,4 +1,5 @@
-"""The gateway's request flow (DESIGN.md 2): admit, forward, settle.
+"""The gateway's request flow: admit, forward, settle (docs/api.md, "A request's path: admit,
+forward, settle").
 
 1. **Admit** (one step on a database thread, ``request_admit``): authenticate the API key (cached
    for ``GATEWAY_API_KEY_CACHE_S`` seconds, default 5), find the market, choose the bid (explicit,

@@ -1,4 +1,5 @@
-"""Round records from a Redis stream to the live consoles, each taken once (DESIGN.md 2, 4.5).
+"""Round records from a Redis stream to the live consoles, each taken once (docs/mechanism.md,
+"Rounds and charging"; docs/operations.md, "Settlement and periodic tasks (Celery)").
 
 Round records move no money: a request's priority charge reaches the ledger with its
 settlement by the gateway (``accounts.services.settlement``), from the engine's answer. The

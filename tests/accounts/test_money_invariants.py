@@ -1,4 +1,5 @@
-"""The money invariants of DESIGN.md 6, each against the writes that could break it.
+"""The money invariants of docs/ledger.md, "The money rules", each against the writes that could
+break it.
 
 - **Never overspent**: for every budget and its window, spent + held <= limit, after every
   step, whatever the order and the delay of settlement (a priority charge settled before or

@@ -39,6 +39,9 @@ from config.management.commands.live_market import port_free
 from engines.contract.control import RedisControlStore, now_state
 from engines.contract.records import DEFAULT_STREAM
 from engines.contract.wire import ADMIN_TOKEN_ENV
+from engines.router import CONTROL_KEY_ENV, router_ready
+from engines.sim.background import ServerThread
+from engines.sim.server import ServerOptions
 from tests.conftest import REPO_ROOT, dead_port
 
 MANAGE = [sys.executable, str(REPO_ROOT / "manage.py")]
@@ -265,6 +268,29 @@ def _chat(base: str, key: str, i: int, *, bid: float | None) -> tuple[int, dict]
         return error.code, json.loads(error.read() or b"{}")
 
 
+def _call(method: str, url: str, body: dict | None = None, token: str | None = None) -> int:
+    """The status of one request (a JSON body, a bearer token when given)."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def _workers(market: LiveMarket, token: str) -> list[dict]:
+    """smg's workers, as its control plane lists them to the run's token."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{market.engine}/workers", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return json.loads(reply.read())["workers"]
+
+
 def _settled(market: LiveMarket) -> tuple[set[str], int]:
     """The engines that wrote round records to the market's stream, and how many entries the
     Celery worker has not taken yet (the consumer group's lag)."""
@@ -286,8 +312,10 @@ def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path, database)
         assert f"{market.base}/console/" in banner and "operator-demo-pass" in banner
         assert "SGLang's model gateway (smg) in front of 2 simulated replicas" in banner
         assert json.loads(_get(f"{market.base}/healthz"))["status"] == "ok"
-        # The entry point is the gateway, with both replicas healthy behind it.
-        workers = json.loads(_get(f"http://127.0.0.1:{market.engine}/workers"))["workers"]
+        # The entry point is the gateway, with both replicas healthy behind it (its control
+        # plane: the run's token).
+        token = _environ(market.pid_of("engine-1"))[ADMIN_TOKEN_ENV]
+        workers = _workers(market, token)
         assert sorted(w["url"] for w in workers if w["is_healthy"]) == [
             f"http://127.0.0.1:{p}" for p in market.replica_ports
         ]
@@ -304,7 +332,6 @@ def test_live_market_serves_bidding_agents_and_stops_cleanly(tmp_path, database)
         agents = psutil.Process(market.pid_of("agents"))
         keys = _environ(agents.pid)["AGENT_KEYS"].split()
         assert sorted(k.partition("=")[0] for k in keys) == ["acme", "globex"]
-        token = _environ(market.pid_of("engine-1"))[ADMIN_TOKEN_ENV]
         for process in market.processes():
             command = " ".join(process.cmdline())
             assert token not in command and not any(k.partition("=")[2] in command for k in keys)
@@ -469,6 +496,61 @@ def test_the_engines_control_is_closed_to_whoever_lacks_the_runs_token(tmp_path,
         status, body = _chat(market.base, key, 0, bid=0.01)
         assert status == 200 and float(body["auction"]["reserve"]) == before[1]
     finally:
+        market.stop()
+
+
+def test_the_routers_control_plane_is_closed_to_whoever_lacks_the_runs_token(
+    tmp_path, database, seeded
+):
+    """Issue 45's reproduction: a rogue engine on this host, registered with smg by whoever
+    reaches its port, served the market's requests; the real replicas could be removed and the
+    caches flushed the same way. smg's control plane takes the run's token (the engine admin
+    token, in smg's environment, not on its command line): without it ``POST /workers``,
+    ``DELETE /workers/{id}`` and ``POST /flush_cache`` answer 401 and change nothing, the
+    rogue serves none of the requests after, and the market's own health path (``GET
+    /workers`` with the token, what ``live_market`` waits on) still answers."""
+    key = seeded[1]
+    market = LiveMarket(tmp_path, database, "--no-agents")
+    rogue = ServerThread(
+        ServerOptions.of(port=0, engine_id="rogue", policy="fcfs", reserve=0.0, market="demo-llm")
+    ).start()
+    served: list[str] = []
+    rogue.call(lambda: rogue.server.callbacks.callbacks.append(
+        lambda record: served.extend(a["request_id"] for a in record["admitted"])
+    ))  # fmt: skip
+    try:
+        market.up()
+        token = _environ(market.pid_of("engine-1"))[ADMIN_TOKEN_ENV]
+        # smg's key is the token, in its program's environment, not on its command line (smg
+        # rewrites its own /proc environ as it sets its process title: the file says).
+        (section,) = re.findall(
+            r"^\[program:router\]\n(.*?)(?=^\[|\Z)",
+            (market.var / "supervisord.conf").read_text(),
+            flags=re.MULTILINE | re.DOTALL,
+        )
+        (command,) = re.findall(r"^command=(.*)$", section, flags=re.MULTILINE)
+        assert f'{CONTROL_KEY_ENV}="{token}"' in section and token not in command
+        assert token not in " ".join(psutil.Process(market.pid_of("router")).cmdline())
+        front = f"http://127.0.0.1:{market.engine}"
+        replicas = sorted(f"http://127.0.0.1:{p}" for p in market.replica_ports)
+        ids = [w["id"] for w in _workers(market, token)]
+        for auth in (None, "guess"):
+            assert _call("POST", f"{front}/workers", {"url": rogue.url}, auth) == 401
+            for worker in ids:
+                assert _call("DELETE", f"{front}/workers/{worker}", token=auth) == 401
+            assert _call("POST", f"{front}/flush_cache", token=auth) == 401
+            assert _call("GET", f"{front}/workers", token=auth) == 401
+        time.sleep(3)  # what smg would have queued (a registration, a removal) has run
+        workers = _workers(market, token)
+        assert sorted(w["url"] for w in workers if w["is_healthy"]) == replicas
+        assert sorted(w["id"] for w in workers) == sorted(ids)
+        assert router_ready(front, 2, control_key=token) and not router_ready(front, 2)
+        answers = [_chat(market.base, key, i, bid=0.01) for i in range(12)]
+        assert [status for status, _ in answers] == [200] * 12, answers[:2]
+        assert served == []  # the rogue engine served nothing
+        assert json.loads(_get(f"{market.base}/healthz"))["status"] == "ok"
+    finally:
+        rogue.stop()
         market.stop()
 
 

@@ -210,7 +210,7 @@ def start(r: Rehearsal, base_env: dict[str, str]) -> tuple[dict, dict[str, str],
         servers[name] = r.spawn(name, "uvicorn", argv, env)
     for process, url in zip(replicas, router.worker_urls, strict=True):
         http_wait(f"{url}/health", process)
-    smg = r.spawn("engines", "smg", router_argv(router), router_env(base_env))
+    smg = r.spawn("engines", "smg", router_argv(router), router_env(base_env, router))
     router_wait(router.url, len(engines), smg, control_key=router.control_key)
     r.say(f"engines host: smg at {router.url}, {len(engines)} replicas healthy in it")
     for name, url in gateways.items():

@@ -31,6 +31,12 @@ stopped with its whole group; the run's secrets (the engine admin token, made fo
 ``ENGINE_ADMIN_TOKEN`` is not set, and the agents' API keys) are in its ``environment=``
 lines, not on command lines. Logs go to ``var/logs/``; supervisord's own (every start and exit
 of a program) to the terminal too. Ctrl-C, SIGTERM or SIGHUP stops everything.
+
+The engine admin token is smg's control-plane key too (``engines.router``): who may add,
+remove or flush the market's engines through the gateway is who may already pause and set
+them one by one on their control path, so one secret serves both, and this command already
+has it (it waits for the replicas in smg with it, ``GET /workers``). Without it smg answers
+401 to ``POST /workers``, ``DELETE /workers/{id}`` and ``/flush_cache``, on any address.
 """
 
 from __future__ import annotations
@@ -156,7 +162,7 @@ class Command(BaseCommand):
         if opts["write_config"]:
             self.stdout.write(f"wrote {path}; run it with: supervisord -n -c {path}")
             return
-        self._run(path, opts, market, engines, base, var)
+        self._run(path, opts, market, engines, base, var, token)
 
     def _run(
         self,
@@ -166,6 +172,7 @@ class Command(BaseCommand):
         engines: dict[str, dict[str, Any]],
         base: str,
         var: Path,
+        token: str,
     ) -> None:
         """supervisord in the foreground, as this command's one child, until it exits;
         Ctrl-C, SIGTERM and SIGHUP stop it, and it stops every program (whole groups). It is in
@@ -188,7 +195,9 @@ class Command(BaseCommand):
             for engine in engines.values():
                 http_wait(f"{engine['url']}/health", proc)
             if len(engines) > 1:
-                router_wait(market.engine_url, len(engines), proc, timeout_s=60.0)
+                router_wait(
+                    market.engine_url, len(engines), proc, timeout_s=60.0, control_key=token
+                )
             http_wait(f"{base}/healthz", proc)
         except RuntimeError as exc:
             if stopping:  # stopped while it started: no error
@@ -225,8 +234,10 @@ class Command(BaseCommand):
                 worker_urls=tuple(e["url"] for e in engines.values()),
                 policy=opts["router_policy"],
                 prometheus_port=opts["engine_port"] + len(engines) + 1,
+                control_key=token,
             )  # the market's routing settings (engines.router), as the replicas benchmark chose
-            added = {k: v for k, v in router_env(os.environ).items() if k not in os.environ}
+            env = router_env(os.environ, router)  # its control key among it: not on its command
+            added = {k: v for k, v in env.items() if os.environ.get(k) != v}
             programs.append(("router", router_argv(router), added))
             after = [f"{e['url']}/health" for e in engines.values()]
         web = server_argv(opts["web_server"], host=opts["host"], port=opts["port"],

@@ -7,6 +7,8 @@ mock: the gateway is the one a deployment runs."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +18,15 @@ import httpx
 import pytest
 
 from engines.client import EngineClient, EngineError, EngineUnavailable, generate_body
-from engines.router import Router, RouterOptions, router_argv, router_ready
+from engines.router import (
+    CONTROL_KEY_ENV,
+    Router,
+    RouterOptions,
+    control_key_args,
+    router_argv,
+    router_env,
+    router_ready,
+)
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from tests.conftest import ENGINE_ADMIN_TOKEN, dead_port
@@ -278,7 +288,7 @@ def test_the_command_line_maps_the_markets_settings_one_to_one() -> None:
     urls = ("http://127.0.0.1:30001", "http://127.0.0.1:30002")
     argv = router_argv(RouterOptions(port=30000, worker_urls=urls, prometheus_port=29999))
     line = " ".join(argv[1:])
-    assert line.startswith("-m smg.launch_router --host 127.0.0.1 --port 30000 ")
+    assert line.startswith("-m engines.router --host 127.0.0.1 --port 30000 ")
     assert f"--worker-urls {urls[0]} {urls[1]} --policy cache_aware " in line
     # The market's health and circuit settings, each to smg's flag of the same meaning.
     assert "--health-check-interval-secs 2 --health-failure-threshold 2 " in line
@@ -286,7 +296,7 @@ def test_the_command_line_maps_the_markets_settings_one_to_one() -> None:
     assert "--prometheus-host 127.0.0.1 --prometheus-port 29999 " in line
     # Routing: smg's own thresholds, without its worker-overload protection (the benchmark's
     # choice); its priority scheduler off (it would queue requests in the gateway, out of the
-    # auction's reach); no control key on loopback.
+    # auction's reach); its control key in its environment, never on its command line.
     assert line.endswith(" --disable-worker-overload-protection")
     for flag in ("--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold",
                  "--priority-scheduler-enabled", "--control-plane-api-keys"):  # fmt: skip
@@ -305,25 +315,46 @@ def test_the_command_line_maps_the_markets_settings_one_to_one() -> None:
     assert line.endswith(" --disable-worker-overload-protection")
 
 
-def test_off_loopback_the_control_plane_needs_a_key() -> None:
+def test_every_router_has_a_control_key_in_its_environment_not_on_its_command_line() -> None:
     urls = ("http://10.0.0.2:30001",)
-    with pytest.raises(ValueError, match="control_key"):
-        RouterOptions(port=30000, worker_urls=urls, host="0.0.0.0")
-    keyed = RouterOptions(port=30000, worker_urls=urls, host="0.0.0.0", control_key="s3cret")
-    argv = router_argv(keyed)
-    assert argv[argv.index("--control-plane-api-keys") + 1] == "market:market:admin:s3cret"
-    with pytest.raises(ValueError, match="blank"):
-        RouterOptions(port=30000, worker_urls=urls, control_key=" ")
+    given = RouterOptions(port=30000, worker_urls=urls, host="0.0.0.0", control_key="s3cret")
+    assert "s3cret" not in " ".join(router_argv(given)) and "s3cret" not in repr(given)
+    env = router_env({"PATH": "/bin", CONTROL_KEY_ENV: "an operator's"}, given)
+    assert env[CONTROL_KEY_ENV] == "s3cret" and env["PATH"] == "/bin"
+    assert control_key_args("s3cret") == ["--control-plane-api-keys", "market:market:admin:s3cret"]
+    # None given, on loopback or not: a random key of its own, a fresh one each time.
+    keys = {RouterOptions(port=30000, worker_urls=urls, host=h).control_key
+            for h in ("127.0.0.1", "127.0.0.1", "0.0.0.0")}  # fmt: skip
+    assert len(keys) == 3 and all(len(k) >= 32 for k in keys)
+    for blank in ("", " "):
+        with pytest.raises(ValueError, match="blank"):
+            RouterOptions(port=30000, worker_urls=urls, control_key=blank)
+    # The command without its key in the environment does not start smg at all.
+    bare = {k: v for k, v in os.environ.items() if k != CONTROL_KEY_ENV}
+    done = subprocess.run(
+        router_argv(given), env=bare, capture_output=True, text=True, timeout=60
+    )  # fmt: skip
+    assert done.returncode != 0 and f"{CONTROL_KEY_ENV} is not set" in done.stderr
 
 
-def test_a_keyed_control_plane_refuses_whoever_has_no_key_and_serves_requests() -> None:
+def test_the_control_plane_refuses_whoever_has_no_key_and_the_data_plane_serves() -> None:
     with replicas("key1") as reps:
-        options = RouterOptions(port=dead_port(), worker_urls=(reps[0].url,), control_key="k-1")
+        options = RouterOptions(port=dead_port(), worker_urls=(reps[0].url,))  # a random key
         with Router(options) as front:  # it waited for the worker with the key
             assert router_ready(front.url, 1) is False  # no key: the control plane refuses
-            assert router_ready(front.url, 1, control_key="k-1") is True
-            register = httpx.post(f"{front.url}/workers", json={"url": "http://127.0.0.1:9"})
-            assert register.status_code in (401, 403)
+            assert router_ready(front.url, 1, control_key="wrong") is False
+            assert router_ready(front.url, 1, control_key=options.control_key) is True
+            keyed = {"Authorization": f"Bearer {options.control_key}"}
+            (worker,) = httpx.get(f"{front.url}/workers", headers=keyed).json()["workers"]
+            for method, path, body in (
+                ("POST", "/workers", {"url": "http://127.0.0.1:9"}),
+                ("DELETE", f"/workers/{worker['id']}", None),
+                ("POST", "/flush_cache", None),
+            ):
+                answer = httpx.request(method, f"{front.url}{path}", json=body)
+                assert answer.status_code == 401, (method, path, answer.text)
+            (still,) = httpx.get(f"{front.url}/workers", headers=keyed).json()["workers"]
+            assert still["id"] == worker["id"] and still["url"] == reps[0].url
             answer = asyncio.run(_one(front.url))  # the data plane needs no key
     assert answer.meta.bid == 0.125
 

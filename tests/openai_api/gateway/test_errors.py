@@ -1,4 +1,5 @@
-"""Every error status of DESIGN.md 7 through the running server, with OpenAI-style bodies; and
+"""Every error status of docs/api.md, "Errors", through the running server, with OpenAI-style
+bodies; and
 what each leaves behind: no charge, no open hold."""
 
 from __future__ import annotations

@@ -522,7 +522,7 @@ def test_the_routers_control_plane_is_closed_to_whoever_lacks_the_runs_token(
         market.up()
         token = _environ(market.pid_of("engine-1"))[ADMIN_TOKEN_ENV]
         # smg's key is the token, in its program's environment, not on its command line (smg
-        # rewrites its own /proc environ as it sets its process title: the file says).
+        # rewrites its /proc environ as it sets its process title, so the file is what to read).
         (section,) = re.findall(
             r"^\[program:router\]\n(.*?)(?=^\[|\Z)",
             (market.var / "supervisord.conf").read_text(),

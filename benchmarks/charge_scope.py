@@ -1,4 +1,5 @@
-"""What tenant-level charges change: ``python -m benchmarks.charge_scope`` (DESIGN.md 4.4).
+"""What tenant-level charges change: ``python -m benchmarks.charge_scope`` (docs/mechanism.md,
+"Tenant-level charges").
 
 In the pacing benchmark's environment (``benchmarks.pacing``) and with no budget, the focal
 tenant bids ``value / (1 + mu)`` for a few fixed ``mu``, once with per-request charges and once

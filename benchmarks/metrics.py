@@ -1,8 +1,8 @@
 """What a run measured, per policy: latency, cache, throughput, welfare and revenue.
 
 Units: seconds, dollars, tokens. ``welfare`` is the realized welfare
-(``mechanism.welfare.realized_welfare``, DESIGN.md 4.3), -sum(bid x TTFT): the dollars of
-waiting the requests' owners lost, so it is negative and closer to 0 is better.
+(``mechanism.welfare.realized_welfare``; docs/mechanism.md, "Welfare"), -sum(bid x TTFT): the
+dollars of waiting the requests' owners lost, so it is negative and closer to 0 is better.
 Percentiles interpolate linearly between the closest ranks (numpy's default).
 """
 

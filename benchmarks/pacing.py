@@ -1,4 +1,4 @@
-"""Does the autobidder pace? ``python -m benchmarks.pacing`` (DESIGN.md 4.6).
+"""Does the autobidder pace? ``python -m benchmarks.pacing`` (docs/mechanism.md, "The autobidder").
 
 **The environment.** One simulated engine in virtual time, congested but stationary: Poisson
 arrivals at ``--rate`` (default 67 requests a second, about 0.95 of what this engine serves of the
@@ -20,11 +20,11 @@ budget, measured in the same environment (the same seed), for ``s`` in ``BUDGET_
 non-binding control. Pacing updates ``UPDATES`` times over the period and goes on, with nothing
 left to target, until the last charge settles.
 
-**The same safety rule for every strategy** (DESIGN.md 4.6, ``mechanism.pacing``, as the
-gateway and settlement run it live): a bid is ``safe_bid`` of the strategy's shaded value (the
-exposure reserve for the requests in flight), each priority charge is settled as at most what is
-left of the budget and at most the request's consent cap (bid x its wait bound). What the budget
-cut is reported as ``uncollected``.
+**The same safety rule for every strategy** (docs/mechanism.md, "The safety rule";
+``mechanism.pacing``, as the gateway and settlement run it live): a bid is ``safe_bid`` of the
+strategy's shaded value (the exposure reserve for the requests in flight), each priority charge is
+settled as at most what is left of the budget and at most the request's consent cap (bid x its wait
+bound). What the budget cut is reported as ``uncollected``.
 
 **Strategies.** ``pacing`` (the autobidder), ``fixed mu`` for every mu of a log-spaced grid
 (``mu=0``: the full value, within the budget), ``zero`` (bids 0) and ``free`` (the full value, no

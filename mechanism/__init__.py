@@ -1,4 +1,4 @@
-"""The auction mechanism, pure Python (DESIGN.md section 4).
+"""The auction mechanism, pure Python (its rules: docs/mechanism.md).
 
 It imports nothing from Django, Celery or SGLang: the engines and the SGLang plugin use it as is.
 

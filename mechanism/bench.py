@@ -6,9 +6,9 @@ already cached. For each queue size and policy it times, on the same queue:
 
 - ``order``: one round on the maintained tree worked out in full (what the DFS auctions keep in
   the nodes between rounds forgotten first), up to the service order,
-- ``plan``: the same round with the planned completion of every waiting request (the work model
-  of DESIGN.md 4.1; bid-blind policies work it out on demand, so only this column charges them
-  for it),
+- ``plan``: the same round with the planned completion of every waiting request (the work model of
+  docs/mechanism.md, "Requests, the request tree and work"; bid-blind policies work it out on
+  demand, so only this column charges them for it),
 - ``plan+pay``: the plan plus the priority charge of every waiting request,
 - ``clear``: ``clear()`` from scratch (building the tree included), up to the order,
 - ``1% changed``: a round on the maintained tree after 1% of the requests changed their bid

@@ -1,4 +1,5 @@
-"""One auction round: order the waiting queue, plan completions, price priority (DESIGN.md 4)."""
+"""One auction round: order the waiting queue, plan completions, price priority (the rules:
+docs/mechanism.md)."""
 
 from __future__ import annotations
 
@@ -215,7 +216,8 @@ class Clearing:
         return self._charge_and_saving(request_id)[0] * self._dollars
 
     def time_saved(self, request_id: str) -> float:
-        """Planned seconds the request saves by its bid over bidding 0: T_i(b) of DESIGN.md 4.4."""
+        """Planned seconds the request saves by its bid over bidding 0: T_i(b) of docs/mechanism.md,
+        "Payments"."""
         return self._charge_and_saving(request_id)[1] / self.tokens_per_second
 
     @property

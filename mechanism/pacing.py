@@ -1,4 +1,5 @@
-"""Budget pacing for the autobidder (DESIGN.md 4.6): dual mirror descent on log(1 + mu).
+"""Budget pacing for the autobidder (docs/mechanism.md, "Pacing"): dual mirror descent on
+log(1 + mu).
 
 A tenant gives a budget per period (dollars) and a value per request class (dollars per second of
 waiting it would really pay). The agent bids ``value / (1 + mu)``: ``mu = 0`` bids the full value,
@@ -31,12 +32,12 @@ with any strongly convex reference function; the step in ``log(1 + mu)`` is that
 entropy-like reference, and they bound the dual by the largest reward over the target rate (our
 ``mu_max``). Their assumptions here:
 
-- *Truthful per-request payments*: holds for the plan. A request's charge is the Myerson payment
-  of a monotone allocation (DESIGN.md 4.4), so a request worth ``v`` to a tenant whose money is
-  worth ``1 + mu`` maximizes ``v T(b) - (1 + mu) p(b)`` by bidding ``b = v / (1 + mu)``, where
-  ``T`` is the *planned* time saved. The realized saving is smaller (requests admitted in one
-  prefill batch start together, though the plan orders them), so in the benchmark shading pays
-  a little even with no budget: the best fixed multiplier without one is 0.1-0.4, not 0.
+- *Truthful per-request payments*: holds for the plan. A request's charge is the Myerson payment of
+  a monotone allocation (docs/mechanism.md, "Payments"), so a request worth ``v`` to a tenant whose
+  money is worth ``1 + mu`` maximizes ``v T(b) - (1 + mu) p(b)`` by bidding ``b = v / (1 + mu)``,
+  where ``T`` is the *planned* time saved. The realized saving is smaller (requests admitted in one
+  prefill batch start together, though the plan orders them), so in the benchmark shading pays a
+  little even with no budget: the best fixed multiplier without one is 0.1-0.4, not 0.
 - *Stationary (i.i.d.) requests and competitors*: holds in the benchmark's measured regime
   (``benchmarks.pacing``), not in a live burst; the adaptive target (what is left over the time
   left) is the usual remedy for drift.
@@ -48,10 +49,10 @@ entropy-like reference, and they bound the dual by the largest reward over the t
   target, which is what makes the multiplier swing (the benchmark's figures).
 
 **Safety is not the agent's** but the budget's, the same rule in the benchmark and live
-(DESIGN.md 4.6): settlement writes a priority charge of an autobid request as at most what is left
-of the autobidder's budget, serialized per tenant; the bidder keeps an exposure reserve for its
-requests in flight (:class:`Exposure`) and bids 0 when what is left does not cover it
-(:func:`safe_bid`), so that what the budget cannot collect when it runs out stays small.
+(docs/mechanism.md, "The safety rule"): settlement writes a priority charge of an autobid request as
+at most what is left of the autobidder's budget, serialized per tenant; the bidder keeps an exposure
+reserve for its requests in flight (:class:`Exposure`) and bids 0 when what is left does not cover
+it (:func:`safe_bid`), so that what the budget cannot collect when it runs out stays small.
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ class Exposure:
 def safe_bid(
     *, shaded: float, remaining: float, in_flight: float, factor: float, wait_bound_s: float
 ) -> float:
-    """The bid the safety rule allows, $/s (DESIGN.md 4.6).
+    """The bid the safety rule allows, $/s (docs/mechanism.md, "The safety rule").
 
     ``shaded``: the pacer's bid; ``remaining``: what the budget has left (dollars, after the
     settled charges); ``in_flight``: the worst cases (bid x wait bound, dollars) of its requests

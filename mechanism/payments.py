@@ -1,4 +1,5 @@
-"""Truthful priority charges (DESIGN.md 4.4), computed from a round's plan without re-clearing.
+"""Truthful priority charges (docs/mechanism.md, "Payments"), computed from a round's plan
+without re-clearing.
 
 Fix request i and let its bid z vary, the others fixed. Its planned completion C_i(z) is a step
 function that falls each time i's block passes a competing block, so with the saved time
@@ -379,7 +380,8 @@ def _block_charges(
 
 class _Own:
     """What a request's standard charge bills for its own tenant's other requests, in bid ticks
-    x tokens: the tenant-level charge (DESIGN.md 4.4, ``charge_scope``) takes it off.
+    x tokens: the tenant-level charge (docs/mechanism.md, "Tenant-level charges"; ``charge_scope``)
+    takes it off.
 
     Passing sibling blocks at a node (bidding b instead of 0) delays every request in them by the
     work of the request's block, and brings forward the others of its block by the passed work.

@@ -1,5 +1,5 @@
-"""The ordering policies of DESIGN.md 4.2 and the KV auctions (dfs-auction-kv and
-dfs-auction-kv-split), as a registry from name to ``Policy``.
+"""The ordering policies (docs/mechanism.md, "Orders and policies"), the KV auctions
+(dfs-auction-kv and dfs-auction-kv-split) among them, as a registry from name to ``Policy``.
 
 A ``Policy`` says in one place what the rest of the mechanism and the engines ask about a policy:
 whether its order uses bids (and so charges for priority), whether it is a DFS order of the
@@ -67,7 +67,7 @@ class Policy:
 
     name: str
     uses_bids: bool  # the order depends on bids, so admitted requests pay for priority
-    dfs: bool  # every subtree of the request tree served as one block (DESIGN.md 4.2)
+    dfs: bool  # every subtree of the request tree served as one block: a DFS order
     block_key: BlockKey | None  # what sibling blocks go by, for the DFS auctions
     planner: Planner  # orders one round
     charges: ChargeRule | None  # works out the round's priority charges (payments.py); None: free
@@ -81,8 +81,8 @@ class Policy:
 # return the round's Plan; they read the tree and write nothing into it.
 Planner = Callable[[RequestTree, Policy, int, int], Plan]
 
-# The registry, in the order of DESIGN.md 4.2. dfs-weight walks the tree of cached prefixes, not
-# the request tree, so it is not ``dfs`` here.
+# The registry, in the order of docs/mechanism.md's table ("Orders and policies"). dfs-weight
+# walks the tree of cached prefixes, not the request tree, so it is not ``dfs`` here.
 # fmt: off
 REGISTRY: tuple[Policy, ...] = (
     #      name                    bids   dfs    block_key    planner           charges      offered

@@ -1,7 +1,7 @@
-"""The mechanism of DESIGN.md section 4, written plainly: a reference to read and to test against.
+"""The mechanism of docs/mechanism.md, written plainly: a reference to read and to test against.
 
-This is the auction as a specification: the work model (4.1), the orders of fcfs, highest-bid
-and the DFS auctions (4.2), planned welfare (4.3) and the Myerson and VCG payments (4.4; the
+This is the auction as a specification: the work model, the orders of fcfs, highest-bid and the
+DFS auctions, planned welfare and the Myerson and VCG payments (the sections of that page; the
 Myerson one both as its integral and as the sum over crossing points that the fast charges
 compute), each in a few lines, by brute force. It is slow on purpose (exponential in places)
 and meant for queues of a handful of requests; the rest of ``mechanism`` computes the same
@@ -66,12 +66,13 @@ def completions(reqs: list[Req], order: list[str], overhead: int, tps: float) ->
 
 
 def eff(bid: float, reserve: float) -> float:
-    """The effective bid: a bid under the reserve counts as 0 (DESIGN.md 4.4)."""
+    """The effective bid: a bid under the reserve counts as 0 (docs/mechanism.md, "Payments")."""
     return bid if bid >= reserve else 0.0
 
 
 def welfare(reqs: list[Req], comp: dict[str, float], reserve: float) -> float:
-    """Planned welfare (DESIGN.md 4.3): -sum(effective bid x planned completion), dollars."""
+    """Planned welfare (docs/mechanism.md, "Welfare"): -sum(effective bid x planned completion),
+    dollars."""
     return -sum(eff(r.bid, reserve) * comp[r.id] for r in reqs)
 
 

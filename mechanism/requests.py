@@ -124,9 +124,9 @@ def effective_bid(bid: float, reserve: float) -> float: ...
 @overload
 def effective_bid(bid: Bid, reserve: Bid, zero: Bid) -> Bid: ...
 def effective_bid(bid: Bid, reserve: Bid, zero: Bid | float = 0.0) -> Bid | float:
-    """The bid that buys priority (DESIGN.md 4.4): ``bid`` itself when it is at least the reserve,
-    else nothing, returned as ``zero`` (0.0 for float bids; pass 0 for ticks, the ledger's zero
-    for Decimal amounts) so that each caller keeps its own representation exactly.
+    """The bid that buys priority (docs/mechanism.md, "Payments"): ``bid`` itself when it is at
+    least the reserve, else nothing, returned as ``zero`` (0.0 for float bids; pass 0 for ticks, the
+    ledger's zero for Decimal amounts) so that each caller keeps its own representation exactly.
 
     ``zero`` may also go by position, as the planner and the charges pass it: they call this
     once per request of a round, where a keyword argument costs more than the rule."""

@@ -1,12 +1,13 @@
-"""The two welfares of DESIGN.md 4.3, defined once.
+"""The two welfares of docs/mechanism.md, "Welfare", defined once.
 
 Welfare is a loss: minus what the waiting costs the bidders, in dollars (bids are dollars per
 second of waiting, times are seconds). Closer to zero is better.
 
 - **Planned welfare** of a round's order: -sum(effective bid x planned completion). The effective
   bid counts a bid under the reserve as 0; planned completions come from the work model of
-  DESIGN.md 4.1. It is what the DFS auctions optimize (``Clearing.planned_welfare``), and what the
-  market's pages and live feed show (the ``welfare`` of round results and revenue per minute).
+  docs/mechanism.md, "Requests, the request tree and work". It is what the DFS auctions optimize
+  (``Clearing.planned_welfare``), and what the market's pages and live feed show (the ``welfare`` of
+  round results and revenue per minute).
 - **Realized welfare** of what an engine served: -sum(bid x measured time to first token). It is
   what the benchmarks report (the ``welfare`` of their metrics).
 

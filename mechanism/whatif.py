@@ -53,7 +53,8 @@ class QueueSnapshot(TypedDict):
     cached: list[int]  # per request: leading tokens already in the KV cache
     owner: NotRequired[list[str]]  # per request, tenant tags; absent when none has one
     credit: NotRequired[list[int]]  # per request, age credit in bid ticks; absent when none has one
-    overhead_tokens: int  # per request, in the plan (DESIGN.md 4.1)
+    # Per request, in the plan (docs/mechanism.md, "Requests, the request tree and work").
+    overhead_tokens: int
     charge_scope: str  # clearing.CHARGE_SCOPES
 
 

@@ -1,4 +1,5 @@
-"""Round records: what an engine reports about each auction round (DESIGN.md 4.5).
+"""Round records: what an engine reports about each auction round (docs/mechanism.md, "Rounds and
+charging").
 
 One schema for both engines: the simulated engine and the SGLang plugin emit these, the
 round-record consumers publish them to the consoles (they move no money). Pure Python (no
@@ -66,9 +67,10 @@ class AdmittedRequest(TypedDict):
     bid: float  # as sent, $/s
     effective_bid: float  # 0 when under the reserve
     position: int  # its place in the round's order, 0 first
-    planned_completion_s: float  # from the round's plan (DESIGN.md 4.1)
+    # From the round's plan (docs/mechanism.md, "Requests, the request tree and work").
+    planned_completion_s: float
     time_saved_s: float  # planned seconds its bid saved it over bidding 0
-    charge: float  # priority charge, dollars (DESIGN.md 4.4)
+    charge: float  # priority charge, dollars (docs/mechanism.md, "Payments")
     prompt_tokens: int
     cached_tokens: int
     block: BlockInfo

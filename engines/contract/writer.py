@@ -1,14 +1,14 @@
 """The one writer of round records, used by both engines (the schema is ``records``).
 
 A round is one prefill attempt of an engine's scheduler: the waiting queue was ordered (one
-Clearing), and the scheduler admitted some requests from its front. Each admitted request pays
-the priority charge of that round's plan (DESIGN.md 4.5) and carries its block, the top-level
-subtree it waited in ("why this rank") and its place in line when it joined the queue (``rank``,
-``ahead``, ``queue_len``: see ``RoundRecorder.placed``). Every ``book_interval_s`` seconds of the
-engine's clock at most, the record also carries the order book's subtrees (``mechanism.book``),
-the waiting bids and, every ``QUEUE_INTERVAL_S`` at most and up to ``whatif.QUEUE_LIMIT``
-waiting requests, the queue itself (``mechanism.whatif``: what the console's reserve what-if
-clears again; about 70 bytes a waiting request).
+Clearing), and the scheduler admitted some requests from its front. Each admitted request pays the
+priority charge of that round's plan (docs/mechanism.md, "Rounds and charging") and carries its
+block, the top-level subtree it waited in ("why this rank") and its place in line when it joined the
+queue (``rank``, ``ahead``, ``queue_len``: see ``RoundRecorder.placed``). Every ``book_interval_s``
+seconds of the engine's clock at most, the record also carries the order book's subtrees
+(``mechanism.book``), the waiting bids and, every ``QUEUE_INTERVAL_S`` at most and up to
+``whatif.QUEUE_LIMIT`` waiting requests, the queue itself (``mechanism.whatif``: what the console's
+reserve what-if clears again; about 70 bytes a waiting request).
 Engine-free: the SGLang plugin and the simulated engine both build their records here, so both
 write the same fields, ``epoch`` and ``block`` included.
 

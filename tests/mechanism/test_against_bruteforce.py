@@ -172,7 +172,7 @@ def test_crossing_point_charges_on_random_real_valued_bids():
 @given(queues(max_size=5, max_len=4), RESERVES, OVERHEADS, st.sampled_from(PRICED))
 def test_the_crossing_point_charge_is_the_myerson_payment(reqs, reserve, overhead, policy):
     """The reference's two statements of the charge agree: the sum over crossing points and the
-    integral of DESIGN.md 4.4 (re-clearing on a grid of bids)."""
+    integral of docs/mechanism.md, "Payments" (re-clearing on a grid of bids)."""
     for r in reqs:
         charge, saved = ref.crossing_charge(reqs, r.id, policy, reserve, overhead, 1.0)
         low, high, t_b = ref.myerson_bounds(reqs, r.id, policy, reserve, overhead, 1.0, steps=200)

@@ -90,8 +90,9 @@ def test_orders_and_charges_with_credits_are_the_references(
     st.sampled_from(AUCTIONS),
 )
 def test_the_charge_with_credits_is_the_myerson_payment(reqs, credits, reserve, overhead, policy):
-    """The crossing sum is the integral of DESIGN.md 4.4 with the credits held fixed (re-clearing
-    the reference on a grid of the own bid), and the fast charge lies within it."""
+    """The crossing sum is the integral of docs/mechanism.md, "Payments", with the credits held
+    fixed (re-clearing the reference on a grid of the own bid), and the fast charge lies within
+    it."""
     reqs = credited(reqs, credits)
     c = clear_tree(tree_of(reqs), policy, reserve=reserve, overhead_tokens=overhead,
                    tokens_per_second=1.0)  # fmt: skip

@@ -1,4 +1,5 @@
-"""The reserve rule, stated once (``mechanism.requests.effective_bid``, DESIGN.md 4.4): a
+"""The reserve rule, stated once (``mechanism.requests.effective_bid``; docs/mechanism.md,
+"Payments"): a
 bid below the reserve counts as 0; a bid at or above it counts in full. Each representation
 (float $/s, whole ticks, exact Decimal) keeps its own type, so no figure changes."""
 

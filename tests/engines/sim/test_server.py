@@ -175,8 +175,9 @@ def test_higher_bid_is_served_first_and_pays_the_threshold(start_server) -> None
     round_record_checked(first)
     assert first["admitted"][0]["request_id"] == "high"
     assert first["waiting"] == 2  # both bidders were in the round
-    # Hand-worked (DESIGN.md 4.4): work = prompt tokens + 1 overhead token, none cached. High
-    # saves the low request's work by outbidding 1.0 $/s, so it pays 1.0 x 21 / tokens_per_s.
+    # Hand-worked (docs/mechanism.md, "Payments"): work = prompt tokens + 1 overhead token, none
+    # cached. High saves the low request's work by outbidding 1.0 $/s, so it pays
+    # 1.0 x 21 / tokens_per_s.
     cfg = EngineConfig()
     n = cfg.chunked_prefill_size
     step = cfg.step_fixed_s + n * cfg.prefill_token_s + n * (n / 2) * cfg.prefill_attention_s

@@ -5,7 +5,7 @@
   one writer, the market's knobs, the sinks, the simulated engine's tokenizer;
 - ``client``: the one client of an engine's HTTP API (``/generate``, control, ``/metrics``);
 - ``sim``: the simulated engine, SGLang's native HTTP API in front of a modelled scheduler and KV
-  cache; the embedded default engine and the benchmarks' instrument;
+  cache; the default engine and the benchmarks' instrument;
 - ``sglang_plugin``: the auction inside SGLang's own scheduler, loaded by SGLang's plugin
   registry;
 - ``router``: SGLang's model gateway (smg) in front of a market's replicas.

@@ -321,7 +321,7 @@ class EngineClient:
         except (*_TRANSPORT_ERRORS, OSError):
             return False
 
-    # --- the control path and /metrics (docs/engines.md): short, one-off calls ------------------
+    # --- the control path and /metrics (docs/engines.md, "The engine contract"): one-off calls --
 
     async def control(
         self,

@@ -1,4 +1,5 @@
-"""The auction market inside SGLang 0.5.23: a scheduler plugin (DESIGN.md 5).
+"""The auction market inside SGLang 0.5.23: a scheduler plugin (docs/engines.md, "SGLang with the
+auction", and the contract it keeps, "The engine contract").
 
 SGLang's plugin loader (``sglang.srt.plugins.load_plugins``, run at the start of every SGLang
 process) finds ``register`` through the entry point group ``sglang.srt.plugins`` declared in

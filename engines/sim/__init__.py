@@ -1,4 +1,4 @@
-"""The simulated engine: the embedded default engine, and the benchmark's instrument."""
+"""The simulated engine: the default engine, and the benchmark's instrument."""
 
 from .config import EngineConfig, settings_split
 from .engine import Engine, SimRequest

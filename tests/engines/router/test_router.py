@@ -143,7 +143,7 @@ def test_the_bid_and_the_tenant_pass_the_gateway_and_price_the_request(charge_sc
     hi_s, mid_s = hi["planned_completion_s"], by_rid["mid"][1]["planned_completion_s"]
     if charge_scope == "request":
         # The first of the three delays the other two by its own planned time: it pays their
-        # bids for it (DESIGN.md 4.4); the last delays no one and pays nothing.
+        # bids for it (docs/mechanism.md, "Payments"); the last delays no one and pays nothing.
         assert metas["hi"].charge == pytest.approx((0.2 + 0.1) * hi_s)
     else:
         # Tenant-level charges: "hi" is not billed for delaying "mid", its own tenant's, only

@@ -7,7 +7,9 @@ Numbers are parsed as ``Decimal`` so a bid keeps exactly the digits it was sent 
 written as text is ASCII decimal (``accounts.money.DECIMAL_TEXT``), and a negative zero is zero.
 Every string a client sends (in the body, a path, a query string) must be text PostgreSQL can
 keep (``accounts.text``: no NUL, no lone surrogate; JSON at most 32 levels deep), else a 400
-that names the field.
+that names the field. A body nested past what Python's parser takes, or an integer with more
+digits than Python reads, is a 400 in the gateway's words (the depth limit; the field), never
+Python's ("maximum recursion depth exceeded", "Exceeds the limit (4300 digits)").
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from accounts.selectors.usage import (
     PAGE_LIMITS,
     UsageQuery,
 )
-from accounts.text import json_problem, text_problem
+from accounts.text import MAX_JSON_DEPTH, json_problem, text_problem
 from openai_api.gateway.errors import InvalidValue, MalformedRequest
 
 CHAT = "chat"
@@ -85,16 +87,63 @@ class CompletionParams:
     service_tier: str = "auto"
 
 
+class _LongInteger:
+    """An integer in a body with more digits than Python turns into an ``int`` (its limit,
+    4300 by default): kept as the digits' count, for the error that names its field."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+
 def body_parsed(raw: bytes) -> dict[str, Any]:
-    """The JSON object in ``raw``; numbers with a fraction or exponent become ``Decimal``."""
+    """The JSON object in ``raw``; numbers with a fraction or exponent become ``Decimal``. A
+    body nested past what the parser takes, or with an integer too long to read, is refused in
+    the project's words (the depth limit, the field), not Python's."""
+    longs: list[_LongInteger] = []
+
+    def integer(text: str) -> int | _LongInteger:
+        try:
+            return int(text)
+        except ValueError:  # too many digits (the JSON scanner passes nothing else)
+            longs.append(_LongInteger(text))
+            return longs[-1]
+
     try:
-        body = json.loads(raw, parse_float=Decimal, parse_constant=Decimal)
-    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, an absurdly long integer
+        body = json.loads(raw, parse_float=Decimal, parse_constant=Decimal, parse_int=integer)
+    except RecursionError:  # json's own recursion, far past MAX_JSON_DEPTH
+        raise MalformedRequest(
+            f"the body is nested deeper than {MAX_JSON_DEPTH} arrays or objects"
+        ) from None
+    except ValueError as exc:  # bad UTF-8 or JSON
         raise MalformedRequest(f"the body is not valid JSON: {_short(exc)}") from None
     if not isinstance(body, dict):
         raise MalformedRequest("the body must be a JSON object")
-    json_checked(body)
+    json_checked(body)  # first: it bounds the depth the walk below goes to
+    long = _long_integer(body) if longs else None
+    if long is not None:
+        where, digits = long
+        raise MalformedRequest(
+            f"{where} has too many digits ({digits}) for any number the API takes", param=where
+        )
     return body
+
+
+def _long_integer(body: dict[str, Any]) -> tuple[str, int] | None:
+    """(the field's path, its digits) of the first integer too long to read, or None."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, _LongInteger):
+            return where, item.digits
+        if isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+        elif isinstance(item, dict):
+            stack.extend(
+                (v, f"{where}.{k}" if where else str(k)) for k, v in reversed(item.items())
+            )
+    return None
 
 
 def json_checked(value: Any, *, path: str = "") -> None:

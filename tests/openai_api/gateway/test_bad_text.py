@@ -95,6 +95,56 @@ def test_json_nested_too_deep_is_400_naming_the_field(gateway, acme):
     assert "nested deeper" in error["message"]
 
 
+@pytest.mark.parametrize(
+    "template",
+    [
+        '{"model": "m", "messages": [{"role": "user", "content": "x"}], "user": DEEP}',
+        "DEEP",
+        '{"model": "m", "messages": DEEP}',
+    ],
+)
+def test_json_nested_past_the_parsers_own_limit_is_400_in_the_gateways_words(
+    gateway, acme, template
+):
+    """10,000 levels: Python's parser gives up ("maximum recursion depth exceeded"); the
+    answer says what the gateway's limit is instead."""
+    deep = "[" * 10_000 + "]" * 10_000
+    body = template.replace("DEEP", deep).encode()
+    with acme.http(gateway) as http:
+        error = error_of(http.post("/v1/chat/completions", content=body), 400)
+    assert error["type"] == "invalid_request_error" and error["code"] == "malformed_request"
+    assert error["message"] == "the body is nested deeper than 32 arrays or objects"
+    assert error["param"] is None
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "template", "param"),
+    [
+        ("/v1/chat/completions", '{"model": "m", "messages": MSGS, "max_tokens": N}', "max_tokens"),
+        ("/v1/chat/completions", '{"model": "m", "messages": MSGS, "bid": -N}', "bid"),
+        ("/v1/chat/completions", '{"model": "m", "messages": MSGS, "n": N}', "n"),
+        ("/v1/completions", '{"model": "m", "prompt": [1, 2, N]}', "prompt[2]"),
+        (
+            "/v1/completions",
+            '{"model": "m", "prompt": "x", "metadata": {"a": [N]}}',
+            "metadata.a[0]",
+        ),
+    ],
+)
+def test_an_integer_too_long_to_read_is_400_naming_the_field(
+    gateway, acme, endpoint, template, param
+):
+    """5,000 digits: Python refuses to read the integer ("Exceeds the limit (4300 digits)");
+    the answer names the field instead."""
+    messages = json.dumps([{"role": "user", "content": "x"}])
+    body = template.replace("MSGS", messages).replace("N", "9" * 5000).encode()
+    with acme.http(gateway) as http:
+        error = error_of(http.post(endpoint, content=body), 400)
+    assert error["type"] == "invalid_request_error" and error["code"] == "malformed_request"
+    assert error["message"] == f"{param} has too many digits (5000) for any number the API takes"
+    assert error["param"] == param
+
+
 # --- the batch API ----------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ tenant_api = [
 ]
 
 urlpatterns = [
+    path("tenants/", views.tenant_list, name="tenants"),
     path("tenants/<slug:slug>/", include(tenant_pages)),
     path("api/tenants/<slug:slug>/", include(tenant_api)),
 ]

@@ -3,7 +3,9 @@ services and selectors.
 
 Who sees what: operators (staff) every tenant, members their own tenants, nobody else any. A
 tenant (or an object of a tenant) someone may not see answers 404, so its existence does not
-leak; a viewer trying to change something of their own tenant gets 403.
+leak; a viewer trying to change something of their own tenant gets 403. The list of tenants
+(``/tenants/``) shows each user the tenants they may see: every one to operators, their own to
+members, none to others.
 """
 
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from accounts.models import ApiKey, Invoice, Tenant
 from accounts.selectors import (
     api_key_for_tenant,
     api_keys_for_tenant,
+    budget_status,
     budget_statuses_for_tenant,
     can_manage_keys,
     invoice_breakdown,
@@ -30,6 +33,7 @@ from accounts.selectors import (
     role_for_user,
     tenant_for_user,
 )
+from accounts.selectors.tenants import tenants_visible_to
 from accounts.services import api_key_create, api_key_revoke
 
 TenantView = Callable[..., HttpResponse]
@@ -55,6 +59,15 @@ def _invoice_or_404(tenant: Tenant, invoice_id: int) -> Invoice:
         return invoice_for_tenant(tenant=tenant, invoice_id=invoice_id)
     except Invoice.DoesNotExist:
         raise Http404("No such invoice") from None
+
+
+@require_GET
+@login_required
+def tenant_list(request: HttpRequest) -> HttpResponse:
+    """The tenants the user may see (every one for operators), each with its budget and links
+    to its dashboard, invoices, API keys and budgets."""
+    rows = [(t, budget_status(tenant=t)) for t in tenants_visible_to(user=request.user)]
+    return render(request, "accounts/tenant_list.html", {"rows": rows})
 
 
 @require_GET

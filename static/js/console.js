@@ -308,6 +308,11 @@
   }
 
   // --- tenants --------------------------------------------------------------------------------
+  /** A tenant's page: the table's URL pattern (``data-<which>-url``) with its slug put in. */
+  function tenantUrl(which, slug) {
+    return $("tenants").dataset[`${which}Url`].replace("__tenant__", encodeURIComponent(slug));
+  }
+
   function renderTenants() {
     const body = $("tenants").querySelector("tbody");
     const rows = [...state.tenants.values()].sort((a, b) => a.name.localeCompare(b.name));
@@ -315,7 +320,9 @@
     for (const t of rows) {
       const b = t.budget;
       const tr = el("tr", {"data-tenant": t.tenant});
-      tr.append(cell(t.name));
+      const name = el("td");
+      name.append(el("a", {href: tenantUrl("dashboard", t.tenant)}, t.name));
+      tr.append(name);
       tr.append(cell(b ? `per ${b.period}` : "none"));
       tr.append(cell(b ? fmt.dollars(b.spent) : "—", "num"));
       tr.append(cell(b ? fmt.dollars(b.limit) : "—", "num"));
@@ -335,6 +342,12 @@
       tr.append(used);
       tr.append(cell(fmt.dollars(t.spent_today), "num"));
       tr.append(cell(b && b.resets_at ? `in ${fmt.duration(Math.max(0, b.resets_at - Date.now() / 1000))}` : "never"));
+      const pages = el("td", {class: "nowrap"});
+      pages.append(
+        el("a", {href: tenantUrl("dashboard", t.tenant)}, "Dashboard"), " · ",
+        el("a", {href: tenantUrl("invoices", t.tenant)}, "Invoices"),
+      );
+      tr.append(pages);
       fresh.append(tr);
     }
     body.replaceChildren(fresh);

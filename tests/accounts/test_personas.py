@@ -16,7 +16,7 @@ import pytest
 
 from accounts.models import ApiKey, Invoice, Period
 from accounts.services import api_key_create, budget_set, invoice_generate, month_bounds
-from tests.accounts.factories import spend
+from tests.accounts.factories import spend, user_create
 from tests.personas import PERSONAS, login, world_create
 
 pytestmark = pytest.mark.django_db
@@ -256,3 +256,46 @@ def test_an_unknown_tenant_is_not_found_even_for_operators(client, world) -> Non
     login(client, "operator")
     assert client.get("/tenants/nobody/").status_code == 404
     assert client.get("/api/tenants/nobody/budget/").status_code == 404
+
+
+@pytest.mark.parametrize("persona", PERSONAS)
+def test_the_tenant_list_shows_each_persona_the_tenants_they_may_see(
+    client, world, persona
+) -> None:
+    """``/tenants/``: every tenant, with links to its pages, for operators; a member's own
+    tenants only (the others do not exist for them, as on the tenant pages); anonymous visitors
+    are sent to log in."""
+    login(client, persona)
+    response = client.get("/tenants/")
+    if persona == "anonymous":
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/?next=/tenants/")
+        return
+    assert response.status_code == 200
+    page = response.content.decode()
+    visible = {"operator": ["acme", "globex"], "b_admin": ["globex"]}.get(persona, ["acme"])
+    for slug in ["acme", "globex"]:
+        links = [
+            f'href="/tenants/{slug}/dashboard/"',
+            f'href="/tenants/{slug}/invoices/"',
+            f'href="/tenants/{slug}/keys/"',
+            f'href="/tenants/{slug}/"',
+        ]
+        for link in links:
+            assert (link in page) == (slug in visible), (persona, link)
+        assert (f'data-tenant="{slug}"' in page) == (slug in visible), (persona, slug)
+    if "globex" not in visible:
+        for marker in B_MARKERS:
+            assert marker not in page, (persona, marker)
+    if "acme" in visible:  # A's budget: $0.25 spent of $10.00 this month
+        row = page.split('data-tenant="acme"', 1)[1].split("</tr>", 1)[0]
+        assert "$0.25" in row and "$10.00" in row and "per month" in row
+    # The nav's link to the list is the operators'.
+    assert ('href="/tenants/" class="' in page) == (persona == "operator")
+
+
+def test_the_tenant_list_of_a_user_in_no_tenant_is_empty(client, world) -> None:
+    client.force_login(user_create("loner"))
+    page = client.get("/tenants/").content.decode()
+    assert "You are not a member of any tenant." in page
+    assert "/tenants/acme/" not in page and "globex" not in page

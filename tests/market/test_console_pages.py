@@ -348,3 +348,13 @@ def test_every_policy_of_the_registry_has_its_line() -> None:
 
     assert set(POLICY_DESCRIPTIONS) == set(POLICIES)
     assert all(len(line) < 120 and line.endswith(".") for line in POLICY_DESCRIPTIONS.values())
+
+
+def test_the_consoles_tenant_table_links_each_tenant_and_the_list_of_all(client, world) -> None:
+    """The table's rows are drawn in the browser (static/js/console.js) from the URL patterns
+    the table carries; the header links the list of every tenant (``/tenants/``)."""
+    logged_in(client, world, "operator")
+    page = client.get(CONSOLE).content.decode()
+    assert 'data-dashboard-url="/tenants/__tenant__/dashboard/"' in page
+    assert 'data-invoices-url="/tenants/__tenant__/invoices/"' in page
+    assert 'id="tenants-all"' in page and 'href="/tenants/"' in page

@@ -170,7 +170,10 @@ class GatewayASGIHandler(ASGIHandler):
                 task.cancel()
             await asyncio.wait(tasks)
             body_file.close()
-            raise
+            if tasks[1].cancelled():
+                raise
+            await self._closed(tasks[1].result())  # answered anyway: an answer complete, charged
+            return
         for task in tasks:
             if task.done():
                 try:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import transaction
@@ -66,6 +66,7 @@ from openai_api.gateway.selectors import market_for_model, models_served, quote_
 from openai_api.gateway.validation import CHAT, CompletionParams, QuoteParams
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _priority_charge(meta: EngineMeta) -> PriorityCharge | None:
@@ -248,19 +249,30 @@ async def completion_forward(
         await shielded(released(admitted.request_id))
         raise lost
     metrics.TTFT.labels(market).observe(time.perf_counter() - started)
-    try:
-        return await shielded(
-            db_call_retried(
-                _settled_body,
-                params=params,
-                admitted=admitted,
-                output=output,
-                on_settled=on_settled,
-            )
+    settling = detached(
+        db_call_retried(
+            _settled_body, params=params, admitted=admitted, output=output, on_settled=on_settled
         )
+    )
+    try:
+        return await _settled_anyway(settling)
     except DatabaseUnavailable:  # not answered, so not charged: released when it is back
         detached(released(admitted.request_id))
         raise
+
+
+async def _settled_anyway(settling: asyncio.Task[T]) -> T:
+    """The result of ``settling``, the settlement of a complete answer, waited for even when
+    this request is cancelled meanwhile: the server stopping (after its grace) then still sends
+    the answer it charges; to a client gone, nothing is sent anyway. A second cancellation
+    (the process exiting) is not waited out."""
+    try:
+        return await asyncio.shield(settling)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return await asyncio.shield(settling)
 
 
 def _settled_body(

@@ -12,7 +12,8 @@ process group of its own as supervisord runs its programs, in front of a slow si
   ``TTL_S`` seconds later the lost gateways' sweep (celery beat's ``accounts.gateways_sweep``,
   called here as the worker would) fails those requests, uncharged. Before: 20 minutes.
 
-Either way ``manage.py ledger_check --grace 5`` passes right after.
+Either way ``manage.py ledger_check --grace 5`` passes right after. A request whose answer was
+complete and is being settled when the stop cuts it off is settled and its answer still sent.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from accounts import tasks
 from accounts.models import BudgetCounter, Hold, HoldState, LedgerEntry, Request, RequestStatus
 from accounts.services import gateways
 from config.serving import GRACEFUL_SHUTDOWN_S, server_argv
+from openai_api.gateway import services
+from openai_api.gateway.validation import CHAT, completion_params
 from tests.conftest import REPO_ROOT, dead_port
 from tests.openai_api.conftest import market_create
 from tests.openai_api.gateway.test_served import _database_url, _workers
-from tests.openai_api.helpers import HELLO, wait_until
+from tests.openai_api.helpers import HELLO, entries, request_id_of, request_row, wait_until
 from tests.personas import program_create
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -193,3 +196,37 @@ def test_a_killed_gateways_holds_are_released_once_its_heartbeat_is_gone(
     assert not LedgerEntry.objects.filter(tenant=program.tenant).exists()
     assert BudgetCounter.objects.get(tenant=program.tenant, api_key=None).held == 0
     _ledger_checked()
+
+
+@pytest.mark.asyncio
+async def test_a_complete_answer_cut_off_while_it_is_settled_is_settled_and_answered(
+    acme, market, monkeypatch
+) -> None:
+    """The server's stop (or a client leaving) cancels a request whose engine has answered and
+    whose settlement is under way: the settlement ends, and the view still returns the answer
+    it charged (sent if the client is there), instead of a 500 for a charged request."""
+    settling = threading.Event()
+    settle = services._settled_body
+
+    def slow_settle(**kwargs):
+        settling.set()
+        time.sleep(0.3)
+        return settle(**kwargs)
+
+    monkeypatch.setattr(services, "_settled_body", slow_settle)
+    body = {"model": market.served_model, "messages": HELLO, "max_tokens": 3}
+    params = completion_params(body, endpoint=CHAT, headers={})
+    trace = services.Trace(endpoint=CHAT)
+    task = asyncio.ensure_future(
+        services.completion_create(params=params, key=acme.key, trace=trace)
+    )
+    while not settling.is_set():
+        await asyncio.sleep(0.01)
+    task.cancel()  # as uvicorn's graceful shutdown does, past its timeout
+    answer = await task
+    rid = request_id_of(answer["id"])
+    row = await asyncio.to_thread(request_row, rid)
+    assert row.status == RequestStatus.SERVED
+    charged = await asyncio.to_thread(entries, rid)
+    assert sorted(e.kind for e in charged) == ["priority", "tokens"]
+    assert answer["usage"]["completion_tokens"] == 3

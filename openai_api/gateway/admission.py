@@ -123,7 +123,7 @@ def request_admit_for(
                 gateway=instance_id(),
             )
         except BudgetExhausted as exc:
-            raise BudgetExhaustedError(str(exc)) from None
+            raise BudgetExhaustedError(str(exc), budget=exc.figures()) from None
         return Admitted(
             request_id, market, bid, effective, source, prompt, hold, owner=str(tenant.pk),
             service_tier=tier,

@@ -87,9 +87,13 @@ class InvalidApiKey(GatewayError):
 
 class BudgetExhaustedError(GatewayError):
     """429 ``insufficient_quota``, OpenAI's answer to an exhausted quota: the request's worst
-    case does not fit a budget (the message says which budget, its spent, held and left, what
-    the request needed and when it resets). The official clients raise ``RateLimitError`` with
-    ``code == "insufficient_quota"``.
+    case does not fit a budget. The message says what happened (this request's hold is more
+    than the budget has left, or spent and held have used it up), with which budget, its spent,
+    held and left, what the request needed and when it resets, and what to do; ``budget``, the
+    same figures for a program, is sent as ``error.budget`` (``BudgetExhausted.figures``:
+    ``reason``, ``budget_id``, ``scope``, ``period``, ``limit``, ``spent``, ``held``,
+    ``remaining``, ``needed``, ``resets_at``, ``seconds_until_reset``). The official clients
+    raise ``RateLimitError`` with ``code == "insufficient_quota"``.
 
     Not a transient, so told apart from ``queue_full`` (also 429) by its code (the batch runner
     waits out only ``EngineBusy``), and sent with ``x-should-retry: false``, the header OpenAI's
@@ -103,9 +107,18 @@ class BudgetExhaustedError(GatewayError):
     type = "insufficient_quota"
     code = "insufficient_quota"
 
-    def __init__(self, message: str, **kwargs: Any) -> None:
+    def __init__(
+        self, message: str, *, budget: dict[str, object] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(message, **kwargs)
+        self.budget = budget
         self.headers.setdefault("x-should-retry", "false")
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        if self.budget is not None:
+            body["error"]["budget"] = self.budget
+        return body
 
 
 class Forbidden(GatewayError):

@@ -352,6 +352,30 @@ class BatchResultLine(_Answer):
     error: BatchLineError | None
 
 
+class BudgetRefusal(_Answer):
+    """The budget that refused a request (``insufficient_quota``), in figures."""
+
+    reason: Literal["exceeds_remaining", "used_up"] = Field(
+        description="exceeds_remaining: the budget has room left, but this request's hold is "
+        "more than it (lower the bid or max_tokens, or raise the budget); used_up: what was "
+        "spent and is held leaves nothing (wait for requests in flight or the reset, or raise "
+        "the budget)"
+    )
+    budget_id: int = Field(description="as in GET /v1/budgets")
+    scope: Literal["tenant", "key"]
+    period: Literal["day", "week", "month", "none"]
+    limit: Money
+    spent: Money = Field(description="charged in the current window")
+    held: Money = Field(description="reserved by requests in flight")
+    remaining: Money = Field(description="limit - spent - held, never below 0")
+    needed: Money = Field(
+        description="this request's hold: its prompt and max_tokens at the market's prices "
+        "plus its bid times the market's hold horizon"
+    )
+    resets_at: str | None = Field(description="ISO 8601, UTC; null for period none")
+    seconds_until_reset: float | None = Field(description="seconds; null for period none")
+
+
 class ErrorDetail(_Answer):
     message: str
     type: str = Field(description="OpenAI's category: invalid_request_error, ...")
@@ -361,6 +385,9 @@ class ErrorDetail(_Answer):
         default=None, description="invalid_batch_input only: each bad line"
     )
     bad_lines: int | None = Field(default=None, description="invalid_batch_input only")
+    budget: BudgetRefusal | None = Field(
+        default=None, description="insufficient_quota only: the budget that refused, in figures"
+    )
 
 
 class Error(_Answer):

@@ -68,8 +68,9 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     _code(e.InvalidValue, "well-formed but unacceptable: a bad bid, max_tokens out of range, ..."),
     _code(
         e.BudgetExhaustedError,
-        "the request's worst case does not fit a budget; sent with "
-        "x-should-retry: false and no Retry-After",
+        "the request's hold is more than a budget has left (error.budget.reason "
+        "exceeds_remaining) or spent and held have used it up (used_up); error.budget has the "
+        "figures; sent with x-should-retry: false and no Retry-After",
     ),
     _code(e.EngineBusy, "the engine's queue is full; Retry-After says when to try again"),
     _code(e.ServerError, "the gateway itself failed"),

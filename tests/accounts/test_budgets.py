@@ -47,7 +47,8 @@ def test_holds_fill_the_budget_to_the_cent_and_a_refusal_says_when_it_resets(ten
     assert refused.value.seconds_until_reset == 8.5 * 3600
     assert refused.value.resets_at == datetime(2026, 11, 19, tzinfo=UTC)
     assert refused.value.scope == "tenant"
-    assert "exhausted" in str(refused.value)
+    assert refused.value.reason == "exceeds_remaining"
+    assert "is more than the $0.40 left" in str(refused.value)
     hold(tenant, D("0.4"), "r3")  # exactly at the limit: 0.6 + 0.4 = 1
     assert not Hold.objects.filter(request_id="r2").exists()
     status = budget_status(tenant=tenant, now=NOW)
@@ -366,16 +367,81 @@ def test_the_refusal_says_which_budget_its_spent_held_and_left_and_when_it_reset
     # to three significant digits, so the sentence gives both all their digits. NOW is
     # Wednesday 2026-11-18 15:30 UTC; the week ends Monday 2026-11-23 00:00, 4 days 8.5 hours
     # later (4 x 86400 + 8.5 x 3600 = 376200 s): "4 d 8 h", floored.
+    # The key's budget has room: this request's hold is more than what is left.
+    assert refused.value.reason == "exceeds_remaining"
     assert str(refused.value) == (
-        "This API key's budget of $2.50 per week is exhausted: $1.25 spent, $0.75 held for "
-        "requests in flight, $0.50 left; this request needs up to $0.500123456. It resets at "
+        "This request's hold, up to $0.500123456, is more than the $0.50 left of this API "
+        "key's budget of $2.50 per week ($1.25 spent, $0.75 held for requests in flight). The "
+        "hold is the prompt and max_tokens at the market's prices plus the bid times the "
+        "market's hold horizon: lower the bid or max_tokens, or raise the budget. It resets at "
         "2026-11-23T00:00:00+00:00 (in 4 d 8 h)."
     )
     budget_set(tenant=tenant, limit="1.75", period=Period.NONE)  # the tenant's, now binding
     with pytest.raises(BudgetExhausted) as refused:
         hold(tenant, D("0.25"), "h3", key=key)
     # 1.75 - 1.25 - 0.75 = -0.25: nothing left (the limit was lowered under what is used)
+    assert refused.value.reason == "used_up"
     assert str(refused.value) == (
-        "The tenant's budget of $1.75 with no period is exhausted: $1.25 spent, $0.75 held "
-        "for requests in flight, $0.00 left; this request needs up to $0.25. It never resets."
+        "The tenant's budget of $1.75 with no period is used up: $1.25 spent, $0.75 held "
+        "for requests in flight, $0.00 left; this request needs up to $0.25. It never resets. "
+        "Retry once requests in flight finish (what they hold and do not spend comes back), "
+        "or raise the budget."
+    )
+    assert refused.value.figures() == {
+        "reason": "used_up",
+        "budget_id": refused.value.status.budget_id,
+        "scope": "tenant",
+        "period": "none",
+        "limit": "1.750000000",
+        "spent": "1.250000000",
+        "held": "0.750000000",
+        "remaining": "0.000000000",
+        "needed": "0.250000000",
+        "resets_at": None,
+        "seconds_until_reset": None,
+    }
+
+
+def test_a_hold_larger_than_a_fresh_budget_is_not_called_exhausted(tenant) -> None:
+    """Issue 48, item 4: a fresh $0.002/day budget and a first request whose hold (mostly its
+    bid x the hold horizon) is $0.0134: nothing is spent or held, the hold is larger than the
+    whole budget. The refusal says so, and what to do."""
+    budget_set(tenant=tenant, limit="0.002", period=Period.DAY)
+    with pytest.raises(BudgetExhausted) as refused:
+        hold(tenant, D("0.0134"), "r1")
+    assert refused.value.reason == "exceeds_remaining"
+    message = str(refused.value)
+    assert "exhausted" not in message and "used up" not in message
+    assert message == (
+        "This request's hold, up to $0.0134, is more than the $0.002 left of the tenant's "
+        "budget of $0.002 per day ($0.00 spent, $0.00 held for requests in flight); it is more "
+        "than the whole budget, so the reset will not make room. The hold is the prompt and "
+        "max_tokens at the market's prices plus the bid times the market's hold horizon: lower "
+        "the bid or max_tokens, or raise the budget. It resets at 2026-11-19T00:00:00+00:00 "
+        "(in 8 h 30 min)."
+    )
+    figures = refused.value.figures()
+    assert {k: figures[k] for k in ("limit", "spent", "held", "remaining", "needed")} == {
+        "limit": "0.002000000",
+        "spent": "0.000000000",
+        "held": "0.000000000",
+        "remaining": "0.002000000",
+        "needed": "0.013400000",
+    }
+    assert (figures["resets_at"], figures["seconds_until_reset"]) == (
+        "2026-11-19T00:00:00+00:00",
+        8.5 * 3600,
+    )
+
+
+def test_a_budget_used_up_by_spend_says_to_wait_for_the_reset(tenant, market) -> None:
+    budget_set(tenant=tenant, limit="1", period=Period.DAY)
+    spend(tenant=tenant, market=market, request_id="s1", charge=1.0, at=NOW)
+    with pytest.raises(BudgetExhausted) as refused:
+        hold(tenant, D("0.1"), "r1")
+    assert refused.value.reason == "used_up"
+    assert str(refused.value) == (
+        "The tenant's budget of $1.00 per day is used up: $1.00 spent, $0.00 held for "
+        "requests in flight, $0.00 left; this request needs up to $0.10. It resets at "
+        "2026-11-19T00:00:00+00:00 (in 8 h 30 min). Retry after the reset, or raise the budget."
     )

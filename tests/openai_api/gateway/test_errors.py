@@ -19,11 +19,11 @@ from tests.openai_api.conftest import market_create
 from tests.openai_api.helpers import HELLO, wait_until
 
 
-def error_of(response: httpx.Response, status: int) -> dict:
+def error_of(response: httpx.Response, status: int, *extra: str) -> dict:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", *extra}
     assert error["message"]
     return error
 
@@ -173,7 +173,7 @@ def test_429_insufficient_quota_when_the_budget_is_exhausted(gateway, acme, mark
     budget_set(tenant=acme.tenant, limit="0.0003", period="day")
     with acme.http(gateway) as http:
         answer = chat(http, market, max_tokens=20)  # no bid: a hold of its tokens only
-    error = error_of(answer, 429)
+    error = error_of(answer, 429, "budget")  # OpenAI's four fields, and the figures
     assert (error["code"], error["type"]) == ("insufficient_quota", "insufficient_quota")
     # Not a transient: OpenAI's clients are told not to retry, and no Retry-After invites it.
     assert answer.headers["x-should-retry"] == "false"
@@ -185,10 +185,31 @@ def test_429_insufficient_quota_when_the_budget_is_exhausted(gateway, acme, mark
     midnight = datetime.combine(now.date() + timedelta(days=1), time(), tzinfo=UTC)
     message = error["message"]
     assert message.startswith(
-        "The tenant's budget of $0.0003 per day is exhausted: $0.00 spent, $0.00 held for "
-        "requests in flight, $0.0003 left; this request needs up to $0.000348. "
+        "This request's hold, up to $0.000348, is more than the $0.0003 left of the tenant's "
+        "budget of $0.0003 per day ($0.00 spent, $0.00 held for requests in flight); it is "
+        "more than the whole budget, so the reset will not make room. The hold is the prompt "
+        "and max_tokens at the market's prices plus the bid times the market's hold horizon: "
+        "lower the bid or max_tokens, or raise the budget. "
         f"It resets at {midnight.isoformat()} (in "
     )
+    budget = error["budget"]
+    assert budget == {
+        "reason": "exceeds_remaining",
+        "budget_id": budget["budget_id"],
+        "scope": "tenant",
+        "period": "day",
+        "limit": "0.000300000",
+        "spent": "0.000000000",
+        "held": "0.000000000",
+        "remaining": "0.000300000",
+        "needed": "0.000348000",
+        "resets_at": midnight.isoformat(),
+        "seconds_until_reset": budget["seconds_until_reset"],
+    }
+    with acme.http(gateway) as http:
+        listed = http.get("/v1/budgets").json()["data"]
+    assert [b["budget_id"] for b in listed] == [budget["budget_id"]]
+    assert 0 < budget["seconds_until_reset"] <= 86400
     until = re.search(r"\(in ([^)]+)\)\.$", message).group(1)
     assert re.fullmatch(r"(\d+ h( \d+ min)?|\d+ min( \d+ s)?|[\d.]+ s)", until), until
     unit_s = {"h": 3600, "min": 60, "s": 1}
@@ -196,6 +217,49 @@ def test_429_insufficient_quota_when_the_budget_is_exhausted(gateway, acme, mark
     assert -5 < (midnight - now).total_seconds() - seconds < 60 + 5  # floored to the minute
     assert not Request.objects.exists()
     assert not Hold.objects.exists()
+
+
+def test_429_a_first_bid_whose_hold_is_larger_than_a_fresh_budget_says_so(gateway, acme, market):
+    """Issue 48, item 4: a fresh $0.002/day key, a first request bidding 0.05 $/s. Its hold,
+    mostly the bid x the hold horizon, is more than the whole budget: nothing is exhausted, and
+    the answer says what to do, in its message and in figures."""
+    market.hold_horizon_s = 0.25
+    market.save(update_fields=["hold_horizon_s"])
+    budget_set(tenant=acme.tenant, api_key=acme.api_key, limit="0.002", period="day")
+    with acme.http(gateway) as http:
+        answer = chat(http, market, max_tokens=20, bid="0.05")
+    error = error_of(answer, 429, "budget")
+    assert (error["code"], error["type"], error["param"]) == (
+        "insufficient_quota",
+        "insufficient_quota",
+        None,
+    )
+    # 16 x $3 + 20 x $15 per million = $0.000348 for the tokens, 0.05 $/s x 0.25 s = $0.0125
+    # for the bid: $0.012848 held, of a $0.002 budget untouched.
+    assert error["message"].startswith(
+        "This request's hold, up to $0.0128, is more than the $0.002 left of this API key's "
+        "budget of $0.002 per day ($0.00 spent, $0.00 held for requests in flight); it is more "
+        "than the whole budget, so the reset will not make room. The hold is the prompt and "
+        "max_tokens at the market's prices plus the bid times the market's hold horizon: lower "
+        "the bid or max_tokens, or raise the budget. It resets at "
+    )
+    assert "exhausted" not in error["message"]
+    budget = error["budget"]
+    assert (budget["reason"], budget["scope"], budget["period"]) == (
+        "exceeds_remaining",
+        "key",
+        "day",
+    )
+    assert (budget["limit"], budget["spent"], budget["held"], budget["remaining"]) == (
+        "0.002000000",
+        "0.000000000",
+        "0.000000000",
+        "0.002000000",
+    )
+    assert budget["needed"] == "0.012848000"
+    with acme.http(gateway) as http:  # a bid the budget holds is served
+        assert chat(http, market, max_tokens=20, bid="0.005").status_code == 200
+    assert Request.objects.filter(status=RequestStatus.SERVED).count() == 1
 
 
 def test_404_for_an_unknown_model(gateway, acme, market):

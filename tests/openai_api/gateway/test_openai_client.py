@@ -303,9 +303,14 @@ def test_an_exhausted_key_raises_rate_limit_error_insufficient_quota_and_is_not_
         "insufficient_quota",
     )
     assert error.body["message"].startswith(
-        "This API key's budget of $0.001 per day is exhausted: $0.0004 spent, $0.0003 "
-        "held for requests in flight, $0.0003 left; this request needs up to $0.000348. "
-        "It resets at "
+        "This request's hold, up to $0.000348, is more than the $0.0003 left of this API key's "
+        "budget of $0.001 per day ($0.0004 spent, $0.0003 held for requests in flight). The "
+        "hold is the prompt and max_tokens at the market's prices plus the bid times the "
+        "market's hold horizon: lower the bid or max_tokens, or raise the budget. It resets at "
+    )
+    assert (error.body["budget"]["reason"], error.body["budget"]["remaining"]) == (
+        "exceeds_remaining",
+        "0.000300000",
     )
     assert Request.objects.filter(tenant=acme.tenant).count() == 1  # "spent"'s, no other
     with acme.http(gateway) as http:

@@ -38,6 +38,7 @@ from accounts import tasks
 from accounts.models import BudgetCounter, Hold, HoldState, LedgerEntry, Request, RequestStatus
 from accounts.services import gateways
 from config.serving import GRACEFUL_SHUTDOWN_S, server_argv
+from openai_api.gateway import db as gateway_db
 from openai_api.gateway import services
 from openai_api.gateway.validation import CHAT, completion_params
 from tests.conftest import REPO_ROOT, dead_port
@@ -225,8 +226,31 @@ async def test_a_complete_answer_cut_off_while_it_is_settled_is_settled_and_answ
     task.cancel()  # as uvicorn's graceful shutdown does, past its timeout
     answer = await task
     rid = request_id_of(answer["id"])
-    row = await asyncio.to_thread(request_row, rid)
+    row = await gateway_db.db_call(request_row, request_id=rid)  # the gateway's threads
     assert row.status == RequestStatus.SERVED
-    charged = await asyncio.to_thread(entries, rid)
+    charged = await gateway_db.db_call(entries, request_id=rid)
     assert sorted(e.kind for e in charged) == ["priority", "tokens"]
     assert answer["usage"]["completion_tokens"] == 3
+    await asyncio.to_thread(gateway_db.connections_close)  # before the test database goes
+
+
+def test_only_a_known_gateway_whose_heartbeat_is_gone_is_swept(acme) -> None:
+    """An instance Redis does not know (its data lost, or never reached) is left to the stale
+    sweep; one that beat and whose heartbeat expired is swept once, then forgotten."""
+    from accounts.services import request_open
+
+    market = market_create(engine_url=f"http://127.0.0.1:{dead_port()}")
+    unknown, lost = "0" * 32, "1" * 32
+    client = gateways.redis_client(settings.REDIS_URL)
+    gateways.beat(lost)
+    client.delete(gateways.ALIVE_KEY + lost)  # as its TTL would, once it stopped beating
+    for i, instance in enumerate((unknown, lost)):
+        request_open(
+            request_id=f"gw-stop-{i}", tenant=acme.tenant, api_key=acme.api_key, market=market,
+            bid="0", hold_amount="0.01", gateway=instance,
+        )  # fmt: skip
+    assert tasks.gateways_sweep()["failed"] == 1
+    assert Request.objects.get(gateway=lost).status == RequestStatus.FAILED
+    assert Request.objects.get(gateway=unknown).status == RequestStatus.QUEUED
+    assert not client.sismember(gateways.INSTANCES_KEY, lost)  # forgotten
+    assert tasks.gateways_sweep()["failed"] == 0

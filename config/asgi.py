@@ -8,7 +8,9 @@ import gc
 import os
 from http import HTTPStatus
 
-from django.core.asgi import get_asgi_application
+import django
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler
 from twisted.web import http as twisted_http
 
 # ASGI sends a status code only; Daphne (Twisted) takes the status line's reason phrase from
@@ -17,9 +19,31 @@ from twisted.web import http as twisted_http
 for _status in HTTPStatus:
     twisted_http.RESPONSES.setdefault(_status.value, _status.phrase.encode("ascii"))
 
+
+class SiteASGIHandler(ASGIHandler):
+    """Django's ASGI handler for the site's pages, except that the task listening for the
+    client's disconnect ends without an exception when the client leaves.
+
+    Django's ``handle`` runs that listener beside the request and reads its ``RequestAborted``
+    (ignoring it) only while ``handle`` itself is running. When the server cancels ``handle``
+    (uvicorn at its stop, past --timeout-graceful-shutdown; Daphne once a client left and
+    ``application_close_timeout`` passed), the listener is left behind and raises
+    ``RequestAborted`` when the connection closes, which nobody reads: asyncio logs "Task
+    exception was never retrieved" with its traceback. Ending without one, it has nothing to
+    log; ``handle`` treats a finished listener as the client gone, either way."""
+
+    async def listen_for_disconnect(self, receive) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await super().listen_for_disconnect(receive)
+        except RequestAborted:
+            return  # the client went away
+
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-# Set up Django (the app registry) before importing anything that touches models.
-django_asgi_app = get_asgi_application()
+# Set up Django (the app registry) before importing anything that touches models (as Django's
+# get_asgi_application does).
+django.setup(set_prefix=False)
+django_asgi_app = SiteASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -202,6 +202,9 @@ SERVE_STATIC = ENV.serve_static
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    # A 4xx refusal (a 403 for a page someone may not see) in one line, not with a traceback.
+    "filters": {"client_error_one_line": {"()": "config.logs.ClientErrorOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django.request": {"filters": ["client_error_one_line"]}},
     "root": {"handlers": ["console"], "level": "INFO" if DEBUG else "WARNING"},
 }

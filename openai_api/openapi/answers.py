@@ -214,7 +214,9 @@ class Quote(_Answer):
     target: QuoteTarget | None = None
     bid: MoneyPerSecond | None = Field(
         default=None,
-        description="the bid that bought the target; null when none did (see reason)",
+        description="the bid that bought the target: 0 or at least the reserve, never between; "
+        "0 when bidding nothing already gets there (the requests that bought no priority, bid "
+        "0 or under the reserve, met the target); null when no bid did (see reason)",
     )
     waits: QuoteWaits | None = Field(default=None, description="the waits the given bid buys")
 

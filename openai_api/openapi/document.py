@@ -289,8 +289,9 @@ def _paths() -> dict[str, Any]:
                 description=(
                     "From the waits of the market's requests served recently, grouped by bid: the "
                     "bid that bought a first token within `ttft_s` seconds with `probability`, "
-                    "by a margin clear of chance (never below the reserve), and the waits `bid` "
-                    "buys. Give `ttft_s`, `bid` or both."
+                    "by a margin clear of chance (0 when bidding nothing already gets there, "
+                    "else never below the reserve), and the waits `bid` buys. Give `ttft_s`, "
+                    "`bid` or both."
                 ),
                 parameters=[
                     _query(

@@ -19,6 +19,7 @@ from django.utils import timezone
 from accounts.ledger.store import PriorityCharge
 from accounts.services import request_open, request_settle
 from market.live import book
+from openai_api.openapi.document import openapi_document
 from tests.market.live_helpers import record, subtree
 from tests.openai_api.conftest import market_create
 
@@ -98,11 +99,15 @@ def test_the_bid_for_a_target_and_the_waits_of_a_bid(gateway, acme, quoted_marke
     }  # fmt: skip
 
 
-def test_a_quoted_bid_is_never_below_the_reserve(gateway, acme, quoted_market) -> None:
+def test_a_quoted_bid_is_0_or_at_least_the_reserve(gateway, acme, quoted_market) -> None:
     """Reserve 0.02: the 0.01 bids bought nothing and count as bid 0. The groups: 0.1 (30
     requests), then 0 (60: waits 1..30 and 10, 20, ..., 300). For p = 0.5 a group of 60 is
     judged by its wait at 0.5 + 2 sqrt(0.25 / 60) = 0.629, the 38th (ceil(37.7)): 33 waits are
-    at most 30 s (1..30, and 10, 20, 30 again), then 40, 50, 60, 70, 80: 80 s."""
+    at most 30 s (1..30, and 10, 20, 30 again), then 40, 50, 60, 70, 80: 80 s.
+
+    A quote of 0 under a reserve of 0.02 (issue 48, item 7: "0.000000000" with the reserve at
+    0.00365) is the rule, not a slip: bidding nothing already gets there. The API's reference
+    says so (docs/api.md, "Budgets, quotes and usage", and the OpenAPI document)."""
     quoted_market.reserve = "0.02"
     quoted_market.save()
     model = quoted_market.served_model
@@ -113,6 +118,16 @@ def test_a_quoted_bid_is_never_below_the_reserve(gateway, acme, quoted_market) -
     )
     assert ask(gateway, acme.key, model=model, ttft_s="79", probability="0.5").json()["bid"] == (
         "0.100000000"
+    )
+    documented = openapi_document()["components"]["schemas"]["Quote"]["properties"]["bid"]
+    description = " ".join(
+        s.get("description", "") for s in [documented, *documented.get("anyOf", [])]
+    )
+    assert "0 or at least the reserve, never between" in description
+    assert "0 when bidding nothing already gets there" in description
+    operation = openapi_document()["paths"]["/v1/quotes"]["get"]["description"]
+    assert "(0 when bidding nothing already gets there, else never below the reserve)" in (
+        operation
     )
 
 

@@ -1,7 +1,7 @@
 """Scheduler cost of the auction: the plugin's round against SGLang's ``calc_priority``.
 
     python -m benchmarks.sglang_plugin [--sizes 1000 10000 100000] [--churn 0.01 0.1]
-                                       [--rounds 5] [--json FILE]
+                                       [--rounds 5] [--wait-bound S] [--json FILE]
 
 (in the venv with SGLang, e.g. ``.venv-sglang/bin/python``). For each queue size and churn it
 builds one waiting queue of real SGLang requests, shaped like the generated-shared-prefix
@@ -22,6 +22,13 @@ same queue:
 - ``SGLang dfs-weight``: SGLang's cheapest cache-aware ``calc_priority`` without a fallback;
 - ``SGLang lpm``: as SGLang runs it (fcfs above 128 waiting requests) and without its fallback.
 
+``--wait-bound S`` runs the plugin with the wait bound on (``wait_bound_s`` S, the other
+knobs at their defaults) on the benchmark's clock: the requests arrive evenly, the rounds are
+S x churn seconds apart, so that a request waits about the bound before it is admitted and
+crosses every credit step on its way (the most credit changes a round: the steps x churn of the
+queue); the plugin's rounds are told that time. 0 (the default): off, the requests stamped 1,
+2, 3, ... and the rounds on SGLang's clock, as the plugin's tests run.
+
 Reported: medians over ``--rounds`` rounds (after one warm-up round) in milliseconds and the
 ratios to SGLang's dfs-weight in the same run (below 0.1: the goal), and the extra time the
 plugin's cache wrapper adds to the cache's inserts and evictions. CPU only.
@@ -39,6 +46,7 @@ import sys
 import time
 import warnings
 from array import array
+from collections.abc import Callable
 
 SYSTEM_TOKENS = 256  # per group's shared system prompt
 USER_TOKENS = (32, 160)  # per request's own part, min and max
@@ -59,8 +67,9 @@ NAMES = {
 class Workload:
     """The queue's requests (made as they arrive) and the cache's system prompts."""
 
-    def __init__(self, n: int, seed: int) -> None:
+    def __init__(self, n: int, seed: int, *, spacing: float = 1.0) -> None:
         self.rng = random.Random(seed)
+        self.spacing = spacing  # seconds between two arrivals (the queue entry times)
         groups = max(1, n * GROUPS_PER_1000 // 1000)
         self.systems = [
             [self.rng.randrange(32_000) for _ in range(SYSTEM_TOKENS)] for _ in range(groups)
@@ -83,7 +92,7 @@ class Workload:
                 max_new_tokens=64, custom_params={"bid": round(rng.expovariate(1.0), 3)}
             ),
         )
-        req.time_stats.set_wait_queue_entry_time(float(self.made))
+        req.time_stats.set_wait_queue_entry_time(self.made * self.spacing)
         return req
 
 
@@ -121,9 +130,16 @@ def _insert(cache, tokens) -> None:
 class Contender:
     """One policy: its own queue (the same requests) and its own cache."""
 
-    def __init__(self, name: str, slots: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        slots: int,
+        wait_bound_s: float = 0.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         from sglang.srt.managers.schedule_policy import SchedulePolicy
 
+        from engines.contract.knobs import MarketKnobs
         from engines.contract.sinks import MemorySink
         from engines.sglang_plugin.config import PluginConfig
         from engines.sglang_plugin.policy import AuctionSchedulePolicy
@@ -133,11 +149,16 @@ class Contender:
         self.cache = _cache(slots, followed=name != "plugin_every_match")
         self.market = None
         if name.startswith("plugin"):
-            config = PluginConfig(policy="dfs-auction-density")
+            config = PluginConfig(
+                policy="dfs-auction-density", knobs=MarketKnobs(wait_bound_s=wait_bound_s)
+            )
             self.policy = AuctionSchedulePolicy(
                 "fcfs", self.cache, False, False, False, market_config=config, sink=MemorySink()
             )
             self.market = self.policy.market
+            if clock is not None:  # the round's time on the benchmark's clock (the wait bound's)
+                order = self.market.order
+                self.market.order = lambda queue: order(queue, now=clock())  # type: ignore[method-assign]
         elif name == "sglang_dfs_weight":
             self.policy = SchedulePolicy("dfs-weight", self.cache, False, False, False)
         else:
@@ -163,15 +184,20 @@ class Contender:
         self.cache_s += time.perf_counter() - start
 
 
-def bench(n: int, churn: float, *, rounds: int, seed: int, progress) -> dict:
-    """Median milliseconds per round of each contender at ``n`` waiting, ``churn`` per round."""
-    work = Workload(n, seed)
+def bench(
+    n: int, churn: float, *, rounds: int, seed: int, progress, wait_bound_s: float = 0.0
+) -> dict:
+    """Median milliseconds per round of each contender at ``n`` waiting, ``churn`` per round
+    (``wait_bound_s``: the plugin's wait bound, 0: off)."""
     step = max(1, round(n * churn))
+    # With the bound: ``step`` arrivals a round, a round every wait_bound_s x churn seconds.
+    work = Workload(n, seed, spacing=wait_bound_s * churn / step if wait_bound_s else 1.0)
+    clock = (lambda: work.made * work.spacing) if wait_bound_s else None  # the last arrival's
     admitted = step
     # KV room for twice the cached system prompts: full after a few rounds, then each insert
     # evicts (SGLang's LRU) as much as it adds.
     slots = len(work.systems[::2]) * SYSTEM_TOKENS * 2
-    contenders = [Contender(name, slots) for name in COLUMNS]
+    contenders = [Contender(name, slots, wait_bound_s, clock) for name in COLUMNS]
     for tokens in work.systems[::2]:  # every other group's system prompt is cached
         for c in contenders:
             _insert(c.cache, tokens)
@@ -205,6 +231,7 @@ def bench(n: int, churn: float, *, rounds: int, seed: int, progress) -> dict:
         "churn": churn,
         "admitted_per_round": admitted,
         "rounds": rounds,
+        "wait_bound_s": wait_bound_s,
         **{f"{name}_ms": med[name] for name in COLUMNS},
         **{f"{name}_ratio": med[name] / base for name in COLUMNS},
         "cache_changes_followed_ms": plugin.cache_s * 1e3 / (rounds + 1),
@@ -220,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn", type=float, nargs="+", default=list(CHURN))
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per point (median)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--wait-bound", type=float, default=0.0, help="the plugin's wait bound, s (0: off)"
+    )
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
     if any(not 0 < c <= 1 for c in args.churn):
@@ -235,13 +265,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ... {msg}", file=sys.stderr, flush=True)
 
     rows = [
-        bench(n, churn, rounds=args.rounds, seed=args.seed, progress=progress)
+        bench(
+            n,
+            churn,
+            rounds=args.rounds,
+            seed=args.seed,
+            progress=progress,
+            wait_bound_s=args.wait_bound,
+        )
         for n in args.sizes
         for churn in args.churn
     ]
     print(
         f"one scheduling round, median of {args.rounds} (ms), and / SGLang dfs-weight; plugin = "
         "dfs-auction-density, its admitted requests priced"
+        + (f", wait bound {args.wait_bound:g} s" if args.wait_bound else "")
     )
     head = f"{'requests':>9} {'churn':>6}" + "".join(f"{NAMES[c]:>21}" for c in COLUMNS)
     print(head)

@@ -101,9 +101,13 @@ class AgeCredit:
         """When a request that arrived at ``arrival`` reaches credit level ``level`` (seconds)."""
         return arrival + level * self.wait_s / self.steps
 
-    def level(self, arrival: float, now: float) -> int:
-        """The credit level (0..steps) at ``now`` of a request that arrived at ``arrival``."""
-        level = 0
+    def level(self, arrival: float, now: float, known: int = 0) -> int:
+        """The credit level (0..steps) at ``now`` of a request that arrived at ``arrival``.
+
+        ``known``: a level it had reached before (``AgeClock``'s), where the count starts when
+        it still holds at ``now``: ``step_at`` grows with the level (in floating point too), so
+        every level below it holds as well and counting from 0 would pass them all."""
+        level = known if known and self.step_at(arrival, known) <= now else 0
         while level < self.steps and self.step_at(arrival, level + 1) <= now:
             level += 1
         return level
@@ -145,8 +149,8 @@ class AgeClock:
             if entry is None or got is None or entry.req.arrival != got[0]:
                 levels.pop(rid, None)  # it left the tree (admitted, cancelled)
                 continue
-            arrival = got[0]
-            level = credit.level(arrival, now)
+            arrival, known = got
+            level = credit.level(arrival, now, known)
             levels[rid] = (arrival, level)
             tree.set_credit(rid, credit.credit_ticks(level, len(entry.req.tokens)))
             changed += 1

@@ -154,6 +154,33 @@
     return state.revenue.find((m) => m.t === t) || last;
   }
 
+  // The change logs follow the automatic reserve: when a round reports a reserve the log's newest
+  // entry does not have, the logs are read again from this page (one fetch at a time, at most one
+  // every 5 s), so its "auto" entries appear without a reload.
+  let logsFetching = false;
+  let logsFetchedAt = 0;
+  async function logsFollow(reserve) {
+    if (!(initial.auto_reserve && initial.auto_reserve.on)) return;
+    const newest = document.querySelector("#reserve-audit tbody tr td[data-new]");
+    if (newest && Math.abs(Number(newest.dataset.new) - reserve) < 1e-12) return;
+    if (logsFetching || Date.now() - logsFetchedAt < 5000) return;
+    logsFetching = true;
+    logsFetchedAt = Date.now();
+    try {
+      const reply = await fetch(location.pathname, {headers: {Accept: "text/html"}, credentials: "same-origin"});
+      if (!reply.ok) return;
+      const page = new DOMParser().parseFromString(await reply.text(), "text/html");
+      for (const id of ["reserve-log", "control-log"]) {
+        const fresh = page.getElementById(id);
+        if (fresh && $(id)) $(id).innerHTML = fresh.innerHTML;
+      }
+    } catch (err) {
+      // The next round asks again.
+    } finally {
+      logsFetching = false;
+    }
+  }
+
   function roundResult(r) {
     const bucket = minuteBucket(Date.now() / 1000);
     bucket.priority += r.revenue;
@@ -165,6 +192,7 @@
       initial.reserve = String(r.reserve);
       $("kpi-reserve").textContent = `${numbers.exact(initial.reserve)} $/s`;
     }
+    logsFollow(r.reserve);
     const reserveNote = $("kpi-engine-reserve");
     reserveNote.dataset.reserve = String(r.reserve);
     const reserveApplied = Math.abs(r.reserve - Number(initial.reserve)) < 1e-12;

@@ -19,17 +19,13 @@ complete and is being settled when the stop cuts it off is settled and its answe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import httpx
 import pytest
 from django.conf import settings
 from django.core.management import call_command
@@ -37,18 +33,17 @@ from django.core.management import call_command
 from accounts import tasks
 from accounts.models import BudgetCounter, Hold, HoldState, LedgerEntry, Request, RequestStatus
 from accounts.services import gateways
-from config.serving import GRACEFUL_SHUTDOWN_S, server_argv
+from config.serving import GRACEFUL_SHUTDOWN_S
 from openai_api.gateway import db as gateway_db
 from openai_api.gateway import services
 from openai_api.gateway.validation import CHAT, completion_params
-from tests.conftest import REPO_ROOT, dead_port
+from tests.conftest import dead_port
 from tests.openai_api.conftest import market_create
-from tests.openai_api.gateway.test_served import _database_url, _workers
+from tests.openai_api.gateway.test_served import uvicorn_started
 from tests.openai_api.helpers import HELLO, entries, request_id_of, request_row, wait_until
 from tests.personas import program_create
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-WORKERS = 2
 SLOW = 6  # requests on the slow engine: still in flight when the gateway stops
 # The simulated engine's forward pass, engine seconds (at the tests' speed, 20 engine seconds
 # a wall second): 10 s is 0.5 s of wall time a token, so max_tokens 100 takes ~50 s.
@@ -56,46 +51,10 @@ SLOW_STEP = ("step_fixed_s=10",)
 QUICK_STEP = ("step_fixed_s=4",)  # 0.2 s a token: max_tokens 8 takes ~2 s, within the grace
 
 
-@contextlib.contextmanager
-def uvicorn_group(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """uvicorn with two workers on the test database, in a process group of its own (as
-    supervisord starts a program): the process and its base URL. Killed at the end if still
-    running."""
-    port = dead_port()
-    environ = {
-        **os.environ,
-        "DATABASE_URL": _database_url(),
-        "DEBUG": "0",
-        "SECRET_KEY": settings.SECRET_KEY,
-        "ALLOWED_HOSTS": "127.0.0.1",
-        "GATEWAY_API_KEY_CACHE_S": "0",
-        "GATEWAY_MARKET_CACHE_S": "0",
-    }
-    argv = server_argv("uvicorn", host="127.0.0.1", port=port, workers=WORKERS)
-    log_path = tmp_path / "uvicorn.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        argv, cwd=REPO_ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "uvicorn did not answer in 60 s"
-            time.sleep(0.2)
-        wait_until(lambda: len(_workers(proc.pid)) == WORKERS)
-        yield proc, base
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
+def uvicorn_group(tmp_path: Path):
+    """uvicorn with two workers in a process group of its own (as supervisord starts a
+    program): the process and its base URL; the group is killed at the end if still running."""
+    return uvicorn_started(tmp_path, {}, group=True)
 
 
 def _in_flight(base: str, key: str, bodies: list[dict]) -> list[object]:

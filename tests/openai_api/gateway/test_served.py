@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,9 +64,13 @@ def _workers(pid: int) -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def uvicorn_served(tmp_path: Path, **env: str) -> Iterator[str]:
+def uvicorn_started(
+    tmp_path: Path, env: dict[str, str], *, group: bool = False
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """uvicorn with two workers on the test database (``env`` added to its environment; a
-    ``DATABASE_URL`` there wins): its base URL."""
+    ``DATABASE_URL`` there wins), once it answers and both workers serve: the process and its
+    base URL. ``group``: in a process group of its own (as supervisord starts a program),
+    SIGKILLed whole at the end if still running; else terminated."""
     port = dead_port()
     environ = {
         **os.environ,
@@ -76,37 +81,54 @@ def uvicorn_served(tmp_path: Path, **env: str) -> Iterator[str]:
         "ALLOWED_HOSTS": "127.0.0.1",
         "GATEWAY_API_KEY_CACHE_S": "0",
         "GATEWAY_MARKET_CACHE_S": "0",
-        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus"),
-        "METRICS_TOKEN": "served-metrics",
         **env,
     }
-    (tmp_path / "prometheus").mkdir()
     argv = server_argv("uvicorn", host="127.0.0.1", port=port, workers=WORKERS)
-    log = (tmp_path / "uvicorn.log").open("wb")
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT)
+    log_path = tmp_path / "uvicorn.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        argv, cwd=REPO_ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=group,
+    )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
-            assert proc.poll() is None, (tmp_path / "uvicorn.log").read_text()[-3000:]
-            try:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
                     break
-            except httpx.HTTPError:
-                pass
             assert time.monotonic() < deadline, "uvicorn did not answer in 60 s"
             time.sleep(0.2)
         # Both workers serve: the supervisor has two worker processes (and may have a
         # multiprocessing resource tracker).
         wait_until(lambda: len(_workers(proc.pid)) == WORKERS)
-        yield base
+        yield proc, base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if group:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        else:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         log.close()
+
+
+@contextlib.contextmanager
+def uvicorn_served(tmp_path: Path, **env: str) -> Iterator[str]:
+    """:func:`uvicorn_started` with the gateway's metrics on: its base URL."""
+    (tmp_path / "prometheus").mkdir()
+    metrics = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus")}
+    with uvicorn_started(tmp_path, {**metrics, "METRICS_TOKEN": "served-metrics", **env}) as (
+        _,
+        base,
+    ):
+        yield base
 
 
 @pytest.fixture

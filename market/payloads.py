@@ -79,6 +79,9 @@ class BookMeta(TypedDict):
     market: str  # market slug
     version: int  # increases by one with every published snapshot or diff of this market
     round_id: str  # the engine round whose queue this is
+    # Each engine's latest round (its seq) in the book, by engine id: of a market of replicas,
+    # what the console shows (they report in turn: round_id alone jumps between their rounds).
+    rounds: NotRequired[dict[str, int]]
     at: float  # Unix seconds, the engine's clock at that round
     waiting: int  # requests waiting when the round cleared
     policy: str

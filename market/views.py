@@ -8,6 +8,11 @@ Controls that could hurt are applied in two steps (``market.controls``): a polic
 reserve far from the one in force, first come back as a question on the console (what the change
 does, to the book waiting now for a reserve), and are applied when the operator confirms it (the
 form posts ``confirmed`` with the same value).
+
+A change refused (an amount above the ceiling, a bound out of range) is said where it was made:
+the console comes back with that form in view, the refusal beside its field (announced to
+screen readers, the field marked invalid and focused), with what was typed kept in the field, not
+the value in force (``console_refusal_say``; the session carries it across the redirect, once).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ from mechanism.aging import WAIT_BOUND_HELP, WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S
 View = Callable[..., HttpResponse]
 REVENUE_MINUTES = 60
 TENANTS_SHOWN = 100
+REFUSAL_KEY = "console_refusal"  # the session's key for a refused change, read once
+# Each control's form on the console (its id is "<control>-form").
+CONTROL_FORMS = ("reserve", "auto-reserve", "policy", "wait-bound", "reserve-max", "alerts")
 
 
 def staff_required(view: View) -> View:
@@ -93,6 +101,28 @@ def console_control(view: Callable[[HttpRequest, Market], HttpResponse | None]) 
         return view(request, market) or redirect(_console_url(market))
 
     return wrapper
+
+
+def console_refusal_say(
+    request: HttpRequest, market: Market, *, control: str, message: str, typed: dict[str, str]
+) -> HttpResponse:
+    """Refuse a change made on ``control``'s form: back to the console, ``message`` beside the
+    form's field and ``typed`` (field name -> text as sent) kept in its fields."""
+    assert control in CONTROL_FORMS, control
+    request.session[REFUSAL_KEY] = {
+        "market": market.slug, "control": control, "message": message, "typed": typed,
+    }  # fmt: skip
+    # No #fragment: a fragment's scroll takes the focus back from the field; the field's
+    # autofocus brings it into view instead.
+    return redirect(reverse("market:console", kwargs={"slug": market.slug}))
+
+
+def _refusal(request: HttpRequest, market: Market) -> dict[str, Any] | None:
+    """The refused change the last POST left for this console (once), if any."""
+    refusal = request.session.pop(REFUSAL_KEY, None)
+    if not isinstance(refusal, dict) or refusal.get("market") != market.slug:
+        return None
+    return refusal
 
 
 def _market_or_404(slug: str) -> Market:
@@ -207,6 +237,7 @@ def console(request: HttpRequest, slug: str) -> HttpResponse:
         "wait_bound_max_s": WAIT_BOUND_MAX_S,
         "wait_bound_help": WAIT_BOUND_HELP,
         "initial": _initial(market),
+        "refused": _refusal(request, market),
         **_confirmations(request, market),
     }
     return render(request, "market/console.html", context)
@@ -271,16 +302,20 @@ def reserve_set(request: HttpRequest, market: Market) -> HttpResponse | None:
             return redirect(_console_url(market, confirm_reserve=money_str(new)))
         change = market_reserve_set(market=market, reserve=new, user=request.user)
     except ReserveAboveCeiling as exc:
-        messages.error(
-            request,
+        why = (
             f"Reserve not changed: {rate(exc.reserve)} $/s is above this market's ceiling of "
-            f"{rate(exc.ceiling)} $/s. Raise the ceiling first if you mean it.",
+            f"{rate(exc.ceiling)} $/s. Raise the ceiling first if you mean it."
+        )
+        return console_refusal_say(
+            request, market, control="reserve", message=why, typed={"reserve": raw}
         )
     except ValueError:
-        messages.error(
-            request,
+        why = (
             f"Reserve not changed: {raw!r} is not an amount in $/s (0 to 1000000, at most "
-            "9 decimals).",
+            "9 decimals)."
+        )
+        return console_refusal_say(
+            request, market, control="reserve", message=why, typed={"reserve": raw}
         )
     else:
         if change is None:
@@ -300,7 +335,10 @@ def reserve_max_set(request: HttpRequest, market: Market) -> HttpResponse | None
     try:
         change = market_reserve_max_set(market=market, reserve_max=raw, user=request.user)
     except ValueError as exc:
-        messages.error(request, f"Ceiling not changed: {_ceiling_refusal(raw, exc)}")
+        why = f"Ceiling not changed: {_ceiling_refusal(raw, exc)}"
+        return console_refusal_say(
+            request, market, control="reserve-max", message=why, typed={"reserve_max": raw}
+        )
     else:
         if change is None:
             messages.info(request, f"The ceiling already is {rate(market.reserve_max)} $/s.")
@@ -328,7 +366,10 @@ def policy_set(request: HttpRequest, market: Market) -> HttpResponse | None:
     try:
         old = market_policy_set(market=market, policy=policy, user=request.user)
     except ValueError as exc:
-        messages.error(request, f"Policy not changed: {exc}.")
+        return console_refusal_say(
+            request, market, control="policy", message=f"Policy not changed: {exc}.",
+            typed={"policy": policy},
+        )  # fmt: skip
     else:
         if old is None:
             messages.info(request, f"The policy already is {policy}.")
@@ -345,12 +386,17 @@ def wait_bound_set(request: HttpRequest, market: Market) -> HttpResponse | None:
     try:
         value = _seconds(raw)
     except ValueError:
-        messages.error(request, f"Wait bound not changed: {raw!r} is not a number of seconds.")
-        return None
+        why = f"Wait bound not changed: {raw!r} is not a number of seconds."
+        return console_refusal_say(
+            request, market, control="wait-bound", message=why, typed={"wait_bound_s": raw}
+        )
     try:
         change = market_wait_bound_set(market=market, wait_bound_s=value, user=request.user)
     except ValueError as exc:
-        messages.error(request, f"Wait bound not changed: {exc}.")
+        return console_refusal_say(
+            request, market, control="wait-bound", message=f"Wait bound not changed: {exc}.",
+            typed={"wait_bound_s": raw},
+        )  # fmt: skip
     else:
         if change is None:
             messages.info(request, f"The wait bound already is {market.wait_bound_s:g} s.")
@@ -383,8 +429,10 @@ def auto_reserve_set(request: HttpRequest, market: Market) -> HttpResponse | Non
             market=market, enabled=enabled, target_s=target, user=request.user
         )
     except ValueError:
-        messages.error(
-            request, f"Automatic reserve not changed: {raw!r} is not a number of seconds > 0."
+        why = f"Automatic reserve not changed: {raw!r} is not a number of seconds > 0."
+        typed = {"target_s": raw, "enabled": "on" if enabled else ""}
+        return console_refusal_say(
+            request, market, control="auto-reserve", message=why, typed=typed
         )
     else:
         if change is None:
@@ -410,12 +458,13 @@ def alerts_set(request: HttpRequest, market: Market) -> HttpResponse | None:
         ttft = _seconds(raw_ttft) if raw_ttft else None
         changes = market_alerts_set(market=market, queue=queue, ttft_p99_s=ttft, user=request.user)
     except ValueError:
-        messages.error(
-            request,
+        why = (
             f"Alerts not changed: the queue takes a whole number of requests >= 0 "
             f"({raw_queue!r}), the TTFT p99 a number of seconds > 0 ({raw_ttft!r}); blank for "
-            "no alert.",
+            "no alert."
         )
+        typed = {"alert_queue": raw_queue, "alert_ttft_p99_s": raw_ttft}
+        return console_refusal_say(request, market, control="alerts", message=why, typed=typed)
     else:
         if changes:
             messages.success(request, "Alert thresholds saved.")

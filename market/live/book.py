@@ -298,7 +298,13 @@ def book_publish(
         merged = book_merge({e: b["rows"] for e, b in engines.items()})
         old_rows = state["rows"] if state is not None else {}
         changed, removed = book_diff(old_rows, merged)
-        meta = {**book_meta(record), "waiting": sum(b["waiting"] for b in engines.values())}
+        meta = {
+            **book_meta(record),
+            "waiting": sum(b["waiting"] for b in engines.values()),
+            # Each engine's latest round: replicas report in turn, so the record's own round
+            # alone would jump between theirs (152, then another replica's 117).
+            "rounds": {e: b["seq"] for e, b in sorted(engines.items())},
+        }
         new_state: BookState = {
             "version": (state["version"] if state is not None else 0) + 1,
             "published_at": now,

@@ -81,8 +81,10 @@
       label.append(el("span", {class: "prefix"}, r.label || "(empty prefix)"));
     }
     if (r.replicas) {  // a market of replicas: who holds how many of the subtree's requests
-      const held = Object.entries(r.replicas).map(([engine, n]) => `${engine}: ${n}`);
-      label.append(el("span", {class: "replicas-held muted small"}, held.join(" · ")));
+      const held = el("span", {class: "replicas-held muted small"});
+      held.append(...Object.entries(r.replicas).sort((a, b) => a[0].localeCompare(b[0]))
+        .map(([engine, n]) => el("span", {class: "held", "data-engine": engine}, `${engine}: ${fmt.int(n)}`)));
+      label.append(held);
     }
     return label;
   }
@@ -136,9 +138,12 @@
     const m = state.meta;
     if (!m) return;
     const ago = state.bookAt ? ((Date.now() - state.bookAt) / 1000).toFixed(0) : "?";
+    // Replicas report in turn: each one's latest round, never one round that jumps between them.
+    const rounds = Object.entries(m.rounds || {}).sort((a, b) => a[0].localeCompare(b[0]));
+    const at = rounds.length > 1 ? `rounds ${rounds.map(([e, n]) => `${e} ${n}`).join(" · ")}`
+      : `round ${rounds.length ? rounds[0][1] : m.round_id.split(":").pop()}`;
     $("book-meta").textContent =
-      `${fmt.int(m.waiting)} waiting at round ${m.round_id.split(":").pop()} · ` +
-      `${m.policy} · updated ${ago} s ago · v${state.version}`;
+      `${fmt.int(m.waiting)} waiting at ${at} · ${m.policy} · updated ${ago} s ago · v${state.version}`;
   }
 
   // --- round results: revenue, welfare, what the engine applies ------------------------------
@@ -181,6 +186,13 @@
     }
   }
 
+  /** The reserve card: by the one rule (three significant digits, as the cards beside it),
+   * every digit in its title. */
+  function reserveCard() {
+    $("kpi-reserve").textContent = fmt.rate(initial.reserve);
+    $("kpi-reserve").title = `${numbers.exact(initial.reserve)} $/s`;
+  }
+
   function roundResult(r) {
     const bucket = minuteBucket(Date.now() / 1000);
     bucket.priority += r.revenue;
@@ -190,7 +202,7 @@
     if (initial.auto_reserve && initial.auto_reserve.on) {
       // The automatic reserve moves it between page loads: what the engine applies is the news.
       initial.reserve = String(r.reserve);
-      $("kpi-reserve").textContent = `${numbers.exact(initial.reserve)} $/s`;
+      reserveCard();
     }
     logsFollow(r.reserve);
     const reserveNote = $("kpi-engine-reserve");
@@ -227,7 +239,8 @@
        hovertext: shown.map((m) => fmt.dollars(-m.welfare)), hovertemplate: "%{hovertext}"},
     ], layout({
       barmode: "stack",
-      yaxis: {title: {text: "$ per minute", standoff: 4}},
+      yaxis: {...ruledTicks([...shown.map((m) => m.priority + m.tokens), ...shown.map((m) => -m.welfare)]),
+              title: {text: "$ per minute", standoff: 4}},
     }), PLOT_CONFIG);
   }
 
@@ -328,9 +341,9 @@
        y: state.engine.map((p) => p.tps), line: {color: "#5b8cff", width: 2}},
     ], layout({
       xaxis: {range: [unixDate(now - span), unixDate(now)]},
-      yaxis: {title: {text: "requests", standoff: 4}},
+      yaxis: {...ruledTicks(state.engine.map((p) => p.queue)), title: {text: "requests", standoff: 4}},
       yaxis2: {overlaying: "y", side: "right", showgrid: false, zeroline: false, rangemode: "tozero",
-               title: {text: "tokens/s", standoff: 4}},
+               ...ruledTicks(state.engine.map((p) => p.tps)), title: {text: "tokens/s", standoff: 4}},
       margin: {l: 56, r: 60, t: 8, b: 32},
     }), PLOT_CONFIG);
   }
@@ -485,10 +498,14 @@
       domain, title: {text: title, standoff: 10}, gridcolor: "#edf0f4", zeroline: false, ...extra,
     });
     Plotly.react("chart-whatif", traces, layout({
-      xaxis: {type: "linear", anchor: "y3", rangemode: "tozero", title: {text: "reserve, $/s", standoff: 4}},
-      yaxis: panel("revenue, $", [0.7, 1], {rangemode: "tozero"}),
-      yaxis2: panel("welfare, $", [0.36, 0.64], {rangemode: "normal"}),
-      yaxis3: panel("keeping priority", [0, 0.3], {range: [0, 1.05], tickformat: ".0%"}),
+      xaxis: {type: "linear", anchor: "y3", rangemode: "tozero", ...ruledTicks(xs),
+              title: {text: "reserve, $/s", standoff: 4}},
+      yaxis: panel("revenue, $", [0.7, 1], {rangemode: "tozero",
+                   ...ruledTicks([...w.points.map((p) => p.revenue), w.recorded], {count: 3})}),
+      yaxis2: panel("welfare, $", [0.36, 0.64], {rangemode: "normal",
+                    ...ruledTicks(w.points.map((p) => p.welfare), {count: 3, zero: false})}),
+      yaxis3: panel("keeping priority", [0, 0.3], {range: [0, 1.05],
+                    ...ruledTicks([1], {count: 2, label: numbers.percent})}),
       shapes: [{type: "line", xref: "x", yref: "paper", x0: w.current, x1: w.current, y0: 0, y1: 1,
                 line: {color: "#1d2433", width: 1.5, dash: "dash"}}],
       annotations: [
@@ -513,8 +530,18 @@
     "tenant.spend": (m) => { state.tenants.set(m.tenant, m); renderTenants(); },
   };
 
-  $("kpi-reserve").textContent = `${numbers.exact(initial.reserve)} $/s`;
-  $("reserve-input").value = numbers.exact(initial.reserve);
+  reserveCard();
+  // A refused change: its field, beside the refusal, in the middle of the window and focused
+  // (as its autofocus does without scripts). A refused reserve keeps what was typed, so the
+  // operator sees what was refused, not the value in force.
+  const refusedField = document.querySelector('#controls [aria-invalid="true"]');
+  if (refusedField) {
+    refusedField.scrollIntoView({block: "center"});
+    refusedField.focus({preventScroll: true});
+  }
+  if ($("reserve-input").getAttribute("aria-invalid") !== "true") {
+    $("reserve-input").value = numbers.exact(initial.reserve);
+  }
   if (initial.book) bookSet(initial.book); else { $("book").hidden = true; }
   if (initial.engine) engineStatus(initial.engine);
   renderEngine();

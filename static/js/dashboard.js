@@ -76,11 +76,15 @@
       ? `this ${p.period}, vs an even pace to ${fmt.dollars(p.limit)}` : "this month (no budget)";
     Plotly.react("chart-pacing", traces, layout({
       xaxis: {range: [unixDate(p.start), unixDate(p.end)]},
-      yaxis: {title: {text: "$", standoff: 4}},
+      yaxis: {...ruledTicks([...actual.map((q) => q[1]), p.limit]), title: {text: "$", standoff: 4}},
       shapes: [{type: "line", x0: unixDate(now), x1: unixDate(now), yref: "paper", y0: 0, y1: 1,
                 line: {color: "#c93c3c", width: 1, dash: "dot"}}],
+      // Inside the plot, at the top left of its line: above the plot is the legend's.
       annotations: [{x: unixDate(now), yref: "paper", y: 1, text: "now", showarrow: false,
-                     font: {size: 10, color: "#c93c3c"}, yanchor: "bottom"}],
+                     font: {size: 10, color: "#c93c3c"}, xanchor: "right", yanchor: "top",
+                     bgcolor: "rgba(255,255,255,0.8)"}],
+      legend: {...PLOT_LAYOUT.legend, y: 1.02, yanchor: "bottom"},  // above the plot, whole
+      margin: {...PLOT_LAYOUT.margin, t: 30},
     }), PLOT_CONFIG);
   }
 

@@ -102,6 +102,26 @@ function quantile(values, q) {
   return xs[Math.min(xs.length - 1, Math.max(0, Math.ceil(q * xs.length) - 1))];
 }
 
+/** A value axis's ticks written by the one rule (numbers.js; by default ``numbers.figure``), not
+ * by Plotly's own format, which mixes SI prefixes ("600µ") with plain decimals ("−0.0005"):
+ * about ``count`` round values (1, 2 or 5 x a power of ten apart) across ``values`` (and 0,
+ * unless ``zero`` is false). Spread into the axis: ``yaxis: {...ruledTicks(ys), title}``. */
+function ruledTicks(values, {count = 5, label = numbers.figure, zero = true} = {}) {
+  const xs = values.map(Number).filter(Number.isFinite);
+  if (zero) xs.push(0);
+  if (!xs.length) return {};
+  let lo = Math.min(...xs), hi = Math.max(...xs);
+  if (hi === lo) hi = lo + (Math.abs(lo) || 1);
+  const rough = (hi - lo) / count;
+  const power = 10 ** Math.floor(Math.log10(rough));
+  const step = [1, 2, 5, 10].map((k) => k * power).find((s) => s >= rough * (1 - 1e-9));
+  const tickvals = [];
+  for (let i = Math.floor(lo / step + 1e-9); i <= Math.ceil(hi / step - 1e-9); i++) {
+    tickvals.push(Number((i * step).toPrecision(12)));  // 3 x 0.0002 is 0.0006, not ...0001
+  }
+  return {tickmode: "array", tickvals, ticktext: tickvals.map(label)};
+}
+
 const PLOT_CONFIG = {displayModeBar: false, responsive: true};
 const PLOT_LAYOUT = {
   margin: {l: 52, r: 16, t: 8, b: 32},
@@ -109,7 +129,9 @@ const PLOT_LAYOUT = {
   paper_bgcolor: "rgba(0,0,0,0)",
   plot_bgcolor: "rgba(0,0,0,0)",
   xaxis: {gridcolor: "#edf0f4", zeroline: false, type: "date"},
-  yaxis: {gridcolor: "#edf0f4", zeroline: false, rangemode: "tozero"},
+  // An axis left to Plotly writes plain decimals, thousands separated (no "600µ", no "1.2k").
+  yaxis: {gridcolor: "#edf0f4", zeroline: false, rangemode: "tozero", exponentformat: "none",
+          separatethousands: true},
   legend: {orientation: "h", x: 0, y: 1.12, font: {size: 11}},
   hovermode: "x unified",
 };

@@ -65,13 +65,17 @@ def test_the_operator_watches_the_book_and_moves_the_reserve(page, live_market: 
     page.wait_for_selector("#reserve-impact.bad:not([hidden])")
     assert "Above the ceiling (1 $/s)" in page.inner_text("#reserve-impact")
     page.click("#reserve-form button[type=submit]")
-    page.wait_for_selector(".flash-error")
-    assert "Reserve not changed: 2000000 $/s is above" in page.inner_text(".flashes")
+    page.wait_for_selector("#reserve-refused")  # beside the field, the field as typed
+    assert "Reserve not changed: 2000000 $/s is above" in page.inner_text("#reserve-refused")
+    assert page.input_value("#reserve-input") == "2000000"
     assert not ReserveChange.objects.exists()
     # From no reserve at all, 0.002 is far: the form says what it does to the book as it is
     # typed, and the console asks before applying it, with the book's count.
     page.fill("#reserve-input", "0.002")
-    page.wait_for_selector("#reserve-impact:not([hidden])")
+    page.wait_for_function(  # the line follows what is typed (it said 2000000's refusal)
+        "(o => !o.hidden && !o.textContent.includes('Above the ceiling'))"
+        "(document.querySelector('#reserve-impact'))"
+    )
     assert "you will be asked to confirm" in page.inner_text("#reserve-impact")
     page.click("#reserve-form button[type=submit]")
     page.wait_for_selector("#reserve-confirm")

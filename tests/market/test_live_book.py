@@ -156,6 +156,21 @@ def test_two_replicas_books_merge_by_subtree_key(sent, unique_slug) -> None:
     assert shown == {r["key"]: r for r in snapshot["rows"]}
 
 
+def test_the_book_names_each_replicas_latest_round_never_one_going_back(sent, unique_slug) -> None:
+    """Replicas report in turn (the issue saw the book's round go 152, then 117): the book says
+    each one's latest round, and a replica's newer round moves only its own."""
+    one = record(unique_slug, 152, engine="rep-1", subtrees=[subtree("a")])
+    two = record(unique_slug, 117, engine="rep-2", subtrees=[subtree("b")])
+    book.book_publish(record=one, rows=book.book_rows(one), now=10.0)
+    assert book.book_snapshot(unique_slug)["rounds"] == {"rep-1": 152}
+    book.book_publish(record=two, rows=book.book_rows(two), now=11.0)
+    assert book.book_snapshot(unique_slug)["rounds"] == {"rep-1": 152, "rep-2": 117}
+    assert sent[-1][1]["rounds"] == {"rep-1": 152, "rep-2": 117}  # the diff says it too
+    three = record(unique_slug, 118, engine="rep-2", subtrees=[subtree("b", requests=3)])
+    book.book_publish(record=three, rows=book.book_rows(three), now=12.0)
+    assert book.book_snapshot(unique_slug)["rounds"] == {"rep-1": 152, "rep-2": 118}
+
+
 def test_a_replica_that_went_silent_leaves_the_merged_book(sent, unique_slug) -> None:
     one = record(unique_slug, 1, engine="rep-1", subtrees=[subtree("a")])
     two = record(unique_slug, 1, engine="rep-2", subtrees=[subtree("b")])

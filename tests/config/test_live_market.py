@@ -576,6 +576,10 @@ def test_write_config_writes_a_reusable_file_and_starts_nothing(tmp_path, databa
     assert "im_" not in commands and ADMIN_TOKEN_ENV not in commands
     assert re.search(r'^environment=AGENT_KEYS="acme=im_\S+ globex=im_\S+"$', text, re.MULTILINE)
     assert "--follow-control" in commands and "--redis-url" in commands
+    # The agents size their load to the engines' capacity, measured as they start: no fixed
+    # rate that overloads a small machine.
+    (agents,) = [c for c in commands.splitlines() if "benchmarks.agents" in c]
+    assert "--load 0.85" in agents and "--sessions-per-minute" not in agents
     assert not (tmp_path / "var" / "logs" / "engine-1.log").exists()
     assert not _listening(engine + 1)
 

@@ -14,9 +14,10 @@ one program per process, started in this order:
   stream, pacing, the live publishers);
 - a load of agents bidding through the gateway (``benchmarks.agents``) with fresh API
   keys of the demo tenants; Globex's requests without a bid go through its autobidder. The demo
-  engines are small (``DEMO_ENGINE``: a few requests running at a time) and the load is near
-  what they serve, so that the console shows what the market is for: queues, subtrees
-  competing in the book, priority charges.
+  engines are small (``DEMO_ENGINE``: a few requests running at a time) and the agents size
+  their load to what the engines serve, measured as they start (``--load``, 0.85 x capacity),
+  so that the console shows what the market is for: queues, subtrees competing in the book,
+  priority charges, on any machine, without waits that only grow.
 
 Before anything starts (and before the database is touched), every port the run will listen on
 is checked (``--check-ports`` checks them and exits: ``make run`` does that first): one in use,
@@ -72,7 +73,9 @@ AGENT_KEY_NAME = "live-market agents"
 # The demo's engines: a small deployment (a few requests at a time, a slow decode), so that the
 # agents' load queues requests and the auction has something to order.
 DEMO_ENGINE = ("max_running_requests=4", "step_fixed_s=0.03")
-DEMO_SESSIONS_PER_MINUTE = 60.0  # the agents' load: about what two such replicas serve
+# The agents' load, x the engines' capacity that they measure at start (benchmarks.agents): a
+# queue forms and bids order it, without waits that only grow.
+DEMO_LOAD = 0.85
 AGENT_KEYS_ENV = "AGENT_KEYS"  # where benchmarks.agents reads its keys (KEYS_ENV)
 STOP_WAIT_S = 10  # a program's group gets SIGKILL this long after SIGTERM
 
@@ -112,7 +115,14 @@ class Command(BaseCommand):
             "--router-policy", default="cache_aware",
             choices=["cache_aware", "round_robin", "random", "power_of_two"],
         )  # fmt: skip
-        parser.add_argument("--sessions-per-minute", type=float, default=DEMO_SESSIONS_PER_MINUTE)
+        parser.add_argument(
+            "--load", type=float, default=DEMO_LOAD,
+            help="the agents' load, x the engines' capacity measured at start",
+        )  # fmt: skip
+        parser.add_argument(
+            "--sessions-per-minute", type=float, default=None,
+            help="the agents' sessions per minute, instead of --load",
+        )  # fmt: skip
         parser.add_argument("--no-agents", action="store_true", help="no load generator")
         parser.add_argument("--web-server", choices=SERVERS, default="uvicorn")
         parser.add_argument(
@@ -253,8 +263,11 @@ class Command(BaseCommand):
         ]  # fmt: skip
         if keys:
             agents = [py, "-m", "benchmarks.agents", "--base-url", f"{base}/v1",
-                      "--model", market.served_model,
-                      "--sessions-per-minute", str(opts["sessions_per_minute"])]  # fmt: skip
+                      "--model", market.served_model]  # fmt: skip
+            if opts["sessions_per_minute"] is not None:
+                agents += ["--sessions-per-minute", str(opts["sessions_per_minute"])]
+            else:
+                agents += ["--load", str(opts["load"])]
             secret = " ".join(f"{slug}={key}" for slug, key in keys.items())
             programs.append(("agents", agents, {AGENT_KEYS_ENV: secret}))
         sections = [

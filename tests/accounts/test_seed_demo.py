@@ -148,6 +148,18 @@ def test_home_page_shows_the_tenant(client) -> None:
     assert "Globex" not in response.content.decode()
 
 
+def test_home_page_links_each_tenant_to_its_pages(client) -> None:
+    seed()
+    client.login(username="acme-admin", password=EXPECTED_LOGINS["acme-admin"])
+    page = client.get("/").content.decode()
+    # The tenant's name leads to its page, and its dashboard and invoices are a click away.
+    assert '<a href="/tenants/acme/">Acme Corp</a>' in page
+    for url in ("/tenants/acme/", "/tenants/acme/dashboard/", "/tenants/acme/invoices/"):
+        assert f'href="{url}"' in page, url
+        assert client.get(url).status_code == 200, url
+    assert "/tenants/globex/" not in page
+
+
 def previous_month_by_hand(today: date) -> tuple[datetime, datetime]:
     """The UTC month before ``today``'s, worked out without the code under test."""
     end = datetime(today.year, today.month, 1, tzinfo=UTC)

@@ -10,7 +10,9 @@ this process (``asgi_server``) and a live market:
   (``market.live.periodic.live_tick``: engine status from ``/metrics``, token spend) runs in a
   thread;
 - a load generator: threads of two tenants' programs sending chat completions with bids
-  through the gateway.
+  through the gateway;
+- a Celery worker process, as in production: the console's changes reach the engines by its
+  push task (``market.tasks.engine_config_push``), sent on a queue of the test's own.
 
 Screenshots go to ``test-results/screenshots/``.
 """
@@ -45,6 +47,7 @@ from openai_api.gateway.selectors import caches_clear
 from tests.accounts.factories import PASSWORD, tenant_create, user_create
 from tests.conftest import ENGINE_ADMIN_TOKEN, REPO_ROOT, DaphneThread, dead_port
 from tests.market.live_helpers import LivePublishers
+from tests.scheduler_bridge.workers import celery_worker
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -185,7 +188,7 @@ class LoadGenerator:
 def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
     """A market with a real engine, two tenants (acme, globex) with members and an operator,
     the live publishers, and load from both tenants' programs."""
-    with _live(asgi_server, tmp_path, replicas=1) as live:
+    with site_worker(tmp_path), _live(asgi_server, tmp_path, replicas=1) as live:
         yield live
 
 
@@ -193,15 +196,28 @@ def live_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]
 def live_fleet(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
     """The same market served by two replicas behind SGLang's real model gateway (its entry point),
     each writing its own round records."""
-    with _live(asgi_server, tmp_path, replicas=2) as live:
+    with site_worker(tmp_path), _live(asgi_server, tmp_path, replicas=2) as live:
         yield live
 
 
 @pytest.fixture
 def quiet_market(asgi_server, transactional_db, tmp_path) -> Iterator[LiveMarket]:
     """The live market without the load generator: a test sends each request itself."""
-    with _live(asgi_server, tmp_path, replicas=1, agents=False) as live:
+    with site_worker(tmp_path), _live(asgi_server, tmp_path, replicas=1, agents=False) as live:
         yield live
+
+
+@contextmanager
+def site_worker(tmp_path: Path) -> Iterator[None]:
+    """A Celery worker process on the test database, as production runs one: what the site
+    queues (the console's pushes to the engines) goes to a queue of its own, which it takes."""
+    with celery_worker(tmp_path) as worker:
+        default_queue = celery_app.conf.task_default_queue
+        celery_app.conf.task_default_queue = worker.queue
+        try:
+            yield
+        finally:
+            celery_app.conf.task_default_queue = default_queue
 
 
 @contextmanager
@@ -210,8 +226,6 @@ def _live(
 ) -> Iterator[LiveMarket]:
     caches_clear()
     api_key_cache_clear()
-    eager = celery_app.conf.task_always_eager
-    celery_app.conf.task_always_eager = True  # the reserve push runs in the request: no worker
     slug = f"live-{uuid.uuid4().hex[:8]}"
     stream = f"imtest:rounds:{slug}"
     sims = [
@@ -267,7 +281,6 @@ def _live(
             router.stop()
         for sim in sims:
             sim.stop()
-        celery_app.conf.task_always_eager = eager
         caches_clear()
         api_key_cache_clear()
 

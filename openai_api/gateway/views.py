@@ -40,10 +40,11 @@ from openai_api.gateway.selectors import budgets_for_key
 from openai_api.gateway.validation import (
     CHAT,
     COMPLETIONS,
+    QuoteQuery,
     body_parsed,
     completion_params,
-    quote_params,
     usage_params,
+    validated,
 )
 
 _View = Callable[..., Awaitable[HttpResponse]]
@@ -87,8 +88,14 @@ def _bearer(request: HttpRequest) -> str | None:
 
 
 def _gateway_headers(request: HttpRequest) -> dict[str, str]:
-    """The headers ``validation.completion_params`` reads, by lower-case name."""
-    return {n: request.headers[n] for n in ("x-bid", "x-request-class") if n in request.headers}
+    """The headers ``validation.completion_params`` reads, by lower-case name (read from META:
+    ``request.headers`` would build a map of every header, per request)."""
+    meta = request.META
+    return {
+        n: meta[m]
+        for n, m in (("x-bid", "HTTP_X_BID"), ("x-request-class", "HTTP_X_REQUEST_CLASS"))
+        if m in meta
+    }
 
 
 async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:
@@ -153,7 +160,9 @@ async def quotes(request: HttpRequest) -> HttpResponse:
     token within T seconds with probability P (0.9 unless given) now, and the waits bid B buys
     (``services.quote_read``)."""
     key = _bearer(request)
-    return JsonResponse(await services.quote_read(key=key, params=quote_params(request.GET)))
+    return JsonResponse(
+        await services.quote_read(key=key, params=validated(QuoteQuery, request.GET.dict()))
+    )
 
 
 async def _usage_read(

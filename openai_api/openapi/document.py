@@ -1,8 +1,8 @@
 """The OpenAPI 3.1 document of everything under ``/v1`` (served at ``/v1/openapi.json``, rendered
-at ``/docs/api/``): its JSON Schemas derived from the pydantic models of ``bodies`` (requests)
-and ``answers``, its error codes from the gateway's error classes (``gateway.errors`` and the
-few raised with a code of their own), each operation listing the codes it can answer with,
-under their HTTP status.
+at ``/docs/api/``): its JSON Schemas generated from the pydantic models that check the requests
+(``gateway.validation``, ``batches``) and from ``answers``, its error codes from the gateway's
+error classes (``gateway.errors`` and the few raised with a code of their own), each operation
+listing the codes it can answer with, under their HTTP status.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from accounts.selectors.usage import (
@@ -20,12 +21,20 @@ from accounts.selectors.usage import (
     PAGE_LIMITS,
     USAGE_GROUPS,
 )
-from openai_api.batches.input import BatchInputInvalid, BatchTooLarge
-from openai_api.batches.services import BatchNotCancellable, BatchNotFound
+from openai_api.batches.input import BatchInputInvalid, BatchLineRequest, BatchTooLarge
+from openai_api.batches.services import BatchCreateRequest, BatchNotCancellable, BatchNotFound
 from openai_api.gateway import errors as e
 from openai_api.gateway.chat_templates import TemplateUnavailable
-from openai_api.gateway.validation import MAX_BID, MAX_TOKENS_LIMIT, QUOTE_MAX_TTFT_S
-from openai_api.openapi import answers, bodies
+from openai_api.gateway.validation import (
+    MAX_BID,
+    MAX_TOKENS_LIMIT,
+    ChatCompletionRequest,
+    CompletionRequest,
+    QuoteQuery,
+)
+from openai_api.openapi import answers
+
+REQUESTS = (ChatCompletionRequest, CompletionRequest, BatchCreateRequest, BatchLineRequest)
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{model}"
@@ -158,6 +167,17 @@ def _header(name: str, description: str) -> dict[str, Any]:
         "description": description,
         "schema": {"type": "string"},
     }
+
+
+def _parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """The query parameters the fields of ``model`` describe."""
+    schema = model.model_json_schema()
+    return [
+        _query(
+            name, field, field.pop("description", ""), required=name in schema.get("required", [])
+        )
+        for name, field in schema["properties"].items()
+    ]
 
 
 def _query(
@@ -293,29 +313,7 @@ def _paths() -> dict[str, Any]:
                     "else never below the reserve), and the waits `bid` buys. Give `ttft_s`, "
                     "`bid` or both."
                 ),
-                parameters=[
-                    _query(
-                        "model",
-                        {"type": "string", "minLength": 1},
-                        "the market's model",
-                        required=True,
-                    ),
-                    _query(
-                        "ttft_s",
-                        {"type": "number", "exclusiveMinimum": 0, "maximum": QUOTE_MAX_TTFT_S},
-                        "seconds to first token",
-                    ),
-                    _query(
-                        "probability",
-                        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-                        "0.9 unless given",
-                    ),
-                    _query(
-                        "bid",
-                        {"type": "string", "pattern": bodies.BID_TEXT_PATTERN},
-                        "dollars per second: the waits it buys are quoted",
-                    ),
-                ],
+                parameters=_parameters(QuoteQuery),
                 answer={"description": "the quote", "content": _json(_ref("Quote"))},
                 codes=("malformed_request", "invalid_value", "model_not_found", *_DATABASE),
                 tag="markets",
@@ -387,8 +385,8 @@ def _paths() -> dict[str, Any]:
             "post": _operation(
                 operation_id="batch_create",
                 summary="Submit a batch",
-                description="The JSONL itself (a `BatchLine` per line; `application/jsonl` or "
-                "`text/plain`), or JSON. The whole file is checked first, each "
+                description="The JSONL itself (a `BatchLineRequest` per line; `application/jsonl` "
+                "or `text/plain`), or JSON. The whole file is checked first, each "
                 "line's body by its endpoint's rules; a bad file is refused whole.",
                 body={
                     **_json(_ref("BatchCreateRequest")),
@@ -482,7 +480,7 @@ def _description() -> str:
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document (built once per process)."""
     _, schemas = models_json_schema(
-        [(model, "validation") for model in (*bodies.REQUESTS, *answers.ANSWERS)],
+        [(model, "validation") for model in (*REQUESTS, *answers.ANSWERS)],
         ref_template=_REF,
     )
     return {

@@ -22,6 +22,7 @@ fields are ignored (OpenAI's clients send some).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Collection, Mapping
@@ -126,6 +127,9 @@ class Says:
     def _checked(self, value: Any, inner: Any) -> Any:
         if value is None and self.required:
             raise _refused(_MALFORMED, "{param} is required")
+        if value is None:
+            with contextlib.suppress(ValidationError):
+                return inner(value)  # a field that may be null
         if self.of is not None and not _is(value, self.of):
             raise _refused(_MALFORMED, f"{{param}} must be {self.kind}")
         try:
@@ -263,17 +267,12 @@ def bid_parsed(value: Any, *, param: str) -> Decimal:
     """A bid in dollars per second: a JSON number or an ASCII decimal string, finite, in
     0..1e6, with at most 9 decimal places; -0 is 0. MalformedRequest for a wrong type,
     InvalidValue for a bad value."""
-    if isinstance(value, bool) or not isinstance(value, int | Decimal | str | float):
+    if isinstance(value, bool) or not isinstance(value, int | Decimal | str):
         raise MalformedRequest(
             f"{param} must be a number or a decimal string (dollars per second)", param=param
         )
     try:
-        if isinstance(value, str):
-            bid = decimal_text(value)
-        elif isinstance(value, float):  # only from callers that parsed JSON themselves
-            bid = Decimal(repr(value))
-        else:
-            bid = Decimal(value)
+        bid = decimal_text(value) if isinstance(value, str) else Decimal(value)
     except (ValueError, InvalidOperation):
         raise InvalidValue(
             f"{param} is not a decimal number ({BID_TEXT_FORMS}): {_short(value)}", param=param
@@ -412,12 +411,9 @@ class _Completion(_Strict):
     top_logprobs: _Unsupported = None
     suffix: _Unsupported = None
     response_format: _Unsupported = None
-    n: (
-        Annotated[
-            int, Field(ge=1, le=1), Says("an integer", "n must be 1: one completion per request")
-        ]
-        | None
-    ) = Field(default=None, description="one completion per request")
+    n: Annotated[
+        int | None, Field(ge=1, le=1), Says("an integer", "n must be 1: one completion per request")
+    ] = Field(default=None, description="one completion per request")
     stream: bool | None = None
     stream_options: Annotated[StreamOptions, Says("an object")] | None = None
     max_completion_tokens: _MaxTokens | None = Field(
@@ -455,27 +451,21 @@ class _Completion(_Strict):
     top_p: _sampling(0.0, 1.0) | None = None
     frequency_penalty: _sampling(-2.0, 2.0) | None = None
     presence_penalty: _sampling(-2.0, 2.0) | None = None
-    stop: (
-        Annotated[
-            str | Annotated[list[str], Field(max_length=4)],
-            Says("a string or an array of strings", "stop takes at most 4 sequences"),
-        ]
-        | None
-    ) = Field(default=None, description="up to 4 sequences that end the completion")
+    stop: Annotated[
+        str | Annotated[list[str], Field(max_length=4)] | None,
+        Says("a string or an array of strings", "stop takes at most 4 sequences"),
+    ] = Field(default=None, description="up to 4 sequences that end the completion")
     seed: int | None = None
     user: str | None = None
-    service_tier: (
-        Annotated[
-            Literal[SERVICE_TIERS],  # type: ignore[valid-type]
-            Says(
-                "a string",
-                f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got {{input}}",
-                of=str,
-                malformed=True,
-            ),
-        ]
-        | None
-    ) = Field(
+    service_tier: Annotated[
+        Literal[SERVICE_TIERS] | None,  # type: ignore[valid-type]
+        Says(
+            "a string",
+            f"{{param}} must be one of {', '.join(SERVICE_TIERS)}, got {{input}}",
+            of=str,
+            malformed=True,
+        ),  # fmt: skip
+    ] = Field(
         default=None,
         description="OpenAI's tiers mapped onto bids: flex bids 0 (served when capacity "
         "allows, no priority charge); priority bids the market's quote for its priority target, "

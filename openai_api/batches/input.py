@@ -162,6 +162,9 @@ class BatchLineRequest(BaseModel):
 
 def _line_checked(number: int, line: str) -> BatchLine:
     raw = body_parsed(line, what="the line")
+    unknown = sorted(set(raw) - BatchLineRequest.model_fields.keys())
+    if unknown:  # first, as the whole line is then in doubt
+        raise MalformedRequest(f"unknown field {unknown[0]!r}", param=unknown[0])
     checked = validated(BatchLineRequest, raw)
     params = _params_checked(checked.body, url=checked.url)
     # The body kept as JSON's own types (a float's shortest repr gives back the digits sent, for

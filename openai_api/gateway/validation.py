@@ -48,9 +48,11 @@ import mechanism
 from accounts.money import MONEY_PLACES, QUANTUM, decimal_text
 from accounts.selectors.usage import (
     BUCKET_WIDTHS,
+    COST_GROUPS,
     DEFAULT_BUCKET_WIDTH,
     LATEST_UNIX_S,
     PAGE_LIMITS,
+    USAGE_GROUPS,
     UsageQuery,
 )
 from accounts.text import MAX_JSON_DEPTH, json_problem, text_problem
@@ -164,8 +166,6 @@ def refusal(exc: ValidationError) -> GatewayError:
         return kind(ctx["says"].replace("{param}", where), param=ctx["param"] or where)
     if error["type"] == "missing":
         return MalformedRequest(f"{where} is required", param=where)
-    if error["type"] == "extra_forbidden":
-        return MalformedRequest(f"unknown field {where!r}", param=where)
     if error["type"] in _TYPE_NAMES:
         return MalformedRequest(f"{where} must be {_TYPE_NAMES[error['type']]}", param=where)
     return InvalidValue(f"{where}: {error['msg']}", param=where or None)
@@ -296,12 +296,13 @@ def bid_parsed(value: Any, *, param: str) -> Decimal:
 
 
 def as_validator(check: Any) -> Any:
-    """``check(value, headers)`` as a validator: a GatewayError it raises becomes the field's
-    refusal (its own message and param)."""
+    """``check(value, info)`` as a validator (``info.context``: what is read beside the value,
+    such as headers; ``info.data``: the fields checked before): a GatewayError it raises becomes
+    the field's refusal (its own message and param)."""
 
     def validate(value: Any, info: ValidationInfo) -> Any:
         try:
-            return check(value, info.context or {})
+            return check(value, info)
         except GatewayError as exc:
             kind = _MALFORMED if isinstance(exc, MalformedRequest) else _INVALID
             raise _refused(kind, exc.message, exc.param) from None
@@ -309,9 +310,9 @@ def as_validator(check: Any) -> Any:
     return validate
 
 
-def _body_bid(value: Any, headers: Mapping[str, str]) -> Decimal | None:
+def _body_bid(value: Any, info: ValidationInfo) -> Decimal | None:
     body_bid = None if value is None else bid_parsed(value, param="bid")
-    in_header = headers.get("x-bid")
+    in_header = (info.context or {}).get("x-bid")
     header_bid = None if in_header is None else bid_parsed(in_header, param="X-Bid")
     if body_bid is not None and header_bid is not None and body_bid != header_bid:
         raise InvalidValue(
@@ -320,10 +321,10 @@ def _body_bid(value: Any, headers: Mapping[str, str]) -> Decimal | None:
     return body_bid if body_bid is not None else header_bid
 
 
-def _request_class(value: Any, headers: Mapping[str, str]) -> str:
-    param = "request_class"
-    if headers.get("x-request-class") is not None:
-        value, param = headers["x-request-class"], "X-Request-Class"
+def _request_class(value: Any, info: ValidationInfo) -> str:
+    param, header = "request_class", (info.context or {}).get("x-request-class")
+    if header is not None:
+        value, param = header, "X-Request-Class"
     elif value is None:
         return DEFAULT_REQUEST_CLASS
     elif not isinstance(value, str):
@@ -502,7 +503,7 @@ class _Completion(_Strict):
         )
 
 
-def _content(value: Any, headers: Mapping[str, str]) -> str:
+def _content(value: Any, info: ValidationInfo) -> str:
     """A message's content flattened to text: a string, or text parts."""
     if value is None or isinstance(value, str):
         return value or ""
@@ -570,7 +571,7 @@ class ChatCompletionRequest(_Completion):
     ]
 
 
-def _prompt(value: Any, headers: Mapping[str, str]) -> str | tuple[int, ...]:
+def _prompt(value: Any, info: ValidationInfo) -> str | tuple[int, ...]:
     """One prompt: text or token ids (or a batch of one of either)."""
     if value is None:
         raise MalformedRequest("prompt is required")
@@ -683,14 +684,14 @@ QUOTE_MAX_TTFT_S = 3600.0  # the longest wait a quote is asked for, seconds
 QUOTE_DEFAULT_PROBABILITY = 0.9
 
 
-def _quoted_model(value: Any, context: Any) -> str:
+def _quoted_model(value: Any, info: ValidationInfo) -> str:
     if not value:
         raise MalformedRequest("model is required (the model to be quoted)", param="model")
     return text_checked(value, param="model")
 
 
 def _query_number(
-    value: Any, context: Any, *, name: str, high: float, closed: bool
+    value: Any, info: ValidationInfo, *, name: str, high: float, closed: bool
 ) -> float | None:
     """The query parameter ``name`` as a number in (0, high] (``closed``) or (0, high); None if
     absent."""
@@ -709,7 +710,7 @@ def _query_number(
     return number
 
 
-def _query_bid(value: Any, context: Any) -> Decimal | None:
+def _query_bid(value: Any, info: ValidationInfo) -> Decimal | None:
     return None if value is None else bid_parsed(value, param="bid")
 
 
@@ -758,79 +759,152 @@ class QuoteQuery(BaseModel):
         return self
 
 
-_USAGE_PARAMS = frozenset(
-    {"start_time", "end_time", "bucket_width", "group_by", "group_by[]", "limit", "page"}
-)
+# --- GET /v1/organization/usage/completions and /costs -----------------------------------------
 
 
-def usage_params(query: QueryDict, *, groups: Collection[str], now: int) -> UsageQuery:
-    """The query of ``GET /v1/organization/usage/completions`` and ``/costs`` (OpenAI's):
-    ``start_time`` (Unix seconds, required), ``end_time`` (``now`` unless given),
-    ``bucket_width``, ``group_by`` (repeated, ``group_by[]`` or comma-separated, each one of
-    ``groups``), ``limit`` and ``page``. MalformedRequest (400) naming the parameter otherwise;
-    a parameter it does not know (OpenAI's ``models``, ``project_ids`` filters) is refused, not
-    ignored, so that no answer is silently wider than asked."""
-    for name in query:
-        if name not in _USAGE_PARAMS:
-            raise MalformedRequest(
-                f"{_short(name)} is not a parameter of this endpoint", param=name
-            )
-    start_time = _unix_seconds(query, "start_time")
-    if start_time is None:
+def _seconds(value: Any, info: ValidationInfo) -> int | None:
+    """A whole number of Unix seconds from 0 to ``LATEST_UNIX_S`` (ASCII digits); None if
+    absent."""
+    if value is None:
+        return None
+    name = info.field_name
+    if not (
+        value.isascii() and value.isdigit() and len(value) <= 15 and int(value) <= LATEST_UNIX_S
+    ):
+        raise MalformedRequest(
+            f"{name} must be a whole number from 0 to {LATEST_UNIX_S} (ASCII digits), got "
+            f"{_short(value)}",
+            param=name,
+        )
+    return int(value)
+
+
+def _start_time(value: Any, info: ValidationInfo) -> int:
+    if value is None:
         raise MalformedRequest("start_time is required (Unix seconds)", param="start_time")
-    end_time = _unix_seconds(query, "end_time")
-    end_time = now if end_time is None else end_time
-    if end_time <= start_time:
+    return _seconds(value, info)  # type: ignore[return-value]
+
+
+def _end_time(value: Any, info: ValidationInfo) -> int:
+    end_time = (info.context or {})["now"] if value is None else _seconds(value, info)
+    start_time = info.data.get("start_time")
+    if start_time is not None and end_time <= start_time:
         raise MalformedRequest(
             f"end_time ({end_time}) must be after start_time ({start_time})", param="end_time"
         )
-    width = _one_of("bucket_width", query.get("bucket_width", DEFAULT_BUCKET_WIDTH), BUCKET_WIDTHS)
-    group_by: list[str] = []
-    for text in query.getlist("group_by") + query.getlist("group_by[]"):
-        for name in text.split(","):
-            if name.strip() not in groups:
-                raise MalformedRequest(
-                    f"group_by must name fields among {', '.join(groups)}, got {_short(name)}",
-                    param="group_by",
-                )
-            if name.strip() not in group_by:
-                group_by.append(name.strip())
-    default, most = PAGE_LIMITS[width]
-    limit = _unix_seconds(query, "limit")
-    if limit is not None and not 1 <= limit <= most:
+    return end_time
+
+
+def _bucket_width(value: Any, info: ValidationInfo) -> str:
+    return _one_of("bucket_width", value, BUCKET_WIDTHS)
+
+
+def _group_by(value: Any, info: ValidationInfo) -> tuple[str, ...]:
+    groups, group_by = (info.context or {})["groups"], []
+    for name in (name for text in value for name in text.split(",")):
+        if name.strip() not in groups:
+            raise MalformedRequest(
+                f"group_by must name fields among {', '.join(groups)}, got {_short(name)}",
+                param="group_by",
+            )
+        if name.strip() not in group_by:
+            group_by.append(name.strip())
+    return tuple(group_by)
+
+
+def _limit(value: Any, info: ValidationInfo) -> int | None:
+    limit, width = _seconds(value, info), info.data.get("bucket_width", DEFAULT_BUCKET_WIDTH)
+    if limit is not None and not 1 <= limit <= PAGE_LIMITS[width][1]:
         raise MalformedRequest(
-            f"limit must be 1 to {most} buckets for bucket_width {width}, got {limit}",
+            f"limit must be 1 to {PAGE_LIMITS[width][1]} buckets for bucket_width {width}, got "
+            f"{limit}",
             param="limit",
         )
-    asked = UsageQuery(
-        start_time=start_time,
-        end_time=end_time,
-        bucket_width=width,
-        group_by=tuple(group_by),
-        limit=default if limit is None else limit,
+    return limit
+
+
+def _usage_field(check: Any, schema: Any, description: str) -> Any:
+    """A usage query parameter: checked by ``check``, described by ``schema``."""
+    validator = PlainValidator(as_validator(check), json_schema_input_type=schema)
+    return Annotated[Any, validator, Field(description=description)]
+
+
+_UsageSeconds = Annotated[str, Field(pattern="^[0-9]+$")]
+_LIMITS = ", ".join(f"{w}: {d} (at most {m})" for w, (d, m) in PAGE_LIMITS.items())
+
+
+class UsageParams(BaseModel):
+    """The query of ``GET /v1/organization/usage/completions`` and ``/costs`` (OpenAI's):
+    ``start_time`` (Unix seconds, required), ``end_time`` (now unless given),
+    ``bucket_width``, ``group_by`` (repeated, ``group_by[]`` or comma-separated, each a field
+    of the endpoint's), ``limit`` and ``page``; checked in this order (context: ``now``, Unix
+    seconds; ``groups``)."""
+
+    model_config = ConfigDict(json_schema_extra={"required": ["start_time"]})
+
+    start_time: _usage_field(_start_time, _UsageSeconds, "Unix seconds, included") = (
+        LEFT_OUT_AS_NULL
     )
-    page = _unix_seconds(query, "page")
-    if page is not None and not (
-        asked.first_bucket <= page < end_time and page % asked.width_s == 0
-    ):
-        raise MalformedRequest(
-            "page is not a page of this window and bucket_width: pass the next_page of the "
-            "answer before, with the same start_time, end_time and bucket_width",
-            param="page",
+    end_time: _usage_field(_end_time, _UsageSeconds, "Unix seconds, excluded; now unless given") = (
+        LEFT_OUT_AS_NULL
+    )
+    bucket_width: _usage_field(
+        _bucket_width, Literal[tuple(BUCKET_WIDTHS)], f"{DEFAULT_BUCKET_WIDTH} unless given"
+    ) = DEFAULT_BUCKET_WIDTH
+    group_by: _usage_field(
+        _group_by,
+        list[Literal[tuple(USAGE_GROUPS)]],  # type: ignore[misc]
+        "fields to group the results by (repeated, or comma-separated)",
+    ) = ()
+    limit: _usage_field(_limit, _UsageSeconds, f"buckets per page, by bucket_width: {_LIMITS}") = (
+        LEFT_OUT_AS_NULL
+    )
+    page: _usage_field(_seconds, _UsageSeconds, "the next_page of the answer before") = (
+        LEFT_OUT_AS_NULL
+    )
+
+    def query(self) -> UsageQuery:
+        """The page asked for; MalformedRequest if ``page`` is not one of its window's."""
+        asked = UsageQuery(
+            start_time=self.start_time,
+            end_time=self.end_time,
+            bucket_width=self.bucket_width,
+            group_by=self.group_by,
+            limit=PAGE_LIMITS[self.bucket_width][0] if self.limit is None else self.limit,
         )
-    return replace(asked, page=page)
+        page = self.page
+        if page is not None and not (
+            asked.first_bucket <= page < asked.end_time and page % asked.width_s == 0
+        ):
+            raise MalformedRequest(
+                "page is not a page of this window and bucket_width: pass the next_page of the "
+                "answer before, with the same start_time, end_time and bucket_width",
+                param="page",
+            )
+        return replace(asked, page=page)
 
 
-def _unix_seconds(query: QueryDict, name: str) -> int | None:
-    """The query parameter ``name`` as a whole number from 0 to ``LATEST_UNIX_S`` (ASCII
-    digits); None if absent."""
-    text = query.get(name)
-    if text is None:
-        return None
-    if not (text.isascii() and text.isdigit() and len(text) <= 15 and int(text) <= LATEST_UNIX_S):
-        raise MalformedRequest(
-            f"{name} must be a whole number from 0 to {LATEST_UNIX_S} (ASCII digits), got "
-            f"{_short(text)}",
-            param=name,
-        )
-    return int(text)
+class CostsParams(UsageParams):
+    """``GET /v1/organization/costs``' query: that of usage, grouped by the costs' fields."""
+
+    group_by: _usage_field(
+        _group_by,
+        list[Literal[tuple(COST_GROUPS)]],  # type: ignore[misc]
+        "fields to group the results by (repeated, or comma-separated)",
+    ) = ()
+
+
+def usage_params(
+    query: QueryDict, *, model: type[UsageParams] = UsageParams, groups: Collection[str], now: int
+) -> UsageQuery:
+    """The page a usage query asks for (``model``'s fields, checked in their order);
+    MalformedRequest (400) naming the parameter otherwise. A parameter it does not know
+    (OpenAI's ``models``, ``project_ids`` filters) is refused, not ignored, so that no answer is
+    silently wider than asked."""
+    for name in query:
+        if name not in model.model_fields and name != "group_by[]":
+            raise MalformedRequest(
+                f"{_short(name)} is not a parameter of this endpoint", param=name
+            )
+    data = {**query.dict(), "group_by": query.getlist("group_by") + query.getlist("group_by[]")}
+    return validated(model, data, {"groups": groups, "now": now}).query()

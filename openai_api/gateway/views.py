@@ -40,7 +40,9 @@ from openai_api.gateway.selectors import budgets_for_key
 from openai_api.gateway.validation import (
     CHAT,
     COMPLETIONS,
+    CostsParams,
     QuoteQuery,
+    UsageParams,
     body_parsed,
     completion_params,
     usage_params,
@@ -166,12 +168,15 @@ async def quotes(request: HttpRequest) -> HttpResponse:
 
 
 async def _usage_read(
-    request: HttpRequest, groups: dict[str, str], select: Callable[..., dict]
+    request: HttpRequest,
+    groups: dict[str, str],
+    select: Callable[..., dict],
+    model: type[UsageParams] = UsageParams,
 ) -> HttpResponse:
     """A usage read of the key's tenant: authenticated, then ``select(tenant_id=, query=)``
     over the page that the query asks for (``validation.usage_params``)."""
     api_key = await db_call(api_key_authenticated, key=_bearer(request))
-    query = usage_params(request.GET, groups=groups, now=int(time.time()))
+    query = usage_params(request.GET, model=model, groups=groups, now=int(time.time()))
     return JsonResponse(await db_call(select, tenant_id=api_key.tenant_id, query=query))
 
 
@@ -187,7 +192,7 @@ async def usage_completions(request: HttpRequest) -> HttpResponse:
 async def costs(request: HttpRequest) -> HttpResponse:
     """``GET /v1/organization/costs`` (the query of ``usage_completions``): the tenant's
     charges per time bucket, by line item ``tokens`` or ``priority`` when grouped so."""
-    return await _usage_read(request, COST_GROUPS, costs_for_tenant)
+    return await _usage_read(request, COST_GROUPS, costs_for_tenant, CostsParams)
 
 
 def _metrics_allowed(request: HttpRequest) -> None:

@@ -14,13 +14,6 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from accounts.selectors.usage import (
-    BUCKET_WIDTHS,
-    COST_GROUPS,
-    DEFAULT_BUCKET_WIDTH,
-    PAGE_LIMITS,
-    USAGE_GROUPS,
-)
 from openai_api.batches.input import BatchInputInvalid, BatchLineRequest, BatchTooLarge
 from openai_api.batches.services import BatchCreateRequest, BatchNotCancellable, BatchNotFound
 from openai_api.gateway import errors as e
@@ -30,7 +23,9 @@ from openai_api.gateway.validation import (
     MAX_TOKENS_LIMIT,
     ChatCompletionRequest,
     CompletionRequest,
+    CostsParams,
     QuoteQuery,
+    UsageParams,
 )
 from openai_api.openapi import answers
 
@@ -203,27 +198,6 @@ _BUCKETS = (
 )
 
 
-def _usage_parameters(groups: tuple[str, ...]) -> list[dict[str, Any]]:
-    seconds = {"type": "string", "pattern": "^[0-9]+$"}
-    limits = ", ".join(f"{w}: {d} (at most {m})" for w, (d, m) in PAGE_LIMITS.items())
-    return [
-        _query("start_time", seconds, "Unix seconds, included", required=True),
-        _query("end_time", seconds, "Unix seconds, excluded; now unless given"),
-        _query(
-            "bucket_width",
-            {"type": "string", "enum": list(BUCKET_WIDTHS)},
-            f"{DEFAULT_BUCKET_WIDTH} unless given",
-        ),
-        _query(
-            "group_by",
-            {"type": "array", "items": {"type": "string", "enum": list(groups)}},
-            "fields to group the results by (repeated, or comma-separated)",
-        ),
-        _query("limit", seconds, f"buckets per page, by bucket_width: {limits}"),
-        _query("page", seconds, "the next_page of the answer before"),
-    ]
-
-
 def _operation(
     operation_id: str,
     tag: str,
@@ -391,7 +365,7 @@ def _paths() -> dict[str, Any]:
                 _USAGE + _BUCKETS,
                 "UsageCompletionsPage",
                 ("malformed_request", *_DATABASE),
-                _usage_parameters(tuple(USAGE_GROUPS)),
+                _parameters(UsageParams),
             )
         },
         "/v1/organization/costs": {
@@ -402,7 +376,7 @@ def _paths() -> dict[str, Any]:
                 _COSTS + _BUCKETS,
                 "CostsPage",
                 ("malformed_request", *_DATABASE),
-                _usage_parameters(tuple(COST_GROUPS)),
+                _parameters(CostsParams),
             )
         },
         "/v1/batches": {

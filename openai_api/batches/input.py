@@ -5,32 +5,35 @@ A line is ``{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions"
 (dollars per second of waiting). The whole file is checked before anything is written: one bad
 line refuses the file, and the error lists every bad line with its number (the first
 ``MAX_ERRORS_LISTED``). Streaming makes no sense in a batch and is refused. Every string of a
-line (``custom_id``, the body's) must be text that can be kept (``validation.json_checked``).
+line (``custom_id``, the body's) must be text that can be kept (``validation.body_parsed``).
+A line is checked by ``BatchLineRequest``, its body by its endpoint's model.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
+from pydantic import BaseModel, ConfigDict, Field
 
 from openai_api.gateway.errors import GatewayError, InvalidValue, MalformedRequest
 from openai_api.gateway.validation import (
     CHAT,
     COMPLETIONS,
+    LEFT_OUT_AS_NULL,
     CompletionParams,
+    Says,
     body_parsed,
     completion_params,
-    json_checked,
     text_checked,
+    validated,
 )
 
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
 MAX_CUSTOM_ID_CHARS = 512
 MAX_ERRORS_LISTED = 100
-_LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 
 
 def max_lines() -> int:
@@ -133,44 +136,54 @@ def lines_checked(text: str) -> list[BatchLine]:
     return checked
 
 
+class BatchLineRequest(BaseModel):
+    """One line of a batch's JSONL input; ``body`` as the endpoint takes it (no ``stream``)."""
+
+    # Fields left out are refused as values of the wrong kind, as they always were, so they
+    # have defaults for pydantic, and are required in the schema.
+    model_config = ConfigDict(
+        strict=True, extra="forbid", json_schema_extra={"required": ["custom_id", "url", "body"]}
+    )
+
+    custom_id: Annotated[
+        str,
+        Field(min_length=1, pattern=r"\S"),
+        Says("a non-empty string", "{param} must be a non-empty string", of=str, malformed=True),
+        Field(max_length=MAX_CUSTOM_ID_CHARS),
+        Says(invalid=f"{{param}} is longer than {MAX_CUSTOM_ID_CHARS} characters"),
+    ] = LEFT_OUT_AS_NULL
+    method: Annotated[Literal["POST"], Says(invalid="{param} must be POST")] = "POST"
+    url: Annotated[
+        Literal[tuple(ENDPOINTS)],  # type: ignore[valid-type]
+        Says(invalid=f"{{param}} must be one of {', '.join(ENDPOINTS)}, got {{input}}"),
+    ] = LEFT_OUT_AS_NULL
+    body: Annotated[dict[str, Any], Says("a JSON object")] = LEFT_OUT_AS_NULL
+
+
 def _line_checked(number: int, line: str) -> BatchLine:
-    try:
-        raw = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        raise MalformedRequest(f"not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise MalformedRequest("a line must be a JSON object")
-    json_checked(raw)
-    unknown = sorted(set(raw) - _LINE_KEYS)
-    if unknown:
+    raw = body_parsed(line, what="the line")
+    unknown = sorted(set(raw) - BatchLineRequest.model_fields.keys())
+    if unknown:  # first, as the whole line is then in doubt
         raise MalformedRequest(f"unknown field {unknown[0]!r}", param=unknown[0])
-    custom_id = raw.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id.strip():
-        raise MalformedRequest("custom_id must be a non-empty string", param="custom_id")
-    if len(custom_id) > MAX_CUSTOM_ID_CHARS:
-        raise InvalidValue(
-            f"custom_id is longer than {MAX_CUSTOM_ID_CHARS} characters", param="custom_id"
-        )
-    method = raw.get("method", "POST")
-    if method != "POST":
-        raise InvalidValue("method must be POST", param="method")
-    url = raw.get("url")
-    if url not in ENDPOINTS:
-        raise InvalidValue(f"url must be one of {', '.join(ENDPOINTS)}, got {url!r}", param="url")
-    body = raw.get("body")
-    if not isinstance(body, dict):
-        raise MalformedRequest("body must be a JSON object", param="body")
-    params = body_params(body, url=url)
-    return BatchLine(line=number, custom_id=custom_id, url=url, body=body, params=params)
+    checked = validated(BatchLineRequest, raw)
+    params = _params_checked(checked.body, url=checked.url)
+    # The body kept as JSON's own types (a float's shortest repr gives back the digits sent, for
+    # any bid the endpoint accepts), as the endpoint is sent it when the batch runs.
+    body = json.loads(json.dumps(checked.body, default=float))
+    return BatchLine(
+        line=number, custom_id=checked.custom_id, url=checked.url, body=body, params=params
+    )
 
 
 def body_params(body: dict[str, Any], *, url: str) -> CompletionParams:
-    """A line's body checked by the endpoint's own validation, its numbers read as Decimals;
-    errors name the field as ``body.<field>``."""
+    """A kept line's body checked again by the endpoint's own validation (its numbers read as
+    Decimals); errors name the field as ``body.<field>``."""
+    return _params_checked(body_parsed(json.dumps(body)), url=url)
+
+
+def _params_checked(body: dict[str, Any], *, url: str) -> CompletionParams:
     try:
-        params = completion_params(
-            body_parsed(json.dumps(body).encode()), endpoint=ENDPOINTS[url], headers={}
-        )
+        params = completion_params(body, endpoint=ENDPOINTS[url], headers={})
     except GatewayError as exc:
         if exc.param:
             exc.param = f"body.{exc.param}"

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 from accounts.models import ApiKey, Tenant
 from openai_api.batches.input import lines_checked
 from openai_api.gateway.errors import GatewayError, InvalidValue, MalformedRequest
+from openai_api.gateway.validation import LEFT_OUT_AS_NULL, as_validator
 from openai_api.models import BatchItem, BatchJob, BatchStatus, ItemStatus
 
 MAX_METADATA_KEYS = 16  # OpenAI's limits on a batch's metadata
@@ -50,6 +52,40 @@ def metadata_checked(metadata: Any) -> dict[str, str]:
         if len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS:
             raise InvalidValue(f"metadata[{key!r}] is too long", param="metadata")
     return dict(metadata)
+
+
+def _jsonl_text(value: Any, context: Any) -> str:
+    if not isinstance(value, str):
+        raise MalformedRequest(
+            'a JSON body must be {"input": "<JSONL text>", "metadata": {...}}; or send the '
+            "JSONL itself as application/jsonl",
+            param="input",
+        )
+    return value
+
+
+_Metadata = Annotated[
+    dict[
+        Annotated[str, Field(max_length=MAX_METADATA_KEY_CHARS)],
+        Annotated[str, Field(max_length=MAX_METADATA_VALUE_CHARS)],
+    ]
+    | None,
+    Field(max_length=MAX_METADATA_KEYS),
+]
+
+
+class BatchCreateRequest(BaseModel):
+    """``POST /v1/batches`` as JSON; the JSONL itself may be sent instead (application/jsonl).
+    The metadata is checked by ``metadata_checked`` when the batch is created."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"required": ["input"]})
+
+    input: Annotated[
+        str,
+        PlainValidator(as_validator(_jsonl_text), json_schema_input_type=str),
+        Field(description="the JSONL text, a BatchLineRequest per line"),
+    ] = LEFT_OUT_AS_NULL
+    metadata: Annotated[Any, PlainValidator(lambda v: v, json_schema_input_type=_Metadata)] = None
 
 
 def batch_create(

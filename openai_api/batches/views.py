@@ -13,7 +13,6 @@ A batch id, ``after`` or ``limit`` that is not plain text (a NUL) is a 400 namin
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -21,11 +20,16 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from accounts.text import whole_number
 from openai_api.batches import selectors, tasks
 from openai_api.batches.input import input_decoded, max_bytes, size_checked
-from openai_api.batches.services import BatchNotFound, batch_cancel, batch_create
+from openai_api.batches.services import (
+    BatchCreateRequest,
+    BatchNotFound,
+    batch_cancel,
+    batch_create,
+)
 from openai_api.gateway.db import db_call
 from openai_api.gateway.errors import MalformedRequest
 from openai_api.gateway.keys import api_key_authenticated
-from openai_api.gateway.validation import json_checked, text_checked
+from openai_api.gateway.validation import body_parsed, text_checked, validated
 from openai_api.gateway.views import _bearer, refusals_answered
 from openai_api.models import BatchJob
 
@@ -50,18 +54,8 @@ def _submitted(request: HttpRequest) -> tuple[str, Any]:
     content_type = request.content_type or ""
     if content_type != "application/json":
         return input_decoded(raw), None
-    try:
-        form = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise MalformedRequest(f"the body is not valid JSON: {exc}") from None
-    json_checked(form)
-    if not isinstance(form, dict) or not isinstance(form.get("input"), str):
-        raise MalformedRequest(
-            'a JSON body must be {"input": "<JSONL text>", "metadata": {...}}; or send the '
-            f"JSONL itself as {JSONL}",
-            param="input",
-        )
-    return form["input"], form.get("metadata")
+    form = validated(BatchCreateRequest, body_parsed(raw))
+    return form.input, form.metadata
 
 
 def _create(*, key: str | None, text: str, metadata: Any) -> dict[str, Any]:

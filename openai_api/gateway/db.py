@@ -66,6 +66,8 @@ def threads_configured() -> int:
 
 def _pool() -> ThreadPoolExecutor:
     global _executor, _threads
+    if _executor is not None:  # set once: no lock taken per call
+        return _executor
     with _lock:
         if _executor is None:
             _threads = threads_configured()

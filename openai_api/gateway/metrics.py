@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from decimal import Decimal
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -105,6 +106,27 @@ DURATION = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+
+
+def _children_kept(metric: Any) -> None:
+    """``metric.labels(...)`` with each child kept in a dict once made: a request's several label
+    lookups then cost a dict read each, not prometheus_client's lock and checks. The label
+    values are a few names (markets, endpoints, statuses, error codes, bid sources)."""
+    children: dict[tuple[str, ...], Any] = {}
+    made = metric.labels
+
+    def labels(*values: str) -> Any:
+        child = children.get(values)
+        if child is None:
+            child = children[values] = made(*values)
+        return child
+
+    metric.labels = labels
+
+
+for _metric in (REQUESTS, ERRORS, BIDS, TOKEN_CHARGES, PRIORITY_CHARGES, IN_FLIGHT, WAITING, TTFT,
+                DURATION):  # fmt: skip
+    _children_kept(_metric)
 
 
 def answered(*, market: str, endpoint: str, status: int, error: str | None = None) -> None:

@@ -63,7 +63,7 @@ from openai_api.gateway.errors import (
 )
 from openai_api.gateway.keys import api_key_authenticated
 from openai_api.gateway.selectors import market_for_model, models_served, quote_for
-from openai_api.gateway.validation import CHAT, CompletionParams, QuoteParams
+from openai_api.gateway.validation import CHAT, CompletionParams, QuoteQuery
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -427,7 +427,7 @@ async def models_list(*, key: str | None) -> dict:
     return {"object": "list", "data": await db_call(models_served)}
 
 
-async def quote_read(*, key: str | None, params: QuoteParams) -> dict:
+async def quote_read(*, key: str | None, params: QuoteQuery) -> dict:
     """``GET /v1/quotes`` for an authenticated key (``selectors.quote_for``)."""
     await db_call(api_key_authenticated, key=key)
     market = await db_call(market_for_model, model=params.model)

@@ -40,10 +40,13 @@ from openai_api.gateway.selectors import budgets_for_key
 from openai_api.gateway.validation import (
     CHAT,
     COMPLETIONS,
+    CostsParams,
+    QuoteQuery,
+    UsageParams,
     body_parsed,
     completion_params,
-    quote_params,
     usage_params,
+    validated,
 )
 
 _View = Callable[..., Awaitable[HttpResponse]]
@@ -87,8 +90,14 @@ def _bearer(request: HttpRequest) -> str | None:
 
 
 def _gateway_headers(request: HttpRequest) -> dict[str, str]:
-    """The headers ``validation.completion_params`` reads, by lower-case name."""
-    return {n: request.headers[n] for n in ("x-bid", "x-request-class") if n in request.headers}
+    """The headers ``validation.completion_params`` reads, by lower-case name (read from META:
+    ``request.headers`` would build a map of every header, per request)."""
+    meta = request.META
+    return {
+        n: meta[m]
+        for n, m in (("x-bid", "HTTP_X_BID"), ("x-request-class", "HTTP_X_REQUEST_CLASS"))
+        if m in meta
+    }
 
 
 async def _completion(request: HttpRequest, endpoint: str) -> HttpResponse:
@@ -153,16 +162,21 @@ async def quotes(request: HttpRequest) -> HttpResponse:
     token within T seconds with probability P (0.9 unless given) now, and the waits bid B buys
     (``services.quote_read``)."""
     key = _bearer(request)
-    return JsonResponse(await services.quote_read(key=key, params=quote_params(request.GET)))
+    return JsonResponse(
+        await services.quote_read(key=key, params=validated(QuoteQuery, request.GET.dict()))
+    )
 
 
 async def _usage_read(
-    request: HttpRequest, groups: dict[str, str], select: Callable[..., dict]
+    request: HttpRequest,
+    groups: dict[str, str],
+    select: Callable[..., dict],
+    model: type[UsageParams] = UsageParams,
 ) -> HttpResponse:
     """A usage read of the key's tenant: authenticated, then ``select(tenant_id=, query=)``
     over the page that the query asks for (``validation.usage_params``)."""
     api_key = await db_call(api_key_authenticated, key=_bearer(request))
-    query = usage_params(request.GET, groups=groups, now=int(time.time()))
+    query = usage_params(request.GET, model=model, groups=groups, now=int(time.time()))
     return JsonResponse(await db_call(select, tenant_id=api_key.tenant_id, query=query))
 
 
@@ -178,7 +192,7 @@ async def usage_completions(request: HttpRequest) -> HttpResponse:
 async def costs(request: HttpRequest) -> HttpResponse:
     """``GET /v1/organization/costs`` (the query of ``usage_completions``): the tenant's
     charges per time bucket, by line item ``tokens`` or ``priority`` when grouped so."""
-    return await _usage_read(request, COST_GROUPS, costs_for_tenant)
+    return await _usage_read(request, COST_GROUPS, costs_for_tenant, CostsParams)
 
 
 def _metrics_allowed(request: HttpRequest) -> None:

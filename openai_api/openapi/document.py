@@ -1,8 +1,8 @@
 """The OpenAPI 3.1 document of everything under ``/v1`` (served at ``/v1/openapi.json``, rendered
-at ``/docs/api/``): its JSON Schemas derived from the pydantic models of ``bodies`` (requests)
-and ``answers``, its error codes from the gateway's error classes (``gateway.errors`` and the
-few raised with a code of their own), each operation listing the codes it can answer with,
-under their HTTP status.
+at ``/docs/api/``): its JSON Schemas generated from the pydantic models that check the requests
+(``gateway.validation``, ``batches``) and from ``answers``, its error codes from the gateway's
+error classes (``gateway.errors`` and the few raised with a code of their own), each operation
+listing the codes it can answer with, under their HTTP status.
 """
 
 from __future__ import annotations
@@ -11,21 +11,25 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from accounts.selectors.usage import (
-    BUCKET_WIDTHS,
-    COST_GROUPS,
-    DEFAULT_BUCKET_WIDTH,
-    PAGE_LIMITS,
-    USAGE_GROUPS,
-)
-from openai_api.batches.input import BatchInputInvalid, BatchTooLarge
-from openai_api.batches.services import BatchNotCancellable, BatchNotFound
+from openai_api.batches.input import BatchInputInvalid, BatchLineRequest, BatchTooLarge
+from openai_api.batches.services import BatchCreateRequest, BatchNotCancellable, BatchNotFound
 from openai_api.gateway import errors as e
 from openai_api.gateway.chat_templates import TemplateUnavailable
-from openai_api.gateway.validation import MAX_BID, MAX_TOKENS_LIMIT, QUOTE_MAX_TTFT_S
-from openai_api.openapi import answers, bodies
+from openai_api.gateway.validation import (
+    MAX_BID,
+    MAX_TOKENS_LIMIT,
+    ChatCompletionRequest,
+    CompletionRequest,
+    CostsParams,
+    QuoteQuery,
+    UsageParams,
+)
+from openai_api.openapi import answers
+
+REQUESTS = (ChatCompletionRequest, CompletionRequest, BatchCreateRequest, BatchLineRequest)
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{model}"
@@ -160,6 +164,17 @@ def _header(name: str, description: str) -> dict[str, Any]:
     }
 
 
+def _parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """The query parameters the fields of ``model`` describe."""
+    schema = model.model_json_schema()
+    return [
+        _query(
+            name, field, field.pop("description", ""), required=name in schema.get("required", [])
+        )
+        for name, field in schema["properties"].items()
+    ]
+
+
 def _query(
     name: str, schema: dict[str, Any], description: str, *, required: bool = False
 ) -> dict[str, Any]:
@@ -183,38 +198,19 @@ _BUCKETS = (
 )
 
 
-def _usage_parameters(groups: tuple[str, ...]) -> list[dict[str, Any]]:
-    seconds = {"type": "string", "pattern": "^[0-9]+$"}
-    limits = ", ".join(f"{w}: {d} (at most {m})" for w, (d, m) in PAGE_LIMITS.items())
-    return [
-        _query("start_time", seconds, "Unix seconds, included", required=True),
-        _query("end_time", seconds, "Unix seconds, excluded; now unless given"),
-        _query(
-            "bucket_width",
-            {"type": "string", "enum": list(BUCKET_WIDTHS)},
-            f"{DEFAULT_BUCKET_WIDTH} unless given",
-        ),
-        _query(
-            "group_by",
-            {"type": "array", "items": {"type": "string", "enum": list(groups)}},
-            "fields to group the results by (repeated, or comma-separated)",
-        ),
-        _query("limit", seconds, f"buckets per page, by bucket_width: {limits}"),
-        _query("page", seconds, "the next_page of the answer before"),
-    ]
-
-
 def _operation(
-    *,
     operation_id: str,
+    tag: str,
     summary: str,
     description: str,
-    answer: dict[str, Any],
+    answer: str | dict[str, Any],
     codes: tuple[str, ...] = (),
     parameters: list[dict[str, Any]] | None = None,
     body: dict[str, Any] | None = None,
-    tag: str,
 ) -> dict[str, Any]:
+    """One operation; ``answer``: the component its 200 answers with, or that answer itself."""
+    if isinstance(answer, str):
+        answer = {"description": answer, "content": _json(_ref(answer))}
     operation: dict[str, Any] = {
         "operationId": operation_id,
         "summary": summary,
@@ -229,234 +225,210 @@ def _operation(
     return operation
 
 
-def _completion(endpoint: str, request: str, answer: str, chunk: str) -> dict[str, Any]:
+_COMPLETION = (
+    "OpenAI's endpoint with a bid. The gateway holds the request's worst case against the "
+    "budgets, forwards it to the market's engine with its bid, settles the token and priority "
+    "charges from the answer, and answers with OpenAI's shape plus `auction`. With `stream`, "
+    "server-sent events of chunks end with `data: [DONE]`; the last chunk carries `usage` (with "
+    "`stream_options.include_usage`) and `auction`; an error after the first event is sent as "
+    'an event `{"error": {...}}`.'
+)
+_BID_HEADERS = [
+    _header("X-Bid", f"the bid, dollars per second (0..{MAX_BID:f}; as the body's `bid`)"),
+    _header("X-Request-Class", "the request class (as the body's `request_class`)"),
+]
+
+
+def _completion(endpoint: str, request: type[BaseModel], answer: str) -> dict[str, Any]:
+    events = {"schema": {"type": "string", "description": f"`data: <{answer}Chunk>` events"}}
+    content = {**_json(_ref(answer)), "text/event-stream": events}
     return _operation(
-        operation_id=endpoint.replace(".", "_") + "_create",
-        summary=f"Create a {endpoint.replace('.', ' ').replace('_', ' ')}",
-        description=(
-            "OpenAI's endpoint with a bid. The gateway holds the request's worst case against "
-            "the budgets, forwards it to the market's engine with its bid, settles the token "
-            "and priority charges from the answer, and answers with OpenAI's shape plus "
-            "`auction`. With `stream`, server-sent events of chunks end with `data: [DONE]`; the "
-            "last chunk carries `usage` (with `stream_options.include_usage`) and `auction`; an "
-            'error after the first event is sent as an event `{"error": {...}}`.'
-        ),
-        parameters=[
-            _header("X-Bid", f"the bid, dollars per second (0..{MAX_BID:f}; as the body's `bid`)"),
-            _header("X-Request-Class", "the request class (as the body's `request_class`)"),
-        ],
-        body=_json(_ref(request)),
-        answer={
-            "description": "the completion, or (with `stream`) its chunks",
-            "content": {
-                **_json(_ref(answer)),
-                "text/event-stream": {
-                    "schema": {"type": "string", "description": f"`data: <{chunk}>` events"},
-                },
-            },
-        },
-        codes=_COMPLETION_CODES,
-        tag="completions",
+        endpoint.replace(".", "_") + "_create",
+        "completions",
+        f"Create a {endpoint.replace('.', ' ').replace('_', ' ')}",
+        _COMPLETION,
+        {"description": "the completion, or (with `stream`) its chunks", "content": content},
+        _COMPLETION_CODES,
+        _BID_HEADERS,
+        _json(_ref(request.__name__)),
     )
 
 
+_QUOTE = (
+    "From the waits of the market's requests served recently, grouped by bid: the bid that "
+    "bought a first token within `ttft_s` seconds with `probability`, by a margin clear of "
+    "chance (0 when bidding nothing already gets there, else never below the reserve), and the "
+    "waits `bid` buys. Give `ttft_s`, `bid` or both."
+)
+_USAGE = (
+    "OpenAI's usage endpoint for the key's tenant (all of its keys): the served requests per "
+    "bucket by the second they finished, their input tokens (cached ones included), cached "
+    "input and output tokens. "
+)
+_COSTS = (
+    "OpenAI's costs endpoint for the key's tenant: the ledger's charges per bucket by the "
+    "second they were charged, in exact dollars (a decimal string, where OpenAI sends a "
+    "number); grouped by `line_item`, the token charges (`tokens`) and the auction's priority "
+    "charges (`priority`) apart. "
+)
+_BATCH_SUBMIT = (
+    "The JSONL itself (a `BatchLineRequest` per line; `application/jsonl` or `text/plain`), or "
+    "JSON. The whole file is checked first, each line's body by its endpoint's rules; a bad "
+    "file is refused whole."
+)
+_BATCH_LIST = [
+    _query(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": 100},
+        "batches per page, 20 unless given",
+    ),
+    _query("after", {"type": "string"}, "the last batch id of the page before"),
+]
+_JSONL = {"application/jsonl": {"schema": {"type": "string"}}}
+_BATCH = ("malformed_request", "batch_not_found", *_DATABASE)
+
+
 def _paths() -> dict[str, Any]:
+    batch_files = {
+        f"/v1/batches/{{batch_id}}/{kind}": {
+            "get": _operation(
+                f"batch_{kind}",
+                "batches",
+                f"A batch's {kind} file",
+                f"JSONL, a `BatchResultLine` per {what}.",
+                {"description": "JSONL", "content": _JSONL},
+                _BATCH,
+                [_BATCH_ID],
+            )
+        }
+        for kind, what in (("output", "answered line"), ("errors", "line not served"))
+    }
+    reference = {
+        "operationId": "openapi_read",
+        "summary": "This document",
+        "tags": ["reference"],
+        "security": [],
+        "responses": {
+            "200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})},
+            **{k: r for k, r in _error_responses(()).items() if k != "401"},
+        },
+    }
+    submitted = {
+        **_json(_ref("BatchCreateRequest")),
+        **_JSONL,
+        "text/plain": _JSONL["application/jsonl"],
+    }
     return {
         "/v1/chat/completions": {
-            "post": _completion(
-                "chat.completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"
-            )
+            "post": _completion("chat.completion", ChatCompletionRequest, "ChatCompletion")
         },
         "/v1/completions": {
-            "post": _completion(
-                "text_completion", "CompletionRequest", "TextCompletion", "TextCompletionChunk"
-            )
+            "post": _completion("text_completion", CompletionRequest, "TextCompletion")
         },
         "/v1/models": {
             "get": _operation(
-                operation_id="models_list",
-                summary="List the models served",
-                description="One entry per active market, its served model as the `id`.",
-                answer={"description": "the models", "content": _json(_ref("ModelList"))},
-                codes=_DATABASE,
-                tag="markets",
+                "models_list",
+                "markets",
+                "List the models served",
+                "One entry per active market, its served model as the `id`.",
+                "ModelList",
+                _DATABASE,
             )
         },
         "/v1/quotes": {
             "get": _operation(
-                operation_id="quote_read",
-                summary="Quote what a bid buys",
-                description=(
-                    "From the waits of the market's requests served recently, grouped by bid: the "
-                    "bid that bought a first token within `ttft_s` seconds with `probability`, "
-                    "by a margin clear of chance (0 when bidding nothing already gets there, "
-                    "else never below the reserve), and the waits `bid` buys. Give `ttft_s`, "
-                    "`bid` or both."
-                ),
-                parameters=[
-                    _query(
-                        "model",
-                        {"type": "string", "minLength": 1},
-                        "the market's model",
-                        required=True,
-                    ),
-                    _query(
-                        "ttft_s",
-                        {"type": "number", "exclusiveMinimum": 0, "maximum": QUOTE_MAX_TTFT_S},
-                        "seconds to first token",
-                    ),
-                    _query(
-                        "probability",
-                        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-                        "0.9 unless given",
-                    ),
-                    _query(
-                        "bid",
-                        {"type": "string", "pattern": bodies.BID_TEXT_PATTERN},
-                        "dollars per second: the waits it buys are quoted",
-                    ),
-                ],
-                answer={"description": "the quote", "content": _json(_ref("Quote"))},
-                codes=("malformed_request", "invalid_value", "model_not_found", *_DATABASE),
-                tag="markets",
+                "quote_read",
+                "markets",
+                "Quote what a bid buys",
+                _QUOTE,
+                "Quote",
+                ("malformed_request", "invalid_value", "model_not_found", *_DATABASE),
+                _parameters(QuoteQuery),
             )
         },
         "/v1/budgets": {
             "get": _operation(
-                operation_id="budgets_list",
-                summary="The budgets this key's requests must fit",
-                description="The tenant's budgets, then the key's own: spent, held and left in "
-                "their current window; and the tenant's spend this UTC month.",
-                answer={"description": "the budgets", "content": _json(_ref("BudgetList"))},
-                codes=_DATABASE,
-                tag="budgets",
+                "budgets_list",
+                "budgets",
+                "The budgets this key's requests must fit",
+                "The tenant's budgets, then the key's own: spent, held and left in their current "
+                "window; and the tenant's spend this UTC month.",
+                "BudgetList",
+                _DATABASE,
             )
         },
         "/v1/organization/usage/completions": {
             "get": _operation(
-                operation_id="usage_completions",
-                summary="The tenant's tokens and requests per time bucket",
-                description=(
-                    "OpenAI's usage endpoint for the key's tenant (all of its keys): the served "
-                    "requests per bucket by the second they finished, their input tokens "
-                    "(cached ones included), cached input and output tokens. " + _BUCKETS
-                ),
-                parameters=_usage_parameters(tuple(USAGE_GROUPS)),
-                answer={
-                    "description": "a page of buckets",
-                    "content": _json(_ref("UsageCompletionsPage")),
-                },
-                codes=("malformed_request", *_DATABASE),
-                tag="usage",
+                "usage_completions",
+                "usage",
+                "The tenant's tokens and requests per time bucket",
+                _USAGE + _BUCKETS,
+                "UsageCompletionsPage",
+                ("malformed_request", *_DATABASE),
+                _parameters(UsageParams),
             )
         },
         "/v1/organization/costs": {
             "get": _operation(
-                operation_id="costs",
-                summary="The tenant's charges per time bucket",
-                description=(
-                    "OpenAI's costs endpoint for the key's tenant: the ledger's charges per "
-                    "bucket by the second they were charged, in exact dollars (a decimal "
-                    "string, where OpenAI sends a number); grouped by `line_item`, the token "
-                    "charges (`tokens`) and the auction's priority charges (`priority`) apart. "
-                    + _BUCKETS
-                ),
-                parameters=_usage_parameters(tuple(COST_GROUPS)),
-                answer={"description": "a page of buckets", "content": _json(_ref("CostsPage"))},
-                codes=("malformed_request", *_DATABASE),
-                tag="usage",
+                "costs",
+                "usage",
+                "The tenant's charges per time bucket",
+                _COSTS + _BUCKETS,
+                "CostsPage",
+                ("malformed_request", *_DATABASE),
+                _parameters(CostsParams),
             )
         },
         "/v1/batches": {
             "get": _operation(
-                operation_id="batches_list",
-                summary="List the tenant's batches, newest first",
-                description="A page of batches; `after` a batch id continues the list.",
-                parameters=[
-                    _query(
-                        "limit",
-                        {"type": "integer", "minimum": 1, "maximum": 100},
-                        "batches per page, 20 unless given",
-                    ),
-                    _query("after", {"type": "string"}, "the last batch id of the page before"),
-                ],
-                answer={"description": "the batches", "content": _json(_ref("BatchList"))},
-                codes=("malformed_request", "batch_not_found", *_DATABASE),
-                tag="batches",
+                "batches_list",
+                "batches",
+                "List the tenant's batches, newest first",
+                "A page of batches; `after` a batch id continues the list.",
+                "BatchList",
+                _BATCH,
+                _BATCH_LIST,
             ),
             "post": _operation(
-                operation_id="batch_create",
-                summary="Submit a batch",
-                description="The JSONL itself (a `BatchLine` per line; `application/jsonl` or "
-                "`text/plain`), or JSON. The whole file is checked first, each "
-                "line's body by its endpoint's rules; a bad file is refused whole.",
-                body={
-                    **_json(_ref("BatchCreateRequest")),
-                    "application/jsonl": {"schema": {"type": "string"}},
-                    "text/plain": {"schema": {"type": "string"}},
-                },
-                answer={"description": "the batch", "content": _json(_ref("Batch"))},
-                codes=(
+                "batch_create",
+                "batches",
+                "Submit a batch",
+                _BATCH_SUBMIT,
+                "Batch",
+                (
                     "malformed_request",
                     "invalid_batch_input",
                     "invalid_value",
                     "batch_too_large",
                     *_DATABASE,
                 ),
-                tag="batches",
+                body=submitted,
             ),
         },
         "/v1/batches/{batch_id}": {
             "get": _operation(
-                operation_id="batch_read",
-                summary="A batch",
-                description="The batch object.",
-                parameters=[_BATCH_ID],
-                answer={"description": "the batch", "content": _json(_ref("Batch"))},
-                codes=("malformed_request", "batch_not_found", *_DATABASE),
-                tag="batches",
+                "batch_read",
+                "batches",
+                "A batch",
+                "The batch object.",
+                "Batch",
+                _BATCH,
+                [_BATCH_ID],
             )
         },
         "/v1/batches/{batch_id}/cancel": {
             "post": _operation(
-                operation_id="batch_cancel",
-                summary="Cancel a batch",
-                description="Pending lines are cancelled; lines in flight finish.",
-                parameters=[_BATCH_ID],
-                answer={"description": "the batch", "content": _json(_ref("Batch"))},
-                codes=("malformed_request", "batch_not_found", "batch_not_cancellable", *_DATABASE),
-                tag="batches",
+                "batch_cancel",
+                "batches",
+                "Cancel a batch",
+                "Pending lines are cancelled; lines in flight finish.",
+                "Batch",
+                (*_BATCH, "batch_not_cancellable"),
+                [_BATCH_ID],
             )
         },
-        **{
-            f"/v1/batches/{{batch_id}}/{kind}": {
-                "get": _operation(
-                    operation_id=f"batch_{kind}",
-                    summary=f"A batch's {kind} file",
-                    description=f"JSONL, a `BatchResultLine` per {what}.",
-                    parameters=[_BATCH_ID],
-                    answer={
-                        "description": "JSONL",
-                        "content": {"application/jsonl": {"schema": {"type": "string"}}},
-                    },
-                    codes=("malformed_request", "batch_not_found", *_DATABASE),
-                    tag="batches",
-                )
-            }
-            for kind, what in (("output", "answered line"), ("errors", "line not served"))
-        },
-        "/v1/openapi.json": {
-            "get": {
-                "operationId": "openapi_read",
-                "summary": "This document",
-                "tags": ["reference"],
-                "security": [],
-                "responses": {
-                    "200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})},
-                    **{k: r for k, r in _error_responses(()).items() if k != "401"},
-                },
-            }
-        },
+        **batch_files,
+        "/v1/openapi.json": {"get": reference},
     }
 
 
@@ -482,7 +454,7 @@ def _description() -> str:
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document (built once per process)."""
     _, schemas = models_json_schema(
-        [(model, "validation") for model in (*bodies.REQUESTS, *answers.ANSWERS)],
+        [(model, "validation") for model in (*REQUESTS, *answers.ANSWERS)],
         ref_template=_REF,
     )
     return {

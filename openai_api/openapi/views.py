@@ -9,15 +9,12 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from openai_api.gateway.views import refusals_answered
+from openai_api.openapi.document import openapi_document
 
 
 @refusals_answered("GET")
 async def openapi_json(request: HttpRequest) -> HttpResponse:
     """``GET /v1/openapi.json``."""
-    # Imported here: pydantic and the models take about 0.4 s to import, which a gateway
-    # process that is never asked for its reference need not spend.
-    from openai_api.openapi.document import openapi_document
-
     return JsonResponse(openapi_document())
 
 

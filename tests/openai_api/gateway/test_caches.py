@@ -4,6 +4,7 @@ never holds more than its maximum."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import httpx
@@ -112,3 +113,36 @@ def test_an_expired_entry_is_dropped_when_read():
     cache._entries["gone"] = (0.0, 1)  # expired long ago
     assert cache.get("gone") == (False, None)
     assert len(cache) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_reserve_a_cut_budget_and_a_revoked_key_take_effect_within_their_caches(
+    gateway, acme, sim, settings
+):
+    """What the hot path caches stops applying on time: a market's reserve within
+    GATEWAY_MARKET_CACHE_S, a key's revocation within GATEWAY_API_KEY_CACHE_S, a budget at
+    once (the hold reads the budget's row in its own statement, never a cached copy)."""
+    from accounts.services import api_key_revoke, budget_set
+    from market.models import Market
+
+    settings.GATEWAY_MARKET_CACHE_S = settings.GATEWAY_API_KEY_CACHE_S = 0.5
+    market = market_create(engine_url=sim.url)
+    body = {"model": market.served_model, "prompt": "Hi", "max_tokens": 1, "bid": "0.001"}
+    with acme.http(gateway) as http:
+        first = http.post("/v1/completions", json=body)
+        assert first.status_code == 200, first.text
+        assert first.json()["auction"]["reserve"] == "0.000000000"
+        Market.objects.filter(pk=market.pk).update(reserve="0.01")
+        time.sleep(0.6)  # past the market's cache: the new reserve is the one applied
+        raised = http.post("/v1/completions", json=body)
+        assert raised.status_code == 200, raised.text
+        auction = raised.json()["auction"]
+        assert (auction["reserve"], auction["effective_bid"]) == ("0.010000000", "0.000000000")
+        budget_set(tenant=acme.tenant, limit="0.000000001", period="day")
+        refused = http.post("/v1/completions", json=body)  # no wait: budgets are not cached
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "insufficient_quota"
+        api_key_revoke(api_key=acme.api_key)
+        time.sleep(0.6)  # past the key's cache
+        revoked = http.post("/v1/completions", json=body)
+        assert revoked.status_code == 401, revoked.text

@@ -1,4 +1,6 @@
-"""The document's request schemas and the gateway's hand-written validation agree.
+"""The document's request schemas and the gateway's validation agree: the schemas are generated
+from the models that validate, and this checks that what pydantic runs (its Python-side rules
+included) is what the schema says to a client's own JSON Schema validator.
 
 For every field of the chat and text completion bodies, values are drawn from the field's own
 schema (each bound and one step past it, each enum member and a stranger, each length limit and

@@ -1,9 +1,10 @@
 """A fleet of 8 to 32 replicas behind SGLang's model gateway (smg), against one queue.
 
     python -m benchmarks.fleet [--replicas 8 16 32] [--workloads gsp chat] \\
-        [--routings cache_aware round_robin prefix_hash] [--gateways 1] [--load 1.0] \\
-        [--engine-rps 0.5] [--processes 2] [--json var/bench/fleet.json] \\
-        [--html var/bench/fleet.html]
+        [--routings cache_aware round_robin prefix_hash] [--gateways 1 2] [--load 1.5] \\
+        [--engine-policies dfs-auction-density lpm highest-bid] [--engine-rps 2] \\
+        [--processes 2] [--groups 256] [--per-group 2] [--trace FILE] \\
+        [--json var/bench/fleet.json] [--html var/bench/fleet.html]
 
 For each workload and number of replicas N, in real time: N simulated engines (DFS auction
 ``dfs-auction-density``), served by ``--processes`` processes (``engines.sim.many``: each engine
@@ -14,14 +15,15 @@ ids with each bid in ``sampling_params.custom_params``. A routing is one of smg'
 the market's settings (``engines.router.RouterOptions``), or ``ROUTINGS``'s named variants.
 
 The baselines of the same run, on the same arrivals: one engine N times as fast and as large
-(``benchmarks.replicas.scaled``), run three times, ordering its queue by the DFS auction, by
-``lpm`` (bid-blind) and by ``highest-bid`` (the unconstrained priority order). So per routing:
+(``benchmarks.replicas.scaled``). The one queue and every routing run their engines three
+times (``--engine-policies``), ordering the queues by the DFS auction, by ``lpm`` (bid-blind)
+and by ``highest-bid`` (the unconstrained priority order). So per routing:
 
-- ``capture``: the policy benchmark's (``benchmarks.goal.capture``): (welfare - welfare(one
-  queue, lpm)) / (welfare(one queue, highest-bid) - welfare(one queue, lpm));
-- ``kept``: the share of the one queue's welfare gain the fleet keeps, (welfare - welfare(one
-  queue, lpm)) / (welfare(one queue, auction) - welfare(one queue, lpm)): 1 is the one queue's
-  auction, 0 the one queue without bids;
+- ``capture``: the policy benchmark's (``benchmarks.goal.capture``), within that setup:
+  (welfare(auction) - welfare(lpm)) / (welfare(highest-bid) - welfare(lpm));
+- ``kept``: the fleet's capture over the one queue's, the share of the one queue's welfare gain
+  the fleet keeps (not its welfare over the one queue's: N engines each N times slower make
+  every request wait longer, whatever the routing);
 - the cache hit rate (cached over prompt tokens, all engines), mean and p99 TTFT, welfare
   (-sum bid x TTFT, $), and the urgent (high-bid) and background classes' mean TTFT.
 

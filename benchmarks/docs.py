@@ -25,6 +25,7 @@ from pathlib import Path
 from accounts.figures import duration
 from mechanism.bench import KINDS
 
+from .fleet import table as fleet_table
 from .goal import Goal
 from .html import Table, command_line
 from .replicas import table as replicas_table
@@ -174,7 +175,26 @@ def replicas_block(doc: dict) -> str:
     )
 
 
+def fleet_block(doc: dict) -> str:
+    """``python -m benchmarks.fleet --json``: its table (see its ``table``)."""
+    meta = doc["meta"]
+    workloads = "; ".join(
+        f"{w['title']} (one engine {w['capacity_rps']:.1f} requests per engine second, run at "
+        f"{w['speed']:.3g} x the simulated speed)"
+        for w in meta["workloads"].values()
+    )
+    return (
+        f"`{meta['command']}`: {workloads}; load {meta['load']:g} x the fleet's capacity. Per "
+        "workload, replicas and routing, the engines ordering by the DFS auction: the cache hit "
+        "rate, mean and p99 TTFT (engine seconds), welfare ($), capture (the share of "
+        "highest-bid's welfare gain over lpm, each run on the same fleet, routing and arrivals), "
+        "kept (capture over the one queue's), the urgent and background classes' mean TTFT, "
+        "and the busiest engine's requests over the mean.\n\n" + fleet_table(doc["rows"]).markdown()
+    )
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
+    "fleet": fleet_block,
     "policies": policies_block,
     "sweep-goals": sweep_goals_block,
     "round-cost": round_cost_block,

@@ -3,13 +3,16 @@
 engines.router`` (smg's ``launch_router`` with the control key from the environment).
 
 The market does not route requests itself: its entry point is the gateway (or one engine), and
-the gateway picks a replica per request by its policy (``cache_aware`` keeps a prefix on the
-replica that has it cached while the load stays balanced; ``round_robin``, ``random``,
-``power_of_two``). The bid travels through it as a field, ``sampling_params.custom_params``
-(``engines.contract.wire``): smg rebuilds the body from its own typed request and keeps
-it. What the market sends to the replicas themselves (control, status) goes to each replica's
-own URL. smg finds each worker's engine by probing it (SGLang's ``/server_info`` and
-``/model_info``, which the simulated engine serves) and watches its load on ``/v1/loads``.
+the gateway picks a replica per request by its policy (``prefix_hash``, the market's: a
+request's first tokens pick its replica on a hash ring, the next one along while that one is
+busier than the fleet; ``cache_aware`` keeps a prefix on the replica its own tree of past
+requests says has it cached, while the load stays balanced; ``round_robin``, ``random``,
+``power_of_two``, ``consistent_hashing``). The bid travels through it as a field,
+``sampling_params.custom_params`` (``engines.contract.wire``): smg rebuilds the body from its
+own typed request and keeps it. What the market sends to the replicas themselves (control,
+status) goes to each replica's own URL. smg finds each worker's engine by probing it
+(SGLang's ``/server_info`` and ``/model_info``, which the simulated engine serves) and watches
+its load on ``/v1/loads``.
 
 What this module sets, and why:
 
@@ -44,21 +47,28 @@ What this module sets, and why:
   replica's prefix failed, in each of 4 trials; at 2, none). An open circuit is tried again
   after ``circuit_open_s`` (5 s; smg's 60 s), so a replica that restarted gets requests again
   within seconds.
-- **Routing**: ``policy`` (``cache_aware``) and its thresholds, smg's own unless given
-  (``cache_threshold`` 0.3; the balance gate, ``balance_abs_threshold`` 64 and
-  ``balance_rel_threshold`` 1.5, which spills a request off a replica that is busier than
-  the fleet by both), but **without smg's worker-overload protection**
-  (``worker_overload_protection`` False): it leaves out of routing a replica with 8 or more
-  requests waiting, and in a market waiting is the normal state (the queue is what bids
-  order), so it scatters each prefix over the replicas and the cache hit rate falls to round
-  robin's. The replicas benchmark chose it (``benchmarks/replicas.py``; docs/engines.md, "Replicas
-  behind SGLang's model gateway": 2 replicas, 2 seeds, loads 1 and 1.5, mean TTFT 0.18 and
-  0.26 s against 0.25 and 0.36 s with the protection on); opening the balance gate as well
-  keeps a hot prefix on one replica however loaded, which won or lost by seed.
+- **Routing**: ``policy`` ``prefix_hash`` (``DEFAULT_POLICY``), chosen by the fleet benchmark
+  (``benchmarks/fleet.py``; docs/engines.md, "A fleet of replicas"): at 8, 16 and 32 replicas
+  and with hundreds of prefixes it had the best cache hit rate of smg's policies, a lower
+  mean TTFT than ``cache_aware``, and it needs no state shared between gateways (two smg
+  instances route a prefix alike), where ``cache_aware`` piled every short request that
+  shares a common system prompt onto one replica. Its settings are smg's own (the first 256
+  tokens, or 1024 characters of a text prompt; the next replica along the ring above 1.25 x
+  the mean load) unless ``prefix_token_count`` or ``prefix_hash_load_factor`` say otherwise.
+  Under ``cache_aware`` its thresholds are smg's own unless given (``cache_threshold`` 0.3;
+  the balance gate, ``balance_abs_threshold`` 64 and ``balance_rel_threshold`` 1.5, which
+  spills a request off a replica that is busier than the fleet by both). Whatever the policy,
+  **smg's worker-overload protection is off** (``worker_overload_protection`` False): it
+  leaves out of routing a replica with 8 or more requests waiting, and in a market waiting is
+  the normal state (the queue is what bids order), so it scatters each prefix over the
+  replicas and the cache hit rate falls to round robin's (the replicas benchmark,
+  ``benchmarks/replicas.py``; docs/engines.md, "Replicas behind SGLang's model gateway": 2
+  replicas under ``cache_aware``, 2 seeds, loads 1 and 1.5, mean TTFT 0.18 and 0.26 s against
+  0.25 and 0.36 s with the protection on).
 - **No hub**: smg registers a tokenizer job for each worker's ``tokenizer_path``, which it would
   look up on a model hub; nothing outside is reachable here, and routing needs no tokenizer
-  (``cache_aware`` matches the text), so ``HF_ENDPOINT`` points at a closed local port unless
-  the caller set it.
+  (its policies read the text or the token ids as sent), so ``HF_ENDPOINT`` points at a closed
+  local port unless the caller set it.
 - **Quiet, and quick to stop**: ``--log-level warn`` (smg logs two lines per request at info);
   ``--shutdown-grace-period-secs`` ``shutdown_grace_s`` (1 s; smg waits up to 180 s for
   requests in flight), so that stopping it does not hold a test or a restart.
@@ -80,9 +90,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+POLICIES = (
+    "cache_aware", "round_robin", "random", "power_of_two", "prefix_hash", "consistent_hashing"
+)  # fmt: skip
 NOWHERE = "http://127.0.0.1:9"  # the discard port: connections are refused at once
 START_TIMEOUT_S = 60.0
+# The market's routing: chosen by the fleet benchmark (docs/engines.md, "A fleet of replicas").
+DEFAULT_POLICY = "prefix_hash"
 CONTROL_KEY_ID = "market"  # the control-plane key's id and name in smg
 CONTROL_KEY_ENV = "ROUTER_CONTROL_KEY"  # where ``python -m engines.router`` reads the key
 
@@ -101,11 +115,15 @@ class RouterOptions:
     port: int
     worker_urls: tuple[str, ...]
     host: str = "127.0.0.1"
-    policy: str = "cache_aware"
+    policy: str = DEFAULT_POLICY
     cache_threshold: float | None = None
     balance_abs_threshold: int | None = None
     balance_rel_threshold: float | None = None
     worker_overload_protection: bool = False
+    # prefix_hash: the request's first ``prefix_token_count`` tokens pick a replica on a hash
+    # ring, the next one along while its load is above ``prefix_hash_load_factor`` x the mean.
+    prefix_token_count: int | None = None
+    prefix_hash_load_factor: float | None = None
     health_check_interval_s: int = 2
     health_failure_threshold: int = 2
     circuit_failure_threshold: int = 2
@@ -156,6 +174,8 @@ def router_argv(options: RouterOptions, *, python: str = sys.executable) -> list
         ("--cache-threshold", options.cache_threshold),
         ("--balance-abs-threshold", options.balance_abs_threshold),
         ("--balance-rel-threshold", options.balance_rel_threshold),
+        ("--prefix-token-count", options.prefix_token_count),
+        ("--prefix-hash-load-factor", options.prefix_hash_load_factor),
     ):
         if value is not None:
             argv += [flag, str(value)]

@@ -63,6 +63,8 @@ from accounts.services import DEMO_OPERATOR, DEMO_TENANTS, api_key_create, api_k
 from accounts.services.autobidder import autobidder_configure
 from config.serving import MULTI_WORKER_SERVERS, SERVERS, server_argv
 from engines.contract.wire import ADMIN_TOKEN_ENV
+from engines.router import DEFAULT_POLICY as ROUTER_POLICY
+from engines.router import POLICIES as ROUTER_POLICIES
 from engines.router import RouterOptions, http_wait, router_argv, router_env, router_wait
 from market.engine_control import control_publish
 from market.models import Market, Replica
@@ -112,8 +114,7 @@ class Command(BaseCommand):
         )  # fmt: skip
         parser.add_argument("--replicas", type=int, default=2, help="simulated replicas")
         parser.add_argument(
-            "--router-policy", default="cache_aware",
-            choices=["cache_aware", "round_robin", "random", "power_of_two"],
+            "--router-policy", default=ROUTER_POLICY, choices=ROUTER_POLICIES,
         )  # fmt: skip
         parser.add_argument(
             "--load", type=float, default=DEMO_LOAD,

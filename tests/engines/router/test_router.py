@@ -289,7 +289,7 @@ def test_the_command_line_maps_the_markets_settings_one_to_one() -> None:
     argv = router_argv(RouterOptions(port=30000, worker_urls=urls, prometheus_port=29999))
     line = " ".join(argv[1:])
     assert line.startswith("-m engines.router --host 127.0.0.1 --port 30000 ")
-    assert f"--worker-urls {urls[0]} {urls[1]} --policy cache_aware " in line
+    assert f"--worker-urls {urls[0]} {urls[1]} --policy prefix_hash " in line
     # The market's health and circuit settings, each to smg's flag of the same meaning.
     assert "--health-check-interval-secs 2 --health-failure-threshold 2 " in line
     assert "--cb-failure-threshold 2 --cb-timeout-duration-secs 5 " in line
@@ -299,8 +299,13 @@ def test_the_command_line_maps_the_markets_settings_one_to_one() -> None:
     # auction's reach); its control key in its environment, never on its command line.
     assert line.endswith(" --disable-worker-overload-protection")
     for flag in ("--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold",
+                 "--prefix-token-count", "--prefix-hash-load-factor",
                  "--priority-scheduler-enabled", "--control-plane-api-keys"):  # fmt: skip
         assert flag not in argv
+    hashed = RouterOptions(
+        port=30000, worker_urls=urls, prefix_token_count=64, prefix_hash_load_factor=1.1
+    )
+    assert "--prefix-token-count 64 --prefix-hash-load-factor 1.1 " in " ".join(router_argv(hashed))
     protected = RouterOptions(port=30000, worker_urls=urls, worker_overload_protection=True)
     assert "--disable-worker-overload-protection" not in router_argv(protected)
     opened = RouterOptions(

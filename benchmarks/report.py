@@ -33,6 +33,7 @@ _COLUMNS = {
     "throughput_tokens_per_s": ("tokens/s", "{:.0f}"),
     "welfare": ("welfare $", "{:.2f}"),
     "revenue": ("revenue $", "{:.2f}"),
+    "recomputed_prefix_tokens": ("recomputed tokens", "{:,.0f}"),
 }
 
 

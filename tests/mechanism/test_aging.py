@@ -182,7 +182,7 @@ def test_rounds_with_a_clock_equal_rounds_built_afresh(policy) -> None:
             live[r.id] = r
         before = tree.version
         crossed = clock.advance(tree, now)
-        assert tree.version - before == crossed
+        assert (tree.version > before) == (crossed > 0)  # one change of the tree, if any
         want_credits = {
             rid: ref.age_credit(r, now, rule.wait_s, rule.density, rule.steps)
             for rid, r in live.items()

@@ -24,8 +24,8 @@ only: a credit is never money.
 
 Rounds stay incremental: a request's credit changes k times at most, and ``AgeClock`` keeps the
 time of each request's next step in a heap, so a round gives new credits only to the requests
-that crossed a step since the last one (``RequestTree.set_credit`` marks their paths changed,
-as a new bid would) and the planner redoes only those paths.
+that crossed a step since the last one (``RequestTree.set_credits`` marks their paths changed,
+as new bids would, in one version) and the planner redoes only those paths.
 
 The tenant-level charges (payments.TenantCharges) take off what the standard charge bills for
 the own tenant's other requests, so at their bids plus their credits, the same weights.

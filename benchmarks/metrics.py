@@ -40,6 +40,9 @@ class PolicyMetrics:
     throughput_tokens_per_s: float
     welfare: float  # realized welfare, dollars (mechanism.welfare.realized_welfare)
     revenue: float
+    # Prompt tokens computed again after their prefix was evicted (Engine's count; 0 where
+    # the run does not count them)
+    recomputed_prefix_tokens: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -72,6 +75,7 @@ def summarize(
     makespan_s: float,
     tokens: int,
     cache_hit_rate: float,
+    recomputed_prefix_tokens: int = 0,
 ) -> PolicyMetrics:
     """Metrics of one run: ``tokens`` = prompt + generated tokens served in ``makespan_s``."""
     ttfts = [s.ttft_s for s in served]
@@ -84,6 +88,7 @@ def summarize(
         throughput_tokens_per_s=tokens / makespan_s if makespan_s > 0 else math.nan,
         welfare=realized_welfare((s.bid, s.ttft_s) for s in served),
         revenue=sum(s.charge for s in served),
+        recomputed_prefix_tokens=recomputed_prefix_tokens,
     )
 
 

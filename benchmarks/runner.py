@@ -116,6 +116,7 @@ def simulate(
         makespan_s=makespan,
         tokens=engine.prompt_tokens + engine.generated_tokens,
         cache_hit_rate=engine.cache_hit_rate,
+        recomputed_prefix_tokens=engine.recomputed_prompt_tokens,
     )
     return PolicyRun(policy, metrics, served, makespan, wall, engine.steps, engine.rounds)
 

@@ -24,8 +24,8 @@ only: a credit is never money.
 
 Rounds stay incremental: a request's credit changes k times at most, and ``AgeClock`` keeps the
 time of each request's next step in a heap, so a round gives new credits only to the requests
-that crossed a step since the last one (``RequestTree.set_credit`` marks their paths changed,
-as a new bid would) and the planner redoes only those paths.
+that crossed a step since the last one (``RequestTree.set_credits`` marks their paths changed,
+as new bids would, in one version) and the planner redoes only those paths.
 
 The tenant-level charges (payments.TenantCharges) take off what the standard charge bills for
 the own tenant's other requests, so at their bids plus their credits, the same weights.
@@ -136,27 +136,36 @@ class AgeClock:
         heapq.heappush(self._next, (self.credit.step_at(arrival, 1), request_id))
 
     def advance(self, tree: RequestTree, now: float) -> int:
-        """Give the requests that crossed a step by ``now`` their new credits; returns how many
-        changed."""
+        """Give the requests that crossed a step by ``now`` their new credits (one change of
+        the tree: ``RequestTree.set_credits``); returns how many changed."""
         heap = self._next
         levels = self._level
         credit = self.credit
-        changed = 0
+        entries = tree.entries
+        credits: list[tuple[str, int]] = []
+        steps = credit.steps
+        per_token = to_ticks(credit.density)  # ``credit_ticks`` written out, the same integers
+        step_at = credit.step_at
+        pop = heapq.heappop
+        push = heapq.heappush
         while heap and heap[0][0] <= now:
-            _, rid = heapq.heappop(heap)
-            entry = tree.entries.get(rid)
+            _, rid = pop(heap)
+            entry = entries.get(rid)
             got = levels.get(rid)
             if entry is None or got is None or entry.req.arrival != got[0]:
                 levels.pop(rid, None)  # it left the tree (admitted, cancelled)
                 continue
-            arrival, known = got
-            level = credit.level(arrival, now, known)
+            arrival, level = got
+            # ``AgeCredit.level`` from the level reached: this entry is due, so it holds.
+            while level < steps and step_at(arrival, level + 1) <= now:
+                level += 1
             levels[rid] = (arrival, level)
-            tree.set_credit(rid, credit.credit_ticks(level, len(entry.req.tokens)))
-            changed += 1
-            if level < credit.steps:
-                heapq.heappush(heap, (credit.step_at(arrival, level + 1), rid))
-        return changed
+            credits.append((rid, per_token * len(entry.req.tokens) * level // steps))
+            if level < steps:
+                push(heap, (step_at(arrival, level + 1), rid))
+        if credits:
+            tree.set_credits(credits)
+        return len(credits)
 
 
 class WaitBound:

@@ -28,7 +28,7 @@ from typing import Generic, Protocol, TypeVar, final
 
 from .plan import BSUM, INNER, TIE, WORK, Block, BlockKey, Plan
 from .requests import effective_bid
-from .tree import PLAN_TOKENS, Entry, Node, RequestTree
+from .tree import INF, PLAN_TOKENS, Entry, Node, RequestTree
 
 _tie_of = itemgetter(TIE)
 _inner_of = itemgetter(INNER)
@@ -297,18 +297,25 @@ def _child_blocks(
     edge included (payments.request_block finds it by the same key). ``under``: they sit right
     under a split node (dfs-auction-kv-split), so count as cached whatever their edges
     (plan.block_cached)."""
-    nk = key.nk
-    boosted = key.cached_boost != 1.0
+    # ``effective_bid`` and ``key.nk`` written out (the same arithmetic): a round with the wait
+    # bound on comes here for every request that crossed a credit step.
+    per_work = key.per_work
+    boost = key.cached_boost
+    boosted = boost != 1.0
     blocks: list[Block] = []
+    append = blocks.append
     for c in children:
         if c.size > 1:
-            blocks.append(_kept(c, token).block)
+            append(_kept(c, token).block)
             continue
         (e,) = c.reqs.values()  # a leaf holds one request: the tree keeps no leaf without one
-        b = effective_bid(e.ticks, reserve, 0) + e.credit  # the age credit counts as bid here
+        t = e.ticks
+        b = (t if t >= reserve else 0) + e.credit  # the age credit counts as bid here
         work = c.ew + overhead
-        cached = boosted and (under or c.edge_cached())
-        blocks.append((nk(b, 1, work, cached), e.tie, 1, b, work, e))
+        size: float = work if per_work else 1
+        if boosted and (under or c.edge_cached()):
+            size = size / boost
+        append((-(b / size) if size > 0 else -INF, e.tie, 1, b, work, e))
     return blocks
 
 
@@ -335,7 +342,7 @@ def _step(
     """A node's blocks brought up to date: patched (``_patch``), or, when most of them changed,
     taken afresh from its children's (an unchanged child's kept) and sorted."""
     fresh = _child_blocks(changed, token, key, reserve, overhead)
-    own = _own_blocks(x, key, reserve, overhead, False)
+    own = _own_blocks(x, key, reserve, overhead, False) if x.reqs else []
     built = xs.built
     if built < 0 or 4 * len(changed) > len(xs.kids):
         old = xs.kids
@@ -355,12 +362,34 @@ def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: lis
     kids = xs.kids
     for block in xs.own:
         xs.drop(block)
+    # ``drop`` and ``add`` written out for the changed children: with the wait bound on, a
+    # round patches every request that crossed a credit step here.
+    blocks = xs.inside
+    bsum = xs.bsum
+    work = xs.work
+    tie = xs.tie
+    retie = xs.retie
     for c, block in zip(changed, fresh, strict=True):
         old = kids.get(c)
         if old is not None:
-            xs.drop(old)
+            i = bisect_left(blocks, old)
+            if i == len(blocks) or blocks[i][INNER] is not old[INNER]:
+                raise RuntimeError("a block went missing from its node's order")
+            del blocks[i]
+            bsum -= old[BSUM]
+            work -= old[WORK]
+            if old[TIE] == tie:
+                retie = True
         kids[c] = block
-        xs.add(block)
+        insort(blocks, block)
+        bsum += block[BSUM]
+        work += block[WORK]
+        if tie is None or block[TIE] < tie:
+            tie = block[TIE]
+    xs.bsum = bsum
+    xs.work = work
+    xs.tie = tie
+    xs.retie = retie
     if len(kids) > len(x.children):
         for c in kids.keys() - set(x.children.values()):
             xs.drop(kids.pop(c))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, final
 
@@ -384,6 +384,24 @@ class RequestTree:
             raise ValueError(f"request {request_id!r}: credit must be an int >= 0, got {credit!r}")
         entry.credit = credit
         self._changed_at(entry.node)
+
+    def set_credits(self, credits: Iterable[tuple[str, int]]) -> None:
+        """``set_credit`` for many requests at once, as one change of the tree (one version):
+        each path is marked up to where an earlier one of the batch marked it already, so a
+        round's credit steps cost their requests, not their depth times their number."""
+        v = self.version + 1
+        for request_id, credit in credits:
+            entry = self._waiting(request_id)
+            if isinstance(credit, bool) or not isinstance(credit, int) or credit < 0:
+                raise ValueError(
+                    f"request {request_id!r}: credit must be an int >= 0, got {credit!r}"
+                )
+            entry.credit = credit
+            x: Node | None = entry.node
+            while x is not None and x.changed != v:
+                x.changed = v
+                x = x.parent
+        self.version = v
 
     def _waiting(self, request_id: str) -> Entry:
         entry = self.entries.get(request_id)

@@ -41,6 +41,9 @@ class MarketKnobs:
     # A DFS auction keeps a request that would recompute at least this many uncached tokens it
     # shares with a request already in the prefill batch for the next batch; 0 turns it off.
     in_batch_defer_tokens: int = 32
+    # A DFS auction's cache evicts by the round's order (eviction.py): leaves no waiting request
+    # needs first, then the prefixes needed last; False: the cache's own LRU.
+    evict_by_order: bool = True
     book_interval_s: float | None = 0.5  # subtrees in a record at most this often; None: never
     rounds_stream: str = DEFAULT_STREAM  # the Redis stream of round records
     # "request": a request pays for the delay it imposes on every other request; "tenant": not
@@ -64,6 +67,8 @@ class MarketKnobs:
             _number(self.tokens_per_second, "tokens_per_second", low=0.0, strict=True)
         integer_checked(self.overhead_tokens, "overhead_tokens")
         integer_checked(self.in_batch_defer_tokens, "in_batch_defer_tokens")
+        if not isinstance(self.evict_by_order, bool):
+            raise ValueError(f"evict_by_order must be true or false, got {self.evict_by_order!r}")
         if self.book_interval_s is not None:
             _number(self.book_interval_s, "book_interval_s", low=0.0)
         object.__setattr__(self, "reserve", float(self.reserve))

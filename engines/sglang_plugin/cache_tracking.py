@@ -105,6 +105,31 @@ def tracked(req: Any) -> bool:
     return req.extra_key is None and req.cache_salt is None
 
 
+def leaf_path(cache: RadixCache, node: TreeNode) -> tuple[list[tuple[Any, int]], int]:
+    """The path to a leaf up to its first page (the waiting requests that share it lose it when
+    it goes) and its parent's depth: the keys, leaf first, as (token ids, length) pairs joined
+    only when read (``path_tokens``). The cache replaces a node's key when it splits the node
+    and never changes the tokens of one in place."""
+    parts = [(node.key.token_ids, cache.page_size)]
+    depth = 0
+    x = node.parent
+    root = cache.root_node
+    while x is not root:
+        n = len(x.key)
+        parts.append((x.key.token_ids, n))
+        depth += n
+        x = x.parent
+    return parts, depth
+
+
+def path_tokens(parts: list[tuple[Any, int]]) -> array:
+    """The tokens of a ``leaf_path``, root first."""
+    path = array("q")
+    for ids, n in reversed(parts):
+        path.extend(ids[:n])
+    return path
+
+
 class CacheTracker:
     """Notes the changes of one RadixCache instance, for ``apply`` to bring cached lengths up to
     date. ``changes`` holds them in the order they happened: (INSERT, tokens, cached before),
@@ -138,19 +163,7 @@ class CacheTracker:
         def tracked_delete_leaf(node: Any) -> Any:
             key = node.key
             if key.extra_key is None and key.cache_salt is None:
-                # The path to the leaf, up to its first page (the requests sharing it lose it):
-                # the keys, leaf first, joined only when applied. The cache replaces a node's
-                # key when it splits the node and never changes the tokens of one in place.
-                parts = [(key.token_ids, page)]
-                depth = 0
-                x = node.parent
-                root = cache.root_node
-                while x is not root:
-                    n = len(x.key)
-                    parts.append((x.key.token_ids, n))
-                    depth += n
-                    x = x.parent
-                changes.append((EVICT, parts, depth))
+                changes.append((EVICT, *leaf_path(cache, node)))
             return delete_leaf(node)
 
         def tracked_reset(*args: Any, **kwargs: Any) -> Any:
@@ -184,10 +197,7 @@ class CacheTracker:
                 continue
             tokens, depth = change[1], change[2]
             if kind == EVICT:
-                path = array("q")
-                for ids, n in reversed(tokens):
-                    path.extend(ids[:n])
-                tokens = path
+                tokens = path_tokens(tokens)
             for entry, common in tree.sharing(tokens, depth + page):
                 rid = entry.req.id
                 cap = caps.get(rid)

@@ -53,7 +53,7 @@ from mechanism import (
 )
 from mechanism.aging import WaitBound
 
-from . import cache_tracking, metrics
+from . import cache_tracking, eviction, metrics
 from .config import MARKET_POLICIES, PluginConfig
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,13 @@ class MarketQueue:
             log.info("market plugin: matching every waiting request every round (%s)", why)
         self._caps: dict[str, int] = {}
         self._rematch: set[str] = set()
+        # The cache evicts by the last round's order (eviction.py): that order's positions by
+        # request id, and the ranks of the leaves asked about since, both worked out on demand.
+        self._ordered: list[Req] = []
+        self._positions: dict[str, int] | None = None
+        self._leaf_ranks: dict[Any, int | None] = {}
+        if self.tracker is not None:
+            eviction.install(tree_cache, self)
         self._arrived: list[str] = []  # in the tree, no round has ordered them yet
         self._orders = 0  # rounds ordered, for the waiting-prefix refresh
         self.clearing: Clearing | None = None
@@ -149,6 +156,9 @@ class MarketQueue:
             self.tracker.changes.clear()  # every request is matched afresh on its way back in
         self.clearing = None
         self._cleared_version = -1
+        self._ordered = []
+        self._positions = None
+        self._leaf_ranks = {}
         self.order_errors += 1
 
     @property
@@ -160,6 +170,39 @@ class MarketQueue:
     def defers_in_batch(self) -> bool:
         """Whether admission keeps shared uncached prefixes out of one batch (DFS auctions)."""
         return self.policy in DFS_AUCTIONS and self.config.knobs.in_batch_defer_tokens > 0
+
+    @property
+    def evicts_by_order(self) -> bool:
+        """Whether the followed cache evicts by the round's order (a DFS auction, the knob on)."""
+        return self.policy in DFS_AUCTIONS and self.config.knobs.evict_by_order
+
+    def leaf_rank(self, node: Any) -> int | None:
+        """A leaf's rank for eviction (engines.contract.eviction): the position in the last
+        round's order of the first waiting request whose cached prefix evicting the leaf would
+        shorten (one that arrived since counts as last); None: no waiting request's. Worked
+        out once per leaf and round, from the request tree (``RequestTree.sharing``)."""
+        ranks = self._leaf_ranks
+        if node in ranks:
+            return ranks[node]
+        rank: int | None = None
+        key = node.key
+        if self.tree.entries and key.extra_key is None and key.cache_salt is None:
+            parts, depth = cache_tracking.leaf_path(self.tree_cache, node)
+            need = depth + self.tree_cache.page_size  # the leaf's first page, at least
+            positions = self._positions
+            if positions is None:
+                positions = self._positions = {r.rid: i for i, r in enumerate(self._ordered)}
+            last = len(positions)
+            caps = self._caps
+            for entry, _ in self.tree.sharing(cache_tracking.path_tokens(parts), need):
+                rid = entry.req.id
+                if caps.get(rid, need) < need:
+                    continue  # SGLang would not use that much of its match
+                pos = positions.get(rid, last)
+                if rank is None or pos < rank:
+                    rank = pos
+        ranks[node] = rank
+        return rank
 
     # --- one round -------------------------------------------------------------------------
 
@@ -202,6 +245,9 @@ class MarketQueue:
         self._arrived.clear()
         ordered = clearing.handles()
         waiting_queue[:] = front + ordered if front else ordered
+        self._ordered = ordered
+        self._positions = None
+        self._leaf_ranks = {}
         self.clearing = clearing
         self._cleared_version = self.tree.version
         self._refresh_head(ordered)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.contract.control import ControlFollower
+from engines.contract.eviction import waiting_ranks
 from engines.contract.knobs import MarketKnobs
 from engines.contract.records import RoundRecord, auction_fields
 from engines.contract.tokenizer import VOCAB
@@ -32,6 +33,7 @@ from engines.contract.writer import AdmittedInfo, RoundRecorder, token_label
 from mechanism import (
     DEFAULT_POLICY,
     DFS_AUCTIONS,
+    Clearing,
     RequestTree,
     WaitingRequest,
     clear_tree,
@@ -40,7 +42,7 @@ from mechanism.aging import WaitBound
 from mechanism.policies import policy_checked
 
 from .config import EngineConfig
-from .kvcache import KVCache, KVNode
+from .kvcache import ComputedPrefixes, KVCache, KVNode
 
 
 def synthetic_output(request_id: str, n: int) -> tuple[int, ...]:
@@ -153,16 +155,24 @@ class Engine:
         self.tree = RequestTree()
         self.wait_bound = WaitBound()  # the age credits of the bound (knobs.wait_bound_s)
         self.kv = KVCache(self.config.kv_capacity_tokens)
+        self.computed = ComputedPrefixes()  # every prefix ever cached, for the count below
         self.waiting: dict[str, SimRequest] = {}
         self.running: list[SimRequest] = []  # admitted, not finished (prefilling or decoding)
         self.chunked: SimRequest | None = None
         self.outside = 0  # KV tokens running requests hold outside the tree (reservations)
         self._by_memo: dict[KVNode, set[str]] = {}  # waiting request ids by match end
         self._arrived: dict[str, None] = {}  # waiting, no round has ordered them yet (in order)
+        # The round whose order the cache evicts by (DFS auctions, knobs.evict_by_order), and
+        # its ranks once an eviction needed them.
+        self._evict_order: Clearing | None = None
+        self._ranks: dict[KVNode, int] | None = None
         # Counters for /metrics and the benchmark.
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
         self.prefilled_tokens = 0
+        # Prompt tokens admitted uncached that had been computed before: evicted, then computed
+        # again (the loss to KV pressure; the benchmark reports it per policy).
+        self.recomputed_prompt_tokens = 0
         self.prefill_busy_s = 0.0  # engine seconds spent in prefill steps
         self.generated_tokens = 0
         self.finished_requests = 0
@@ -319,6 +329,8 @@ class Engine:
         self.recorder.placed(clearing, self._arrived)  # the place in line of those new to it
         self._arrived.clear()
         defer = policy in DFS_AUCTIONS and knobs.in_batch_defer_tokens > 0
+        self._evict_order = clearing if policy in DFS_AUCTIONS and knobs.evict_by_order else None
+        self._ranks = None
         batch = self.tree.begin_batch() if defer else None
         self.rounds += 1
         admitted: list[SimRequest] = []
@@ -337,6 +349,9 @@ class Engine:
             if batch is not None:
                 self.tree.batch_add(rid, batch)
             req.computed = req.cached_tokens = match
+            before = self.computed.match(req.tokens, len(req.tokens) - 1)
+            if before > match:
+                self.recomputed_prompt_tokens += before - match
             req.admitted_at = now
             extend = len(req.tokens) - match
             n = min(extend, budget)
@@ -375,10 +390,21 @@ class Engine:
             kv.unlock(node)
             return None
         if (over := kv.size + self.outside + need - kv.capacity) > 0:
-            kv.evict(over)
+            kv.evict(over, self._eviction_ranks())
         self.outside += need
         req.node = node
         return match
+
+    def _eviction_ranks(self) -> dict[KVNode, int] | None:
+        """Under a DFS auction (``evict_by_order``), the round's ranks of the cached prefixes
+        of the waiting requests (eviction.waiting_ranks), worked out at the round's first
+        eviction; None: the cache's own LRU."""
+        if self._evict_order is None:
+            return None
+        if self._ranks is None:
+            waiting = self.waiting
+            self._ranks = waiting_ranks(waiting[rid].memo for rid in self._evict_order.iter_order())
+        return self._ranks
 
     @property
     def engine_id(self) -> str:
@@ -401,6 +427,7 @@ class Engine:
             self.prefilled_tokens += n
             result.prefill_tokens += n
             _, node = kv.insert(req.tokens, req.computed)
+            self.computed.insert(req.tokens, req.computed)
             kv.lock(node)
             kv.unlock(req.node)
             req.node = node
@@ -436,6 +463,7 @@ class Engine:
         kv = self.kv
         full = req.tokens + req.output
         kv.insert(full, len(full))
+        self.computed.insert(full, len(full))
         kv.unlock(req.node)
         req.node = None
         self.finished_requests += 1

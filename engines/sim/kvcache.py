@@ -15,6 +15,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
+from engines.contract.eviction import eviction_priority
 from mechanism.tree import common_len
 
 
@@ -127,28 +128,109 @@ class KVCache:
                     heapq.heappush(self._heap, (node.last_access, next(self._tiebreak), node))
             node = node.parent
 
-    def evict(self, tokens: int) -> int:
-        """Evict least recently used unlocked leaves until ``tokens`` are freed; return freed."""
+    def evict(self, tokens: int, ranks: dict[KVNode, int] | None = None) -> int:
+        """Evict unlocked leaves until ``tokens`` are freed; return freed. Least recently used
+        first, or with ``ranks`` (a DFS auction's round: eviction.waiting_ranks) by
+        ``eviction_priority``: leaves no waiting request needs first, then the prefixes needed
+        last."""
+        if ranks is not None:
+            return self._evict_by_order(tokens, ranks)
         freed = 0
         heap = self._heap
         while freed < tokens and heap:
             stamp, _, node = heapq.heappop(heap)
-            if (
-                not node.alive
-                or node.children
-                or node.lock
-                or node.last_access != stamp
-                or node.parent is None
-            ):
+            if not self._evictable(node, stamp):
                 continue
-            parent = node.parent
-            del parent.children[node.seq[node.start]]
-            node.alive = False
-            self.changed.add(node)
-            n = node.end - node.start
-            self.size -= n
-            self.evictable -= n
-            freed += n
-            if not parent.children and parent.lock == 0 and parent.parent is not None:
-                heapq.heappush(heap, (parent.last_access, next(self._tiebreak), parent))
+            freed += self._delete(node)
         return freed
+
+    def _evictable(self, node: KVNode, stamp: int) -> bool:
+        """Whether a heap entry of ``stamp`` is an evictable leaf still (the heap is lazy)."""
+        return (
+            node.alive
+            and not node.children
+            and not node.lock
+            and node.last_access == stamp
+            and node.parent is not None
+        )
+
+    def _delete(self, node: KVNode) -> int:
+        """Evict the leaf ``node``; its parent becomes a candidate. Returns the tokens freed."""
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.seq[node.start]]
+        node.alive = False
+        self.changed.add(node)
+        n = node.end - node.start
+        self.size -= n
+        self.evictable -= n
+        if not parent.children and parent.lock == 0 and parent.parent is not None:
+            heapq.heappush(self._heap, (parent.last_access, next(self._tiebreak), parent))
+        return n
+
+    def _evict_by_order(self, tokens: int, ranks: dict[KVNode, int]) -> int:
+        """``evict`` by the round's order: every evictable leaf keyed at once, as SGLang's
+        RadixCache.evict heaps its evictable leaves by its strategy's priority."""
+        leaves: dict[KVNode, None] = {}
+        for stamp, _, node in self._heap:
+            if self._evictable(node, stamp):
+                leaves[node] = None
+        self._heap = []
+        tick = self._tiebreak
+        order = [(eviction_priority(ranks.get(x), x.last_access), next(tick), x) for x in leaves]
+        heapq.heapify(order)
+        freed = 0
+        while freed < tokens and order:
+            _, _, node = heapq.heappop(order)
+            parent = node.parent
+            freed += self._delete(node)
+            if parent is not None and self._heap:  # it became a leaf: a candidate now
+                self._heap.pop()
+                key = eviction_priority(ranks.get(parent), parent.last_access)
+                heapq.heappush(order, (key, next(tick), parent))
+        # What is left goes back to the LRU heap (the next eviction keys it afresh).
+        self._heap = [(x.last_access, i, x) for _, i, x in order]
+        heapq.heapify(self._heap)
+        return freed
+
+
+class ComputedPrefixes:
+    """Every prefix the engine has computed, never evicted: a radix tree of token ids without
+    locks or LRU, for counting what is computed again after an eviction
+    (``Engine.recomputed_prompt_tokens``: a prompt's prefix found here but not in the cache)."""
+
+    def __init__(self) -> None:
+        self.root = KVNode(None, (), 0, 0)
+
+    def match(self, tokens: Sequence[int], limit: int) -> int:
+        """Length of the longest computed prefix of ``tokens[:limit]`` (tokens)."""
+        end = min(limit, len(tokens))
+        node, depth = self.root, 0
+        while depth < end:
+            child = node.children.get(tokens[depth])
+            if child is None:
+                break
+            k = common_len(child.seq, tokens, depth, min(child.end, end))
+            if depth + k < child.end:
+                return depth + k
+            node, depth = child, child.end
+        return depth
+
+    def insert(self, tokens: Sequence[int], end: int) -> None:
+        """Record ``tokens[:end]`` as computed."""
+        node, depth = self.root, 0
+        while depth < end:
+            child = node.children.get(tokens[depth])
+            if child is None:
+                node.children[tokens[depth]] = KVNode(node, tokens, depth, end)
+                return
+            k = common_len(child.seq, tokens, depth, min(child.end, end))
+            if depth + k < child.end:
+                if depth + k == end:
+                    return
+                mid = KVNode(node, child.seq, depth, depth + k)
+                node.children[tokens[depth]] = mid
+                child.parent, child.start = mid, depth + k
+                mid.children[child.seq[depth + k]] = child
+                child = mid
+            node, depth = child, child.end

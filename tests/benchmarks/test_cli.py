@@ -24,6 +24,7 @@ KEYS = {
     "throughput_tokens_per_s",
     "welfare",
     "revenue",
+    "recomputed_prefix_tokens",
 }
 
 
@@ -35,6 +36,8 @@ def test_json_schema_of_a_tiny_run(tmp_path, capsys) -> None:
     assert list(doc["policies"]) == list(POLICIES)
     for metrics in doc["policies"].values():
         assert set(metrics) == KEYS
+        counted = metrics.pop("recomputed_prefix_tokens")  # tokens, a count
+        assert isinstance(counted, int) and counted >= 0
         assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
         assert metrics["welfare"] < 0 and 0 <= metrics["cache_hit_rate"] <= 1
         assert metrics["p50_ttft_s"] <= metrics["p99_ttft_s"] <= metrics["mean_e2e_s"] * 50

@@ -26,15 +26,20 @@ strategy's shaded value (the exposure reserve for the requests in flight), each 
 settled as at most what is left of the budget and at most the request's consent cap (bid x its wait
 bound). What the budget cut is reported as ``uncollected``.
 
-**Strategies.** ``pacing`` (the autobidder), ``fixed mu`` for every mu of a log-spaced grid
-(``mu=0``: the full value, within the budget), ``zero`` (bids 0) and ``free`` (the full value, no
-budget).
+**Strategies.** ``pacing-dual``, the autobidder as the gateway and settlement run it (the dual
+step alone, ``mechanism.pacing``'s defaults), and ``pacing``, the candidate design of issue 50
+(``PATH_TERM``: the path term, its gain K tuned with eta0 on the training seeds; ``pacing-cold``
+the same from mu = 0); ``fixed mu`` for every mu of a log-spaced grid (``mu=0``: the full value,
+within the budget), ``zero`` (bids 0) and ``free`` (the full value, no budget). For the worst
+seeds of each binding row and both designs the report shows where the unspent budget went
+(time at mu_max, requests the exposure reserve bid 0, what the end guard held back, the spend
+and mu paths).
 A strategy's utility over the period's requests is the waiting cost it saves over bidding 0,
 less what it paid:
 
     U = sum(v x TTFT | zero) - sum(v x TTFT) - paid        (dollars)
 
-**Honest comparison.** Hyperparameters (eta0) and the best fixed multiplier are chosen on the
+**Honest comparison.** Hyperparameters (eta0, K) and the best fixed multiplier are chosen on the
 training seeds; the figures are on held-out seeds: spend / budget per seed, its peak over every
 settlement, utility / the best fixed multiplier's per seed with the lower end of its 95% t
 interval, paired differences with their intervals, uncollected / budget, the share of utility
@@ -77,8 +82,8 @@ from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
 from mechanism.pacing import (
     DEFAULT_ETA0,
-    DEFAULT_PATH_GAIN,
     DUAL_STEP_ONLY,
+    PATH_TERM,
     Exposure,
     PacingAgent,
     mu_max_for,
@@ -102,6 +107,7 @@ BINDING = (0.25, 0.5, 0.8)
 MU_GRID = (0.0, *(0.02 * 10 ** (4 * k / 22) for k in range(23)))
 ETA0_GRID = (0.5, 1.0, 2.0)
 PATH_GAIN_GRID = (1.0, 2.0, 3.0)  # the path term's gains tuned over, with eta0
+CANDIDATE_PATH_GAIN = 3.0  # the candidate's path gain when none is tuned
 TRAIN_SEEDS = (0, 1, 2, 3)
 HELD_OUT_SEEDS = tuple(range(100, 116))
 UPDATES = 400  # pacing updates in the period
@@ -169,7 +175,7 @@ class Spec:
     budget: float = math.inf
     share: float = math.inf  # the budget as a share of the free spend (inf: none)
     eta0: float = DEFAULT_ETA0
-    path_gain: float = DEFAULT_PATH_GAIN  # pacing's path term (not the baseline's: it has none)
+    path_gain: float = CANDIDATE_PATH_GAIN  # the candidate's path term (the dual step has none)
     mu0: float = 0.0  # pacing's warm start
     # The class's latency target (TTFT seconds, probability), for "target" (the autobidder
     # bidding the quote, paced) and "quote0" (the period's first quote, then fixed).
@@ -270,7 +276,7 @@ class _Focal:
                 **(
                     DUAL_STEP_ONLY
                     if spec.strategy == "pacing-dual"
-                    else {"path_gain": spec.path_gain}
+                    else {**PATH_TERM, "path_gain": spec.path_gain}
                 ),
             )
         elif spec.strategy.startswith("mu="):
@@ -524,7 +530,7 @@ def _budgeted(spec: Spec, free: Outcome, share: float) -> Spec:
 
 
 def train(
-    runner: Runner, *, tenants, shares, seeds, eta0s, grid, gains=(DEFAULT_PATH_GAIN,)
+    runner: Runner, *, tenants, shares, seeds, eta0s, grid, gains=(CANDIDATE_PATH_GAIN,)
 ) -> dict:
     """The training seeds: the fixed grid (its best mu per tenant and share), eta0 and the path
     gain for pacing (the best mean utility ratio over the binding shares, among those that spent
@@ -579,12 +585,12 @@ def train(
     ok_choices = [c for c in choices if c[0]] or choices
     eta0, gain = max(ok_choices, key=lambda c: c[1])[2:]
     designs = {f"pacing eta0={e:g} K={k:g}": trained("pacing", e, k)[2] for _, _, e, k in choices}
-    designs["pacing-dual"] = trained("pacing-dual", DEFAULT_ETA0, DEFAULT_PATH_GAIN)[2]
+    designs["pacing-dual"] = trained("pacing-dual", DEFAULT_ETA0, CANDIDATE_PATH_GAIN)[2]
     warm, warm_dual = {}, {}
     for t, share in itertools.product(tenants, shares):
         for into, strategy, e, k in (
             (warm, "pacing", eta0, gain),
-            (warm_dual, "pacing-dual", DEFAULT_ETA0, DEFAULT_PATH_GAIN),
+            (warm_dual, "pacing-dual", DEFAULT_ETA0, CANDIDATE_PATH_GAIN),
         ):
             paced = [r for r in runs if _is(r, t, share, strategy) and tuned(r, e, k)]
             into[t, share] = math.expm1(statistics.fmean(math.log1p(r.mu_mean) for r in paced))
@@ -878,20 +884,26 @@ def figure(result: dict) -> go.Figure:
     return fig
 
 
+def _figure(x: float | None, spec: str) -> str:
+    """``x`` by ``spec``, or "-" when there is none (NaN, or null in a saved JSON)."""
+    return "-" if x is None or math.isnan(x) else format(x, spec)
+
+
 def before_after(summary: dict) -> Table:
-    """Per binding row, the baseline design (the dual step alone) and the autobidder on the
-    held-out seeds: spend / budget over the seeds, the utility ratio's lower confidence bound
-    against the best fixed multiplier, the most uncollected."""
+    """Per binding row, the rule in force (``pacing-dual``: the dual step alone) and the
+    candidate design (``pacing``: the path term) on the held-out seeds: spend / budget over the
+    seeds, the utility ratio's lower confidence bound against the best fixed multiplier, the
+    most uncollected."""
     rows = []
     for key, r in summary.items():
         base = r.get("baseline")
         if not r["binding"] or base is None:
             continue
-        for name, x in (("before (dual step)", base), ("after (path term)", r)):
+        for name, x in (("in force: the dual step", base), ("tried: the path term", r)):
             spend = x["spend_over_budget"]
             rows.append((key, name, f"{min(spend):.3f}-{max(spend):.3f}",
-                         f"{x['utility_ratio_lcb']:.3f}",
-                         f"{x['uncollected_over_budget']:.2%}"))  # fmt: skip
+                         _figure(x["utility_ratio_lcb"], ".3f"),
+                         _figure(x["uncollected_over_budget"], ".2%")))  # fmt: skip
     columns = ("tenant @ budget share", "design", "spend / budget over seeds",
                "utility LCB vs best fixed", "uncollected (most)")  # fmt: skip
     return Table(columns, rows)
@@ -901,8 +913,8 @@ def designs_table(result: dict) -> Table:
     """The designs compared on the training seeds (before any held-out run)."""
     trained = result["training"]
     rows = [
-        (name, key, f"{x['spend_min']:.3f}-{x['spend_max']:.3f}", f"{x['utility_ratio']:.3f}",
-         f"{x['uncollected_max']:.2%}")
+        (name, key, f"{x['spend_min']:.3f}-{x['spend_max']:.3f}",
+         _figure(x["utility_ratio"], ".3f"), _figure(x["uncollected_max"], ".2%"))
         for name, by_row in trained.get("designs", {}).items()
         for key, x in by_row.items()
     ]  # fmt: skip
@@ -911,27 +923,28 @@ def designs_table(result: dict) -> Table:
     return Table(columns, rows)
 
 
-def diagnosis_table(summary: dict) -> str:
+def diagnosis_table(summary: dict, designs: Sequence[str] = ("pacing-dual", "pacing")) -> Table:
     """The worst seeds of each binding row, per design: where the unspent budget went."""
     rows = []
     for key, r in summary.items():
-        for name, seeds in r.get("diagnosis", {}).items():
+        for name in designs:
             if not r["binding"]:
                 continue
             rows += [
                 (key, name, d["seed"], f"{d['spend_over_budget']:.3f}",
                  f"{d['at_mu_max_share']:.1%}", f"{d['forced_zero_share']:.1%}",
                  f"{d['forced_zero_value_share']:.1%}", f"{d['guard_held']:.2f}",
-                 f"{d['mu_mean']:.3g}",
+                 f"{d['mu_mean']:.3g}", r["best_fixed_on_training"],
                  " ".join(f"{q:.2f}" for q in d["spend_by_quarter"]),
                  " ".join(f"{q:.2f}" for q in d["free_spend_by_quarter"]))
-                for d in seeds
+                for d in r.get("diagnosis", {}).get(name, [])
             ]  # fmt: skip
     columns = (
-        "tenant@s", "design", "seed", "spend/budget", "at mu_max", "bid 0 by reserve",
-        "(of value)", "guard held", "mu mean", "spend/budget by quarter", "free run's",
+        "tenant@s", "design", "seed", "spend / budget", "time at mu_max",
+        "requests bid 0 by the reserve", "(their share of value)", "end guard held, log(1+mu)",
+        "mu mean", "best fixed", "spend / budget by quarter", "the free run's",
     )  # fmt: skip
-    return Table(columns, rows).text()
+    return Table(columns, rows)
 
 
 def diagnosis_figure(summary: dict, period_s: float) -> go.Figure:
@@ -1089,11 +1102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = result["held_out"]
             sections = [
                 Section("Held-out seeds", text, figures=[figure(result)]),
-                Section("Before and after: the baseline design and the autobidder",
+                Section("The rule in force (the dual step) and the candidate (the path term)",
                         tables=[before_after(summary)]),
                 Section("Designs on the training seeds", tables=[designs_table(result)]),
                 Section("Where the unspent budget went: the worst seeds of each row",
-                        diagnosis_table(summary),
+                        tables=[diagnosis_table(summary)],
                         figures=[diagnosis_figure(summary, setup.period_s)]),
             ]  # fmt: skip
         write_page(args.html, title, sections, command=result["command"])

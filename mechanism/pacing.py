@@ -1,36 +1,36 @@
-"""Budget pacing for the autobidder (docs/mechanism.md, "Pacing"): a dual step on
-log(1 + mu) plus a term for the spend ahead of the even path.
+"""Budget pacing for the autobidder (docs/mechanism.md, "Pacing"): dual mirror descent on
+log(1 + mu).
 
 A tenant gives a budget per period (dollars) and a value per request class (dollars per second of
 waiting it would really pay). The agent bids ``value / (1 + mu)``: ``mu = 0`` bids the full value,
-a larger ``mu`` shades every bid alike. After each update interval it moves ``l = log(1 + mu)``,
-which is the sum of two parts,
+a larger ``mu`` shades every bid alike. After each update interval it takes one step on the dual of
+the budget constraint in ``l = log(1 + mu)``,
 
-    l = d + path_gain x ahead,
-    d <- clip(d + eta x clip(spent / target - 1, -1, gradient_clip), 0, log(1 + mu_max)),
+    l <- clip(l + eta * clip(spent / target - 1, -1, gradient_clip), 0, log(1 + mu_max)),
     eta = eta0 / sqrt(T),
 
 where ``spent`` is what the interval cost, ``target`` what it should have cost to use the budget
-left evenly over the time left (remaining budget x interval / time left), ``T`` the number of
-updates in a period, and ``ahead`` how far the spend so far is ahead of the even path (budget x
-time gone / period), as a share of the budget, 0 when behind it. ``d`` is the dual step (mirror
-descent on the budget's dual); it is not kept apart but read back from ``mu`` as
-``l - path_gain x ahead`` at the start of each step, so that the state stays ``mu`` (and the live
-step, which keeps only ``mu`` between steps, runs the same rule). A step in ``l`` moves ``1 + mu``
-by a factor, so one rule serves a multiplier near 0 and one near 100 alike.
+left evenly over the time left (remaining budget x interval / time left), and ``T`` the number of
+updates in a period. A step in ``l`` moves ``1 + mu`` by a factor, so one step rule serves a
+multiplier near 0 and one near 100 alike, and a burst of ``k`` times the target raises it by at most
+``exp(eta * min(k - 1, gradient_clip))`` (the clip is high: a burst is real spend, and clipping it
+at +1 made the rule overspend in bursts and shade too little afterwards). In the last
+``end_guard_share`` of the period the rise is limited to ``eta`` a step: the target there is a small
+remainder over a short time, and one noisy interval would otherwise stop the bidding for good.
 
-**Why two parts** (the diagnosis is the pacing benchmark's report, ``benchmarks.pacing``, and
-docs/mechanism.md). One urgent request's charge can cost 20x an interval's target. The dual step
-alone counted such a burst up to 21x (``DUAL_STEP_ONLY``, the design before): one burst raised
-``l`` by up to 1, a few drove mu far above the best fixed multiplier within seconds, and while it
-came back down at eta a step the shaded bids spent too little, which the tenant's full values
-could not make up later. Counting a burst as +1 only (``gradient_clip`` 1) keeps the dual step's
-level from jumping; the spend the burst really took is answered by the path term instead, once,
-in proportion to how far ahead it put the tenant, and the term fades as the even path catches up
-(it is not a lasting penalty, as the dual step's integral of the burst was). Behind the path the
-term is 0 and the adaptive target alone makes the dual step bid more. The end guard the dual step
-needed (its rise limited in the last tenth of the period) is off: with the clip at 1 the rise is
-at most eta a step everywhere.
+**The path term, tried and not taken** (issue 50; ``PATH_TERM``, off by default: ``path_gain``
+0). With ``path_gain`` K > 0, ``l = d + K x ahead``, where ``d`` is the dual step above and
+``ahead`` how far the spend so far is ahead of the even path (budget x time gone / period), as a
+share of the budget, 0 when behind; ``d`` is read back from ``mu`` each step as
+``l - K x ahead`` (so the state stays ``mu``, as live). The pacing benchmark's diagnosis of the
+dual step's unspent budget (``benchmarks.pacing``, its report) is that the multiplier overshoots
+after bursts (one charge can cost 20x an interval's target), not that it sits at ``mu_max`` or that
+the exposure reserve bids 0. The path term answers a burst once, in proportion to how far ahead
+it puts the tenant, with the dual step counting it as +1 only. It spends more of the budget, but
+the clipped dual step's level settles too low under lumpy spend (an interval is far more often
+under its target than over it), so it spends early and buys less: its utility fell well below
+the best fixed multiplier's (docs/mechanism.md has the figures). It is kept here, measured
+beside the rule in force, for the next design to beat.
 
 ``mu_max`` (:func:`mu_max_for`) is derived, not fixed: it is the multiplier at which the tenant
 could not exceed its target rate even if every request were charged its full bid x wait bound.
@@ -60,8 +60,7 @@ entropy-like reference, and they bound the dual by the largest reward over the t
   requests wait behind. The benchmark measures what this costs against the best fixed multiplier.
 - *Spend per step small against the target*: does not hold. A charge is at most bid x the
   request's wait bound (its ``priority_cap``), but one urgent request can cost 20x an interval's
-  target. This is what the path term is for (above): the dual step sees a burst as one interval
-  of twice the target, and the path term answers for the rest.
+  target, which is what makes the multiplier swing (the benchmark's figures and diagnosis).
 
 **Safety is not the agent's** but the budget's, the same rule in the benchmark and live
 (docs/mechanism.md, "The safety rule"): settlement writes a priority charge of an autobid request as
@@ -80,17 +79,16 @@ from dataclasses import dataclass, field, replace
 from .requests import number_checked
 
 DEFAULT_ETA0 = 1.0  # tuned on the benchmark's training seeds (benchmarks.pacing)
-# The path term: log(1 + mu) rises by this much per budget's worth spent ahead of the even path
-# (tuned on the benchmark's training seeds).
-DEFAULT_PATH_GAIN = 3.0
-DEFAULT_GRADIENT_CLIP = 1.0  # an interval's overspend counts up to 2x the target in the dual step
-DEFAULT_END_GUARD_SHARE = 0.0  # no end guard (the dual step's rise is at most eta anyway)
+DEFAULT_PATH_GAIN = 0.0  # no path term: tried (PATH_TERM), it lost utility (the docstring)
+DEFAULT_GRADIENT_CLIP = 20.0  # overspend in one interval: up to 21x the target counts in full
+DEFAULT_END_GUARD_SHARE = 0.1  # the last tenth of a period: mu rises by at most eta a step
 DEFAULT_UPDATES = 400  # updates per period when the caller does not say
 MU_MAX_FLOOR = 1.0  # the derived mu_max is never below this
-# The rule before issue 50, kept as the benchmark's baseline: the dual step alone (no path term),
-# an interval's overspend counted up to 21x the target, the rise limited to eta a step in the
-# last tenth of the period.
+# The rule in force: the dual step alone (the defaults above, spelled out for the benchmark).
 DUAL_STEP_ONLY = {"path_gain": 0.0, "gradient_clip": 20.0, "end_guard_share": 0.1}
+# The design tried for issue 50 and not taken (the benchmark's "pacing" candidate, with its
+# path_gain tuned): a burst counted as twice the target only, no end guard, and the path term.
+PATH_TERM = {"gradient_clip": 1.0, "end_guard_share": 0.0}
 
 # The exposure reserve: the high quantile of charge / (bid x wait bound) over recent autobid
 # requests, taken as what a request in flight will cost per dollar of its worst case.

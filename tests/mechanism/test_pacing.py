@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from mechanism.pacing import (
     DUAL_STEP_ONLY,
+    PATH_TERM,
     Exposure,
     PacingAgent,
     exposure_factor,
@@ -35,7 +36,7 @@ def test_a_fresh_agent_bids_its_values():
 
 
 def test_the_dual_step_alone_by_hand():
-    # The baseline design (no path term, bursts counted up to 21x the target).
+    # The rule in force (the defaults: no path term, bursts counted up to 21x the target).
     # eta = eta0 / sqrt(T) = 1 / sqrt(100) = 0.1. Budget 100 over 1000 s: the first 10 s should
     # spend 100 x 10 / 1000 = 1 dollar. Spending 3: gradient 3/1 - 1 = 2, so log(1 + mu) goes
     # from 0 to 0.2: mu = e^0.2 - 1 = 0.2214; bids / 1.2214.
@@ -67,11 +68,11 @@ def test_the_end_guard_limits_the_rise_and_counts_what_it_held():
 
 
 def test_the_path_term_by_hand():
-    # The default design. Budget 100 over 1000 s, path gain 3, eta 0.1. The first 10 s should
-    # spend 1 dollar (the target, and the even path at 10 s). Spending 21 (a burst of 21x):
-    # the dual step counts it as gradient +1 only (clip 1): 0.1; the spend is 20 ahead of the
-    # even path, 0.2 of the budget: the path term adds 3 x 0.2 = 0.6. log(1 + mu) = 0.7.
-    a = agent(eta0=1.0, path_gain=3.0)
+    # The design tried (PATH_TERM). Budget 100 over 1000 s, path gain 3, eta 0.1. The first
+    # 10 s should spend 1 dollar (the target, and the even path at 10 s). Spending 21 (a burst
+    # of 21x): the dual step counts it as gradient +1 only (clip 1): 0.1; the spend is 20 ahead
+    # of the even path, 0.2 of the budget: the path term adds 3 x 0.2 = 0.6. log(1 + mu) = 0.7.
+    a = agent(eta0=1.0, path_gain=3.0, **PATH_TERM)
     assert a.ahead() == 0.0
     assert a.observe(21.0, 10.0) == pytest.approx(math.expm1(0.7))
     assert a.ahead() == pytest.approx(0.2)
@@ -87,9 +88,9 @@ def test_the_path_term_by_hand():
     assert a.ahead() == 0.0
 
 
-def test_the_baseline_is_the_path_rule_without_its_term():
-    # The dual step alone is the same rule with path_gain 0: the same burst moves it by the
-    # clipped gradient only.
+def test_the_defaults_are_the_dual_step_alone_and_the_path_term_is_off_with_gain_0():
+    assert {k: getattr(agent(), k) for k in DUAL_STEP_ONLY} == DUAL_STEP_ONLY
+    # With path_gain 0 the same burst moves it by the clipped gradient only.
     a = agent(eta0=1.0, path_gain=0.0, gradient_clip=1.0)
     assert a.observe(21.0, 10.0) == pytest.approx(math.expm1(0.1))
 

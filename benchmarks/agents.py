@@ -11,7 +11,9 @@ the tenant's tool prompt (shared by all its sessions, so their prefixes share th
 then asks questions turn by turn, each turn's prompt holding the conversation so far. Some
 sessions are ``interactive`` and bid explicitly (``extra_body={"bid": ...}``, dollars per
 second of waiting); the others are ``background`` and send no bid, so the tenant's autobidder
-(if it has one) bids for them. Arrivals are Poisson; the generator prints a line per minute.
+(if it has one) bids for them. A tenant named by ``--autobid`` sends no bid for its interactive
+requests either: its autobidder bids for them too. Arrivals are Poisson; the generator prints a
+line per minute.
 Errors (429 ``insufficient_quota`` when a budget is spent, 429 ``queue_full``, 503) are counted,
 not fatal: the agent waits and goes on, as a program with a retry policy would.
 
@@ -75,8 +77,12 @@ def tool_prompt(tenant: str, length_words: int = 400) -> str:
 class Tenant:
     """One tenant's agents: a client with its API key and its traffic mix."""
 
-    def __init__(self, name: str, key: str, base_url: str, model: str, rng: random.Random):
+    def __init__(
+        self, name: str, key: str, base_url: str, model: str, rng: random.Random,
+        autobid: bool = False,
+    ) -> None:  # fmt: skip
         self.name = name
+        self.autobid = autobid  # its interactive requests send no bid either: its autobidder's
         self.model = model
         self.rng = rng
         self.client = openai.AsyncOpenAI(api_key=key, base_url=base_url, max_retries=0)
@@ -114,7 +120,7 @@ class Tenant:
         for _ in range(turns):
             messages.append({"role": "user", "content": self.question()})
             extra: dict[str, object] = {"request_class": request_class}
-            if interactive:
+            if interactive and not self.autobid:
                 # Interactive users value their time: lognormal around 5 cents per second.
                 extra["bid"] = f"{self.rng.lognormvariate(-3.0, 0.8):.6f}"
             try:
@@ -180,7 +186,12 @@ async def run(args: argparse.Namespace) -> None:
         name, _, key = item.partition("=")
         if not key:
             raise SystemExit(f"--key needs TENANT=KEY, got {item!r}")
-        tenants.append(Tenant(name, key, args.base_url, args.model, random.Random(rng.random())))
+        tenants.append(
+            Tenant(
+                name, key, args.base_url, args.model, random.Random(rng.random()),
+                autobid=name in args.autobid,
+            )
+        )  # fmt: skip
     per_minute = args.sessions_per_minute
     if per_minute is None:
         capacity = await capacity_measure(tenants, args.probe_requests)
@@ -231,6 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--probe-requests", type=int, default=48,
         help="first turns sent at once to measure the capacity (48)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--autobid", action="append", default=[], metavar="TENANT",
+        help="(repeat) this tenant's interactive requests send no bid either: its autobidder "
+        "bids for them",
     )  # fmt: skip
     parser.add_argument("--max-sessions", type=int, default=64)
     parser.add_argument("--interactive-share", type=float, default=0.3)

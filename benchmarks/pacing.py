@@ -26,15 +26,20 @@ strategy's shaded value (the exposure reserve for the requests in flight), each 
 settled as at most what is left of the budget and at most the request's consent cap (bid x its wait
 bound). What the budget cut is reported as ``uncollected``.
 
-**Strategies.** ``pacing`` (the autobidder), ``fixed mu`` for every mu of a log-spaced grid
-(``mu=0``: the full value, within the budget), ``zero`` (bids 0) and ``free`` (the full value, no
-budget).
+**Strategies.** ``pacing-dual``, the autobidder as the gateway and settlement run it (the dual
+step alone, ``mechanism.pacing``'s defaults), and ``pacing``, the candidate design of issue 50
+(``PATH_TERM``: the path term, its gain K tuned with eta0 on the training seeds; ``pacing-cold``
+the same from mu = 0); ``fixed mu`` for every mu of a log-spaced grid (``mu=0``: the full value,
+within the budget), ``zero`` (bids 0) and ``free`` (the full value, no budget). For the worst
+seeds of each binding row and both designs the report shows where the unspent budget went
+(time at mu_max, requests the exposure reserve bid 0, what the end guard held back, the spend
+and mu paths).
 A strategy's utility over the period's requests is the waiting cost it saves over bidding 0,
 less what it paid:
 
     U = sum(v x TTFT | zero) - sum(v x TTFT) - paid        (dollars)
 
-**Honest comparison.** Hyperparameters (eta0) and the best fixed multiplier are chosen on the
+**Honest comparison.** Hyperparameters (eta0, K) and the best fixed multiplier are chosen on the
 training seeds; the figures are on held-out seeds: spend / budget per seed, its peak over every
 settlement, utility / the best fixed multiplier's per seed with the lower end of its 95% t
 interval, paired differences with their intervals, uncollected / budget, the share of utility
@@ -77,7 +82,8 @@ from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
 from mechanism.pacing import (
     DEFAULT_ETA0,
-    DEFAULT_GRADIENT_CLIP,
+    DUAL_STEP_ONLY,
+    PATH_TERM,
     Exposure,
     PacingAgent,
     mu_max_for,
@@ -100,6 +106,8 @@ BINDING = (0.25, 0.5, 0.8)
 # 0 and 23 multipliers log-spaced from 0.02 to 200.
 MU_GRID = (0.0, *(0.02 * 10 ** (4 * k / 22) for k in range(23)))
 ETA0_GRID = (0.5, 1.0, 2.0)
+PATH_GAIN_GRID = (1.0, 2.0, 3.0)  # the path term's gains tuned over, with eta0
+CANDIDATE_PATH_GAIN = 3.0  # the candidate's path gain when none is tuned
 TRAIN_SEEDS = (0, 1, 2, 3)
 HELD_OUT_SEEDS = tuple(range(100, 116))
 UPDATES = 400  # pacing updates in the period
@@ -163,10 +171,11 @@ class Spec:
 
     seed: int
     tenant: str
-    strategy: str  # "pacing", "mu=<x>", "zero", "free"
+    strategy: str  # "pacing", "pacing-cold", "pacing-dual", "mu=<x>", "zero", "free"
     budget: float = math.inf
     share: float = math.inf  # the budget as a share of the free spend (inf: none)
     eta0: float = DEFAULT_ETA0
+    path_gain: float = CANDIDATE_PATH_GAIN  # the candidate's path term (the dual step has none)
     mu0: float = 0.0  # pacing's warm start
     # The class's latency target (TTFT seconds, probability), for "target" (the autobidder
     # bidding the quote, paced) and "quote0" (the period's first quote, then fixed).
@@ -188,7 +197,15 @@ class Outcome:
     settled: int = 0
     quarters: list[float] = field(default_factory=lambda: [0.0] * 4)  # spend by quarter
     per_request: dict[str, float] = field(default_factory=dict)  # id -> v x TTFT - paid
-    curve: list[tuple[float, float, float]] = field(default_factory=list)  # (t, spend, mu)
+    # Per pacing update: (t, spend, mu, the exposure reserve, period requests the safety rule
+    # bid 0 since the last update though the strategy bid more), dollars and seconds.
+    curve: list[tuple[float, float, float, float, int]] = field(default_factory=list)
+    forced_zero: int = 0  # period requests bid 0 by the exposure reserve, not by the strategy
+    forced_zero_value: float = 0.0  # their values, $/s
+    value: float = 0.0  # the values of all period requests, $/s
+    at_mu_max: int = 0  # pacing updates of the period that ended at mu_max
+    guard_held: float = 0.0  # the rise of log(1 + mu) the end guard held back, summed
+    spec_updates: int = 0  # pacing updates in the period
     mu_end: float = 0.0
     mu_mean: float = 0.0  # time average of mu over the period's updates
     met: int = 0  # period requests served within the latency target's TTFT
@@ -233,6 +250,7 @@ class _Focal:
         self.in_flight: dict[str, float] = {}
         self.in_flight_total = 0.0
         self.interval_spent = 0.0
+        self.interval_forced = 0  # requests the safety rule bid 0 since the last update
         self.agent: PacingAgent | None = None
         self.mu = 0.0
         # A latency target: what the class is worth now, the quote (the gateway's rule: the
@@ -255,7 +273,11 @@ class _Focal:
                 eta0=spec.eta0,
                 mu_max=mu_max,
                 mu=min(spec.mu0, mu_max),
-                gradient_clip=DEFAULT_GRADIENT_CLIP,
+                **(
+                    DUAL_STEP_ONLY
+                    if spec.strategy == "pacing-dual"
+                    else {**PATH_TERM, "path_gain": spec.path_gain}
+                ),
             )
         elif spec.strategy.startswith("mu="):
             self.mu = float(spec.strategy[3:])
@@ -286,13 +308,19 @@ class _Focal:
         elif s == "quote-median":
             value = self.spec.fixed_bid
         mu = self.agent.mu if self.agent is not None else self.mu
+        shaded = value / (1.0 + mu)
         bid = safe_bid(
-            shaded=value / (1.0 + mu),
+            shaded=shaded,
             remaining=self.remaining,
             in_flight=self.in_flight_total,
             factor=self.exposure.factor,
             wait_bound_s=bound,
         )
+        self.out.value += value
+        if bid == 0 and shaded > 0:
+            self.out.forced_zero += 1
+            self.out.forced_zero_value += value
+            self.interval_forced += 1
         if bid > 0:
             self.in_flight[rid] = bid * bound
             self.in_flight_total += bid * bound
@@ -316,12 +344,18 @@ class _Focal:
         quarter = min(3, max(0, int(4 * (t - start) / period_s)))
         out.quarters[quarter] += paid
 
-    def tick(self, t: float, interval_s: float) -> None:
-        if self.agent is not None:
-            self.agent.observe(self.interval_spent, interval_s)
+    def tick(self, t: float, interval_s: float, in_period: bool) -> None:
+        agent = self.agent
+        if agent is not None:
+            agent.observe(self.interval_spent, interval_s)
+            if in_period:
+                self.out.at_mu_max += agent.mu >= agent.mu_max
+                self.out.guard_held = agent.guard_held
         self.exposure.update()
-        self.interval_spent = 0.0
-        self.out.curve.append((t, self.out.paid, self.agent.mu if self.agent else self.mu))
+        reserve = self.exposure.factor * self.in_flight_total
+        mu = agent.mu if agent else self.mu
+        self.out.curve.append((t, self.out.paid, mu, reserve, self.interval_forced))
+        self.interval_spent, self.interval_forced = 0.0, 0
 
 
 def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
@@ -338,6 +372,7 @@ def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
     cap = percentile(seen, TARGET_CAP_PERCENTILE) if seen else 1.0
     focal = _Focal(spec, setup, len(seen) / start, max(seen, default=1.0), cap)
     focal.out.requests = len(focal_ids)
+    focal.out.spec_updates = setup.updates
     knobs = MarketKnobs(book_interval_s=None, charge_scope=setup.charge_scope)
     engine = Engine(EngineConfig(), POLICY, knobs=knobs)
     interval = setup.period_s / setup.updates
@@ -369,7 +404,7 @@ def run(spec: Spec, setup: Setup = Setup()) -> Outcome:
                     focal.settle(rid, adm["charge"], step.end, start, setup.period_s)
         # Pacing runs over the period and on until the last charge settles.
         while step.end >= next_tick[0] and (next_tick[0] <= end or pending):
-            focal.tick(next_tick[0], interval)
+            focal.tick(next_tick[0], interval, next_tick[0] <= end + 1e-9)
             next_tick[0] += interval
 
     def on_finished(req: SimRequest) -> None:
@@ -416,7 +451,11 @@ class Scored:
     mu_end: float
     mu_mean: float
     requests: int
-    curve: list[tuple[float, float, float]] = field(repr=False, default_factory=list)
+    forced_zero_share: float  # of the period's requests, bid 0 by the exposure reserve
+    forced_zero_value_share: float  # their share of the period's values
+    at_mu_max_share: float  # of the period's pacing updates, ended at mu_max
+    guard_held: float  # log(1 + mu) the end guard held back
+    curve: list[tuple[float, float, float, float, int]] = field(repr=False, default_factory=list)
 
 
 def scored(out: Outcome, zero: Outcome) -> Scored:
@@ -440,6 +479,10 @@ def scored(out: Outcome, zero: Outcome) -> Scored:
         mu_end=out.mu_end,
         mu_mean=out.mu_mean,
         requests=out.requests,
+        forced_zero_share=out.forced_zero / out.requests if out.requests else 0.0,
+        forced_zero_value_share=out.forced_zero_value / out.value if out.value else 0.0,
+        at_mu_max_share=out.at_mu_max / out.spec_updates if out.spec_updates else 0.0,
+        guard_held=out.guard_held,
         curve=out.curve,
     )
 
@@ -486,15 +529,25 @@ def _budgeted(spec: Spec, free: Outcome, share: float) -> Spec:
     return replace(spec, budget=free.paid * share, share=share)
 
 
-def train(runner: Runner, *, tenants, shares, seeds, eta0s, grid) -> dict:
-    """The training seeds: the fixed grid (its best mu per tenant and share), eta0 for pacing
-    (the best mean utility ratio over the binding shares, among those that spent 0.95-1.00 of
-    the budget on every training seed), and pacing's warm start (the mean mu it ended at)."""
+def train(
+    runner: Runner, *, tenants, shares, seeds, eta0s, grid, gains=(CANDIDATE_PATH_GAIN,)
+) -> dict:
+    """The training seeds: the fixed grid (its best mu per tenant and share), eta0 and the path
+    gain for pacing (the best mean utility ratio over the binding shares, among those that spent
+    0.95-1.00 of the budget on every training seed), and the warm starts (the mean mu each
+    pacing design ended at). The baseline design (``pacing-dual``: the dual step alone,
+    ``DUAL_STEP_ONLY``) runs at its own tuned eta0, ``DEFAULT_ETA0``; every design's training
+    figures are kept (``designs``): the comparison is made before any held-out seed is run."""
     free, zero = _bases(runner, seeds, tenants)
     specs = []
     for s, t, share in itertools.product(seeds, tenants, shares):
         specs += [_budgeted(Spec(s, t, f"mu={mu:g}"), free[s, t], share) for mu in grid]
-        specs += [_budgeted(Spec(s, t, "pacing", eta0=e), free[s, t], share) for e in eta0s]
+        specs += [
+            _budgeted(Spec(s, t, "pacing", eta0=e, path_gain=k), free[s, t], share)
+            for e in eta0s
+            for k in gains
+        ]
+        specs.append(_budgeted(Spec(s, t, "pacing-dual", eta0=DEFAULT_ETA0), free[s, t], share))
     runs = [scored(o, zero[o.spec.seed, o.spec.tenant]) for o in runner.many(specs, "training")]
     best_fixed: dict[tuple[str, float], str] = {}
     fixed_curve: dict[tuple[str, float], list[tuple[float, float]]] = {}
@@ -505,27 +558,53 @@ def train(runner: Runner, *, tenants, shares, seeds, eta0s, grid) -> dict:
         ]
         fixed_curve[t, share] = means
         best_fixed[t, share] = f"mu={max(means, key=lambda m: m[1])[0]:g}"
-    choices = []
-    for eta0 in eta0s:
-        ratios, ok = [], True
-        for t, share in itertools.product(tenants, [s for s in shares if s in BINDING]):
-            paced = [r for r in runs if _is(r, t, share, "pacing") and r.spec.eta0 == eta0]
+    binding = [s for s in shares if s in BINDING]
+
+    def tuned(r: Scored, eta0: float, gain: float) -> bool:
+        return r.spec.eta0 == eta0 and r.spec.path_gain == gain
+
+    def trained(strategy: str, eta0: float, gain: float) -> tuple[bool, float, dict]:
+        """Whether a design spent 0.95-1.00 on every training seed of every binding row, its
+        mean utility ratio to the best fixed, and per row its spend range and mean ratio."""
+        ratios, ok, rows = [], True, {}
+        for t, share in itertools.product(tenants, binding):
+            paced = [r for r in runs if _is(r, t, share, strategy) and tuned(r, eta0, gain)]
             best = {r.spec.seed: r.utility for r in runs if _is(r, t, share, best_fixed[t, share])}
-            ratios += [r.utility / best[r.spec.seed] for r in paced if best[r.spec.seed]]
-            ok &= all(0.95 <= r.spend_over_budget <= 1.0 for r in paced)
-        choices.append((ok, statistics.fmean(ratios) if ratios else -math.inf, eta0))
+            mine = [r.utility / best[r.spec.seed] for r in paced if best[r.spec.seed]]
+            spend = [r.spend_over_budget for r in paced]
+            rows[f"{t}@{share:g}"] = {
+                "spend_min": min(spend), "spend_max": max(spend),
+                "utility_ratio": statistics.fmean(mine) if mine else math.nan,
+                "uncollected_max": max(r.uncollected_over_budget for r in paced),
+            }  # fmt: skip
+            ratios += mine
+            ok &= all(0.95 <= x <= 1.0 for x in spend)
+        return ok, statistics.fmean(ratios) if ratios else -math.inf, rows
+
+    choices = [(*trained("pacing", e, k)[:2], e, k) for e in eta0s for k in gains]
     ok_choices = [c for c in choices if c[0]] or choices
-    eta0 = max(ok_choices, key=lambda c: c[1])[2]
-    warm = {}
+    eta0, gain = max(ok_choices, key=lambda c: c[1])[2:]
+    designs = {f"pacing eta0={e:g} K={k:g}": trained("pacing", e, k)[2] for _, _, e, k in choices}
+    designs["pacing-dual"] = trained("pacing-dual", DEFAULT_ETA0, CANDIDATE_PATH_GAIN)[2]
+    warm, warm_dual = {}, {}
     for t, share in itertools.product(tenants, shares):
-        paced = [r for r in runs if _is(r, t, share, "pacing") and r.spec.eta0 == eta0]
-        warm[t, share] = math.expm1(statistics.fmean(math.log1p(r.mu_mean) for r in paced))
+        for into, strategy, e, k in (
+            (warm, "pacing", eta0, gain),
+            (warm_dual, "pacing-dual", DEFAULT_ETA0, CANDIDATE_PATH_GAIN),
+        ):
+            paced = [r for r in runs if _is(r, t, share, strategy) and tuned(r, e, k)]
+            into[t, share] = math.expm1(statistics.fmean(math.log1p(r.mu_mean) for r in paced))
     return {
         "best_fixed": best_fixed,
         "fixed_curve": fixed_curve,
         "eta0": eta0,
-        "eta0_choices": [{"eta0": e, "spend_ok": o, "mean_ratio": m} for o, m, e in choices],
+        "path_gain": gain,
+        "eta0_choices": [
+            {"eta0": e, "path_gain": k, "spend_ok": o, "mean_ratio": m} for o, m, e, k in choices
+        ],
+        "designs": designs,
         "warm_mu": warm,
+        "warm_mu_dual": warm_dual,
     }
 
 
@@ -533,20 +612,24 @@ def _is(r: Scored, tenant: str, share: float, strategy: str) -> bool:
     return r.spec.tenant == tenant and r.spec.share == share and r.spec.strategy == strategy
 
 
-def held_out(runner: Runner, trained: dict, *, tenants, shares, seeds) -> dict:
-    """The held-out seeds: pacing (warm-started, and cold), the trained best fixed mu, the full
-    value within the budget, and the free run, scored per tenant and share."""
+def held_out(runner: Runner, trained: dict, *, tenants, shares, seeds, extras=True) -> dict:
+    """The held-out seeds: pacing (warm-started, and cold), the baseline design (warm-started),
+    the trained best fixed mu, the full value within the budget, and the free run, scored per
+    tenant and share. Without ``extras``, neither the cold start nor the full value runs."""
     free, zero = _bases(runner, seeds, tenants)
     specs = []
-    eta0 = trained["eta0"]
+    eta0, gain = trained["eta0"], trained["path_gain"]
     for s, t, share in itertools.product(seeds, tenants, shares):
         b, warm, best = free[s, t], trained["warm_mu"][t, share], trained["best_fixed"][t, share]
+        dual = trained["warm_mu_dual"][t, share]
         specs += [
-            _budgeted(Spec(s, t, "pacing", eta0=eta0, mu0=warm), b, share),
-            _budgeted(Spec(s, t, "pacing-cold", eta0=eta0), b, share),
+            _budgeted(Spec(s, t, "pacing", eta0=eta0, path_gain=gain, mu0=warm), b, share),
+            _budgeted(Spec(s, t, "pacing-dual", eta0=DEFAULT_ETA0, mu0=dual), b, share),
             _budgeted(Spec(s, t, best), b, share),
         ]
-        if best != "mu=0":
+        if extras:
+            specs.append(_budgeted(Spec(s, t, "pacing-cold", eta0=eta0, path_gain=gain), b, share))
+        if extras and best != "mu=0":
             specs.append(_budgeted(Spec(s, t, "mu=0"), b, share))
     outs = runner.many(specs, "held-out seeds")
     runs = [scored(o, zero[o.spec.seed, o.spec.tenant]) for o in outs]
@@ -577,7 +660,7 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
     def avg(attr: str) -> float:  # the pacing runs' mean over the seeds
         return statistics.fmean(getattr(by_seed[s], attr) for s in order)
 
-    r_warm, r_cold = ratios(by_seed), ratios(cold_by_seed)
+    r_warm, r_cold = ratios(by_seed), ratios(cold_by_seed) if cold_by_seed else []
     mean, lo, hi = interval(r_warm)
     diff = interval([by_seed[s].utility - fixed[s].utility for s in order])
     out = {
@@ -586,6 +669,7 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
         "binding": share in BINDING,
         "best_fixed_on_training": best,
         "eta0": trained["eta0"],
+        "path_gain": trained["path_gain"],
         "warm_start_mu": trained["warm_mu"][t, share],
         "seeds": order,
         "focal_requests_mean": avg("requests"),
@@ -596,8 +680,10 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
         "utility_ratio_ucb": hi,
         "utility_ratio_per_seed": r_warm,
         "utility_minus_best_fixed": {"mean": diff[0], "ci95": [diff[1], diff[2]]},
-        "utility_ratio_cold_start": interval(r_cold)[0],
-        "spend_over_budget_cold_start": [cold_by_seed[s].spend_over_budget for s in order],
+        "utility_ratio_cold_start": interval(r_cold)[0] if cold_by_seed else math.nan,
+        "spend_over_budget_cold_start": [
+            cold_by_seed[s].spend_over_budget for s in order if s in cold_by_seed
+        ],
         "uncollected_over_budget": max(by_seed[s].uncollected_over_budget for s in order),
         "uncollected_over_budget_mean": avg("uncollected_over_budget"),
         "consent_cut_over_budget_mean": avg("consent_cut_over_budget"),
@@ -617,7 +703,52 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
     if full:
         out["full_value_ratio"] = interval(ratios(full))[0]
         out["full_value_spend_over_budget"] = [full[s].spend_over_budget for s in order]
+    dual = {r.spec.seed: r for r in runs if _is(r, t, share, "pacing-dual")}
+    if dual:
+        r_dual = ratios(dual)
+        out["baseline"] = {  # the dual step alone, as before issue 50
+            "warm_start_mu": trained["warm_mu_dual"][t, share],
+            "spend_over_budget": [dual[s].spend_over_budget for s in order],
+            "utility_ratio": interval(r_dual)[0],
+            "utility_ratio_lcb": interval(r_dual)[1],
+            "utility_ratio_per_seed": r_dual,
+            "uncollected_over_budget": max(dual[s].uncollected_over_budget for s in order),
+        }
+    out["diagnosis"] = {
+        name: [_diagnosis(runs_of[s], free[s]) for s in _worst(runs_of, order)]
+        for name, runs_of in (("pacing", by_seed), ("pacing-dual", dual))
+        if runs_of
+    }
     return out
+
+
+DIAGNOSED = 3  # the worst seeds of a row (by spend / budget) diagnosed in the report
+
+
+def _worst(by_seed: dict[int, Scored], order: Sequence[int]) -> list[int]:
+    """The ``DIAGNOSED`` seeds that spent the smallest share of their budget."""
+    return sorted(order, key=lambda s: by_seed[s].spend_over_budget)[:DIAGNOSED]
+
+
+def _diagnosis(r: Scored, free: Scored) -> dict:
+    """Where a run's unspent budget went: how often the multiplier sat at mu_max, how many
+    requests the exposure reserve bid 0, what the end guard held back, and the spend by
+    quarter against what the same seed spends at its full values with no budget."""
+    return {
+        "seed": r.spec.seed,
+        "spend_over_budget": r.spend_over_budget,
+        "unspent_over_budget": 1.0 - r.spend_over_budget,
+        "at_mu_max_share": r.at_mu_max_share,
+        "forced_zero_share": r.forced_zero_share,
+        "forced_zero_value_share": r.forced_zero_value_share,
+        "guard_held": r.guard_held,
+        "mu_mean": r.mu_mean,
+        # Dollars by quarter of the period over the budget: this run's, and the free run's (its
+        # spend is the budget / the share).
+        "spend_by_quarter": [q * r.spend_over_budget for q in r.quarters],
+        "free_spend_by_quarter": [q / r.spec.share for q in free.quarters],
+        "curve": r.curve,
+    }
 
 
 def target_case(runner: Runner, target: tuple[float, float], *, tenants, shares, seeds) -> dict:
@@ -707,7 +838,8 @@ def table(summary: dict) -> str:
         (key, f"{min(r['spend_over_budget']):.3f} - {max(r['spend_over_budget']):.3f}",
          *(f"{r[k]:.3f}" for k in ("peak_spend_over_budget", "utility_ratio",
                                    "utility_ratio_lcb", "utility_ratio_cold_start")),
-         f"{r.get('full_value_ratio', 1.0):.3f}", f"{r['uncollected_over_budget']:.4f}",
+         f"{r['full_value_ratio']:.3f}" if "full_value_ratio" in r else "-",
+         f"{r['uncollected_over_budget']:.4f}",
          f"{r['top5_utility_share']:.3f}", f"{percentile(r['mu_end'], 50):.3f}",
          r["best_fixed_on_training"], f"{r['utility_over_free']:.3f}",
          " ".join(f"{q:.2f}" for q in r["spend_by_quarter"]))
@@ -752,6 +884,123 @@ def figure(result: dict) -> go.Figure:
     return fig
 
 
+def _figure(x: float | None, spec: str) -> str:
+    """``x`` by ``spec``, or "-" when there is none (NaN, or null in a saved JSON)."""
+    return "-" if x is None or math.isnan(x) else format(x, spec)
+
+
+def before_after(summary: dict) -> Table:
+    """Per binding row, the rule in force (``pacing-dual``: the dual step alone) and the
+    candidate design (``pacing``: the path term) on the held-out seeds: spend / budget over the
+    seeds, the utility ratio's lower confidence bound against the best fixed multiplier, the
+    most uncollected."""
+    rows = []
+    for key, r in summary.items():
+        base = r.get("baseline")
+        if not r["binding"] or base is None:
+            continue
+        for name, x in (("in force: the dual step", base), ("tried: the path term", r)):
+            spend = x["spend_over_budget"]
+            rows.append((key, name, f"{min(spend):.3f}-{max(spend):.3f}",
+                         _figure(x["utility_ratio_lcb"], ".3f"),
+                         _figure(x["uncollected_over_budget"], ".2%")))  # fmt: skip
+    columns = ("tenant @ budget share", "design", "spend / budget over seeds",
+               "utility LCB vs best fixed", "uncollected (most)")  # fmt: skip
+    return Table(columns, rows)
+
+
+def designs_table(result: dict) -> Table:
+    """The designs compared on the training seeds (before any held-out run)."""
+    trained = result["training"]
+    rows = [
+        (name, key, f"{x['spend_min']:.3f}-{x['spend_max']:.3f}",
+         _figure(x["utility_ratio"], ".3f"), _figure(x["uncollected_max"], ".2%"))
+        for name, by_row in trained.get("designs", {}).items()
+        for key, x in by_row.items()
+    ]  # fmt: skip
+    columns = ("design", "tenant @ budget share", "spend / budget over training seeds",
+               "mean utility / best fixed", "uncollected (most)")  # fmt: skip
+    return Table(columns, rows)
+
+
+def diagnosis_table(summary: dict, designs: Sequence[str] = ("pacing-dual", "pacing")) -> Table:
+    """The worst seeds of each binding row, per design: where the unspent budget went."""
+    rows = []
+    for key, r in summary.items():
+        for name in designs:
+            if not r["binding"]:
+                continue
+            rows += [
+                (key, name, d["seed"], f"{d['spend_over_budget']:.3f}",
+                 f"{d['at_mu_max_share']:.1%}", f"{d['forced_zero_share']:.1%}",
+                 f"{d['forced_zero_value_share']:.1%}", f"{d['guard_held']:.2f}",
+                 f"{d['mu_mean']:.3g}", r["best_fixed_on_training"],
+                 " ".join(f"{q:.2f}" for q in d["spend_by_quarter"]),
+                 " ".join(f"{q:.2f}" for q in d["free_spend_by_quarter"]))
+                for d in r.get("diagnosis", {}).get(name, [])
+            ]  # fmt: skip
+    columns = (
+        "tenant@s", "design", "seed", "spend / budget", "time at mu_max",
+        "requests bid 0 by the reserve", "(their share of value)", "end guard held, log(1+mu)",
+        "mu mean", "best fixed", "spend / budget by quarter", "the free run's",
+    )  # fmt: skip
+    return Table(columns, rows)
+
+
+def diagnosis_figure(summary: dict, period_s: float) -> go.Figure:
+    """Per binding row, its worst seeds: the spend path against the even one, the multiplier,
+    and the exposure reserve with the requests it bid 0 (pacing solid, the baseline dotted)."""
+    keys = [k for k, r in summary.items() if r["binding"] and r.get("diagnosis")]
+    fig = make_subplots(
+        rows=max(1, len(keys)),
+        cols=3,
+        subplot_titles=[
+            title
+            for k in keys
+            for title in (
+                f"{k}: spend / budget (even path dashed)",
+                f"{k}: mu",
+                f"{k}: reserve / budget; x: requests bid 0 by it",
+            )
+        ],
+        vertical_spacing=0.04,
+        horizontal_spacing=0.06,
+    )
+    palette = ("#1f77b4", "#d62728", "#2ca02c")
+    for row, key in enumerate(keys, start=1):
+        r = summary[key]
+        budget_share = r["budget_share"]
+        for name, seeds in r["diagnosis"].items():
+            dash = "solid" if name == "pacing" else "dot"
+            for k, d in enumerate(seeds):
+                spend = d["spend_over_budget"]
+                curve = d["curve"]  # the period's updates, then on until the last charge
+                x = [c[0] - WARMUP_S for c in curve]
+                paid = curve[-1][1] if curve else 0.0
+                scale = spend / paid if paid else 0.0  # dollars -> share of the budget
+                label = f"{key} {name} seed {d['seed']} ({spend:.3f})"
+                line = {"color": palette[k % len(palette)], "dash": dash}
+                fig.add_scatter(x=x, y=[c[1] * scale for c in curve], name=label, line=line,
+                                legendgroup=label, row=row, col=1)  # fmt: skip
+                fig.add_scatter(x=x, y=[c[2] for c in curve], name=label, line=line,
+                                legendgroup=label, showlegend=False, row=row, col=2)  # fmt: skip
+                fig.add_scatter(x=x, y=[c[3] * scale for c in curve], name=label, line=line,
+                                legendgroup=label, showlegend=False, row=row, col=3)  # fmt: skip
+                forced = [(c[0] - WARMUP_S, c[3] * scale) for c in curve if c[4]]
+                fig.add_scatter(x=[f[0] for f in forced], y=[f[1] for f in forced],
+                                mode="markers", marker={"symbol": "x", "color": line["color"]},
+                                name=label, legendgroup=label, showlegend=False, row=row,
+                                col=3)  # fmt: skip
+        even = {"color": "grey", "dash": "dash"}
+        fig.add_scatter(x=[0, period_s], y=[0, 1.0], mode="lines", line=even, name="even path",
+                        showlegend=row == 1, row=row, col=1)  # fmt: skip
+        fig.update_yaxes(type="log", row=row, col=2)
+        fig.update_yaxes(title_text=f"s = {budget_share:g}", row=row, col=1)
+    fig.update_xaxes(title_text="seconds of the period")
+    fig.update_layout(height=330 * max(1, len(keys)), showlegend=True)
+    return fig
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=Setup.rate, help="arrivals a second")
@@ -773,6 +1022,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=ETA0_GRID,
         help="eta0 values tuned over on the training seeds",
     )
+    parser.add_argument(
+        "--path-gain",
+        type=floats,
+        default=PATH_GAIN_GRID,
+        help="path gains K tuned over (with eta0) on the training seeds",
+    )
     parser.add_argument("--grid", type=int, default=len(MU_GRID), help="fixed mu points used")
     parser.add_argument("--workers", type=int, default=max(1, multiprocessing.cpu_count()))
     parser.add_argument(
@@ -781,6 +1036,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run only the latency-target case (held-out seeds): the focal tenant's class asks "
         "for a first token within TTFT_S seconds with probability P",
     )
+    parser.add_argument(
+        "--no-extras",
+        action="store_true",
+        help="on the held-out seeds, run neither the cold start nor the full values (fewer runs)",
+    )
     parser.add_argument("--json", help="write the result to this file")
     parser.add_argument("--html", help="write a Plotly report to this file")
     args = parser.parse_args(argv)
@@ -788,7 +1048,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate=args.rate, period_s=args.period, updates=args.updates, charge_scope=args.charge_scope
     )
     tenants = [t for t in args.tenants.split(",") if t]
-    shares, eta0s = list(args.shares), list(args.eta0)
+    shares, eta0s, gains = list(args.shares), list(args.eta0), list(args.path_gain)
     step = max(1, len(MU_GRID) // args.grid) if args.grid < len(MU_GRID) else 1
     grid = MU_GRID[::step]
     train_seeds = TRAIN_SEEDS[: args.train_seeds]
@@ -799,13 +1059,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = target_table(result["latency_target"])
         title = "Autobidding to a latency target on the simulated engine"
     else:
-        n_train = len(train_seeds) * len(tenants) * (2 + len(shares) * (len(grid) + len(eta0s)))
-        n_held = len(held) * len(tenants) * (2 + len(shares) * 4)
+        n_train = (
+            len(train_seeds)
+            * len(tenants)
+            * (2 + len(shares) * (len(grid) + len(eta0s) * len(gains) + 1))
+        )
+        n_held = len(held) * len(tenants) * (2 + len(shares) * (3 if args.no_extras else 5))
         with Runner(setup, args.workers, n_train + n_held) as runner:
             trained = train(
-                runner, tenants=tenants, shares=shares, seeds=train_seeds, eta0s=eta0s, grid=grid
+                runner,
+                tenants=tenants,
+                shares=shares,
+                seeds=train_seeds,
+                eta0s=eta0s,
+                grid=grid,
+                gains=gains,
             )
-            held_result = held_out(runner, trained, tenants=tenants, shares=shares, seeds=held)
+            held_result = held_out(
+                runner, trained, tenants=tenants, shares=shares, seeds=held,
+                extras=not args.no_extras,
+            )  # fmt: skip
         curves = {
             f"{r.spec.tenant}@{r.spec.share:g}": r.curve
             for r in held_result["runs"]
@@ -824,9 +1097,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_json(args.json, result)
     if args.html:
-        figures = [] if args.latency_target else [figure(result)]
-        section = Section("Held-out seeds", text, figures=figures)
-        write_page(args.html, title, [section], command=result["command"])
+        sections = [Section("Held-out seeds", text)]
+        if not args.latency_target:
+            summary = result["held_out"]
+            sections = [
+                Section("Held-out seeds", text, figures=[figure(result)]),
+                Section("The rule in force (the dual step) and the candidate (the path term)",
+                        tables=[before_after(summary)]),
+                Section("Designs on the training seeds", tables=[designs_table(result)]),
+                Section("Where the unspent budget went: the worst seeds of each row",
+                        tables=[diagnosis_table(summary)],
+                        figures=[diagnosis_figure(summary, setup.period_s)]),
+            ]  # fmt: skip
+        write_page(args.html, title, sections, command=result["command"])
     return 0
 
 

@@ -210,6 +210,7 @@ class RequestRow(TypedDict):
 class AutobidderPoint(TypedDict):
     at: float  # Unix seconds of the pacing step
     mu: float  # the multiplier after it: bids are value / (1 + mu)
+    spent: str  # dollars its budget had paid in its window by then (the spend path)
 
 
 class SpendTick(TypedDict):

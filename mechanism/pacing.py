@@ -14,9 +14,23 @@ left evenly over the time left (remaining budget x interval / time left), and ``
 updates in a period. A step in ``l`` moves ``1 + mu`` by a factor, so one step rule serves a
 multiplier near 0 and one near 100 alike, and a burst of ``k`` times the target raises it by at most
 ``exp(eta * min(k - 1, gradient_clip))`` (the clip is high: a burst is real spend, and clipping it
-at +1 made the old rule overspend in bursts and shade too little afterwards). In the last
+at +1 made the rule overspend in bursts and shade too little afterwards). In the last
 ``end_guard_share`` of the period the rise is limited to ``eta`` a step: the target there is a small
 remainder over a short time, and one noisy interval would otherwise stop the bidding for good.
+
+**The path term, tried and not taken** (issue 50; ``PATH_TERM``, off by default: ``path_gain``
+0). With ``path_gain`` K > 0, ``l = d + K x ahead``, where ``d`` is the dual step above and
+``ahead`` how far the spend so far is ahead of the even path (budget x time gone / period), as a
+share of the budget, 0 when behind; ``d`` is read back from ``mu`` each step as
+``l - K x ahead`` (so the state stays ``mu``, as live). The pacing benchmark's diagnosis of the
+dual step's unspent budget (``benchmarks.pacing``, its report) is that the multiplier overshoots
+after bursts (one charge can cost 20x an interval's target), not that it sits at ``mu_max`` or that
+the exposure reserve bids 0. The path term answers a burst once, in proportion to how far ahead
+it puts the tenant, with the dual step counting it as +1 only. It spends more of the budget, but
+the clipped dual step's level settles too low under lumpy spend (an interval is far more often
+under its target than over it), so it spends early and buys less: its utility fell well below
+the best fixed multiplier's (docs/mechanism.md has the figures). It is kept here, measured
+beside the rule in force, for the next design to beat.
 
 ``mu_max`` (:func:`mu_max_for`) is derived, not fixed: it is the multiplier at which the tenant
 could not exceed its target rate even if every request were charged its full bid x wait bound.
@@ -46,7 +60,7 @@ entropy-like reference, and they bound the dual by the largest reward over the t
   requests wait behind. The benchmark measures what this costs against the best fixed multiplier.
 - *Spend per step small against the target*: does not hold. A charge is at most bid x the
   request's wait bound (its ``priority_cap``), but one urgent request can cost 20x an interval's
-  target, which is what makes the multiplier swing (the benchmark's figures).
+  target, which is what makes the multiplier swing (the benchmark's figures and diagnosis).
 
 **Safety is not the agent's** but the budget's, the same rule in the benchmark and live
 (docs/mechanism.md, "The safety rule"): settlement writes a priority charge of an autobid request as
@@ -65,10 +79,16 @@ from dataclasses import dataclass, field, replace
 from .requests import number_checked
 
 DEFAULT_ETA0 = 1.0  # tuned on the benchmark's training seeds (benchmarks.pacing)
+DEFAULT_PATH_GAIN = 0.0  # no path term: tried (PATH_TERM), it lost utility (the docstring)
 DEFAULT_GRADIENT_CLIP = 20.0  # overspend in one interval: up to 21x the target counts in full
 DEFAULT_END_GUARD_SHARE = 0.1  # the last tenth of a period: mu rises by at most eta a step
 DEFAULT_UPDATES = 400  # updates per period when the caller does not say
 MU_MAX_FLOOR = 1.0  # the derived mu_max is never below this
+# The rule in force: the dual step alone (the defaults above, spelled out for the benchmark).
+DUAL_STEP_ONLY = {"path_gain": 0.0, "gradient_clip": 20.0, "end_guard_share": 0.1}
+# The design tried for issue 50 and not taken (the benchmark's "pacing" candidate, with its
+# path_gain tuned): a burst counted as twice the target only, no end guard, and the path term.
+PATH_TERM = {"gradient_clip": 1.0, "end_guard_share": 0.0}
 
 # The exposure reserve: the high quantile of charge / (bid x wait bound) over recent autobid
 # requests, taken as what a request in flight will cost per dollar of its worst case.
@@ -110,17 +130,20 @@ class PacingAgent:
     eta0: float = DEFAULT_ETA0
     mu_max: float = 100.0
     mu: float = 0.0  # the multiplier now (a warm start: the previous period's)
+    path_gain: float = DEFAULT_PATH_GAIN
     gradient_clip: float = DEFAULT_GRADIENT_CLIP
     end_guard_share: float = DEFAULT_END_GUARD_SHARE
     spent: float = 0.0  # dollars spent so far in the period
     elapsed_s: float = 0.0  # seconds of the period gone
     history: list[tuple[float, float, float]] = field(default_factory=list)  # (t, mu, spent)
+    guard_held: float = 0.0  # the rise of log(1 + mu) the end guard held back, summed
 
     def __post_init__(self) -> None:
         number_checked("budget", self.budget, allow_zero=True)
         number_checked("period_s", self.period_s)
         number_checked("eta0", self.eta0)
         number_checked("gradient_clip", self.gradient_clip)
+        number_checked("path_gain", self.path_gain, allow_zero=True)
         if not 0 <= self.end_guard_share < 1:
             raise ValueError(f"end_guard_share must lie in [0, 1), got {self.end_guard_share!r}")
         if isinstance(self.updates, bool) or not isinstance(self.updates, int) or self.updates < 1:
@@ -158,11 +181,21 @@ class PacingAgent:
             return 0.0
         return self.remaining * min(1.0, interval_s / left)
 
+    def ahead(self) -> float:
+        """How far the spend is ahead of the even path (the budget spread evenly over the
+        period), as a share of the budget; 0 when it is on or behind it."""
+        if self.budget <= 0:
+            return 0.0
+        even = self.budget * min(1.0, self.elapsed_s / self.period_s)
+        return max(0.0, self.spent - even) / self.budget
+
     def observe(self, spent: float, interval_s: float) -> float:
         """Record an interval's spend (dollars over ``interval_s`` seconds); return the new mu."""
         number_checked("spent", spent, allow_zero=True)
         number_checked("interval_s", interval_s)
         target = self.target(interval_s)
+        # The dual step's level: log(1 + mu) less the path term it carried.
+        base = max(0.0, math.log1p(self.mu) - self.path_gain * self.ahead())
         self.spent += spent
         self.elapsed_s += interval_s
         if target > 0:
@@ -172,9 +205,11 @@ class PacingAgent:
         rise = self.gradient_clip
         if self.elapsed_s > (1.0 - self.end_guard_share) * self.period_s:
             rise = min(rise, 1.0)
+            self.guard_held += self.eta * max(0.0, min(self.gradient_clip, gradient) - rise)
         gradient = max(-1.0, min(rise, gradient))
         top = math.log1p(self.mu_max)
-        level = min(top, max(0.0, math.log1p(self.mu) + self.eta * gradient))
+        base = min(top, max(0.0, base + self.eta * gradient))
+        level = min(top, base + self.path_gain * self.ahead())
         self.mu = min(self.mu_max, math.expm1(level))
         self.history.append((self.elapsed_s, self.mu, self.spent))
         return self.mu

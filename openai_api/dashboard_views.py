@@ -87,6 +87,26 @@ def _pacing(tenant: Tenant, tick: SpendTick, now: datetime) -> dict[str, Any]:
     }
 
 
+def _autobidder(auto: Autobidder | None, tenant: Tenant, now: datetime) -> dict[str, Any]:
+    """The autobidder card's data: its multiplier and, per pacing step of the last
+    ``AUTOBID_LOOKBACK``, [time, mu, dollars its budget had paid in its window] (the spend
+    path), with the budget and its window for the even pace (from 0 at the window's start to
+    the budget at its end)."""
+    window = window_for(period=auto.period, now=now) if auto else None
+    return {
+        "enabled": bool(auto and auto.enabled),
+        "mu": auto.mu if auto else None,
+        "budget": money_str(auto.budget) if auto else None,
+        "period": auto.period if auto else None,
+        "start": window.start.timestamp() if window else None,
+        "end": window.end.timestamp() if window else None,
+        "steps": [
+            [at.timestamp(), mu, money_str(spent)]
+            for at, mu, spent in autobidder_steps(tenant=tenant, since=now - AUTOBID_LOOKBACK)
+        ],
+    }
+
+
 @require_GET
 @tenant_page
 def tenant_dashboard(request: HttpRequest, tenant: Tenant) -> HttpResponse:
@@ -109,14 +129,7 @@ def tenant_dashboard(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             }
             for p in latency_points(tenant=tenant, since=now - LATENCY_LOOKBACK)
         ],
-        "autobidder": {
-            "enabled": bool(autobidder and autobidder.enabled),
-            "mu": autobidder.mu if autobidder else None,
-            "steps": [
-                [at.timestamp(), mu]
-                for at, mu in autobidder_steps(tenant=tenant, since=now - AUTOBID_LOOKBACK)
-            ],
-        },
+        "autobidder": _autobidder(autobidder, tenant, now),
         "requests": [request_row(w) for w in requests_why(tenant=tenant, limit=RECENT_REQUESTS)],
         "quotes": {
             "url": reverse("dashboard:tenant_quotes", args=[tenant.slug]),

@@ -132,23 +132,23 @@ def spend_cumulative(
 
 def autobidder_steps(
     *, tenant: Tenant, since: datetime, limit: int = 1000
-) -> list[tuple[datetime, float]]:
-    """(time, multiplier) of the tenant's autobidder's pacing steps since ``since``, oldest
-    first (at most the latest ``limit``)."""
+) -> list[tuple[datetime, float, Decimal]]:
+    """(time, multiplier, dollars its budget had paid in its window) of the tenant's
+    autobidder's pacing steps since ``since``, oldest first (at most the latest ``limit``)."""
     rows = (
         AutobidderStep.objects.filter(autobidder__tenant=tenant, at__gte=since)
         .order_by("-at")
-        .values_list("at", "mu")[:limit]
+        .values_list("at", "mu", "window_spent")[:limit]
     )
     return list(reversed(rows))
 
 
-def autobidder_latest(*, tenant: Tenant) -> tuple[datetime, float] | None:
-    """(time, multiplier) of the autobidder's latest step, or None."""
+def autobidder_latest(*, tenant: Tenant) -> tuple[datetime, float, Decimal] | None:
+    """(time, multiplier, window spend) of the autobidder's latest step, or None."""
     return (
         AutobidderStep.objects.filter(autobidder__tenant=tenant)
         .order_by("-at")
-        .values_list("at", "mu")
+        .values_list("at", "mu", "window_spent")
         .first()
     )
 

@@ -6,8 +6,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
 from django.db import transaction
 
-from accounts.models import Budget, Membership, Period, Role, Tenant
+from accounts.models import Autobidder, Budget, Membership, Period, Role, Tenant
 from accounts.money import money_exact
+from accounts.services.autobidder import autobidder_configure
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,20 @@ DEMO_TENANTS = (
     ("Acme Corp", "acme", DemoLogin("acme-admin", "acme-demo-pass", "tenant acme")),
     ("Globex Inc", "globex", DemoLogin("globex-admin", "globex-demo-pass", "tenant globex")),
 )
+
+
+# The demo's autobidder (``demo_accounts_seed``): Globex's requests send no bid (the demo agents'
+# ``--autobid globex``), so it bids for them, its interactive ones worth what Acme's interactive
+# users bid (about 0.05 $/s), within a budget of $1 a day: 0.07 cents a minute, below what its
+# requests' priority charges cost at those values in the demo's queues, so that the budget
+# binds and Globex's dashboard shows mu rise and the spend keep to the even pace.
+DEMO_AUTOBID_TENANT = "globex"
+DEMO_AUTOBIDDER = {
+    "budget": "1",
+    "period": "day",
+    "values": {"interactive": "0.05", "background": "0.005"},
+    "max_wait_s": 30.0,
+}
 
 
 def tenant_ensure(*, name: str, slug: str) -> Tenant:
@@ -68,7 +83,8 @@ def _demo_user_ensure(*, login: DemoLogin, operator: bool) -> AbstractUser:
 
 @transaction.atomic
 def demo_accounts_seed() -> list[DemoLogin]:
-    """Create the demo operator, the demo tenants, their admins and budgets. Idempotent."""
+    """Create the demo operator, the demo tenants, their admins and budgets, and Globex's
+    autobidder (``DEMO_AUTOBIDDER``). Idempotent."""
     _demo_user_ensure(login=DEMO_OPERATOR, operator=True)
     logins = [DEMO_OPERATOR]
     for name, slug, login in DEMO_TENANTS:
@@ -81,4 +97,7 @@ def demo_accounts_seed() -> list[DemoLogin]:
             defaults={"limit": money_exact(DEMO_MONTHLY_BUDGET), "period": Period.MONTH},
         )
         logins.append(login)
+    autobid = Tenant.objects.get(slug=DEMO_AUTOBID_TENANT)
+    if not Autobidder.objects.filter(tenant=autobid).exists():  # kept as an operator left it
+        autobidder_configure(tenant=autobid, enabled=True, **DEMO_AUTOBIDDER)  # type: ignore[arg-type]
     return logins

@@ -92,7 +92,10 @@ def budget_line(status: BudgetStatus | None) -> BudgetLine | None:
 
 def autobidder_point(tenant: Tenant) -> AutobidderPoint | None:
     latest = autobidder_latest(tenant=tenant)
-    return None if latest is None else {"at": latest[0].timestamp(), "mu": latest[1]}
+    if latest is None:
+        return None
+    at, mu, spent = latest
+    return {"at": at.timestamp(), "mu": mu, "spent": money_str(spent)}
 
 
 def spend_tick(

@@ -128,10 +128,30 @@
   function renderMu() {
     if (!$("chart-mu")) return;
     $("mu-empty").hidden = state.mu.length > 0;
-    Plotly.react("chart-mu", [{
+    const a = initial.autobidder;
+    const traces = [{
       type: "scatter", mode: "lines", name: "μ", line: {color: "#a05bd6", width: 2, shape: "hv"},
       x: state.mu.map((s) => unixDate(s[0])), y: state.mu.map((s) => s[1]), hovertext: state.mu.map((s) => `μ = ${fmt.figure(s[1])}`), hovertemplate: "%{hovertext}",
-    }], layout({yaxis: {title: {text: "μ", standoff: 4}}, showlegend: false}), PLOT_CONFIG);
+    }];
+    // The spend path: what its budget had paid in this window at each step, against the even
+    // pace (0 at the window's start, the whole budget at its end).
+    const path = a.start === null ? [] : state.mu.filter((s) => s[0] >= a.start);
+    if (path.length) {
+      const pace = path.map((s) => Number(a.budget) * (s[0] - a.start) / (a.end - a.start));
+      traces.push({
+        type: "scatter", mode: "lines", name: "spent $", yaxis: "y2", line: {color: "#5b8cff", width: 2, shape: "hv"},
+        x: path.map((s) => unixDate(s[0])), y: path.map((s) => Number(s[2])), hovertext: path.map((s) => `spent ${fmt.dollars(s[2])}`), hovertemplate: "%{hovertext}",
+      }, {
+        type: "scatter", mode: "lines", name: "even pace $", yaxis: "y2", line: {color: "#9aa3b5", width: 1.5, dash: "dash"},
+        x: path.map((s) => unixDate(s[0])), y: pace, hovertext: pace.map((v) => `even pace ${fmt.dollars(v)}`), hovertemplate: "%{hovertext}",
+      });
+    }
+    $("mu-note").textContent = a.budget === null ? "" : `μ, and the spend of its ${fmt.dollars(a.budget)} a ${a.period} against an even pace`;
+    Plotly.react("chart-mu", traces, layout({
+      yaxis: {title: {text: "μ", standoff: 4}},
+      yaxis2: {title: {text: "$", standoff: 4}, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false},
+      showlegend: path.length > 0,
+    }), PLOT_CONFIG);
   }
 
   // --- requests --------------------------------------------------------------------------------
@@ -263,7 +283,7 @@
       }
     }
     if (t.autobidder && (!state.mu.length || t.autobidder.at > state.mu[state.mu.length - 1][0])) {
-      state.mu.push([t.autobidder.at, t.autobidder.mu]);
+      state.mu.push([t.autobidder.at, t.autobidder.mu, t.autobidder.spent]);
       state.dirty.mu = true;
     }
     if (changed.size) renderRequests(changed);

@@ -2,6 +2,7 @@
 past month of traffic with its invoice for each tenant."""
 
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from io import BytesIO, StringIO
 
 import pytest
@@ -11,6 +12,7 @@ from pypdf import PdfReader
 
 from accounts.models import (
     ApiKey,
+    Autobidder,
     Budget,
     BudgetCounter,
     ChargeKind,
@@ -68,6 +70,9 @@ def database_snapshot() -> dict[str, list[tuple]]:
             Budget.objects.order_by("id").values_list("id", "tenant_id", "limit", "updated_at")
         ),
         "markets": list(Market.objects.order_by("id").values_list("id", "slug", "updated_at")),
+        "autobidders": list(
+            Autobidder.objects.order_by("id").values_list("id", "tenant_id", "mu", "updated_at")
+        ),
         "keys": list(ApiKey.objects.order_by("id").values_list("id", "name", "prefix")),
         "requests": list(
             Request.objects.order_by("request_id").values_list("request_id", "status")
@@ -245,3 +250,17 @@ def test_seed_demo_invoices_real_traffic_of_the_past_month_as_it_is() -> None:
     invoice = Invoice.objects.get(tenant=acme)
     assert list(invoice.lines.values_list("request_id", flat=True)) == ["real-1"]
     assert str(invoice.total) == "0.000210000"
+
+
+def test_the_demo_paces_globex_by_its_autobidder_within_a_day_budget() -> None:
+    # Globex's requests send no bid in the demo (the agents' --autobid globex): its autobidder
+    # bids for them, its interactive ones worth 5 cents a second, within $1 a day.
+    seed()
+    auto = Autobidder.objects.get(tenant__slug="globex")
+    assert (auto.enabled, auto.budget, auto.period) == (True, Decimal("1"), "day")
+    assert auto.values == {"interactive": "0.050000000", "background": "0.005000000"}
+    assert not Autobidder.objects.filter(tenant__slug="acme").exists()
+    # An operator's change is kept by the next seed.
+    Autobidder.objects.filter(pk=auto.pk).update(budget=Decimal("2"))
+    seed()
+    assert Autobidder.objects.get(pk=auto.pk).budget == Decimal("2")

@@ -40,6 +40,23 @@ def test_a_charge_above_the_consent_cap_is_cut_to_it():
     assert (f.out.paid, f.out.consent_cut, f.out.uncollected) == (1.0, 2.0, 0.0)
 
 
+def test_the_diagnosis_counts_the_requests_the_reserve_bid_0():
+    # As above: the first request takes the whole dollar as its worst case (2 $/s x 0.5 s), so
+    # the reserve (factor 1 x $1 in flight) leaves nothing for the second, worth 5 $/s: bid 0 by
+    # the safety rule, not by the strategy. The update records it beside the reserve, $1.
+    f = focal("mu=0", 1.0)
+    f.bid("r1", 5.0, 0.5)
+    f.bid("r2", 5.0, 0.5)
+    assert (f.out.forced_zero, f.out.forced_zero_value, f.out.value) == (1, 5.0, 10.0)
+    f.tick(1.0, 1.0, True)
+    assert f.out.curve == [(1.0, 0.0, 0.0, 1.0, 1)]  # t, paid, mu, reserve, bid 0 since
+    f.tick(2.0, 1.0, True)
+    assert f.out.curve[-1][4] == 0  # counted per update
+    zero = focal("zero", 1.0)
+    zero.bid("r", 5.0, 0.5)
+    assert zero.out.forced_zero == 0  # bidding 0 by choice is not the reserve's doing
+
+
 def test_shading_and_the_baselines():
     assert focal("mu=3", 100.0).bid("r", 2.0, 1.0) == pytest.approx(0.5)  # value / (1 + mu)
     assert focal("zero", 100.0).bid("r", 2.0, 1.0) == 0.0

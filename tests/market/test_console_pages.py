@@ -8,8 +8,9 @@ visitors are sent to the login page. Nothing forbidden changes anything.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -211,6 +212,38 @@ def test_the_dashboard_shows_what_the_autobidder_reserved_and_gave_away(client, 
     safety = page[page.index('id="autobid-safety"') :]
     # By the figures' rule: money to three significant digits, no zeros past the cents.
     assert "0.125 × $0.40;" in safety and "(given away): $0.0025." in safety
+
+
+def test_the_dashboard_card_has_the_multiplier_and_the_spend_path(client, world) -> None:
+    # Two pacing steps today under $2 a day: mu 0.5 then 1.25 with $0.30 then $0.45 paid in
+    # the window; the card plots them against the even pace from today's 00:00 UTC ($0) to
+    # tomorrow's ($2).
+    auto = autobidder_configure(
+        tenant=world.a, enabled=True, budget="2", values={"interactive": "0.01"}
+    )
+    now = timezone.now()
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    at = [max(midnight, now - timedelta(seconds=s)) for s in (20, 10)]
+    for when, mu, paid in zip(at, (0.5, 1.25), ("0.3", "0.45"), strict=True):
+        AutobidderStep.objects.create(
+            autobidder=auto, at=when, mu=mu, spent=Decimal("0.1"), target=Decimal("0.1"),
+            window_spent=Decimal(paid),
+        )  # fmt: skip
+    logged_in(client, world, "a_viewer")
+    page = client.get(DASHBOARD).content.decode()
+    tag = '<script id="initial" type="application/json">'
+    start = page.index(tag) + len(tag)
+    card = json.loads(page[start : page.index("</script>", start)])["autobidder"]
+    assert card["steps"] == [
+        [at[0].timestamp(), 0.5, "0.300000000"],
+        [at[1].timestamp(), 1.25, "0.450000000"],
+    ]
+    assert (card["enabled"], card["mu"], card["budget"], card["period"]) == (
+        True, 0.0, "2.000000000", "day"
+    )  # fmt: skip
+    assert card["start"] == midnight.timestamp()
+    assert card["end"] == (midnight + timedelta(days=1)).timestamp()
+    assert 'id="chart-mu"' in page and 'id="mu-note"' in page
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mechanism.pacing import (
+    DUAL_STEP_ONLY,
+    PATH_TERM,
     Exposure,
     PacingAgent,
     exposure_factor,
@@ -33,11 +35,12 @@ def test_a_fresh_agent_bids_its_values():
     assert a.shaded("batch") == 0.5
 
 
-def test_update_rule_by_hand():
+def test_the_dual_step_alone_by_hand():
+    # The rule in force (the defaults: no path term, bursts counted up to 21x the target).
     # eta = eta0 / sqrt(T) = 1 / sqrt(100) = 0.1. Budget 100 over 1000 s: the first 10 s should
     # spend 100 x 10 / 1000 = 1 dollar. Spending 3: gradient 3/1 - 1 = 2, so log(1 + mu) goes
     # from 0 to 0.2: mu = e^0.2 - 1 = 0.2214; bids / 1.2214.
-    a = agent(eta0=1.0)
+    a = agent(eta0=1.0, **DUAL_STEP_ONLY)
     assert a.eta == pytest.approx(0.1)
     assert a.observe(3.0, 10.0) == pytest.approx(math.exp(0.2) - 1)
     assert a.shaded("interactive") == pytest.approx(2.0 / math.exp(0.2))
@@ -49,16 +52,47 @@ def test_update_rule_by_hand():
     assert a.observe(0.0, 10.0) == 0.0
 
 
-def test_a_burst_counts_up_to_the_clip():
+def test_the_dual_step_alone_counts_a_burst_up_to_its_clip():
     # 100x the target: the gradient 99 is clipped at 20, log(1 + mu) = 0.1 x 20 = 2.
-    a = agent(eta0=1.0, gradient_clip=20.0)
+    a = agent(eta0=1.0, **DUAL_STEP_ONLY)
     assert a.observe(100.0 * a.target(10.0), 10.0) == pytest.approx(math.exp(2.0) - 1)
 
 
-def test_the_end_guard_limits_the_rise():
-    # In the last tenth of the period a step raises log(1 + mu) by at most eta (0.1).
-    a = agent(eta0=1.0, elapsed_s=950.0, spent=50.0)
+def test_the_end_guard_limits_the_rise_and_counts_what_it_held():
+    # In the last tenth of the period a step raises log(1 + mu) by at most eta (0.1). At 950 s
+    # with 50 spent the target is 50 x 10 / 50 = 10; spending 100 is gradient 9: held back
+    # 0.1 x (9 - 1) = 0.8.
+    a = agent(eta0=1.0, elapsed_s=950.0, spent=50.0, **DUAL_STEP_ONLY)
     assert a.observe(10 * a.target(10.0), 10.0) == pytest.approx(math.exp(0.1) - 1)
+    assert a.guard_held == pytest.approx(0.8)
+
+
+def test_the_path_term_by_hand():
+    # The design tried (PATH_TERM). Budget 100 over 1000 s, path gain 3, eta 0.1. The first
+    # 10 s should spend 1 dollar (the target, and the even path at 10 s). Spending 21 (a burst
+    # of 21x): the dual step counts it as gradient +1 only (clip 1): 0.1; the spend is 20 ahead
+    # of the even path, 0.2 of the budget: the path term adds 3 x 0.2 = 0.6. log(1 + mu) = 0.7.
+    a = agent(eta0=1.0, path_gain=3.0, **PATH_TERM)
+    assert a.ahead() == 0.0
+    assert a.observe(21.0, 10.0) == pytest.approx(math.expm1(0.7))
+    assert a.ahead() == pytest.approx(0.2)
+    # Then 40 s with nothing spent, in one step: the even path is at 50 s x 0.1 = 5, the spend
+    # still 21: 0.16 ahead, a path term of 0.48. The target was 79 x 40 / 990 = 3.19, the
+    # gradient -1: the dual step's level 0.1 - 0.1 = 0. log(1 + mu) = 0.48.
+    assert a.observe(0.0, 40.0) == pytest.approx(math.expm1(0.48))
+    # 450 s more with nothing spent: at 500 s the path is at 50, the spend 21 behind it, so
+    # the term is 0 and the dual step's level falls to 0. Behind the path the dual step acts
+    # alone: the next 10 s should spend 79 x 10 / 500 = 1.58; twice that is gradient +1: 0.1.
+    assert a.observe(0.0, 450.0) == 0.0
+    assert a.observe(2 * 79.0 * 10 / 500, 10.0) == pytest.approx(math.expm1(0.1))
+    assert a.ahead() == 0.0
+
+
+def test_the_defaults_are_the_dual_step_alone_and_the_path_term_is_off_with_gain_0():
+    assert {k: getattr(agent(), k) for k in DUAL_STEP_ONLY} == DUAL_STEP_ONLY
+    # With path_gain 0 the same burst moves it by the clipped gradient only.
+    a = agent(eta0=1.0, path_gain=0.0, gradient_clip=1.0)
+    assert a.observe(21.0, 10.0) == pytest.approx(math.expm1(0.1))
 
 
 def test_mu_is_clipped_at_mu_max():

@@ -13,7 +13,8 @@ one program per process, started in this order:
   ``--web-workers`` processes (2), a Celery worker and celery beat (round records from the
   stream, pacing, the live publishers);
 - a load of agents bidding through the gateway (``benchmarks.agents``) with fresh API
-  keys of the demo tenants; Globex's requests without a bid go through its autobidder. The demo
+  keys of the demo tenants; Globex's requests send no bid and go through its autobidder (seeded
+  by ``seed_demo`` with a budget that binds: its dashboard shows mu and the spend path). The demo
   engines are small (``DEMO_ENGINE``: a few requests running at a time) and the agents size
   their load to what the engines serve, measured as they start (``--load``, 0.85 x capacity),
   so that the console shows what the market is for: queues, subtrees competing in the book,
@@ -58,9 +59,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from accounts.models import ApiKey, Autobidder, Tenant
+from accounts.models import ApiKey, Tenant
 from accounts.services import DEMO_OPERATOR, DEMO_TENANTS, api_key_create, api_key_revoke
-from accounts.services.autobidder import autobidder_configure
+from accounts.services.tenants import DEMO_AUTOBID_TENANT
 from config.serving import MULTI_WORKER_SERVERS, SERVERS, server_argv
 from engines.contract.wire import ADMIN_TOKEN_ENV
 from engines.router import DEFAULT_POLICY as ROUTER_POLICY
@@ -264,7 +265,7 @@ class Command(BaseCommand):
         ]  # fmt: skip
         if keys:
             agents = [py, "-m", "benchmarks.agents", "--base-url", f"{base}/v1",
-                      "--model", market.served_model]  # fmt: skip
+                      "--model", market.served_model, "--autobid", DEMO_AUTOBID_TENANT]  # fmt: skip
             if opts["sessions_per_minute"] is not None:
                 agents += ["--sessions-per-minute", str(opts["sessions_per_minute"])]
             else:
@@ -375,8 +376,7 @@ class Command(BaseCommand):
         return market
 
     def _agent_keys(self) -> dict[str, str]:
-        """Fresh API keys for the agents (earlier runs' keys revoked); Globex gets an
-        autobidder if it has none, so that its requests without a bid are paced."""
+        """Fresh API keys for the agents (earlier runs' keys revoked)."""
         keys = {}
         with transaction.atomic():
             for _name, slug, _login in DEMO_TENANTS:
@@ -386,16 +386,6 @@ class Command(BaseCommand):
                 ):
                     api_key_revoke(api_key=old)
                 _, keys[slug] = api_key_create(tenant=tenant, name=AGENT_KEY_NAME, created_by=None)
-            globex = Tenant.objects.get(slug="globex")
-            if not Autobidder.objects.filter(tenant=globex).exists():
-                autobidder_configure(
-                    tenant=globex,
-                    enabled=True,
-                    budget="5",
-                    period="day",
-                    values={"interactive": "0.05", "background": "0.005"},
-                    max_wait_s=30.0,
-                )
         return keys
 
     def _engine_argv(self, market: Market, engine: dict[str, Any]) -> list[str]:

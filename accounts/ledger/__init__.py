@@ -20,6 +20,7 @@ from accounts.ledger.store import (
     Outcome,
     PriorityCharge,
     Settled,
+    ToSettle,
     Usage,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "Outcome",
     "PriorityCharge",
     "Settled",
+    "ToSettle",
     "Usage",
     "ledger_store",
 ]

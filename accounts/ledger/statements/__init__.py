@@ -22,7 +22,7 @@ To read the statements as PostgreSQL runs them: ``manage.py ledger_statements``.
 
 from __future__ import annotations
 
-from .charge import SETTLE_SQL, request_prices, request_settle
+from .charge import SETTLE_SQL, SettleAsk, SettleOutcome, request_prices, requests_settle
 from .hold import (
     HOLD_AND_REQUEST_SQL,
     HOLD_SQL,
@@ -47,5 +47,7 @@ __all__ = [
     "model_loaded",
     "SETTLE_SQL",
     "request_prices",
-    "request_settle",
+    "requests_settle",
+    "SettleAsk",
+    "SettleOutcome",
 ]

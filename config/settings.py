@@ -132,9 +132,9 @@ GATEWAY_MARKET_CACHE_S = env.env_seconds(
 # The gateway's database threads (openai_api.gateway.db). Its work is
 # Python under the GIL: more threads mostly contend.
 GATEWAY_DB_THREADS = env.env_int(os.environ, "GATEWAY_DB_THREADS", default=2)
-# The gateway's ledger batches (openai_api.gateway.batching): each process writes the holds,
-# and the settlements, of the requests that arrive within this many seconds of a batch's first,
-# or this many, as one statement.
+# The gateway's ledger batches (openai_api.gateway.batching): each process writes the
+# settlements that arrive within this many seconds of a batch's first, or this many, as one
+# statement.
 GATEWAY_LEDGER_BATCH_S = env.env_seconds(
     os.environ, "GATEWAY_LEDGER_BATCH_S", default=0.002, zero=True
 )

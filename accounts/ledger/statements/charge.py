@@ -145,25 +145,25 @@ asked AS MATERIALIZED (  -- what each request writes when no budget cuts it
            CASE WHEN q.priority IS NULL THEN 0 ELSE {_UNCUT_PRIORITY} END AS paid
     FROM live q LEFT JOIN hold h ON h.request_id = q.request_id
 ),
-budget_room AS (  -- what each budget has left when a request's turn comes, if none before it
+budget_room AS MATERIALIZED (  -- what each budget has left at a request's turn, if no
+    -- request before it in the batch was cut (the charges before it are then the uncut ones)
     SELECT a.n, b.room + COALESCE(sum(a.hold - CASE WHEN b.counts THEN a.charge ELSE 0 END)
                OVER (PARTITION BY b.id ORDER BY a.n
                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS room
     FROM asked a JOIN budget b ON b.tenant_id = a.tenant_id
          AND (b.api_key_id IS NULL OR b.api_key_id = a.api_key_id)
-),               -- in the batch was cut (the charges before it are then the uncut ones)
-autobid_room AS (
+),
+autobid_room AS MATERIALIZED (
     SELECT a.n, x.room - COALESCE(sum(CASE WHEN x.counts THEN a.paid ELSE 0 END)
                OVER (PARTITION BY x.id ORDER BY a.n
                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS room
     FROM asked a JOIN autobidder x ON x.tenant_id = a.tenant_id
     WHERE a.bid_source = 'autobid' AND a.priority IS NOT NULL
 ),
+least_room AS (SELECT n, min(room) AS room FROM budget_room GROUP BY n),
 inputs AS MATERIALIZED (  -- rules.settlement's operands, once (NULL: none)
-    SELECT a.*, a.priority_cap AS cap,
-           (SELECT min(r.room) FROM budget_room r WHERE r.n = a.n) AS budget_room,
-           (SELECT r.room FROM autobid_room r WHERE r.n = a.n) AS autobid_room
-    FROM asked a
+    SELECT a.*, a.priority_cap AS cap, b.room AS budget_room, x.room AS autobid_room
+    FROM asked a LEFT JOIN least_room b ON b.n = a.n LEFT JOIN autobid_room x ON x.n = a.n
 ),
 ruled AS (
     SELECT i.n, i.request_id, i.tenant_id, i.api_key_id, i.market_id, i.hold,
@@ -171,12 +171,14 @@ ruled AS (
            CASE WHEN i.priority IS NOT NULL THEN {_PRIORITY_CUT} END AS priority_cut
     FROM inputs i
 ),
+first_cut AS (  -- each tenant's first request in the batch that a budget cut
+    SELECT tenant_id, min(n) AS n FROM ruled
+    WHERE tokens_cut IS NOT NULL OR priority_cut <> '{rules.PRIORITY_CAP}'
+    GROUP BY tenant_id
+),
 settled AS MATERIALIZED (  -- a tenant's requests up to its first one a budget cut: the rest wait
-    SELECT r.* FROM ruled r
-    WHERE r.n <= COALESCE((SELECT min(x.n) FROM ruled x
-                           WHERE x.tenant_id = r.tenant_id
-                             AND (x.tokens_cut IS NOT NULL
-                                  OR x.priority_cut <> '{rules.PRIORITY_CAP}')), r.n)
+    SELECT r.* FROM ruled r LEFT JOIN first_cut f ON f.tenant_id = r.tenant_id
+    WHERE f.n IS NULL OR r.n <= f.n
 ),
 entries AS (
     INSERT INTO accounts_ledgerentry
@@ -234,13 +236,23 @@ autobid_charged AS (
 autobid_counted AS (
     UPDATE accounts_autobidder a SET {_AUTOBID_COUNTED}
     FROM autobid_charged e WHERE a.id = e.id
+),
+written AS (  -- each settled request's entries, in one row
+    SELECT request_id,
+           max(id) FILTER (WHERE kind = 'tokens') AS tokens_id,
+           max(amount) FILTER (WHERE kind = 'tokens') AS tokens_amount,
+           max(detail::text) FILTER (WHERE kind = 'tokens') AS tokens_detail,
+           max(id) FILTER (WHERE kind = 'priority') AS priority_id,
+           max(amount) FILTER (WHERE kind = 'priority') AS priority_amount,
+           max(detail::text) FILTER (WHERE kind = 'priority') AS priority_detail
+    FROM entries GROUP BY request_id
 )
 SELECT q.status, q.counted, q.priced, q.tenant_id, q.api_key_id, q.market_id,
        s.n IS NULL AND q.n IN (SELECT n FROM live),
-       t.id, t.amount, t.detail::text, p.id, p.amount, p.detail::text
+       w.tokens_id, w.tokens_amount, w.tokens_detail,
+       w.priority_id, w.priority_amount, w.priority_detail
 FROM item i LEFT JOIN request q ON q.n = i.n LEFT JOIN settled s ON s.n = i.n
-     LEFT JOIN entries t ON t.request_id = s.request_id AND t.kind = 'tokens'
-     LEFT JOIN entries p ON p.request_id = s.request_id AND p.kind = 'priority'
+     LEFT JOIN written w ON w.request_id = s.request_id
 ORDER BY i.n
 """)
 

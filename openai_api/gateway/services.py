@@ -6,13 +6,15 @@ forward, settle").
    else the tenant's autobidder, else 0), render the prompt, and hold what it is likely to cost
    with ``request_open`` (``admission`` says how the hold is sized).
 2. **Forward** through the engine client, with the Request's id as the engine's rid.
-3. **Settle**: served, ``request_settle`` writes both charges from the engine's answer, the
+3. **Settle**: served, ``request_settled`` writes both charges from the engine's answer, the
    token charge and the priority charge the engine computed in the round that admitted it
-   (its only route to the ledger), and closes the hold; not served (engine down or silent past
-   its timeouts, queue full, refused, the client gone before any token: a client that
-   disconnects while it waits cancels the engine call), ``request_fail`` releases the hold and
-   nothing is charged. A stream the client leaves half-way is charged the tokens it was sent
-   and its priority charge (it was admitted).
+   (its only route to the ledger), and closes the hold, in the process's next batch of
+   settlements (``batching``: one statement for the settlements of concurrent requests); a
+   batch job's item is settled alone, in one transaction with its answer; not served (engine
+   down or silent past its timeouts, queue full, refused, the client gone before any token: a
+   client that disconnects while it waits cancels the engine call), ``request_fail`` releases
+   the hold and nothing is charged. A stream the client leaves half-way is charged the tokens
+   it was sent and its priority charge (it was admitted).
 
 Settling runs to the end even when the client goes away (``db.shielded``), and at most once per
 request; the ledger's (request, kind) key makes a replay change nothing anyway.

@@ -193,7 +193,7 @@ class PostgresLedger:
         against what the ones before it really wrote)."""
         results: list[Settled | None] = [None] * len(asks)
         pending = list(range(len(asks)))
-        ensured: set[tuple[int | None, int | None]] = set()
+        ensured: set[tuple[int, int | None]] = set()
         while pending:
             batch: list[int] = []
             later: list[int] = []
@@ -204,24 +204,25 @@ class PostgresLedger:
             outcomes = statements.requests_settle(
                 asks=[_statement_ask(asks[k]) for k in batch], now=now
             )
+            missing: set[tuple[int, int | None]] = set()
             for k, fast in zip(batch, outcomes, strict=True):
                 if fast.waits:
                     later.append(k)
                 elif fast.status == RequestStatus.QUEUED and fast.priced and not fast.counted:
+                    # Its tenant's or key's counter rows are missing: created, then settled.
+                    assert fast.tenant_id is not None
                     owner = (fast.tenant_id, fast.api_key_id)
                     if owner in ensured:
                         raise RuntimeError(
                             f"request {asks[k].request_id!r}: its counter rows could not be created"
                         )
-                    # Its tenant's or key's counter rows are missing: created, then settled.
-                    assert fast.tenant_id is not None
-                    budget_counters_ensure(
-                        tenant_id=fast.tenant_id, api_key_id=fast.api_key_id, now=now
-                    )
-                    ensured.add(owner)
+                    missing.add(owner)
                     later.append(k)
                 else:
                     results[k] = _settled(asks[k], fast, now=now)
+            for tenant_id, api_key_id in sorted(missing, key=lambda o: (o[0], o[1] or 0)):
+                budget_counters_ensure(tenant_id=tenant_id, api_key_id=api_key_id, now=now)
+            ensured |= missing
             pending = sorted(later)
         return [r for r in results if r is not None]
 

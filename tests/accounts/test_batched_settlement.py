@@ -185,3 +185,23 @@ def test_a_batch_at_a_budgets_edge_by_hand(tenant, market) -> None:
     counter = BudgetCounter.objects.get(tenant=tenant, api_key=None)
     assert (counter.held, counter.day_spent) == (D("0"), D("0.002"))
     assert counters_mismatches(tenant) == []
+
+
+def test_a_batch_whose_counter_rows_are_missing_creates_them_once_and_settles_all(
+    tenant, market
+) -> None:
+    """Three requests of one tenant, its counter rows gone (as before counters existed): the
+    rows are created from the ledger and the holds, once, and all three are settled, each
+    $0.00045 of tokens; the counters then equal the ledger."""
+    budget_set(tenant=tenant, limit=D("1"), period=Period.DAY)
+    for i in range(3):
+        request_open(
+            request_id=f"c{i}", tenant=tenant, api_key=None, market=market, bid="0",
+            hold_amount=D("0.001"), now=NOW,
+        )  # fmt: skip
+    BudgetCounter.objects.all().delete()
+    results = requests_settle(served=[Served(f"c{i}", USAGE) for i in range(3)], now=NOW)
+    assert [r.tokens.amount for r in results] == [D("0.00045")] * 3
+    counter = BudgetCounter.objects.get(tenant=tenant, api_key=None)
+    assert (counter.held, counter.day_spent) == (D("0"), D("0.00135"))
+    assert counters_mismatches(tenant) == []

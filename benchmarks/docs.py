@@ -28,6 +28,8 @@ from mechanism.bench import KINDS
 from .fleet import table as fleet_table
 from .goal import Goal
 from .html import Table, command_line
+from .ledger import Point as LedgerPoint
+from .ledger import table as ledger_table
 from .pacing import before_after, diagnosis_table
 from .replicas import table as replicas_table
 from .report import GOAL_LEGEND, formatted, from_json, goal_checks, load_text, policy_rows
@@ -37,6 +39,7 @@ DEFAULT_DOCS = (  # with blocks
     REPO / "docs" / "benchmarks.md",
     REPO / "docs" / "engines.md",
     REPO / "docs" / "mechanism.md",
+    REPO / "docs" / "ledger.md",
 )
 END = "<!-- end of generated block -->"
 BLOCK = re.compile(
@@ -220,9 +223,21 @@ def pacing_block(doc: dict) -> str:
     )
 
 
+def ledger_block(doc: dict) -> str:
+    """``python -m benchmarks.ledger --json``: its table (see its ``table``)."""
+    points = [LedgerPoint(**p) for p in doc["points"]]
+    return (
+        f"`{doc['command']}`: {doc['writers']} writers, {doc['duration_s']:g} s a point, "
+        f"{doc['service_ms']:g} ms from a hold to its settlement, {doc['cpus']} CPUs. CPU / "
+        "floor's: PostgreSQL's CPU per request over the floor's at the same rate.\n\n"
+        + ledger_table(points).markdown()
+    )
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "fleet": fleet_block,
     "pacing": pacing_block,
+    "ledger": ledger_block,
     "policies": policies_block,
     "sweep-goals": sweep_goals_block,
     "round-cost": round_cost_block,

@@ -21,7 +21,9 @@ Variables:
   often an open websocket re-checks its user's access (``market.consumers``). Seconds > 0
   (:func:`env_seconds`); defaults in ``config.settings``.
 - ``GATEWAY_API_KEY_CACHE_S``, ``GATEWAY_MARKET_CACHE_S`` (seconds >= 0, 0: no caching),
-  ``GATEWAY_DB_THREADS``: the gateway's caches and database threads (``openai_api.gateway``);
+  ``GATEWAY_DB_THREADS``, ``GATEWAY_LEDGER_BATCH_S`` (seconds >= 0),
+  ``GATEWAY_LEDGER_BATCH_SIZE``: the gateway's caches, database threads and ledger batches
+  (``openai_api.gateway``);
   ``BATCH_QUEUE``, ``BATCH_CONCURRENCY``, ``BATCH_BUSY_RETRIES``, ``BATCH_MAX_LINES``,
   ``BATCH_MAX_BYTES``: batch jobs (``openai_api.batches``). Whole numbers through
   :func:`env_int`; defaults in ``config.settings``.

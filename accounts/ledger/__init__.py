@@ -2,8 +2,9 @@
 
 One store, :class:`~accounts.ledger.postgres.PostgresLedger`, with three writes, a two-phase
 transfer per request: open a request with its hold (or place a hold alone), settle it (both its
-charges, the hold closed), or close its hold unsettled (a release, or a failed request's); and a
-read of a request's posted prices. Each write is one PostgreSQL statement
+charges, the hold closed; many requests at once, as if one after another), or close its hold
+unsettled (a release, or a failed request's); and a read of a request's posted prices. Each
+write is one PostgreSQL statement
 (``accounts.ledger.statements``) that applies the money rules (``accounts.rules``: what a hold
 must fit, what a settlement may charge, what a budget has left) read as SQL. The results are
 typed: :class:`Settled` says what a settlement did, with the entries it wrote.
@@ -20,6 +21,7 @@ from accounts.ledger.store import (
     Outcome,
     PriorityCharge,
     Settled,
+    ToSettle,
     Usage,
 )
 
@@ -28,6 +30,7 @@ __all__ = [
     "Outcome",
     "PriorityCharge",
     "Settled",
+    "ToSettle",
     "Usage",
     "ledger_store",
 ]

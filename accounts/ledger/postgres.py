@@ -4,6 +4,7 @@ steps a statement needs first when it declines (counter rows created, or locked)
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
@@ -13,7 +14,14 @@ from django.db import transaction
 
 from accounts.ledger import statements
 from accounts.ledger.counters import budget_counters_ensure
-from accounts.ledger.store import BudgetExhausted, Outcome, PriorityCharge, Settled, Usage
+from accounts.ledger.store import (
+    BudgetExhausted,
+    Outcome,
+    PriorityCharge,
+    Settled,
+    ToSettle,
+    Usage,
+)
 from accounts.models import (
     ApiKey,
     Budget,
@@ -167,69 +175,56 @@ class PostgresLedger:
         prices: PostedPrices,
         now: datetime,
     ) -> Settled:
-        """Settle a served request once: write its token entry of at most ``tokens`` dollars
-        and its priority entry (when the engine reported one) of at most ``priority.amount``
-        (``rules.settlement``), close its hold and count both, atomically with the request
-        locked, and mark it served with its ``usage``. ``tokens`` was priced from ``prices``:
-        written only if they are still the request's market's (REPRICED otherwise: the caller
-        prices it again)."""
-        args = {
-            "request_id": request_id,
-            "usage": asdict(usage),
-            "tokens": tokens,
-            "priority": None if priority is None else priority.amount,
-            "round_id": "" if priority is None else priority.round_id,
-            "priority_detail": None if priority is None else priority.detail,
-            "prices": prices_of(prices),
-            "now": now,
-        }
-        fast = statements.request_settle(**args)
-        if fast.status == RequestStatus.QUEUED and fast.priced and not fast.counted:
-            # Its tenant's or key's counter rows are missing: created, then settled.
-            budget_counters_ensure(tenant_id=fast.tenant_id, api_key_id=fast.api_key_id, now=now)
-            fast = statements.request_settle(**args)
-        if fast.status is None:
-            return Settled(Outcome.UNKNOWN)
-        if fast.status == RequestStatus.FAILED:
-            return Settled(Outcome.NOT_SERVED)
-        if fast.status == RequestStatus.SERVED:
-            return Settled(Outcome.DUPLICATE)
-        if not fast.priced:
-            return Settled(Outcome.REPRICED)
-        if fast.tokens_id is None:
-            raise RuntimeError(f"request {request_id!r}: its counter rows could not be created")
-        owner = {
-            "request_id": request_id,
-            "tenant_id": fast.tenant_id,
-            "api_key_id": fast.api_key_id,
-            "market_id": fast.market_id,
-            "created_at": now,
-        }
-        token_entry = statements.model_loaded(
-            LedgerEntry,
-            {
-                **owner,
-                "id": fast.tokens_id,
-                "kind": ChargeKind.TOKENS,
-                "round_id": "",
-                "amount": fast.tokens_amount,
-                "detail": json.loads(fast.tokens_detail),
-            },
-        )
-        priority_entry = None
-        if priority is not None and fast.priority_id is not None:
-            priority_entry = statements.model_loaded(
-                LedgerEntry,
-                {
-                    **owner,
-                    "id": fast.priority_id,
-                    "kind": ChargeKind.PRIORITY,
-                    "round_id": priority.round_id,
-                    "amount": fast.priority_amount,
-                    "detail": json.loads(fast.priority_detail),
-                },
+        """Settle a served request once: :meth:`requests_settle` of one."""
+        ask = ToSettle(request_id, usage, tokens, priority, prices)
+        return self.requests_settle(asks=[ask], now=now)[0]
+
+    def requests_settle(self, *, asks: Sequence[ToSettle], now: datetime) -> list[Settled]:
+        """Settle served requests once each, as if one after another in the order of ``asks``:
+        write each one's token entry of at most ``tokens`` dollars and its priority entry (when
+        the engine reported one) of at most ``priority.amount`` (``rules.settlement``), close
+        its hold and count both, atomically with the request locked, and mark it served with
+        its ``usage``. ``tokens`` was priced from ``prices``: written only if they are still
+        the request's market's (REPRICED otherwise: the caller prices it again). The results,
+        in the order of ``asks``.
+
+        One statement settles them all, unless a budget cut one of them: that tenant's requests
+        after it, and a request id's second ask, go in the next statement (so each is checked
+        against what the ones before it really wrote)."""
+        results: list[Settled | None] = [None] * len(asks)
+        pending = list(range(len(asks)))
+        ensured: set[tuple[int, int | None]] = set()
+        while pending:
+            batch: list[int] = []
+            later: list[int] = []
+            ids: set[str] = set()
+            for k in pending:  # a request id asked twice: its second ask sees the first's result
+                (later if asks[k].request_id in ids else batch).append(k)
+                ids.add(asks[k].request_id)
+            outcomes = statements.requests_settle(
+                asks=[_statement_ask(asks[k]) for k in batch], now=now
             )
-        return Settled(Outcome.WRITTEN, token_entry, priority_entry)
+            missing: set[tuple[int, int | None]] = set()
+            for k, fast in zip(batch, outcomes, strict=True):
+                if fast.waits:
+                    later.append(k)
+                elif fast.status == RequestStatus.QUEUED and fast.priced and not fast.counted:
+                    # Its tenant's or key's counter rows are missing: created, then settled.
+                    assert fast.tenant_id is not None
+                    owner = (fast.tenant_id, fast.api_key_id)
+                    if owner in ensured:
+                        raise RuntimeError(
+                            f"request {asks[k].request_id!r}: its counter rows could not be created"
+                        )
+                    missing.add(owner)
+                    later.append(k)
+                else:
+                    results[k] = _settled(asks[k], fast, now=now)
+            for tenant_id, api_key_id in sorted(missing, key=lambda o: (o[0], o[1] or 0)):
+                budget_counters_ensure(tenant_id=tenant_id, api_key_id=api_key_id, now=now)
+            ensured |= missing
+            pending = sorted(later)
+        return [r for r in results if r is not None]
 
     def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
         """Release the request's open hold, nothing charged; ``fail_request``: also mark the
@@ -248,6 +243,65 @@ class PostgresLedger:
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
         """The request's market's prices now; None when there is no such request."""
         return statements.request_prices(request_id=request_id)
+
+
+def _statement_ask(ask: ToSettle) -> statements.SettleAsk:
+    priority = ask.priority
+    return statements.SettleAsk(
+        request_id=ask.request_id,
+        usage=asdict(ask.usage),
+        tokens=ask.tokens,
+        priority=None if priority is None else priority.amount,
+        round_id="" if priority is None else priority.round_id,
+        priority_detail=None if priority is None else priority.detail,
+        prices=prices_of(ask.prices),
+    )
+
+
+def _settled(ask: ToSettle, fast: statements.SettleOutcome, *, now: datetime) -> Settled:
+    """What the settle statement did with ``ask``, as the store's result."""
+    if fast.status is None:
+        return Settled(Outcome.UNKNOWN)
+    if fast.status == RequestStatus.FAILED:
+        return Settled(Outcome.NOT_SERVED)
+    if fast.status == RequestStatus.SERVED:
+        return Settled(Outcome.DUPLICATE)
+    if not fast.priced:
+        return Settled(Outcome.REPRICED)
+    owner = {
+        "request_id": ask.request_id,
+        "tenant_id": fast.tenant_id,
+        "api_key_id": fast.api_key_id,
+        "market_id": fast.market_id,
+        "created_at": now,
+    }
+    assert fast.tokens_detail is not None
+    token_entry = statements.model_loaded(
+        LedgerEntry,
+        {
+            **owner,
+            "id": fast.tokens_id,
+            "kind": ChargeKind.TOKENS,
+            "round_id": "",
+            "amount": fast.tokens_amount,
+            "detail": json.loads(fast.tokens_detail),
+        },
+    )
+    priority_entry = None
+    if ask.priority is not None and fast.priority_id is not None:
+        assert fast.priority_detail is not None
+        priority_entry = statements.model_loaded(
+            LedgerEntry,
+            {
+                **owner,
+                "id": fast.priority_id,
+                "kind": ChargeKind.PRIORITY,
+                "round_id": ask.priority.round_id,
+                "amount": fast.priority_amount,
+                "detail": json.loads(fast.priority_detail),
+            },
+        )
+    return Settled(Outcome.WRITTEN, token_entry, priority_entry)
 
 
 def _refusal(rows: list[statements.BudgetRow], *, now: datetime) -> BudgetStatus:

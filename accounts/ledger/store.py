@@ -10,7 +10,7 @@ from typing import Any
 from accounts.figures import duration, usd, usd_apart
 from accounts.models import LedgerEntry
 from accounts.models.ledger import TOKEN_COUNTS
-from accounts.money import money_str
+from accounts.money import PostedPrices, money_str
 from accounts.selectors.budgets import BudgetStatus
 
 
@@ -48,6 +48,18 @@ class Usage:
     def tokens_detail(self) -> dict[str, int]:
         """The token entry's detail (a TokensDetail)."""
         return {name: getattr(self, name) for name in TOKEN_COUNTS}
+
+
+@dataclass(frozen=True, slots=True)
+class ToSettle:
+    """A served request to settle: its ``usage``, its token charge (dollars, priced from
+    ``prices``) and the priority charge its engine reported (None: none)."""
+
+    request_id: str
+    usage: Usage
+    tokens: Decimal
+    priority: PriorityCharge | None
+    prices: PostedPrices
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,11 +5,13 @@ from accounts.services.budgets import budget_hold, budget_set, hold_release
 from accounts.services.invoices import invoice_generate, month_bounds, previous_month_bounds
 from accounts.services.keys import api_key_authenticate, api_key_create, api_key_revoke
 from accounts.services.settlement import (
+    Served,
     UnknownRequest,
     holds_sweep,
     request_fail,
     request_open,
     request_settle,
+    requests_settle,
     token_charge,
 )
 from accounts.services.tenants import (
@@ -24,6 +26,7 @@ __all__ = [
     "DEMO_TENANTS",
     "BudgetExhausted",
     "PriorityCharge",
+    "Served",
     "Settled",
     "UnknownRequest",
     "api_key_authenticate",
@@ -40,6 +43,7 @@ __all__ = [
     "request_fail",
     "request_open",
     "request_settle",
+    "requests_settle",
     "tenant_ensure",
     "token_charge",
 ]

@@ -24,7 +24,7 @@ from decimal import Decimal
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from accounts.ledger import Outcome, PriorityCharge, Settled, Usage, ledger_store
+from accounts.ledger import Outcome, PriorityCharge, Settled, ToSettle, Usage, ledger_store
 from accounts.models import ApiKey, ChargeKind, LedgerEntry, Request, RequestStatus, Tenant
 from accounts.money import ZERO, PostedPrices, money, per_million
 from accounts.services.budgets import hold_amount_checked
@@ -111,6 +111,18 @@ def token_charge(*, market: PostedPrices, usage: Usage) -> Decimal:
     return money(exact)
 
 
+@dataclass(frozen=True)
+class Served:
+    """A served request to settle (:func:`requests_settle`): what it used, as its engine
+    reported it, the priority charge its engine reported (None: none), and its market as the
+    caller read it (None: read its prices first)."""
+
+    request_id: str
+    usage: Usage
+    priority: PriorityCharge | None = None
+    market: PostedPrices | None = None
+
+
 def request_settle(
     *,
     request_id: str,
@@ -137,30 +149,58 @@ def request_settle(
     request's market as the caller read it, saves reading them first when they are still the
     same (the settlement is then one statement).
     """
-    now = now or timezone.now()
     usage = Usage(prompt_tokens, cached_tokens, completion_tokens, ttft_s, e2e_s)
+    served = Served(request_id, usage, priority, market)
+    result = requests_settle(served=[served], now=now)[0]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def requests_settle(
+    *, served: Sequence[Served], now: datetime | None = None
+) -> list[Settled | Exception]:
+    """:func:`request_settle` for many requests at once, as if one after another in the order
+    of ``served``, in one statement of the ledger store when no budget cuts one of them: each
+    one's result, or the exception :func:`request_settle` raises for it (UnknownRequest,
+    ValueError), in the order of ``served``."""
+    now = now or timezone.now()
     store = ledger_store()
-    prices = market
-    while True:  # until written at the prices it was priced from
-        if prices is None:
-            prices = store.posted_prices(request_id=request_id)
-            if prices is None:
-                raise UnknownRequest(f"no request {request_id!r}")
-        settled = store.request_settle(
-            request_id=request_id,
-            usage=usage,
-            tokens=token_charge(market=prices, usage=usage),
-            priority=priority,
-            prices=prices,
-            now=now,
-        )
-        if settled.outcome != Outcome.REPRICED:
-            break
-        prices = None  # the market's prices changed since they were read: read them again
+    results: list[Settled | Exception | None] = [None] * len(served)
+    prices: list[PostedPrices | None] = [s.market for s in served]
+    pending = list(range(len(served)))
+    while pending:  # until each is written at the prices it was priced from
+        asks: list[tuple[int, ToSettle]] = []
+        for k in pending:
+            one = served[k]
+            if prices[k] is None:
+                prices[k] = store.posted_prices(request_id=one.request_id)
+            price = prices[k]
+            if price is None:
+                results[k] = UnknownRequest(f"no request {one.request_id!r}")
+                continue
+            try:
+                tokens = token_charge(market=price, usage=one.usage)
+            except ValueError as exc:
+                results[k] = exc
+                continue
+            asks.append((k, ToSettle(one.request_id, one.usage, tokens, one.priority, price)))
+        settled = store.requests_settle(asks=[ask for _, ask in asks], now=now)
+        pending = []
+        for (k, _), result in zip(asks, settled, strict=True):
+            results[k] = _settled_result(served[k].request_id, result)
+            if result.outcome == Outcome.REPRICED:
+                prices[k] = None  # the market's prices changed since they were read: again
+                pending.append(k)
+    return [r for r in results if r is not None]
+
+
+def _settled_result(request_id: str, settled: Settled) -> Settled | Exception:
+    """A settlement's result as :func:`request_settle` returns (or raises) it."""
     if settled.outcome == Outcome.UNKNOWN:
-        raise UnknownRequest(f"no request {request_id!r}")
+        return UnknownRequest(f"no request {request_id!r}")
     if settled.outcome == Outcome.NOT_SERVED:
-        raise ValueError(f"request {request_id!r} failed: it is not charged")
+        return ValueError(f"request {request_id!r} failed: it is not charged")
     if settled.outcome == Outcome.DUPLICATE:
         entries = {e.kind: e for e in LedgerEntry.objects.filter(request_id=request_id)}
         return Settled(

@@ -122,14 +122,22 @@ async def db_call_retried(
     fn: Callable[..., T], /, *, within_s: float = OUTAGE_RETRY_S, **kwargs: Any
 ) -> T:
     """:func:`db_call` for a step that may be repeated (an idempotent one): while the database
-    cannot be reached it is tried again, after :data:`OUTAGE_DELAYS_S` (then every 2 s), for up
-    to ``within_s`` seconds; then DatabaseUnavailable."""
+    cannot be reached it is tried again (:func:`retried`)."""
+    return await retried(functools.partial(db_call, fn, **kwargs), within_s=within_s)
+
+
+async def retried(
+    step: Callable[[], Coroutine[Any, Any, T]], /, *, within_s: float = OUTAGE_RETRY_S
+) -> T:
+    """Await ``step()``, a database step that may be repeated (an idempotent one): while the
+    database cannot be reached it is tried again, after :data:`OUTAGE_DELAYS_S` (then every
+    2 s), for up to ``within_s`` seconds; then DatabaseUnavailable."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
     tries = 0
     while True:
         try:
-            return await db_call(fn, **kwargs)
+            return await step()
         except DatabaseUnavailable:
             delay = OUTAGE_DELAYS_S[min(tries, len(OUTAGE_DELAYS_S) - 1)]
             if loop.time() + delay > deadline:

@@ -6,13 +6,15 @@ forward, settle").
    else the tenant's autobidder, else 0), render the prompt, and hold what it is likely to cost
    with ``request_open`` (``admission`` says how the hold is sized).
 2. **Forward** through the engine client, with the Request's id as the engine's rid.
-3. **Settle**: served, ``request_settle`` writes both charges from the engine's answer, the
+3. **Settle**: served, ``request_settled`` writes both charges from the engine's answer, the
    token charge and the priority charge the engine computed in the round that admitted it
-   (its only route to the ledger), and closes the hold; not served (engine down or silent past
-   its timeouts, queue full, refused, the client gone before any token: a client that
-   disconnects while it waits cancels the engine call), ``request_fail`` releases the hold and
-   nothing is charged. A stream the client leaves half-way is charged the tokens it was sent
-   and its priority charge (it was admitted).
+   (its only route to the ledger), and closes the hold, in the process's next batch of
+   settlements (``batching``: one statement for the settlements of concurrent requests); a
+   batch job's item is settled alone, in one transaction with its answer; not served (engine
+   down or silent past its timeouts, queue full, refused, the client gone before any token: a
+   client that disconnects while it waits cancels the engine call), ``request_fail`` releases
+   the hold and nothing is charged. A stream the client leaves half-way is charged the tokens
+   it was sent and its priority charge (it was admitted).
 
 Settling runs to the end even when the client goes away (``db.shielded``), and at most once per
 request; the ledger's (request, kind) key makes a replay change nothing anyway.
@@ -21,7 +23,6 @@ request; the ledger's (request, kind) key makes a replay change nothing anyway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -31,10 +32,10 @@ from django.conf import settings
 from django.db import transaction
 
 from accounts.figures import usd
-from accounts.ledger import Outcome
+from accounts.ledger import Outcome, Usage
 from accounts.models import PriorityDetail
 from accounts.money import money
-from accounts.services import PriorityCharge, Settled, request_settle
+from accounts.services import PriorityCharge, Served, Settled, requests_settle
 from engines.client import (
     EngineChunk,
     EngineError,
@@ -50,7 +51,15 @@ from engines.client import (
 from market.models import Market
 from openai_api.gateway import metrics, responses
 from openai_api.gateway.admission import Admitted, Trace, admitted_for, released
-from openai_api.gateway.db import db_call, db_call_retried, detached, shielded
+from openai_api.gateway.batching import ledger_batch
+from openai_api.gateway.db import (
+    OUTAGE_RETRY_S,
+    db_call,
+    db_call_retried,
+    detached,
+    retried,
+    shielded,
+)
 from openai_api.gateway.errors import (
     DatabaseUnavailable,
     EngineBidLost,
@@ -95,22 +104,23 @@ def _priority_charge(meta: EngineMeta) -> PriorityCharge | None:
     return PriorityCharge(amount=money(meta.charge), round_id=meta.round_id, detail=dict(detail))
 
 
-def _settle(*, request_id: str, meta: EngineMeta, market: Market) -> Settled:
-    """Settle a served request from its engine's answer (synchronous): its tokens, its priority
-    charge and its engine-side latencies. ``market`` (as admitted) only saves reading its
-    prices again while they are unchanged: the charge is at the prices of the market's row
-    when it is written."""
+def _served(*, request_id: str, meta: EngineMeta, market: Market) -> Served:
+    """A served request to settle from its engine's answer: its tokens, its priority charge
+    and its engine-side latencies. ``market`` (as admitted) only saves reading its prices
+    again while they are unchanged: the charge is at the prices of the market's row when it
+    is written."""
     e2e = meta.raw.get("e2e_latency")
-    settled = request_settle(
-        request_id=request_id,
+    usage = Usage(
         prompt_tokens=meta.prompt_tokens,
         cached_tokens=min(meta.cached_tokens, meta.prompt_tokens),
         completion_tokens=meta.completion_tokens,
         ttft_s=meta.ttft_s,
         e2e_s=float(e2e) if isinstance(e2e, int | float) else None,
-        priority=_priority_charge(meta),
-        market=market,
     )
+    return Served(request_id, usage, _priority_charge(meta), market)
+
+
+def _charged(settled: Settled, market: Market) -> Settled:
     if settled.outcome == Outcome.WRITTEN:
         metrics.charged(
             market=market.slug,
@@ -118,6 +128,33 @@ def _settle(*, request_id: str, meta: EngineMeta, market: Market) -> Settled:
             priority=settled.priority.amount if settled.priority is not None else None,
         )
     return settled
+
+
+def _settle(*, request_id: str, meta: EngineMeta, market: Market) -> Settled:
+    """Settle a served request alone (synchronous), in the caller's transaction."""
+    result = requests_settle(served=[_served(request_id=request_id, meta=meta, market=market)])
+    if isinstance(result[0], Exception):
+        raise result[0]
+    return _charged(result[0], market)
+
+
+async def _settled(
+    *, request_id: str, meta: EngineMeta, market: Market, within_s: float = OUTAGE_RETRY_S
+) -> Settled:
+    served = _served(request_id=request_id, meta=meta, market=market)
+    return _charged(await request_settled(served, within_s=within_s), market)
+
+
+async def request_settled(served: Served, *, within_s: float = OUTAGE_RETRY_S) -> Settled:
+    """Settle a served request in this process's batch of settlements (``batching``), tried
+    again while the database cannot be reached, for up to ``within_s`` seconds."""
+    batch = ledger_batch(_settlements)
+    return await retried(lambda: batch.result(served), within_s=within_s)
+
+
+def _settlements(served: list[Served]) -> list[Settled | Exception]:
+    """A batch of settlements, in one statement (``accounts.services.requests_settle``)."""
+    return requests_settle(served=served)
 
 
 def engine_timeouts() -> EngineTimeouts:
@@ -249,11 +286,18 @@ async def completion_forward(
         await shielded(released(admitted.request_id))
         raise lost
     metrics.TTFT.labels(market).observe(time.perf_counter() - started)
-    settling = detached(
-        db_call_retried(
-            _settled_body, params=params, admitted=admitted, output=output, on_settled=on_settled
+    if on_settled is None:
+        settling = detached(_answered(params=params, admitted=admitted, output=output))
+    else:  # settled alone, in one transaction with what on_settled writes
+        settling = detached(
+            db_call_retried(
+                _settled_body,
+                params=params,
+                admitted=admitted,
+                output=output,
+                on_settled=on_settled,
+            )
         )
-    )
     try:
         return await _settled_anyway(settling)
     except DatabaseUnavailable:  # not answered, so not charged: released when it is back
@@ -275,26 +319,39 @@ async def _settled_anyway(settling: asyncio.Task[T]) -> T:
         return await asyncio.shield(settling)
 
 
+async def _answered(*, params: CompletionParams, admitted: Admitted, output: EngineOutput) -> dict:
+    """Settle the request (in this process's batch) and build the response body."""
+    settled = await _settled(
+        request_id=admitted.request_id, meta=output.meta, market=admitted.market
+    )
+    return _completion_body(params=params, admitted=admitted, output=output, settled=settled)
+
+
+def _completion_body(
+    *, params: CompletionParams, admitted: Admitted, output: EngineOutput, settled: Settled
+) -> dict:
+    return responses.completion_body(
+        **_shape(params, admitted),
+        text=output.text,
+        finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
+        usage=responses.usage_body(output.meta),
+        auction=_auction(admitted, output.meta, settled),
+    )
+
+
 def _settled_body(
     *,
     params: CompletionParams,
     admitted: Admitted,
     output: EngineOutput,
-    on_settled: Callable[[dict], None] | None,
+    on_settled: Callable[[dict], None],
 ) -> dict:
-    """Settle the request and build the response body (synchronous); with ``on_settled``,
-    both in one transaction with what it writes."""
-    with transaction.atomic() if on_settled is not None else contextlib.nullcontext():
+    """Settle the request alone and build the response body (synchronous), both in one
+    transaction with what ``on_settled`` writes."""
+    with transaction.atomic():
         settled = _settle(request_id=admitted.request_id, meta=output.meta, market=admitted.market)
-        body = responses.completion_body(
-            **_shape(params, admitted),
-            text=output.text,
-            finish=responses.finish_reason(output.meta, max_tokens=params.max_tokens),
-            usage=responses.usage_body(output.meta),
-            auction=_auction(admitted, output.meta, settled),
-        )
-        if on_settled is not None:
-            on_settled(body)
+        body = _completion_body(params=params, admitted=admitted, output=output, settled=settled)
+        on_settled(body)
     return body
 
 
@@ -372,9 +429,9 @@ async def _sse(
             return None
         settling = {"request_id": admitted.request_id, "meta": meta, "market": admitted.market}
         try:
-            return await shielded(db_call_retried(_settle, **settling))
+            return await shielded(_settled(**settling))
         except DatabaseUnavailable:  # the tokens were sent: charged once the database is back
-            detached(db_call_retried(_settle, within_s=settings.STALE_REQUEST_S, **settling))
+            detached(_settled(within_s=settings.STALE_REQUEST_S, **settling))
             return None
 
     try:

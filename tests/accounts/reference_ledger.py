@@ -11,6 +11,7 @@ locked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -23,7 +24,14 @@ from django.db.models import F, Q
 from accounts import ledger
 from accounts.algebra import VALUES
 from accounts.ledger.counters import budget_counters_ensure
-from accounts.ledger.store import BudgetExhausted, Outcome, PriorityCharge, Settled, Usage
+from accounts.ledger.store import (
+    BudgetExhausted,
+    Outcome,
+    PriorityCharge,
+    Settled,
+    ToSettle,
+    Usage,
+)
 from accounts.models import (
     ApiKey,
     Autobidder,
@@ -276,6 +284,20 @@ class ReferenceLedger:
                 autobidder.charge_counted(amount=priority_entry.amount, at=now)
                 autobidder.save(update_fields=["spent_start", "spent_in_window"])
         return Settled(Outcome.WRITTEN, written, priority_entry)
+
+    def requests_settle(self, *, asks: Sequence[ToSettle], now: datetime) -> list[Settled]:
+        """Each of ``asks`` settled by :meth:`request_settle`, one after another."""
+        return [
+            self.request_settle(
+                request_id=ask.request_id,
+                usage=ask.usage,
+                tokens=ask.tokens,
+                priority=ask.priority,
+                prices=ask.prices,
+                now=now,
+            )
+            for ask in asks
+        ]
 
     def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
         """Release the request's open hold, nothing charged; ``fail_request``: also mark the

@@ -9,20 +9,23 @@ not to be summed for it: the store then creates the rows, or locks them first, a
 
 Locks, in the same order everywhere so that two statements never deadlock: the request's row,
 then its hold's, then the counter rows of its tenant and of its key, in that order
-(``ORDER BY api_key_id NULLS FIRST ... FOR UPDATE``). ``FOR UPDATE`` returns the newest committed
-version of a row it waited for, so every check below reads values no one else can change before
-the statement commits: concurrent holds cannot overspend a budget. The counters' window rule is
-``accounts.rules.window_counted``.
+(``ORDER BY api_key_id NULLS FIRST ... FOR UPDATE``); a batch of settlements takes its
+requests' rows in request id order, then their holds', then the counter rows of its tenants
+and keys in (tenant, key) order, then the autobidders' in id order. ``FOR UPDATE`` returns the
+newest committed version of a row it waited for, so every check below reads values no one else
+can change before the statement commits: concurrent holds cannot overspend a budget. The
+counters' window rule is ``accounts.rules.window_counted``.
 
-The modules: ``hold`` (a hold placed, a hold closed, counter rows locked), ``charge`` (a request
-settled, a request's prices) and ``sql`` (the cursor, parameter types and SQL fragments they
-share). The money rules in them are not written here: each is ``accounts.rules``'s, read as SQL.
-To read the statements as PostgreSQL runs them: ``manage.py ledger_statements``.
+The modules: ``hold`` (a hold placed, a hold closed, counter rows locked), ``charge`` (a batch
+of requests settled as if one after another, a request's prices) and ``sql`` (the cursor,
+parameter types and SQL fragments they share). The money rules in them are not written here:
+each is ``accounts.rules``'s, read as SQL. To read the statements as PostgreSQL runs them:
+``manage.py ledger_statements``.
 """
 
 from __future__ import annotations
 
-from .charge import SETTLE_SQL, request_prices, request_settle
+from .charge import SETTLE_SQL, SettleAsk, SettleOutcome, request_prices, requests_settle
 from .hold import (
     HOLD_AND_REQUEST_SQL,
     HOLD_SQL,
@@ -47,5 +50,7 @@ __all__ = [
     "model_loaded",
     "SETTLE_SQL",
     "request_prices",
-    "request_settle",
+    "requests_settle",
+    "SettleAsk",
+    "SettleOutcome",
 ]

@@ -63,6 +63,21 @@ PARAM_TYPES = {
     "ttft_s": "double precision",
     "e2e_s": "double precision",
     "fail": "boolean",
+    # A batch's requests, one array element each, in arrival order.
+    "request_ids": "varchar[]",
+    "tokens_asked": "numeric[]",
+    "priorities": "numeric[]",
+    "round_ids": "varchar[]",
+    "tokens_details": "jsonb[]",
+    "priority_details": "jsonb[]",
+    "prices_input": "numeric[]",
+    "prices_cached": "numeric[]",
+    "prices_output": "numeric[]",
+    "prompt_tokens_each": "integer[]",
+    "cached_tokens_each": "integer[]",
+    "completion_tokens_each": "integer[]",
+    "ttft_s_each": "double precision[]",
+    "e2e_s_each": "double precision[]",
     "summed": "boolean",
 }
 

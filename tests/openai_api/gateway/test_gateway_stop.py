@@ -166,14 +166,14 @@ async def test_a_complete_answer_cut_off_while_it_is_settled_is_settled_and_answ
     whose settlement is under way: the settlement ends, and the view still returns the answer
     it charged (sent if the client is there), instead of a 500 for a charged request."""
     settling = threading.Event()
-    settle = services._settled_body
+    settle = services._settlements  # a batch of settlements, on a database thread
 
-    def slow_settle(**kwargs):
+    def slow_settle(served):
         settling.set()
         time.sleep(0.3)
-        return settle(**kwargs)
+        return settle(served)
 
-    monkeypatch.setattr(services, "_settled_body", slow_settle)
+    monkeypatch.setattr(services, "_settlements", slow_settle)
     body = {"model": market.served_model, "messages": HELLO, "max_tokens": 3}
     params = completion_params(body, endpoint=CHAT, headers={})
     trace = services.Trace(endpoint=CHAT)

@@ -1,0 +1,110 @@
+"""The ledger writes of concurrent requests, gathered per gateway process into one statement.
+
+Each settlement is a few rows locked, written and committed; written one statement per request,
+the commit and the statement's fixed costs are most of PostgreSQL's work for a request. The
+gateway process therefore gathers the settlements of the requests that finish within
+``GATEWAY_LEDGER_BATCH_S`` seconds of the first one (or ``GATEWAY_LEDGER_BATCH_SIZE`` of them,
+whichever comes first) and hands them to the ledger in one call, which writes them in one
+statement, as if one after another in the order they arrived (``accounts.ledger``: each is
+checked against what the ones before it wrote; a request after one a budget cut goes in the
+next statement). Each request still gets its own result or its own error; a batch whose write
+failed (the database cannot be reached) fails each of its requests with that error, and each
+is tried again on its own (``db.retried``), in a later batch: settling is idempotent.
+
+A batch runs in the process's event loop and writes on the gateway's database threads
+(``db.db_call``); the write of a batch always finishes, whether or not its requests still wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+from django.conf import settings
+
+from openai_api.gateway.db import db_call, detached
+
+I = TypeVar("I")  # noqa: E741 (an item of a batch)
+R = TypeVar("R")
+
+
+class LedgerBatch(Generic[I, R]):
+    """Items gathered for one write (``write``: items in arrival order -> each one's result or
+    exception, in that order), written ``interval_s`` seconds after the first arrived, or at
+    once when there are ``size``."""
+
+    def __init__(
+        self,
+        write: Callable[[list[I]], Sequence[R | Exception]],
+        *,
+        interval_s: float,
+        size: int,
+    ) -> None:
+        if size < 1 or interval_s < 0:
+            raise ValueError(f"a batch needs size >= 1 and interval >= 0 s: {size}, {interval_s}")
+        self._write = write
+        self.interval_s = interval_s
+        self.size = size
+        self._pending: list[tuple[I, asyncio.Future[R]]] = []
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+
+    async def result(self, item: I) -> R:
+        """``item``'s result once its batch is written (or the exception for it)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        self._pending.append((item, future))
+        if len(self._pending) >= self.size:
+            self._flush()
+        elif self._timer is None:
+            self._timer = (
+                loop.call_later(self.interval_s, self._flush)
+                if self.interval_s > 0
+                else loop.call_soon(self._flush)
+            )
+        return await future
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if batch:
+            detached(self._written(batch))
+
+    async def _written(self, batch: list[tuple[I, asyncio.Future[R]]]) -> None:
+        try:
+            results = await db_call(functools.partial(self._write, [i for i, _ in batch]))
+        except Exception as exc:  # noqa: BLE001 (the batch's write failed: each request's error)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():  # its request was cancelled: the write is done all the same
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+
+_batches: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[object, LedgerBatch]  # type: ignore[type-arg]
+] = weakref.WeakKeyDictionary()
+
+
+def ledger_batch(write: Callable[[list[I]], Sequence[R | Exception]]) -> LedgerBatch[I, R]:
+    """The running event loop's batch for ``write`` (the settings read when it is made)."""
+    loop = asyncio.get_running_loop()
+    mine = _batches.setdefault(loop, {})
+    batch = mine.get(write)
+    if batch is None:
+        batch = mine[write] = LedgerBatch(
+            write,
+            interval_s=settings.GATEWAY_LEDGER_BATCH_S,
+            size=settings.GATEWAY_LEDGER_BATCH_SIZE,
+        )
+    return batch

@@ -1,0 +1,139 @@
+"""The gateway's batches of settlements (``openai_api.gateway.batching``) on the real database
+threads and PostgreSQL: concurrent settlements written together, each with its own result; a
+request id twice in one batch charged once; a batch whose write cannot reach the database
+failing each of its requests with the error a lone settlement gets (``DatabaseUnavailable``, a
+503), losing nothing, and settled once when tried again."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from decimal import Decimal
+
+import pytest
+from django.db import connections
+
+from accounts.ledger import Outcome, Usage
+from accounts.models import Hold, HoldState, LedgerEntry, RequestStatus
+from accounts.selectors.ledger_check import ledger_check
+from accounts.services import Served, request_open, requests_settle
+from openai_api.gateway import db as gateway_db
+from openai_api.gateway.batching import LedgerBatch
+from openai_api.gateway.errors import DatabaseUnavailable
+from openai_api.gateway.services import request_settled
+from tests.accounts.factories import market_create, priority_charge, tenant_create
+
+pytestmark = pytest.mark.usefixtures("transactional_db", "_threads_closed")
+
+# 100 prompt tokens at $3/M and 10 output tokens at $15/M: $0.00045 of tokens.
+USAGE = Usage(prompt_tokens=100, cached_tokens=0, completion_tokens=10)
+TOKENS = Decimal("0.00045")
+
+
+@pytest.fixture
+def _threads_closed() -> Iterator[None]:
+    yield
+    gateway_db.connections_close()  # before the test database goes
+
+
+def _opened(n: int) -> tuple[list[str], object]:
+    market = market_create("batches")
+    tenant = tenant_create("batches")
+    ids = [f"b-{i}" for i in range(n)]
+    for rid in ids:
+        request_open(
+            request_id=rid, tenant=tenant, api_key=None, market=market, bid="0.001",
+            hold_amount="0.001",
+        )  # fmt: skip
+    return ids, market
+
+
+class Counted:
+    """``requests_settle`` on the gateway's threads, counting its calls and their sizes."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def __call__(self, served: list[Served]):  # type: ignore[no-untyped-def]
+        self.sizes.append(len(served))
+        return requests_settle(served=served)
+
+
+async def _all(batch: LedgerBatch, served: list[Served]) -> list[object]:
+    return await asyncio.gather(*(batch.result(s) for s in served), return_exceptions=True)
+
+
+def test_concurrent_settlements_are_written_together_each_with_its_result() -> None:
+    ids, market = _opened(10)
+    write = Counted()
+    served = [Served(rid, USAGE, priority_charge("0.0002"), market) for rid in ids]
+    # Ten at once, with room for 64 in 50 ms: one write. Then size 4: 4 + 4 + 2.
+    results = asyncio.run(_all(LedgerBatch(write, interval_s=0.05, size=64), served[:6]))
+    results += asyncio.run(_all(LedgerBatch(write, interval_s=0.05, size=4), served[6:]))
+    assert write.sizes == [6, 4]
+    assert [r.outcome for r in results] == [Outcome.WRITTEN] * 10
+    assert [(r.tokens.amount, r.priority.amount) for r in results] == [
+        (TOKENS, Decimal("0.0002"))
+    ] * 10
+    assert [r.tokens.request_id for r in results] == ids
+    write.sizes.clear()
+    again = asyncio.run(_all(LedgerBatch(write, interval_s=0.05, size=4), served[:10]))
+    assert write.sizes == [4, 4, 2]
+    assert [r.outcome for r in again] == [Outcome.DUPLICATE] * 10
+    assert LedgerEntry.objects.count() == 20
+    assert ledger_check(grace_s=60).ok
+
+
+def test_a_request_id_twice_in_one_batch_is_charged_once() -> None:
+    ids, market = _opened(2)
+    write = Counted()
+    charge = priority_charge("0.0002")
+    served = [Served(rid, USAGE, charge, market) for rid in [ids[0], ids[1], ids[0]]]
+    first, second, replay = asyncio.run(_all(LedgerBatch(write, interval_s=0.05, size=64), served))
+    assert write.sizes == [3]
+    assert (first.outcome, second.outcome, replay.outcome) == (
+        Outcome.WRITTEN, Outcome.WRITTEN, Outcome.DUPLICATE,
+    )  # fmt: skip
+    assert replay.tokens.pk == first.tokens.pk
+    assert LedgerEntry.objects.filter(request_id=ids[0]).count() == 2  # tokens and priority
+    assert ledger_check(grace_s=60).ok
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_batch_that_cannot_reach_the_database_fails_each_request_and_loses_nothing() -> None:
+    ids, market = _opened(5)
+    served = [Served(rid, USAGE, priority_charge("0.0002"), market) for rid in ids]
+    write = Counted()
+    database = connections.settings["default"]
+    port = database["PORT"]
+    gateway_db.connections_close()  # the threads reconnect, to the port set below
+    database["PORT"] = _closed_port()
+    try:
+        failed = asyncio.run(_all(LedgerBatch(write, interval_s=0.05, size=64), served))
+    finally:
+        gateway_db.connections_close()
+        database["PORT"] = port
+    assert write.sizes == [5]  # one write for the five, which failed
+    assert all(isinstance(r, DatabaseUnavailable) for r in failed), failed
+    assert {(r.status, r.code) for r in failed} == {(503, "database_unavailable")}
+    assert not LedgerEntry.objects.exists()
+    assert Hold.objects.filter(state=HoldState.OPEN).count() == 5  # nothing lost, nothing charged
+
+    async def settled_again() -> list[object]:  # the gateway's way: tried again, batched
+        return await asyncio.gather(*(request_settled(s) for s in served))
+
+    results = asyncio.run(settled_again())
+    assert [r.outcome for r in results] == [Outcome.WRITTEN] * 5
+    assert LedgerEntry.objects.count() == 10
+    assert not Hold.objects.filter(state=HoldState.OPEN).exists()
+    assert set(LedgerEntry.objects.values_list("request__status", flat=True)) == {
+        RequestStatus.SERVED
+    }
+    assert ledger_check(grace_s=60).ok

@@ -208,8 +208,38 @@ def test_only_a_known_gateway_whose_heartbeat_is_gone_is_swept(acme) -> None:
             request_id=f"gw-stop-{i}", tenant=acme.tenant, api_key=acme.api_key, market=market,
             bid="0", hold_amount="0.01", gateway=instance,
         )  # fmt: skip
-    assert tasks.gateways_sweep()["failed"] == 1
+    assert tasks.gateways_sweep()["failed"] == 0  # missing: the first look
+    time.sleep(gateways.CONFIRM_S)
+    assert tasks.gateways_sweep()["failed"] == 1  # still missing: lost
     assert Request.objects.get(gateway=lost).status == RequestStatus.FAILED
     assert Request.objects.get(gateway=unknown).status == RequestStatus.QUEUED
     assert not client.sismember(gateways.INSTANCES_KEY, lost)  # forgotten
+    assert not client.hexists(gateways.MISSING_KEY, lost)
     assert tasks.gateways_sweep()["failed"] == 0
+
+
+def test_gateways_whose_heartbeats_expired_while_redis_was_away_are_not_swept(acme) -> None:
+    """Redis unreachable for longer than a heartbeat lasts (the soak's 30 s outage): every live
+    gateway's key expires meanwhile, and the first sweep after Redis is back finds them all
+    missing. They beat again within BEAT_S of its return, so the second look finds them alive
+    and none of their requests in flight is failed. Before: the first sweep failed them all."""
+    from accounts.services import request_open
+
+    market = market_create(engine_url=f"http://127.0.0.1:{dead_port()}")
+    live = ["2" * 32, "3" * 32]
+    client = gateways.redis_client(settings.REDIS_URL)
+    for i, instance in enumerate(live):
+        gateways.beat(instance)
+        client.delete(gateways.ALIVE_KEY + instance)  # expired while Redis was away
+        request_open(
+            request_id=f"gw-outage-{i}", tenant=acme.tenant, api_key=acme.api_key, market=market,
+            bid="0", hold_amount="0.01", gateway=instance,
+        )  # fmt: skip
+    assert tasks.gateways_sweep()["failed"] == 0  # Redis is back: all missing, a first look
+    time.sleep(gateways.BEAT_S)
+    for instance in live:
+        gateways.beat(instance)  # their heartbeat threads reach Redis again
+    time.sleep(gateways.CONFIRM_S - gateways.BEAT_S)
+    assert tasks.gateways_sweep()["failed"] == 0
+    assert {r.status for r in Request.objects.filter(gateway__in=live)} == {RequestStatus.QUEUED}
+    assert not any(client.hexists(gateways.MISSING_KEY, instance) for instance in live)

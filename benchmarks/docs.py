@@ -41,7 +41,12 @@ BLOCK = re.compile(
 
 
 def _produced_by(meta: dict) -> str:
-    return f"`{command_line('benchmarks', meta['argv'])}`"
+    """The command that gives ``meta``'s run today: one saved before the wait bound was automatic
+    by default (its ``meta`` says no ``wait_bound``) ran with it off unless its argv set it."""
+    argv = list(meta["argv"])
+    if "wait_bound" not in meta and not any("wait_bound" in a or "wait-bound" in a for a in argv):
+        argv += ["--wait-bound", "off"]
+    return f"`{command_line('benchmarks', argv)}`"
 
 
 def policies_block(doc: dict) -> str:
@@ -62,13 +67,7 @@ def sweep_goals_block(doc: dict) -> str:
     grid = doc["sweep"]["grid"]
     per_point = [from_json(p["policies"])[1] for p in grid]
     policies = list(per_point[0]) if per_point else []
-
-    def cell(g: Goal) -> str:
-        return (
-            f"{formatted('{:.2f}', g.capture)} / {g.ttft_vs_best:.2f} / {g.hit_gap_pp:+.1f} / "
-            f"{g.tail_vs_lpm:.2f} ({goal_checks(g)})"
-        )
-
+    cell = _goal_cell
     points = Table(
         ["KV (k tokens)", "groups", "load (x capacity)"]
         + [f"{name}: capture / TTFT ratio / hit pp / p99 ratio (checks)" for name in policies],
@@ -94,6 +93,36 @@ def sweep_goals_block(doc: dict) -> str:
     return (
         f"{_produced_by(doc['meta'])}: the points where each policy met the goal ({GOAL_LEGEND})"
         f":\n\n{met.markdown()}\n\nEach point:\n\n{points.markdown()}"
+    )
+
+
+def _goal_cell(g: Goal) -> str:
+    return (
+        f"{formatted('{:.2f}', g.capture)} / {g.ttft_vs_best:.2f} / {g.hit_gap_pp:+.1f} / "
+        f"{g.tail_vs_lpm:.2f} ({goal_checks(g)})"
+    )
+
+
+def loads_goals_block(doc: dict) -> str:
+    """``python -m benchmarks --load A,B,... --json``: per load, each checked policy's capture,
+    TTFT against the best bid-blind policy, hit gap to lpm, p99 TTFT against lpm's and goal
+    checks; then on how many loads each policy met the goal."""
+    meta, points = doc["meta"], doc["sweep"]["loads"]
+    per_point = [from_json(p["policies"])[1] for p in points]
+    policies = list(per_point[0]) if per_point else []
+    table = Table(
+        ["load (x capacity)", "lpm p99 TTFT"]
+        + [f"{name}: capture / TTFT ratio / hit pp / p99 ratio (checks)" for name in policies],
+        [
+            [f"{p['load']:g}", duration(p["policies"]["lpm"]["p99_ttft_s"])]
+            + [_goal_cell(g[name]) for name in policies]
+            for p, g in zip(points, per_point, strict=True)
+        ],
+    )
+    met = ", ".join(f"{name} {_met(per_point, points, name, lambda p: True)}" for name in policies)
+    return (
+        f"{_produced_by(meta)}: {meta['workload']}, seed {meta['seed']}; loads where each policy "
+        f"met the goal: {met} ({GOAL_LEGEND}).\n\n{table.markdown()}"
     )
 
 
@@ -177,6 +206,7 @@ def replicas_block(doc: dict) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "policies": policies_block,
     "sweep-goals": sweep_goals_block,
+    "loads-goals": loads_goals_block,
     "round-cost": round_cost_block,
     "quote-calibration": quote_calibration_block,
     "replicas": replicas_block,

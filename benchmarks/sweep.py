@@ -128,9 +128,11 @@ def run_sweep(
     capacities: Capacities | None = None,
     on_served: Callable[[], None] | None = None,
     on_policy: Callable[[str], None] | None = None,
+    wait_bound_auto: bool = False,
 ) -> list[SweepPoint]:
     """Every (KV capacity, groups, load) point; ``make_workload(groups, prompts_per_group)``
-    builds the gsp workload with ``requests`` in all (rounded to a multiple of the groups)."""
+    builds the gsp workload with ``requests`` in all (rounded to a multiple of the groups);
+    ``wait_bound_auto``: under the market's automatic wait bound (``runner.simulate``)."""
     capacities = capacities or Capacities()
     out = []
     for kv in kv_capacities:
@@ -154,6 +156,7 @@ def run_sweep(
                     capacities=capacities,
                     on_served=on_served,
                     on_policy=label,
+                    wait_bound_auto=wait_bound_auto,
                 )
                 out.append(SweepPoint(g, per_group, kv, point, findings(point)))
     return out

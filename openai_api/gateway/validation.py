@@ -422,17 +422,20 @@ def _prompt(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...] | None]:
 
 QUOTE_MAX_TTFT_S = 3600.0  # the longest wait a quote is asked for, seconds
 QUOTE_DEFAULT_PROBABILITY = 0.9
+QUOTE_MAX_PROMPT_TOKENS = 10_000_000  # a prompt longer than any engine's KV cache
 
 
 @dataclass(frozen=True)
 class QuoteParams:
     """``GET /v1/quotes``'s query: the market's model, and the wait to be quoted a bid for
-    (``ttft_s`` seconds, met with ``probability``) and/or the bid to be quoted waits for."""
+    (``ttft_s`` seconds, met with ``probability``) and/or the bid to be quoted waits for, with
+    the prompt's length in tokens when the wait bound's credit is to be counted."""
 
     model: str
     ttft_s: float | None
     probability: float
     bid: Decimal | None
+    prompt_tokens: int | None = None
 
 
 def quote_params(query: Mapping[str, str]) -> QuoteParams:
@@ -444,6 +447,12 @@ def quote_params(query: Mapping[str, str]) -> QuoteParams:
     ttft_s = _query_number(query, "ttft_s", high=QUOTE_MAX_TTFT_S, high_included=True)
     probability = _query_number(query, "probability", high=1.0, high_included=False)
     bid = None if query.get("bid") is None else bid_parsed(query["bid"], param="bid")
+    prompt_tokens = _query_count(query, "prompt_tokens", high=QUOTE_MAX_PROMPT_TOKENS)
+    if prompt_tokens is not None and bid is None:
+        raise MalformedRequest(
+            "prompt_tokens counts the wait bound's credit into the waits a bid buys: give bid too",
+            param="prompt_tokens",
+        )
     if ttft_s is None and bid is None:
         raise MalformedRequest(
             "give ttft_s (seconds to first token: the bid that buys it is quoted) or bid "
@@ -455,7 +464,20 @@ def quote_params(query: Mapping[str, str]) -> QuoteParams:
         ttft_s=ttft_s,
         probability=QUOTE_DEFAULT_PROBABILITY if probability is None else probability,
         bid=bid,
+        prompt_tokens=prompt_tokens,
     )
+
+
+def _query_count(query: Mapping[str, str], name: str, *, high: int) -> int | None:
+    """The query parameter ``name`` as a whole number in 1..high; None if absent."""
+    text = query.get(name)
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= high:
+        raise InvalidValue(
+            f"{name} must be a whole number from 1 to {high:,}, got {_short(text)}", param=name
+        )
+    return int(text)
 
 
 def _query_number(

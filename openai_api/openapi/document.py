@@ -24,7 +24,12 @@ from openai_api.batches.input import BatchInputInvalid, BatchTooLarge
 from openai_api.batches.services import BatchNotCancellable, BatchNotFound
 from openai_api.gateway import errors as e
 from openai_api.gateway.chat_templates import TemplateUnavailable
-from openai_api.gateway.validation import MAX_BID, MAX_TOKENS_LIMIT, QUOTE_MAX_TTFT_S
+from openai_api.gateway.validation import (
+    MAX_BID,
+    MAX_TOKENS_LIMIT,
+    QUOTE_MAX_PROMPT_TOKENS,
+    QUOTE_MAX_TTFT_S,
+)
 from openai_api.openapi import answers, bodies
 
 OPENAPI_VERSION = "3.1.0"
@@ -291,7 +296,10 @@ def _paths() -> dict[str, Any]:
                     "bid that bought a first token within `ttft_s` seconds with `probability`, "
                     "by a margin clear of chance (0 when bidding nothing already gets there, "
                     "else never below the reserve), and the waits `bid` buys. Give `ttft_s`, "
-                    "`bid` or both."
+                    "`bid` or both. While the market's wait bound is on (`wait_bound`), a "
+                    "request that has waited it ranks as if it bid more by a credit that grows "
+                    "with its prompt (never paid): with `prompt_tokens`, `waits.at_bound` says "
+                    "what the bid then ranks as and the waits of the bids it ranks among."
                 ),
                 parameters=[
                     _query(
@@ -314,6 +322,12 @@ def _paths() -> dict[str, Any]:
                         "bid",
                         {"type": "string", "pattern": bodies.BID_TEXT_PATTERN},
                         "dollars per second: the waits it buys are quoted",
+                    ),
+                    _query(
+                        "prompt_tokens",
+                        {"type": "integer", "minimum": 1, "maximum": QUOTE_MAX_PROMPT_TOKENS},
+                        "the prompt's length, with bid: what the bid ranks as once it has "
+                        "waited the wait bound is quoted too (waits.at_bound)",
                     ),
                 ],
                 answer={"description": "the quote", "content": _json(_ref("Quote"))},

@@ -35,7 +35,8 @@ operator, ``wait_bound_checked``; 0 is off); both engines read it from their kno
 (engines.contract.knobs) and run it through one ``WaitBound``, which gives the credits under the
 DFS auctions only and follows a change of the bound at the next round.
 
-Not covered yet: quotes (quotes.py) and the order book (book.py) read bids only.
+The order book shows each subtree's credits beside its bids (book.py), and the quotes say what a
+bid ranks as once its request has waited the bound (``wait_bound.ranks_as``).
 """
 
 from __future__ import annotations

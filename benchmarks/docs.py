@@ -7,6 +7,9 @@ A generated block of a Markdown file lies between two markers::
     ...
     <!-- end of generated block -->
 
+A sweep run in parts (``--sweep-kv``/``--sweep-groups`` each) names its files joined by ``+``:
+its grid is theirs in that order, and the block names every part's command.
+
 ``python -m benchmarks.docs [DOC.md ...]`` (:data:`DEFAULT_DOCS` when none is named) rewrites every
 block from its JSON file (a path from the repository root) with the renderer ``KIND`` names
 (:data:`RENDERERS`). ``--check`` rewrites nothing and exits 1 when a block is not what its JSON
@@ -42,7 +45,10 @@ BLOCK = re.compile(
 
 def _produced_by(meta: dict) -> str:
     """The command that gives ``meta``'s run today: one saved before the wait bound was automatic
-    by default (its ``meta`` says no ``wait_bound``) ran with it off unless its argv set it."""
+    by default (its ``meta`` says no ``wait_bound``) ran with it off unless its argv set it; a
+    run in parts, each part's."""
+    if "parts" in meta:
+        return ", then ".join(_produced_by(part) for part in meta["parts"])
     argv = list(meta["argv"])
     if "wait_bound" not in meta and not any("wait_bound" in a or "wait-bound" in a for a in argv):
         argv += ["--wait-bound", "off"]
@@ -213,6 +219,20 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
 }
 
 
+def _loaded(source: str, root: Path) -> dict:
+    """The JSON document ``source`` names; parts joined by ``+``: one sweep, their grids in
+    order (see the module)."""
+    docs = [json.loads((root / part).read_text(encoding="utf-8")) for part in source.split("+")]
+    if len(docs) == 1:
+        return docs[0]
+    meta = {**docs[0]["meta"], "parts": [d["meta"] for d in docs]}
+    return {
+        **docs[0],
+        "meta": meta,
+        "sweep": {"grid": [p for d in docs for p in d["sweep"]["grid"]]},
+    }
+
+
 def regenerated(text: str, root: Path | None = None) -> str:
     """``text`` with every generated block rewritten from its JSON file (under ``root``, the
     repository's by default)."""
@@ -221,8 +241,7 @@ def regenerated(text: str, root: Path | None = None) -> str:
         kind, source = match["kind"], match["source"]
         if kind not in RENDERERS:
             raise ValueError(f"unknown block kind {kind!r}; known: {', '.join(RENDERERS)}")
-        doc = json.loads(((root or REPO) / source).read_text(encoding="utf-8"))
-        return f"{match['begin']}{RENDERERS[kind](doc)}\n{END}"
+        return f"{match['begin']}{RENDERERS[kind](_loaded(source, root or REPO))}\n{END}"
 
     return BLOCK.sub(render, text)
 

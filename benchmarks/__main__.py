@@ -40,7 +40,7 @@ from .sweep import (
     DEFAULT_KV_CAPACITIES,
     DEFAULT_LOADS,
     DEFAULT_REQUESTS,
-    FINDING_POLICIES,
+    GOAL_POLICIES,
     SweepPoint,
     run_sweep,
     sweep_requests,
@@ -227,8 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--load does not apply to a trace (its arrivals are given); use --time-scale")
     if args.sweep and (args.trace or args.workload != "gsp"):
         parser.error("--sweep runs on the gsp workload only")
-    if args.sweep and any(p not in policies for p in FINDING_POLICIES):
-        parser.error(f"--sweep needs the policies {', '.join(FINDING_POLICIES)}")
+    if args.sweep and any(p not in policies for p in GOAL_POLICIES):
+        parser.error(f"--sweep needs the policies {', '.join(GOAL_POLICIES)}")
     try:
         pinned = 0.0 if args.wait_bound in (AUTO, OFF) else args.wait_bound
         config, knobs = settings_split(

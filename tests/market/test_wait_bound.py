@@ -90,10 +90,10 @@ def test_the_automatic_bound_follows_the_served_waits_by_the_hand_worked_rule(
     django_capture_on_commit_callbacks,
 ) -> None:
     market = market_create()
-    served(market, [3.0] * 31)
+    served(market, [2.0] * 31)
     assert wait_bound_auto_renew(market_id=market.pk, now=AT) is None  # 31 < 32: no evidence
-    served(market, [3.0], start=AT + timedelta(minutes=1))
-    # 32 waits of 3 s: target 4 x 3 = 12 s < 20 / 1.25: down an eighth, 17.5 -> 18 s.
+    served(market, [2.0], start=AT + timedelta(minutes=1))
+    # 32 waits of 2 s: target 6 x 2 = 12 s < 20 / 1.25: down an eighth, 17.5 -> 18 s.
     with django_capture_on_commit_callbacks(execute=False) as queued:
         change = wait_bound_auto_renew(market_id=market.pk, now=AT)
     assert not queued  # the task queues the push (below), not the renewal
@@ -104,9 +104,9 @@ def test_the_automatic_bound_follows_the_served_waits_by_the_hand_worked_rule(
     assert wait_bound_auto_renew(market_id=market.pk, now=AT).new == "16 (auto)"
     assert wait_bound_auto_renew(market_id=market.pk, now=AT).new == "14 (auto)"
     assert wait_bound_auto_renew(market_id=market.pk, now=AT) is None
-    # The newest 512 count: 512 waits of 10 s after them: target 40 > 14 x 1.25: 40 at once.
+    # The newest 512 count: 512 waits of 10 s after them: target 60 > 14 x 1.25: 60 at once.
     served(market, [10.0] * 512, start=AT + timedelta(minutes=2))
-    assert wait_bound_auto_renew(market_id=market.pk, now=AT).new == "40 (auto)"
+    assert wait_bound_auto_renew(market_id=market.pk, now=AT).new == "60 (auto)"
     assert wait_bound_auto_renew(market_id=market.pk, now=AT) is None
     # Pinned or off, the renewal leaves it alone.
     market_wait_bound_set(market=market, wait_bound_s=8, user=None)
@@ -122,7 +122,7 @@ def test_the_periodic_task_renews_every_automatic_market_and_pushes_each_move(
     moving, still, pinned = market_create("moving"), market_create("still"), market_create("pin")
     market_wait_bound_set(market=pinned, wait_bound_s=5, user=None)
     for market in (moving, pinned):
-        served(market, [1.0] * 40)  # target 4 s: the automatic one falls an eighth, to 18 s
+        served(market, [1.0] * 40)  # target 6 s: the automatic one falls an eighth, to 18 s
     with django_capture_on_commit_callbacks(execute=False) as queued:
         assert wait_bounds_renew() == 1
     assert len(queued) == 0  # the task queues its pushes itself, not on a commit
@@ -211,7 +211,7 @@ def test_a_bad_bound_on_the_console_says_why_and_changes_nothing(client) -> None
     assert '<option value="auto" selected>' in form
     assert "In force: 20 s, set automatically from the market&#x27;s recent waits" in form
     assert (
-        "every 10 s: toward 4 x the mean time to first token of the last 512 requests served, "
+        "every 10 s: toward 6 x the mean time to first token of the last 512 requests served, "
         "up at once, down by at most 12.5% a renewal, left alone within 25%, 2-600 s"
     ) in form
     ok = client.post(f"{CONSOLE}wait-bound/", {"mode": "pinned", "wait_bound_s": "8"}, follow=True)

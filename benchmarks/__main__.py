@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from engines.contract.knobs import MarketKnobs
 from engines.sim import settings_split
 from mechanism import POLICIES
+from mechanism.aging import wait_bound_checked
+from mechanism.wait_bound import AUTO, OFF
 
 from . import figures
 from .bids import BID_DISTRIBUTIONS, BidSpec
@@ -38,7 +40,7 @@ from .sweep import (
     DEFAULT_KV_CAPACITIES,
     DEFAULT_LOADS,
     DEFAULT_REQUESTS,
-    FINDING_POLICIES,
+    GOAL_POLICIES,
     SweepPoint,
     run_sweep,
     sweep_requests,
@@ -100,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
     m.add_argument("--reserve", type=float, default=0.0, help="reserve price, $/s")
     m.add_argument(
+        "--wait-bound",
+        type=wait_bound_option,
+        default=AUTO,
+        metavar="auto|off|SECONDS",
+        help="the market's wait bound: automatic (the product's default, mechanism.wait_bound), "
+        "off, or pinned to SECONDS",
+    )
+    m.add_argument(
         "--set",
         action="append",
         default=[],
@@ -130,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def wait_bound_option(text: str) -> str | float:
+    """``--wait-bound``: "auto", "off" (0 s) or a pinned bound in seconds (0.5..3600)."""
+    if text in (AUTO, OFF):
+        return text
+    try:
+        return wait_bound_checked(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"auto, off or {exc}") from None
+
+
 # Each generated workload and the prefix of its options: ``--gsp-zipf-s`` is gsp's ``zipf_s``.
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "gsp": gsp,
@@ -153,6 +173,7 @@ def _point_json(point: Point) -> dict[str, object]:
         "rate_rps": point.rate_rps,
         "requests": point.workload.requests_total,
         "policies": {name: run.metrics.as_dict() for name, run in point.runs.items()},
+        "wait_bounds_s": {n: r.wait_bounds_s for n, r in point.runs.items() if r.wait_bounds_s},
         "goals": {name: g.as_dict() for name, g in point_goals(point).items()},
     }
 
@@ -206,10 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--load does not apply to a trace (its arrivals are given); use --time-scale")
     if args.sweep and (args.trace or args.workload != "gsp"):
         parser.error("--sweep runs on the gsp workload only")
-    if args.sweep and any(p not in policies for p in FINDING_POLICIES):
-        parser.error(f"--sweep needs the policies {', '.join(FINDING_POLICIES)}")
+    if args.sweep and any(p not in policies for p in GOAL_POLICIES):
+        parser.error(f"--sweep needs the policies {', '.join(GOAL_POLICIES)}")
     try:
-        config, knobs = settings_split(args.set, MarketKnobs(reserve=args.reserve))
+        pinned = 0.0 if args.wait_bound in (AUTO, OFF) else args.wait_bound
+        config, knobs = settings_split(
+            args.set, MarketKnobs(reserve=args.reserve, wait_bound_s=pinned)
+        )
+        if any(item.partition("=")[0].strip() == "wait_bound_s" for item in args.set):
+            args.wait_bound = knobs.wait_bound_s or OFF  # --set wait_bound_s=S pins it as well
         bids = BidSpec(
             args.bids, args.bid_value, args.bid_low, args.bid_high, args.bid_mu, args.bid_sigma
         )
@@ -251,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     capacities=capacities,
                     on_served=progress.advance,
                     on_policy=label,
+                    wait_bound_auto=args.wait_bound == AUTO,
                 )
             )
         if args.sweep:
@@ -269,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 capacities=capacities,
                 on_served=progress.advance,
                 on_policy=progress.set_label,
+                wait_bound_auto=args.wait_bound == AUTO,
             )
     except ValueError as exc:  # a request the engine refuses (too long for the KV cache, ...)
         progress.close()
@@ -288,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "reserve": args.reserve,
             "engine": dataclasses.asdict(config),
             "market_knobs": dataclasses.asdict(knobs),
+            "wait_bound": args.wait_bound,
             "argv": arguments(argv),
         }
         write_json(args.json, to_json(main_points, sweep_points, meta))

@@ -7,6 +7,9 @@ A generated block of a Markdown file lies between two markers::
     ...
     <!-- end of generated block -->
 
+A sweep run in parts (``--sweep-kv``/``--sweep-groups`` each) names its files joined by ``+``:
+its grid is theirs in that order, and the block names every part's command.
+
 ``python -m benchmarks.docs [DOC.md ...]`` (:data:`DEFAULT_DOCS` when none is named) rewrites every
 block from its JSON file (a path from the repository root) with the renderer ``KIND`` names
 (:data:`RENDERERS`). ``--check`` rewrites nothing and exits 1 when a block is not what its JSON
@@ -50,7 +53,15 @@ BLOCK = re.compile(
 
 
 def _produced_by(meta: dict) -> str:
-    return f"`{command_line('benchmarks', meta['argv'])}`"
+    """The command that gives ``meta``'s run today: one saved before the wait bound was automatic
+    by default (its ``meta`` says no ``wait_bound``) ran with it off unless its argv set it; a
+    run in parts, each part's."""
+    if "parts" in meta:
+        return ", then ".join(_produced_by(part) for part in meta["parts"])
+    argv = list(meta["argv"])
+    if "wait_bound" not in meta and not any("wait_bound" in a or "wait-bound" in a for a in argv):
+        argv += ["--wait-bound", "off"]
+    return f"`{command_line('benchmarks', argv)}`"
 
 
 def policies_block(doc: dict) -> str:
@@ -71,13 +82,7 @@ def sweep_goals_block(doc: dict) -> str:
     grid = doc["sweep"]["grid"]
     per_point = [from_json(p["policies"])[1] for p in grid]
     policies = list(per_point[0]) if per_point else []
-
-    def cell(g: Goal) -> str:
-        return (
-            f"{formatted('{:.2f}', g.capture)} / {g.ttft_vs_best:.2f} / {g.hit_gap_pp:+.1f} / "
-            f"{g.tail_vs_lpm:.2f} ({goal_checks(g)})"
-        )
-
+    cell = _goal_cell
     points = Table(
         ["KV (k tokens)", "groups", "load (x capacity)"]
         + [f"{name}: capture / TTFT ratio / hit pp / p99 ratio (checks)" for name in policies],
@@ -103,6 +108,36 @@ def sweep_goals_block(doc: dict) -> str:
     return (
         f"{_produced_by(doc['meta'])}: the points where each policy met the goal ({GOAL_LEGEND})"
         f":\n\n{met.markdown()}\n\nEach point:\n\n{points.markdown()}"
+    )
+
+
+def _goal_cell(g: Goal) -> str:
+    return (
+        f"{formatted('{:.2f}', g.capture)} / {g.ttft_vs_best:.2f} / {g.hit_gap_pp:+.1f} / "
+        f"{g.tail_vs_lpm:.2f} ({goal_checks(g)})"
+    )
+
+
+def loads_goals_block(doc: dict) -> str:
+    """``python -m benchmarks --load A,B,... --json``: per load, each checked policy's capture,
+    TTFT against the best bid-blind policy, hit gap to lpm, p99 TTFT against lpm's and goal
+    checks; then on how many loads each policy met the goal."""
+    meta, points = doc["meta"], doc["sweep"]["loads"]
+    per_point = [from_json(p["policies"])[1] for p in points]
+    policies = list(per_point[0]) if per_point else []
+    table = Table(
+        ["load (x capacity)", "lpm p99 TTFT"]
+        + [f"{name}: capture / TTFT ratio / hit pp / p99 ratio (checks)" for name in policies],
+        [
+            [f"{p['load']:g}", duration(p["policies"]["lpm"]["p99_ttft_s"])]
+            + [_goal_cell(g[name]) for name in policies]
+            for p, g in zip(points, per_point, strict=True)
+        ],
+    )
+    met = ", ".join(f"{name} {_met(per_point, points, name, lambda p: True)}" for name in policies)
+    return (
+        f"{_produced_by(meta)}: {meta['workload']}, seed {meta['seed']}; loads where each policy "
+        f"met the goal: {met} ({GOAL_LEGEND}).\n\n{table.markdown()}"
     )
 
 
@@ -240,10 +275,25 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "ledger": ledger_block,
     "policies": policies_block,
     "sweep-goals": sweep_goals_block,
+    "loads-goals": loads_goals_block,
     "round-cost": round_cost_block,
     "quote-calibration": quote_calibration_block,
     "replicas": replicas_block,
 }
+
+
+def _loaded(source: str, root: Path) -> dict:
+    """The JSON document ``source`` names; parts joined by ``+``: one sweep, their grids in
+    order (see the module)."""
+    docs = [json.loads((root / part).read_text(encoding="utf-8")) for part in source.split("+")]
+    if len(docs) == 1:
+        return docs[0]
+    meta = {**docs[0]["meta"], "parts": [d["meta"] for d in docs]}
+    return {
+        **docs[0],
+        "meta": meta,
+        "sweep": {"grid": [p for d in docs for p in d["sweep"]["grid"]]},
+    }
 
 
 def regenerated(text: str, root: Path | None = None) -> str:
@@ -254,8 +304,7 @@ def regenerated(text: str, root: Path | None = None) -> str:
         kind, source = match["kind"], match["source"]
         if kind not in RENDERERS:
             raise ValueError(f"unknown block kind {kind!r}; known: {', '.join(RENDERERS)}")
-        doc = json.loads(((root or REPO) / source).read_text(encoding="utf-8"))
-        return f"{match['begin']}{RENDERERS[kind](doc)}\n{END}"
+        return f"{match['begin']}{RENDERERS[kind](_loaded(source, root or REPO))}\n{END}"
 
     return BLOCK.sub(render, text)
 

@@ -21,17 +21,23 @@ whatever the load.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from engines.contract.knobs import MarketKnobs
 from engines.sim import Engine, EngineConfig, SimRequest
 from engines.sim.driver import ArrivalQueue, run_virtual
+from engines.sim.engine import StepResult
+from mechanism import wait_bound as auto_bound
 
 from .metrics import PolicyMetrics, Served, summarize
 from .workloads import BenchRequest, Session, Workload
 
 CAPACITY_POLICY = "fcfs"
+# The automatic wait bound's renewal, virtual seconds: the market's periodic step's default
+# (AUTO_RESERVE_INTERVAL_S).
+WAIT_BOUND_RENEW_S = 10.0
 
 
 @dataclass
@@ -45,6 +51,7 @@ class PolicyRun:
     wall_s: float  # real seconds the simulation took
     steps: int
     rounds: int
+    wait_bounds_s: list[float] = field(default_factory=list)  # automatic: each bound in force
 
 
 @dataclass
@@ -70,11 +77,18 @@ def simulate(
     *,
     knobs: MarketKnobs | None = None,
     on_served: Callable[[], None] | None = None,
+    wait_bound_auto: bool = False,
 ) -> PolicyRun:
     """Serve every request of ``workload`` under ``policy`` on a fresh engine (no order books:
-    the benchmark reads no round record's subtrees)."""
+    the benchmark reads no round record's subtrees). ``wait_bound_auto``: the wait bound is the
+    market's automatic one (``mechanism.wait_bound``), renewed every ``WAIT_BOUND_RENEW_S``
+    virtual seconds from the times to first token served so far, as the market renews it."""
     knobs = replace(knobs or MarketKnobs(), book_interval_s=None)
+    if wait_bound_auto:
+        knobs = knobs.with_wait_bound(auto_bound.PRIOR_S)
     engine = Engine(config, policy, knobs=knobs)
+    recent: deque[float] = deque(maxlen=auto_bound.WINDOW)  # newest first
+    bounds = [knobs.wait_bound_s] if wait_bound_auto else []
     first = list(workload.requests)
     turns: dict[str, tuple[Session, int]] = {}
     classes = {r.id: r.bid_class for r in workload.requests}
@@ -90,6 +104,7 @@ def simulate(
         served.append(
             Served(req.id, req.bid, classes[req.id], req.arrival, req.ttft, req.e2e, req.charge)
         )
+        recent.appendleft(req.ttft)
         turn = turns.pop(req.id, None)
         if turn is not None:
             session, k = turn
@@ -102,8 +117,26 @@ def simulate(
             on_served()
 
     start = min((r.arrival for r in first), default=0.0)
+    renew_at = start + WAIT_BOUND_RENEW_S
+
+    def renewed(step: StepResult) -> None:
+        nonlocal renew_at
+        if step.end < renew_at:
+            return
+        renew_at = step.end + WAIT_BOUND_RENEW_S
+        bound = auto_bound.wait_bound_renewed(engine.knobs.wait_bound_s, recent)
+        if bound != engine.knobs.wait_bound_s:
+            engine.set_wait_bound(bound)
+            bounds.append(bound)
+
     t0 = time.perf_counter()
-    end = run_virtual(engine, queue, on_finished=finished, start=start)
+    end = run_virtual(
+        engine,
+        queue,
+        on_finished=finished,
+        on_step=renewed if wait_bound_auto else None,
+        start=start,
+    )
     wall = time.perf_counter() - t0
     if len(served) != workload.requests_total:
         raise RuntimeError(
@@ -118,7 +151,7 @@ def simulate(
         cache_hit_rate=engine.cache_hit_rate,
         recomputed_prefix_tokens=engine.recomputed_prompt_tokens,
     )
-    return PolicyRun(policy, metrics, served, makespan, wall, engine.steps, engine.rounds)
+    return PolicyRun(policy, metrics, served, makespan, wall, engine.steps, engine.rounds, bounds)
 
 
 def steady_throughput(finish_times: list[float], makespan_s: float) -> float:
@@ -163,8 +196,10 @@ def run_point(
     capacities: Capacities | None = None,
     on_served: Callable[[], None] | None = None,
     on_policy: Callable[[str], None] | None = None,
+    wait_bound_auto: bool = False,
 ) -> Point:
-    """Run ``policies`` on ``workload``: at ``load`` x capacity, or as given (a trace)."""
+    """Run ``policies`` on ``workload``: at ``load`` x capacity, or as given (a trace);
+    ``wait_bound_auto``: under the market's automatic wait bound (``simulate``)."""
     capacity = rate = None
     if load is not None:
         if not load > 0:
@@ -176,5 +211,12 @@ def run_point(
     for policy in policies:
         if on_policy is not None:
             on_policy(policy)
-        point.runs[policy] = simulate(workload, policy, config, knobs=knobs, on_served=on_served)
+        point.runs[policy] = simulate(
+            workload,
+            policy,
+            config,
+            knobs=knobs,
+            on_served=on_served,
+            wait_bound_auto=wait_bound_auto,
+        )
     return point

@@ -33,7 +33,9 @@ from .goal import BID_BLIND_CACHE_AWARE, Goal, point_goals
 from .runner import Capacities, Point, run_point
 from .workloads import Workload
 
-FINDING_POLICIES = ("lpm", "dfs-weight", "highest-bid", "dfs-auction", "dfs-auction-density")
+# The goal's baselines, which every sweep runs (the paper's findings want dfs-auction and
+# dfs-auction-density as well: findings).
+GOAL_POLICIES = ("lpm", "dfs-weight", "highest-bid")
 DEFAULT_LOADS = (0.5, 0.8, 0.95, 1.1, 1.5)
 DEFAULT_GROUPS = (8, 64, 256)
 DEFAULT_REQUESTS = 2048
@@ -79,20 +81,28 @@ def _gain_pct(welfare: float, base: float) -> float:
 
 
 def findings(point: Point) -> Findings:
-    """Compare the policies of ``point``; ValueError if one of FINDING_POLICIES did not run."""
-    missing = [p for p in FINDING_POLICIES if p not in point.runs]
+    """Compare the policies of ``point``; ValueError if one of GOAL_POLICIES did not run. The
+    paper's comparisons need dfs-auction and dfs-auction-density too: without them they are NaN
+    (printed "-"), and the goal's checks stand alone."""
+    missing = [p for p in GOAL_POLICIES if p not in point.runs]
     if missing:
-        raise ValueError(f"the findings need policies {', '.join(missing)} too")
+        raise ValueError(f"the sweep needs policies {', '.join(missing)} too")
     m = {name: run.metrics for name, run in point.runs.items()}
     blind = [m[p] for p in BID_BLIND_CACHE_AWARE]
     best_hit = max(x.cache_hit_rate for x in blind)
     best_ttft = min(x.mean_ttft_s for x in blind)
     best_welfare = max(x.welfare for x in blind)
-    dfs, density = m["dfs-auction"], m["dfs-auction-density"]
+    lpm = m["lpm"]
+    hb_ttft = m["highest-bid"].mean_ttft_s / lpm.mean_ttft_s
+    dfs, density = m.get("dfs-auction"), m.get("dfs-auction-density")
+    if dfs is None or density is None:
+        nan = math.nan
+        return Findings(lpm.mean_ttft_s, lpm.cache_hit_rate, hb_ttft, nan, nan, nan, nan, nan,
+                        nan, goals=point_goals(point))  # fmt: skip
     return Findings(
-        lpm_mean_ttft_s=m["lpm"].mean_ttft_s,
-        lpm_cache_hit_rate=m["lpm"].cache_hit_rate,
-        hb_ttft_vs_lpm=m["highest-bid"].mean_ttft_s / m["lpm"].mean_ttft_s,
+        lpm_mean_ttft_s=lpm.mean_ttft_s,
+        lpm_cache_hit_rate=lpm.cache_hit_rate,
+        hb_ttft_vs_lpm=hb_ttft,
         hit_gap_pp=(dfs.cache_hit_rate - best_hit) * 100,
         ttft_vs_best=dfs.mean_ttft_s / best_ttft,
         welfare_gain_vs_best_pct=_gain_pct(dfs.welfare, best_welfare),
@@ -128,9 +138,11 @@ def run_sweep(
     capacities: Capacities | None = None,
     on_served: Callable[[], None] | None = None,
     on_policy: Callable[[str], None] | None = None,
+    wait_bound_auto: bool = False,
 ) -> list[SweepPoint]:
     """Every (KV capacity, groups, load) point; ``make_workload(groups, prompts_per_group)``
-    builds the gsp workload with ``requests`` in all (rounded to a multiple of the groups)."""
+    builds the gsp workload with ``requests`` in all (rounded to a multiple of the groups);
+    ``wait_bound_auto``: under the market's automatic wait bound (``runner.simulate``)."""
     capacities = capacities or Capacities()
     out = []
     for kv in kv_capacities:
@@ -154,6 +166,7 @@ def run_sweep(
                     capacities=capacities,
                     on_served=on_served,
                     on_policy=label,
+                    wait_bound_auto=wait_bound_auto,
                 )
                 out.append(SweepPoint(g, per_group, kv, point, findings(point)))
     return out

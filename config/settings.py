@@ -174,6 +174,7 @@ CELERY_BEAT_SCHEDULE = {
     "autobidders-step": _every("accounts.autobidders_step", AUTOBID_INTERVAL_S),
     "hold-horizons": _every("market.hold_horizons_renew", AUTOBID_INTERVAL_S),
     "auto-reserves": _every("market.reserves_auto_step", AUTO_RESERVE_INTERVAL_S),
+    "wait-bounds": _every("market.wait_bounds_renew", AUTO_RESERVE_INTERVAL_S),
     # The requests of a gateway process that stopped beating (accounts.services.gateways).
     "gateways-sweep": _every("accounts.gateways_sweep", 5.0),
     "holds-sweep": _every("accounts.holds_sweep", 60.0),

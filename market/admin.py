@@ -13,7 +13,7 @@ from market.services import (
     market_reserve_set,
     market_wait_bound_set,
 )
-from mechanism import OFFERED
+from mechanism import OFFERED, wait_bound
 
 
 class _AuditInline(admin.TabularInline):
@@ -34,14 +34,14 @@ class ReserveChangeInline(_AuditInline):
 
 class ControlChangeInline(_AuditInline):
     model = ControlChange
-    fields = ["at", "changed_by", "control", "old", "new"]
+    fields = ["at", "changed_by", "automatic", "control", "old", "new"]
     readonly_fields = fields
 
 
 # Moved through their services (audited as on the console), never saved straight from the form.
 CONTROLLED = (
     "reserve_max", "reserve", "policy", "auto_reserve", "auto_reserve_target_s", "alert_queue",
-    "alert_ttft_p99_s", "wait_bound_s",
+    "alert_ttft_p99_s", "wait_bound_s", "wait_bound_mode",
 )  # fmt: skip
 
 
@@ -122,10 +122,13 @@ class MarketAdmin(admin.ModelAdmin):
             market_reserve_max_set(market=obj, reserve_max=ceiling, user=request.user)
         if "policy" in wanted:
             market_policy_set(market=obj, policy=wanted["policy"], user=request.user)
-        if "wait_bound_s" in wanted:
-            market_wait_bound_set(
-                market=obj, wait_bound_s=wanted["wait_bound_s"], user=request.user
-            )
+        if {"wait_bound_s", "wait_bound_mode"} & set(wanted):
+            mode = wanted.get("wait_bound_mode")
+            if mode in (wait_bound.AUTO, wait_bound.OFF):
+                market_wait_bound_set(market=obj, mode=mode, user=request.user)
+            else:  # a length typed, or pinned chosen: the length pins it (0: off)
+                length = wanted.get("wait_bound_s", obj.wait_bound_s)
+                market_wait_bound_set(market=obj, wait_bound_s=length, user=request.user)
         if {"auto_reserve", "auto_reserve_target_s"} & set(wanted):
             market_auto_reserve_set(
                 market=obj,

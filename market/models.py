@@ -12,7 +12,7 @@ from django.db import models
 
 from accounts.money import MoneyField
 from accounts.rules import HOLD_HORIZON_PRIOR_S
-from mechanism import DEFAULT_POLICY, POLICIES
+from mechanism import DEFAULT_POLICY, POLICIES, wait_bound
 from mechanism.aging import WAIT_BOUND_HELP, WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S, wait_bound_checked
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
@@ -126,10 +126,23 @@ class Market(models.Model):
         blank=True,
         help_text="The console alerts when the TTFT p99 is above this many seconds (empty: never).",
     )
+
+    class WaitBoundMode(models.TextChoices):
+        AUTO = wait_bound.AUTO, "auto: set from the market's recent waits"
+        PINNED = wait_bound.PINNED, "pinned by an operator"
+        OFF = wait_bound.OFF, "off"
+
     wait_bound_s = models.FloatField(
-        default=0.0,
+        default=wait_bound.PRIOR_S,
         validators=[wait_bound_known],
-        help_text=f"Seconds. {WAIT_BOUND_HELP}",
+        help_text=f"The wait bound in force, seconds. {WAIT_BOUND_HELP}",
+    )
+    wait_bound_mode = models.CharField(
+        max_length=8,
+        choices=WaitBoundMode.choices,
+        default=wait_bound.AUTO,
+        help_text="Where the wait bound comes from: auto (renewed from the market's recent "
+        "waits by mechanism.wait_bound, every AUTO_RESERVE_INTERVAL_S), pinned, or off (0 s).",
     )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -165,6 +178,13 @@ class Market(models.Model):
                 condition=models.Q(wait_bound_s=0)
                 | models.Q(wait_bound_s__gte=WAIT_BOUND_MIN_S, wait_bound_s__lte=WAIT_BOUND_MAX_S),
                 name="market_wait_bound_off_or_in_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(wait_bound_mode=wait_bound.OFF, wait_bound_s=0)
+                | (~models.Q(wait_bound_mode=wait_bound.OFF) & models.Q(wait_bound_s__gt=0)),
+                name="market_wait_bound_zero_when_off",
+                violation_error_message="A wait bound that is off is 0 s; one that is on is "
+                "longer (auto or pinned).",
             ),
         ]
 
@@ -219,7 +239,8 @@ class ReserveChange(models.Model):
 class ControlChange(models.Model):
     """Who switched a market's policy, moved its reserve ceiling, turned its automatic reserve on
     or off, set its alert thresholds or its wait bound, from what, to what, and when (the
-    reserve's own changes are ``ReserveChange``)."""
+    reserve's own changes are ``ReserveChange``); ``automatic``: the automatic wait bound's
+    renewal moved it (``changed_by`` is then None)."""
 
     class Control(models.TextChoices):
         POLICY = "policy", "Ordering policy"
@@ -234,6 +255,7 @@ class ControlChange(models.Model):
     changed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
+    automatic = models.BooleanField(default=False)
     old = models.CharField(max_length=64)
     new = models.CharField(max_length=64)
     at = models.DateTimeField()

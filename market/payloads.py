@@ -64,7 +64,10 @@ class BookRow(TypedDict):
     requests: int  # waiting requests in the subtree
     bid_sum: float  # $/s, effective bids (under the reserve count as 0)
     bid_mean: float  # $/s
-    density: float  # $/s per uncached token of the subtree's work
+    # $/s: the age credits its requests have earned by waiting (the wait bound): ranked as bid
+    # by the DFS auctions, never paid
+    credit_sum: float
+    density: float  # $/s per uncached token of the subtree's work, bids and credits
     rank: int  # place among its siblings in the round's order, 0 first
     position: int  # place of its first request in the round's whole (DFS) order, 0 first
     # A market of replicas: the requests each replica (engine id) holds in the subtree.

@@ -73,6 +73,17 @@ def finished_in_interval(*, market: Market, since: datetime, until: datetime) ->
     return [Finished(bid=float(bid), ttft_s=ttft) for bid, ttft in rows]
 
 
+def served_waits(*, market: Market, limit: int) -> list[float]:
+    """The times to first token (seconds) of ``market``'s last ``limit`` served requests, newest
+    first: what the automatic wait bound reads."""
+    rows = (
+        Request.objects.filter(market=market, status=RequestStatus.SERVED, ttft_s__isnull=False)
+        .order_by("-finished_at", "-request_id")
+        .values_list("ttft_s", flat=True)[:limit]
+    )
+    return list(rows)
+
+
 def reserve_changes_for_market(*, market: Market, limit: int = 50) -> QuerySet[ReserveChange]:
     """The latest reserve changes of ``market``, newest first."""
     return ReserveChange.objects.filter(market=market).select_related("changed_by")[:limit]

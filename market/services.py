@@ -12,7 +12,8 @@ from django.utils import timezone
 from accounts.money import money_exact
 from market.models import ControlChange, Market, Replica, ReserveChange
 from market.tasks import engine_config_push_enqueue
-from mechanism import MAX_BID
+from market.wait_bounds import wait_bound_write
+from mechanism import MAX_BID, wait_bound
 from mechanism.aging import wait_bound_checked
 from mechanism.policies import policy_offered
 
@@ -116,35 +117,42 @@ def market_policy_set(
 def market_wait_bound_set(
     *,
     market: Market,
-    wait_bound_s: object,
+    wait_bound_s: object = None,
+    mode: str | None = None,
     user: AbstractBaseUser | None,
     now: datetime | None = None,
 ) -> ControlChange | None:
-    """Set ``market``'s wait bound (seconds, 0: off): requests waiting longer are served ahead
-    of bids under the DFS auctions (``mechanism.aging``).
+    """Set where ``market``'s wait bound comes from (``mechanism.wait_bound.MODES``):
 
-    ValueError unless it is 0 or in the mechanism's range (``wait_bound_checked``). None when it
-    already has this value (nothing written). The change is audited (``ControlChange``) and
-    pushed to the engines once committed, with the policy and reserve.
+    - ``auto``: the automatic rule renews it (``market.wait_bounds.wait_bound_auto_renew``),
+      from the bound in force (``PRIOR_S`` when it was off); give no ``wait_bound_s``;
+    - ``pinned``: ``wait_bound_s`` seconds, in the mechanism's range (``wait_bound_checked``);
+    - ``off``: 0 s; give no ``wait_bound_s``, or 0.
+
+    Without ``mode``, a number pins the bound and 0 turns it off. ValueError saying what is
+    wrong, and nothing written. None when nothing changes. The change is audited
+    (``ControlChange``) and pushed to the engines once committed, with the policy and reserve.
     """
-    new = wait_bound_checked(wait_bound_s)
+    if mode is None:
+        mode = wait_bound.OFF if wait_bound_checked(wait_bound_s) == 0 else wait_bound.PINNED
+    if mode not in wait_bound.MODES:
+        raise ValueError(f"the wait bound is {', '.join(wait_bound.MODES)}, not {mode!r}")
+    if mode == wait_bound.PINNED:
+        new = wait_bound_checked(wait_bound_s)
+        if new == 0:
+            raise ValueError("a pinned wait bound needs a length; to turn it off choose off")
+    elif wait_bound_s is not None and not (mode == wait_bound.OFF and wait_bound_s == 0):
+        raise ValueError(f"the wait bound's length is set by hand only when pinned, not {mode}")
     with transaction.atomic():
         locked = Market.objects.select_for_update().get(pk=market.pk)
-        if locked.wait_bound_s == new:
-            market.wait_bound_s = new
-            return None
-        change = ControlChange.objects.create(
-            market=locked,
-            control=ControlChange.Control.WAIT_BOUND,
-            changed_by=_who(user),
-            old=f"{locked.wait_bound_s:g}",
-            new=f"{new:g}",
-            at=now or timezone.now(),
-        )
-        Market.objects.filter(pk=market.pk).update(wait_bound_s=new, updated_at=timezone.now())
-        logger.info("market %s: wait bound %g s -> %g s", locked.slug, locked.wait_bound_s, new)
-        engine_config_push_on_commit(market_id=market.pk)
-    market.wait_bound_s = new
+        if mode == wait_bound.OFF:
+            new = 0.0
+        elif mode == wait_bound.AUTO:
+            new = locked.wait_bound_s or wait_bound.PRIOR_S
+        change = wait_bound_write(locked, mode=mode, wait_bound_s=new, user=_who(user), now=now)
+        if change is not None:
+            engine_config_push_on_commit(market_id=market.pk)
+    market.wait_bound_mode, market.wait_bound_s = locked.wait_bound_mode, locked.wait_bound_s
     return change
 
 

@@ -2,7 +2,7 @@
 :func:`engine_config_push_enqueue`) when an operator changes a market's reserve or policy; and
 what celery beat drives (``CELERY_BEAT_SCHEDULE`` in ``config.settings``): ``live_publish``
 every second, ``hold_horizons_renew`` every ``AUTOBID_INTERVAL_S`` seconds, ``reserves_auto_step``
-every ``AUTO_RESERVE_INTERVAL_S`` seconds."""
+and ``wait_bounds_renew`` every ``AUTO_RESERVE_INTERVAL_S`` seconds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from celery import Task, shared_task
 from django.conf import settings
 
-from market import engine_control, holds, reserves
+from market import engine_control, holds, reserves, wait_bounds
 from market.live.periodic import live_tick
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,16 @@ def reserves_auto_step() -> int:
     """One step of every automatic reserve (beat: every ``AUTO_RESERVE_INTERVAL_S``), then the
     push of each reserve moved to its market's engines; how many moved."""
     moves = reserves.reserves_auto_step(interval_s=settings.AUTO_RESERVE_INTERVAL_S)
+    for move in moves:
+        engine_config_push_enqueue(market_id=move.market_id)
+    return len(moves)
+
+
+@shared_task(name="market.wait_bounds_renew", ignore_result=True)
+def wait_bounds_renew() -> int:
+    """Renew every automatic wait bound (beat: every ``AUTO_RESERVE_INTERVAL_S``), then the
+    push of each bound moved to its market's engines; how many moved."""
+    moves = wait_bounds.wait_bounds_renew()
     for move in moves:
         engine_config_push_enqueue(market_id=move.market_id)
     return len(moves)

@@ -64,7 +64,7 @@ from market.services import (
     market_wait_bound_set,
 )
 from market.templatetags.units import rate
-from mechanism import OFFERED
+from mechanism import OFFERED, wait_bound
 from mechanism.aging import WAIT_BOUND_HELP, WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S
 
 View = Callable[..., HttpResponse]
@@ -236,6 +236,10 @@ def console(request: HttpRequest, slug: str) -> HttpResponse:
         "wait_bound_min_s": WAIT_BOUND_MIN_S,
         "wait_bound_max_s": WAIT_BOUND_MAX_S,
         "wait_bound_help": WAIT_BOUND_HELP,
+        "wait_bound_said": wait_bound_said(market),
+        "wait_bound_modes": Market.WaitBoundMode.choices,
+        "wait_bound_rule": wait_bound.AUTO_HELP,
+        "wait_bound_interval_s": settings.AUTO_RESERVE_INTERVAL_S,
         "initial": _initial(market),
         "refused": _refusal(request, market),
         **_confirmations(request, market),
@@ -381,32 +385,50 @@ def policy_set(request: HttpRequest, market: Market) -> HttpResponse | None:
 
 @console_control
 def wait_bound_set(request: HttpRequest, market: Market) -> HttpResponse | None:
-    """Set the market's wait bound (seconds, 0: off); audited by the service."""
+    """Choose where the market's wait bound comes from: ``mode`` auto, pinned (with
+    ``wait_bound_s`` seconds) or off; audited by the service. Without a mode, a number pins the
+    bound and 0 turns it off."""
+    mode = (request.POST.get("mode") or "").strip() or None
     raw = (request.POST.get("wait_bound_s") or "").strip()
+    value: float | None = None
+    if mode in (None, wait_bound.PINNED):
+        try:
+            value = _seconds(raw)
+        except ValueError:
+            why = f"Wait bound not changed: {raw!r} is not a number of seconds."
+            return console_refusal_say(
+                request, market, control="wait-bound", message=why,
+                typed={"wait_bound_s": raw, "mode": mode or ""},
+            )  # fmt: skip
     try:
-        value = _seconds(raw)
-    except ValueError:
-        why = f"Wait bound not changed: {raw!r} is not a number of seconds."
-        return console_refusal_say(
-            request, market, control="wait-bound", message=why, typed={"wait_bound_s": raw}
+        change = market_wait_bound_set(
+            market=market, wait_bound_s=value, mode=mode, user=request.user
         )
-    try:
-        change = market_wait_bound_set(market=market, wait_bound_s=value, user=request.user)
     except ValueError as exc:
         return console_refusal_say(
             request, market, control="wait-bound", message=f"Wait bound not changed: {exc}.",
-            typed={"wait_bound_s": raw},
+            typed={"wait_bound_s": raw, "mode": mode or ""},
         )  # fmt: skip
+    if change is None:
+        messages.info(request, f"The wait bound already is {wait_bound_said(market)}.")
+    elif market.wait_bound_mode == wait_bound.OFF:
+        messages.success(request, "Wait bound off: bids alone order the queue again.")
     else:
-        if change is None:
-            messages.info(request, f"The wait bound already is {market.wait_bound_s:g} s.")
-        elif market.wait_bound_s:
-            messages.success(
-                request,
-                f"Wait bound {change.old} s → {change.new} s, from the engines' next round.",
-            )
-        else:
-            messages.success(request, "Wait bound off: bids alone order the queue again.")
+        messages.success(
+            request,
+            f"Wait bound now {wait_bound_said(market)} (was {change.old}), from the engines' "
+            "next round.",
+        )
+    return None
+
+
+def wait_bound_said(market: Market) -> str:
+    """The bound in force and where it came from, in the console's words."""
+    if market.wait_bound_mode == wait_bound.OFF:
+        return "off"
+    if market.wait_bound_mode == wait_bound.AUTO:
+        return f"{market.wait_bound_s:g} s, set automatically from the market's recent waits"
+    return f"{market.wait_bound_s:g} s, pinned"
 
 
 def _seconds(raw: str) -> float:

@@ -30,11 +30,13 @@ as new bids would, in one version) and the planner redoes only those paths.
 The tenant-level charges (payments.TenantCharges) take off what the standard charge bills for
 the own tenant's other requests, so at their bids plus their credits, the same weights.
 
-The operator sets the bound per market (``wait_bound_checked``: 0 turns it off); both engines
-read it from their knobs (engines.contract.knobs) and run it through one ``WaitBound``, which
-gives the credits under the DFS auctions only and follows a change of the bound at the next round.
+The market sets the bound (``wait_bound.py``: automatic from its waits, or pinned by the
+operator, ``wait_bound_checked``; 0 is off); both engines read it from their knobs
+(engines.contract.knobs) and run it through one ``WaitBound``, which gives the credits under the
+DFS auctions only and follows a change of the bound at the next round.
 
-Not covered yet: quotes (quotes.py) and the order book (book.py) read bids only.
+The order book shows each subtree's credits beside its bids (book.py), and the quotes say what a
+bid ranks as once its request has waited the bound (``wait_bound.ranks_as``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ WAIT_BOUND_MAX_S = 3600.0
 WAIT_BOUND_HELP = (
     f"A request that has waited this long ranks as if it bid ${DEFAULT_DENSITY * 1000:g}/s more "
     f"per 1,000 prompt tokens, reached in {DEFAULT_STEPS} steps as it waits (a credit, never "
-    "money; the DFS auctions only); 0 turns it off."
+    "money; the DFS auctions only)."
 )
 
 

@@ -1,9 +1,10 @@
 """The order book: the waiting queue's request tree aggregated by subtree, for one round.
 
 What the console shows and the round records carry: per subtree (down to a given depth) how many
-requests wait, the sum and mean of their effective bids, their bid density (per uncached token of
-the subtree's work), and where the round's order puts the subtree. No single bid, no request id:
-the public book is aggregated and anonymous.
+requests wait, the sum and mean of their effective bids, the age credits its requests have earned
+by waiting (aging.py: ranked as bid, never paid), their density (bids and credits per uncached
+token of the subtree's work: what the DFS auctions rank by), and where the round's order puts the
+subtree. No single bid, no request id: the public book is aggregated and anonymous.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ class SubtreeRow:
     depth: int  # 1 for a child of the root
     cached_tokens: int  # of the prefix, already in the KV cache
     requests: int
-    bid_sum: float
+    bid_sum: float  # effective bids (under the reserve: 0)
     bid_mean: float
-    density: float  # bid_sum / work, $/s per token (0 when the subtree needs no work)
+    density: float  # (bid_sum + credit_sum) / work, $/s per token (0 when it needs no work)
     work: int  # uncached tokens plus overheads of the whole subtree
     rank: int  # position among its siblings in the round's order
     first_position: int  # position of its first request in the round's order
+    credit_sum: float = 0.0  # the age credits its requests have earned, $/s (never money)
 
 
 def subtree_book(
@@ -46,14 +48,31 @@ def subtree_book(
     """
     clearing._check()
     plan = clearing._plan
+    credits = subtree_credits(tree)
     # A split plan (dfs-auction-kv-split) has no block for a fully cached subtree: walked.
     if plan.key is not None and not plan.key.split_cached:
-        return _dfs_book(tree, clearing, max_depth, limit)
-    return _walked_book(tree, clearing, max_depth, limit)
+        return _dfs_book(tree, clearing, max_depth, limit, credits)
+    return _walked_book(tree, clearing, max_depth, limit, credits)
+
+
+def subtree_credits(tree: RequestTree) -> dict[Node, int]:
+    """The age credits (bid ticks) of each subtree that holds a credited request. Time
+    proportional to the credited requests times their depth; nothing when none has a credit."""
+    root = tree.root
+    sums: dict[Node, int] = {}
+    for e in tree.entries.values():
+        credit = e.credit
+        if not credit:
+            continue
+        x: Node | None = e.node
+        while x is not None and x is not root:
+            sums[x] = sums.get(x, 0) + credit
+            x = x.parent
+    return sums
 
 
 def _walked_book(
-    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int
+    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int, credits: dict[Node, int]
 ) -> list[SubtreeRow]:
     """``subtree_book`` for any order: every node's totals from its children's."""
     position = {rid: i for i, rid in enumerate(clearing.order)}
@@ -82,7 +101,7 @@ def _walked_book(
             children = sorted(node.children.values(), key=lambda c: stats[c][3])
             for rank, c in enumerate(children):
                 n, bsum, work, first = stats[c]
-                rows.append(_row(c, depth + 1, n, bsum, work, rank, first))
+                rows.append(_row(c, depth + 1, n, bsum, credits.get(c, 0), work, rank, first))
                 below.append((c, depth + 1))
         level = below
     rows.sort(key=lambda r: (r.depth, -r.requests, r.first_position))
@@ -90,11 +109,12 @@ def _walked_book(
 
 
 def _dfs_book(
-    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int
+    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int, credits: dict[Node, int]
 ) -> list[SubtreeRow]:
     """``subtree_book`` read off a DFS plan: each subtree is a block of the order, with its
-    totals, and its first position is where its block starts. Time proportional to the blocks
-    of the nodes down to ``max_depth``, not to the queue."""
+    totals (a block's bid sum holds its credits: they are taken out), and its first position is
+    where its block starts. Time proportional to the blocks of the nodes down to
+    ``max_depth``, not to the queue."""
     inside = clearing._plan.inside
     if inside is None:
         raise ValueError("the round's plan is not a DFS auction's: it keeps no blocks")
@@ -119,15 +139,20 @@ def _dfs_book(
                 start += n
         level = below
     found.sort(key=lambda f: f[:3])  # positions are unique: the sort never reaches the nodes
-    return [
-        _row(c, depth, block[REQUESTS], block[BSUM], block[WORK], rank, start)
-        for depth, _, start, rank, c, block in found[:limit]
-    ]
+    rows = []
+    for depth, _, start, rank, c, block in found[:limit]:
+        credit = credits.get(c, 0)
+        n, bsum, work = block[REQUESTS], block[BSUM], block[WORK]
+        rows.append(_row(c, depth, n, bsum - credit, credit, work, rank, start))
+    return rows
 
 
-def _row(c: Node, depth: int, n: int, bsum: int, work: int, rank: int, first: int) -> SubtreeRow:
-    """A subtree's row, from its totals (effective bids in ticks, work in tokens)."""
+def _row(
+    c: Node, depth: int, n: int, bsum: int, credit: int, work: int, rank: int, first: int
+) -> SubtreeRow:
+    """A subtree's row, from its totals (effective bids and credits in ticks, work in tokens)."""
     dollars = bsum / BID_SCALE
+    credits = credit / BID_SCALE
     return SubtreeRow(
         prefix=c.seq[: c.end],
         depth=depth,
@@ -135,10 +160,11 @@ def _row(c: Node, depth: int, n: int, bsum: int, work: int, rank: int, first: in
         requests=n,
         bid_sum=dollars,
         bid_mean=dollars / n,
-        density=dollars / work if work else 0.0,
+        density=(bsum + credit) / BID_SCALE / work if work else 0.0,
         work=work,
         rank=rank,
         first_position=first,
+        credit_sum=credits,
     )
 
 

@@ -45,7 +45,11 @@ class SubtreeSummary(TypedDict):
     requests: int
     bid_sum: float  # effective bids, dollars per second
     bid_mean: float
-    density: float  # bid_sum per uncached token of the subtree's work, $/s per token
+    # The age credits its requests have earned by waiting ($/s, ranked as bid, never paid;
+    # absent: none, or an engine from before credits were recorded).
+    credit_sum: NotRequired[float]
+    # (bid_sum + credit_sum) per uncached token of the subtree's work, $/s per token
+    density: float
     rank: int  # position among its siblings in this round's order, 0 first
     first_position: int  # position of its first request in the round's whole order
     owners: NotRequired[dict[str, int]]  # requests by tenant tag ("": a request without one)

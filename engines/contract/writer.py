@@ -219,6 +219,7 @@ def subtree_summaries(
                 "requests": row.requests,
                 "bid_sum": row.bid_sum,
                 "bid_mean": row.bid_mean,
+                "credit_sum": row.credit_sum,
                 "density": row.density,
                 "rank": row.rank,
                 "first_position": row.first_position,

@@ -7,9 +7,9 @@ waiting request: then the queue is empty.
 
 A market of several replicas has one book: each replica's latest rows are kept apart (a replica
 silent for ``ENGINE_BOOK_TTL_S`` is dropped: it died or left), and the published rows are their
-merge by subtree key (the same prefix has the same key in every engine's records): requests and
-bids summed, density over the summed work, the best rank and position, and per row the requests
-each replica holds (``replicas``, on a merge of more than one).
+merge by subtree key (the same prefix has the same key in every engine's records): requests,
+bids and credits summed, density over the summed work, the best rank and position, and per row
+the requests each replica holds (``replicas``, on a merge of more than one).
 
 The book is the operators' (``market.<slug>`` is a staff group): each row says whose requests
 wait in it (``tenants``: requests by tenant slug, from the tenant tags the engine's records
@@ -102,6 +102,7 @@ def book_rows(record: RoundRecord) -> dict[str, BookRow] | None:
             "requests": int(s["requests"]),
             "bid_sum": float(s["bid_sum"]),
             "bid_mean": float(s["bid_mean"]),
+            "credit_sum": float(s.get("credit_sum", 0.0)),
             "density": float(s["density"]),
             "rank": int(s["rank"]),
             "position": int(s["first_position"]),
@@ -149,10 +150,11 @@ def book_merge(books: Mapping[str, Mapping[str, BookRow]]) -> dict[str, BookRow]
     if len(books) <= 1:
         return dict(next(iter(books.values()), {}))
     merged: dict[str, BookRow] = {}
-    work: dict[str, float] = {}  # key -> summed uncached tokens of work (bid_sum / density)
+    work: dict[str, float] = {}  # key -> summed uncached tokens of work (ranked / density)
     for engine, rows in sorted(books.items()):
         for key, row in rows.items():
-            own_work = row["bid_sum"] / row["density"] if row["density"] > 0 else 0.0
+            ranked = row["bid_sum"] + row["credit_sum"]  # what the density is of
+            own_work = ranked / row["density"] if row["density"] > 0 else 0.0
             if key not in merged:
                 merged[key] = {**row, "replicas": {engine: row["requests"]}}
                 work[key] = own_work
@@ -163,6 +165,7 @@ def book_merge(books: Mapping[str, Mapping[str, BookRow]]) -> dict[str, BookRow]
                 tenants[name] = tenants.get(name, 0) + n
             m["requests"] += row["requests"]
             m["bid_sum"] += row["bid_sum"]
+            m["credit_sum"] += row["credit_sum"]
             m["cached_tokens"] = max(m["cached_tokens"], row["cached_tokens"])
             m["rank"] = min(m["rank"], row["rank"])
             m["position"] = min(m["position"], row["position"])
@@ -170,7 +173,8 @@ def book_merge(books: Mapping[str, Mapping[str, BookRow]]) -> dict[str, BookRow]
             work[key] += own_work
     for key, m in merged.items():
         m["bid_mean"] = m["bid_sum"] / m["requests"] if m["requests"] else 0.0
-        m["density"] = m["bid_sum"] / work[key] if work[key] > 0 else m["density"]
+        ranked = m["bid_sum"] + m["credit_sum"]
+        m["density"] = ranked / work[key] if work[key] > 0 else m["density"]
     return merged
 
 

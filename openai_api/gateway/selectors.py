@@ -25,12 +25,16 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import ApiKey
-from accounts.money import money_str
+from accounts.money import ZERO, money, money_str
 from accounts.selectors import budget_statuses_for_key, tenant_month_spend
 from market.live.book import book_queue_len
 from market.models import Market
 from market.selectors import quote_history
+from mechanism import DFS_AUCTIONS
+from mechanism.aging import DEFAULT_DENSITY, DEFAULT_STEPS, AgeCredit
 from mechanism.quotes import WINDOW_S, BidGroup, Waited, bid_groups, queue_scaled, quote, waits_for
+from mechanism.requests import effective_bid
+from mechanism.wait_bound import ranks_as
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -141,20 +145,45 @@ def quote_waits(*, market: Market) -> list[Waited]:
     return queue_scaled(quote_history(market=market), waiting=book_queue_len(market.slug))
 
 
+def wait_bound_credit(market: Market) -> AgeCredit | None:
+    """The age credit ``market``'s engines give waiting requests (``mechanism.aging``): its
+    wait bound in force with the engines' steps and density; None when the bound is off or its
+    policy takes no credit (not a DFS auction)."""
+    if not market.wait_bound_s or market.policy not in DFS_AUCTIONS:
+        return None
+    return AgeCredit(market.wait_bound_s, DEFAULT_DENSITY, DEFAULT_STEPS)
+
+
 def quote_for(
-    *, market: Market, ttft_s: float | None, probability: float, bid: Decimal | None
+    *,
+    market: Market,
+    ttft_s: float | None,
+    probability: float,
+    bid: Decimal | None,
+    prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """``GET /v1/quotes``: from the waits of ``market``'s recent requests, scaled to its queue
     now (``quote_waits``), the bid that buys a first token within ``ttft_s`` seconds
     with ``probability`` (null, with the reason, when no recent bid bought it), and the waits
-    ``bid`` buys. Dollars per second as exact strings, waits in seconds."""
+    ``bid`` buys; the wait bound in force and, for a bid with its ``prompt_tokens``, what it
+    ranks as once it has waited the bound and the waits of the bids it then ranks among.
+    Dollars per second as exact strings, waits in seconds."""
     history = quote_waits(market=market)
     groups = bid_groups(history)
+    credit = wait_bound_credit(market)
     body: dict[str, Any] = {
         "object": "quote",
         "model": market.served_model,
         "reserve": money_str(market.reserve),
         "based_on": {"requests": len(history), "window_s": WINDOW_S},
+        "wait_bound": None
+        if credit is None
+        else {
+            "wait_s": credit.wait_s,
+            "source": market.wait_bound_mode,
+            "steps": credit.steps,
+            "credit_per_1k_prompt_tokens": money_str(money(Decimal(repr(credit.density)) * 1000)),
+        },
     }
     quoted = None
     if ttft_s is not None:
@@ -167,6 +196,19 @@ def quote_for(
     if bid is not None:
         group = waits_for(groups, float(bid))
         body["waits"] = None if group is None else {"bid": money_str(bid), **_group_body(group)}
+        if group is not None and credit is not None and prompt_tokens is not None:
+            effective = float(effective_bid(bid, market.reserve, zero=ZERO))
+            ranked = ranks_as(
+                effective, prompt_tokens=prompt_tokens, waited_s=credit.wait_s, credit=credit
+            )
+            among = waits_for(groups, ranked)
+            assert among is not None  # there are groups: the bid's own was found
+            body["waits"]["at_bound"] = {
+                "after_s": credit.wait_s,
+                "prompt_tokens": prompt_tokens,
+                "ranks_as": money_str(money(Decimal(repr(ranked)))),
+                **_group_body(among),
+            }
     return body
 
 

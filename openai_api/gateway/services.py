@@ -496,4 +496,5 @@ async def quote_read(*, key: str | None, params: QuoteQuery) -> dict:
         ttft_s=params.ttft_s,
         probability=params.probability,
         bid=params.bid,
+        prompt_tokens=params.prompt_tokens,
     )

@@ -682,12 +682,24 @@ def _one_of(name: str, value: str, choices: Collection[str]) -> str:
 
 QUOTE_MAX_TTFT_S = 3600.0  # the longest wait a quote is asked for, seconds
 QUOTE_DEFAULT_PROBABILITY = 0.9
+QUOTE_MAX_PROMPT_TOKENS = 10_000_000  # a prompt longer than any engine's KV cache
 
 
 def _quoted_model(value: Any, info: ValidationInfo) -> str:
     if not value:
         raise MalformedRequest("model is required (the model to be quoted)", param="model")
     return text_checked(value, param="model")
+
+
+def _query_count(value: Any, info: ValidationInfo, *, name: str, high: int) -> int | None:
+    """The query parameter ``name`` as a whole number in 1..high; None if absent."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= high:
+        raise InvalidValue(
+            f"{name} must be a whole number from 1 to {high:,}, got {_short(value)}", param=name
+        )
+    return int(value)
 
 
 def _query_number(
@@ -716,7 +728,8 @@ def _query_bid(value: Any, info: ValidationInfo) -> Decimal | None:
 
 class QuoteQuery(BaseModel):
     """``GET /v1/quotes``'s query: the market's model, and the wait to be quoted a bid for
-    (``ttft_s`` seconds, met with ``probability``) and/or the bid to be quoted waits for."""
+    (``ttft_s`` seconds, met with ``probability``) and/or the bid to be quoted waits for, with
+    the prompt's length in tokens when the wait bound's credit is to be counted."""
 
     model_config = ConfigDict(json_schema_extra={"required": ["model"]})
 
@@ -746,9 +759,24 @@ class QuoteQuery(BaseModel):
         PlainValidator(as_validator(_query_bid), json_schema_input_type=BidText),
         Field(description="dollars per second: the waits it buys are quoted"),
     ] = LEFT_OUT_AS_NULL
+    prompt_tokens: Annotated[
+        int | None,
+        PlainValidator(
+            as_validator(partial(_query_count, name="prompt_tokens", high=QUOTE_MAX_PROMPT_TOKENS)),
+            json_schema_input_type=Annotated[int, Field(ge=1, le=QUOTE_MAX_PROMPT_TOKENS)],
+        ),
+        Field(description="the prompt's length in tokens: the wait bound's credit is counted"),
+    ] = LEFT_OUT_AS_NULL
 
     @model_validator(mode="after")
     def _something_to_quote(self) -> QuoteQuery:
+        if self.prompt_tokens is not None and self.bid is None:
+            raise _refused(
+                _MALFORMED,
+                "prompt_tokens counts the wait bound's credit into the waits a bid buys: give "
+                "bid too",
+                "prompt_tokens",
+            )
         if self.ttft_s is None and self.bid is None:
             raise _refused(
                 _MALFORMED,

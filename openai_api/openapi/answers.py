@@ -193,6 +193,23 @@ class QuoteTarget(_Answer):
     probability: float
 
 
+class QuoteAtBound(_Answer):
+    """What the bid ranks as once its request has waited the wait bound, and the waits of the
+    recent bids it then ranks among."""
+
+    after_s: float = Field(description="seconds of waiting: the wait bound in force")
+    prompt_tokens: int = Field(ge=1, description="the prompt's length the credit is counted for")
+    ranks_as: MoneyPerSecond = Field(
+        description="the bid plus the credit earned by then (ranked as bid, never paid)"
+    )
+    bids_from: MoneyPerSecond
+    bids_to: MoneyPerSecond
+    requests: int = Field(ge=0)
+    ttft_p50_s: float = Field(description="seconds, of the bids it then ranks among")
+    ttft_p90_s: float = Field(description="seconds")
+    ttft_p99_s: float = Field(description="seconds")
+
+
 class QuoteWaits(_Answer):
     bid: MoneyPerSecond
     bids_from: MoneyPerSecond
@@ -201,6 +218,23 @@ class QuoteWaits(_Answer):
     ttft_p50_s: float = Field(description="seconds")
     ttft_p90_s: float = Field(description="seconds")
     ttft_p99_s: float = Field(description="seconds")
+    at_bound: QuoteAtBound | None = Field(
+        default=None,
+        description="with prompt_tokens, while the wait bound is on: what the bid ranks as once "
+        "it has waited the bound",
+    )
+
+
+class QuoteWaitBound(_Answer):
+    """The market's wait bound in force: a request that has waited ``wait_s`` ranks as if it bid
+    ``credit_per_1k_prompt_tokens`` more per 1,000 prompt tokens, reached in ``steps`` steps."""
+
+    wait_s: float = Field(gt=0, description="seconds")
+    source: Literal["auto", "pinned"] = Field(
+        description="auto: set from the market's recent waits; pinned: by its operator"
+    )
+    steps: int = Field(ge=1)
+    credit_per_1k_prompt_tokens: MoneyPerSecond
 
 
 class Quote(_Answer):
@@ -219,6 +253,10 @@ class Quote(_Answer):
         "0 or under the reserve, met the target); null when no bid did (see reason)",
     )
     waits: QuoteWaits | None = Field(default=None, description="the waits the given bid buys")
+    wait_bound: QuoteWaitBound | None = Field(
+        description="the wait bound in force; null when it is off or the market's policy "
+        "gives no credit (not a DFS auction)"
+    )
 
 
 _GROUP = "null unless grouped by it"

@@ -258,7 +258,10 @@ _QUOTE = (
     "From the waits of the market's requests served recently, grouped by bid: the bid that "
     "bought a first token within `ttft_s` seconds with `probability`, by a margin clear of "
     "chance (0 when bidding nothing already gets there, else never below the reserve), and the "
-    "waits `bid` buys. Give `ttft_s`, `bid` or both."
+    "waits `bid` buys. Give `ttft_s`, `bid` or both. While the market's wait bound is on "
+    "(`wait_bound`), a request that has waited it ranks as if it bid more by a credit that "
+    "grows with its prompt (never paid): with `prompt_tokens`, `waits.at_bound` says what the "
+    "bid then ranks as and the waits of the bids it ranks among."
 )
 _USAGE = (
     "OpenAI's usage endpoint for the key's tenant (all of its keys): the served requests per "

@@ -116,6 +116,7 @@
       tr.append(tenantsCell(r));
       tr.append(cell(fmt.int(r.requests), "num"));
       tr.append(cell(fmt.rate(r.bid_sum), "num"));
+      tr.append(cell(r.credit_sum ? fmt.rate(r.credit_sum) : "—", "num credit"));
       const mean = cell(fmt.rate(r.bid_mean), "num");
       const bar = el("span", {class: "bar"});
       const fill = el("span");

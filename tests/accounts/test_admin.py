@@ -118,7 +118,8 @@ def test_a_reserve_moved_in_the_admin_is_audited(
         "priority_ttft_s": "2",
         "priority_probability": "0.9",
         "auto_reserve_target_s": "2",
-        "wait_bound_s": "0",
+        "wait_bound_s": "20",
+        "wait_bound_mode": "auto",
         "is_active": "on",
         "reserve_changes-TOTAL_FORMS": "0",
         "reserve_changes-INITIAL_FORMS": "0",
@@ -150,7 +151,7 @@ def test_a_reserve_moved_in_the_admin_is_audited(
     # The policy and a higher ceiling with a reserve above the old one, in one save: each goes
     # through its service (the ceiling first, which the reserve needs) and is audited.
     form = {**form, "replicas-TOTAL_FORMS": "0", "policy": "lpm", "reserve_max": "3",
-            "reserve": "2", "wait_bound_s": "20"}  # fmt: skip
+            "reserve": "2", "wait_bound_mode": "pinned", "wait_bound_s": "25"}  # fmt: skip
     assert operator_client.post(admin_url(Market, "change", market.pk), form).status_code == 302
     market.refresh_from_db()
     assert (market.policy, market.reserve_max, market.reserve) == (
@@ -162,7 +163,7 @@ def test_a_reserve_moved_in_the_admin_is_audited(
     assert sorted(audit) == [
         ("policy", "dfs-auction-kv-split", "lpm", "root"),
         ("reserve_max", "1.000000000", "3.000000000", "root"),
-        ("wait_bound_s", "0", "20", "root"),
+        ("wait_bound_s", "20 (auto)", "25", "root"),
     ]
     # A reserve above the ceiling is a form error, not a 500: nothing changes.
     page = operator_client.post(admin_url(Market, "change", market.pk), {**form, "reserve": "4"})
@@ -174,7 +175,18 @@ def test_a_reserve_moved_in_the_admin_is_audited(
         admin_url(Market, "change", market.pk), {**form, "wait_bound_s": "0.1"}
     )
     assert page.status_code == 200 and "wait bound must be 0 (off)" in page.content.decode()
-    assert Market.objects.get(pk=market.pk).wait_bound_s == 20.0
+    assert Market.objects.get(pk=market.pk).wait_bound_s == 25.0
+    # Off with a length, or on at 0 s, is a form error that says so.
+    for mode, length in (("off", "25"), ("pinned", "0")):
+        changed = {**form, "wait_bound_mode": mode, "wait_bound_s": length}
+        page = operator_client.post(admin_url(Market, "change", market.pk), changed)
+        assert page.status_code == 200, mode
+        assert "A wait bound that is off is 0 s; one that is on is longer" in page.content.decode()
+    # Back to automatic: the length in force stays until the next renewal moves it.
+    auto = {**form, "wait_bound_mode": "auto", "wait_bound_s": "25"}
+    assert operator_client.post(admin_url(Market, "change", market.pk), auto).status_code == 302
+    market.refresh_from_db()
+    assert (market.wait_bound_mode, market.wait_bound_s) == ("auto", 25.0)
 
 
 def test_the_admin_shows_figures_by_the_one_rule(operator_client) -> None:

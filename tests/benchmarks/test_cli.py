@@ -71,6 +71,26 @@ def test_html_report_is_self_contained(tmp_path) -> None:
         assert title in page
 
 
+def test_a_sweep_of_the_goals_baselines_and_one_auction_checks_the_goal_alone(tmp_path) -> None:
+    """The smallest sweep that answers the goal: lpm, dfs-weight and highest-bid beside the
+    policy checked; the paper's comparisons, which need dfs-auction and dfs-auction-density,
+    are left empty (null)."""
+    out = tmp_path / "s.json"
+    args = [
+        *TINY, "--sweep", "--sweep-loads", "1.5", "--sweep-groups", "2", "--sweep-kv", "400000",
+        "--sweep-requests", "24", "--policies", "lpm,dfs-weight,highest-bid,dfs-auction-kv-split",
+        "--json", str(out),
+    ]  # fmt: skip
+    assert main(args) == 0
+    (point,) = json.loads(out.read_text())["sweep"]["grid"]
+    f = point["findings"]
+    assert f["hit_gap_pp"] is None and f["density_ttft_vs_dfs"] is None
+    assert f["hb_ttft_vs_lpm"] == pytest.approx(
+        point["policies"]["highest-bid"]["mean_ttft_s"] / point["policies"]["lpm"]["mean_ttft_s"]
+    )
+    assert set(f["goals"]) == {"dfs-auction-kv-split"} == set(point["goals"])
+
+
 def test_sweep_findings(tmp_path, capsys) -> None:
     out = tmp_path / "s.json"
     html = tmp_path / "s.html"

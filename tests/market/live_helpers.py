@@ -34,9 +34,13 @@ def subtree(
     bid_sum: float = 0.5,
     position: int = 0,
     rank: int = 0,
+    credit_sum: float | None = None,
 ) -> dict[str, Any]:
-    """One SubtreeSummary; bid_mean and density follow from the arguments (100 tokens of work)."""
+    """One SubtreeSummary; bid_mean and density follow from the arguments (100 tokens of work);
+    ``credit_sum``: the age credits it reports ($/s; None: the field left out)."""
+    credits = {} if credit_sum is None else {"credit_sum": credit_sum}
     return {
+        **credits,
         "key": key,
         "label": label,
         "depth": depth,
@@ -45,7 +49,7 @@ def subtree(
         "requests": requests,
         "bid_sum": bid_sum,
         "bid_mean": bid_sum / requests,
-        "density": bid_sum / 100,
+        "density": (bid_sum + (credit_sum or 0.0)) / 100,
         "rank": rank,
         "first_position": position,
     }

@@ -101,8 +101,9 @@ def test_a_simulated_engine_following_the_store_runs_the_console_values(
             lambda: sim_round(sim) and engine_state(sim) == ("dfs-auction-density", 0.0625),
             what="the engine to apply the console's change",
         )
-        # The wait bound travels the same way, with the policy and reserve kept.
-        assert sim.call(lambda: sim.server.engine.knobs.wait_bound_s) == 0.0
+        # The wait bound travels the same way, with the policy and reserve kept: the market's
+        # automatic 20 s went with them.
+        assert sim.call(lambda: sim.server.engine.knobs.wait_bound_s) == 20.0
         with django_capture_on_commit_callbacks(execute=True):
             market_wait_bound_set(market=market, wait_bound_s=30, user=None)
         assert stored(settings, market.slug).wait_bound_s == 30.0

@@ -119,7 +119,7 @@ def test_a_store_older_than_the_market_is_written_again_and_a_current_one_is_lef
     client.set(control_key(unique_slug), b"{not json")
     client.close()
     assert live_tick().controls_written == 1
-    assert stored(settings, unique_slug) == now_state(market.policy, 0.25)
+    assert stored(settings, unique_slug) == now_state(market.policy, 0.25, market.wait_bound_s)
 
 
 def test_a_store_that_cannot_be_reached_is_left_to_the_next_tick(settings, unique_slug) -> None:

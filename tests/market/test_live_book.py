@@ -34,6 +34,7 @@ def test_rows_copy_only_the_aggregates() -> None:
             "requests": 4,
             "bid_sum": 1.0,
             "bid_mean": 0.25,
+            "credit_sum": 0.0,  # a record that reports no credits: none
             "density": 0.01,
             "rank": 0,
             "position": 0,
@@ -169,6 +170,23 @@ def test_the_book_names_each_replicas_latest_round_never_one_going_back(sent, un
     three = record(unique_slug, 118, engine="rep-2", subtrees=[subtree("b", requests=3)])
     book.book_publish(record=three, rows=book.book_rows(three), now=12.0)
     assert book.book_snapshot(unique_slug)["rounds"] == {"rep-1": 152, "rep-2": 118}
+
+
+def test_credits_are_summed_beside_the_bids_and_the_density_is_of_both(sent, unique_slug) -> None:
+    """Replica 1's s: $0.6/s of bids and $1.4/s of credits over 100 tokens (density 0.02);
+    replica 2's: $0.4/s and none over 100 (0.004). Merged: bids 1.0, credits 1.4, density of
+    both over the 200 tokens, 2.4 / 200 = 0.012; the work is read back from each density as
+    (bids + credits) / density, 100 each."""
+    one = record(unique_slug, 1, engine="rep-1", subtrees=[
+        subtree("s", requests=3, bid_sum=0.6, credit_sum=1.4),
+    ])  # fmt: skip
+    two = record(unique_slug, 1, engine="rep-2", subtrees=[subtree("s", requests=1, bid_sum=0.4)])
+    assert book.book_rows(one)["s"]["credit_sum"] == 1.4
+    book.book_publish(record=one, rows=book.book_rows(one), now=10.0)
+    book.book_publish(record=two, rows=book.book_rows(two), now=11.0)
+    (s,) = book.book_snapshot(unique_slug)["rows"]
+    assert (s["bid_sum"], s["credit_sum"]) == (pytest.approx(1.0), pytest.approx(1.4))
+    assert s["bid_mean"] == 0.25 and s["density"] == pytest.approx(0.012)
 
 
 def test_a_replica_that_went_silent_leaves_the_merged_book(sent, unique_slug) -> None:

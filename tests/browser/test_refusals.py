@@ -130,16 +130,26 @@ def test_every_other_refused_control_is_said_beside_its_field(
 ):
     url = f"/console/markets/{market.slug}/"
     login(page, asgi_server, "operator", url)
+
+    def controls(m: Market) -> tuple:
+        return (m.reserve_max, m.wait_bound_mode, m.wait_bound_s, m.auto_reserve)
+
+    before = controls(Market.objects.get(pk=market.pk))
+    assert before[0] == CEILING and before[3] is False
     if control == "alerts":
         page.fill("#alert-ttft-input", "2.5")  # the other field of the form: kept too
+    if control == "wait-bound":
+        page.select_option("#wait-bound-mode", "pinned")  # a length is read when pinned
     page.fill(f"#{field}", typed)
     page.click(f"#{control}-form button[type=submit]")
     assert_said_beside(refused(page, control, field), typed, words)
     if control == "alerts":
         assert page.input_value("#alert-ttft-input") == "2.5"
+    if control == "wait-bound":
+        assert page.input_value("#wait-bound-mode") == "pinned"  # the choice kept too
     screenshot_view(page, f"refusal-{control}-1440")
     fresh = Market.objects.get(pk=market.pk)
-    assert (fresh.reserve_max, fresh.wait_bound_s, fresh.auto_reserve) == (CEILING, 0.0, False)
+    assert controls(fresh) == before
     assert (fresh.alert_queue, fresh.alert_ttft_p99_s) == (None, None)
     assert not ControlChange.objects.exists()
 

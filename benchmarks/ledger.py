@@ -1,5 +1,6 @@
 """``python -m benchmarks.ledger``: the ledger's throughput and PostgreSQL's CPU per request, with
-the gateway's batches of settlements and without, beside the floor's plain inserts, in one run.
+the gateway's batches of holds and settlements and without, beside the floor's plain inserts,
+in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/market \\
         python -m benchmarks.ledger --writers 2 --rates 100,300,max --duration 5 \\
@@ -9,14 +10,15 @@ the gateway's batches of settlements and without, beside the floor's plain inser
 gateway's database threads and its batches (``openai_api.gateway.batching``), and carries its
 share of the offered rate: an open-loop Poisson stream of requests (``max``: a closed loop,
 ``--concurrency`` requests in flight per writer, as many as PostgreSQL takes). A request is
-held (``request_open``, as the gateway admits it), waits ``--service-ms`` (the engine), and is
-settled (the gateway's ``request_settled``: a token and a priority charge). Three ways, one
-after the other at each rate, on one tenant and market made for the run:
+held (the gateway's ``request_held``, in its batch of holds), waits ``--service-ms`` (the
+engine), and is settled (the gateway's ``request_settled``: a token and a priority charge).
+Three ways, one after the other at each rate, on one tenant and market made for the run:
 
 - **floor**: two one-row inserts committed per request (one where the hold is, one where the
   settlement is), through one async connection per writer, as ``benchmarks.gateway_floor``
   does: what two round trips and commits cost here, with nothing of the ledger's work;
-- **unbatched**: ``GATEWAY_LEDGER_BATCH_SIZE=1``, each settlement a statement of its own;
+- **unbatched**: ``GATEWAY_LEDGER_BATCH_SIZE=1``, each hold and settlement a statement of its
+  own;
 - **batched**: the gateway's batches, of ``--batch SIZE:SECONDS,...`` (the settings' 64
   requests or 2 ms by default; each one a way of its own).
 
@@ -136,9 +138,11 @@ def _cpu_s(procs: list[psutil.Process]) -> dict[int, float]:
 async def _writer(config: dict) -> dict:
     from accounts.ledger import PriorityCharge, Usage  # noqa: PLC0415
     from accounts.models import ApiKey, Tenant  # noqa: PLC0415
-    from accounts.services import BudgetExhausted, Served, request_open  # noqa: PLC0415
+    from accounts.services import Opening, Served  # noqa: PLC0415
     from market.models import Market  # noqa: PLC0415
+    from openai_api.gateway.admission import request_held  # noqa: PLC0415
     from openai_api.gateway.db import db_call  # noqa: PLC0415
+    from openai_api.gateway.errors import BudgetExhaustedError  # noqa: PLC0415
     from openai_api.gateway.services import request_settled  # noqa: PLC0415
 
     world = config["world"]
@@ -174,12 +178,14 @@ async def _writer(config: dict) -> dict:
             if floor:
                 await insert()
             else:
-                await db_call(
-                    request_open, request_id=rid, tenant=tenant, api_key=key, market=market,
-                    bid=Decimal("0.01"), hold_amount=Decimal("0.001"),
-                    priority_cap=Decimal("0.01"), bid_source="explicit", gateway="bench",
+                await request_held(
+                    Opening(
+                        request_id=rid, tenant=tenant, api_key=key, market=market,
+                        bid=Decimal("0.01"), hold_amount=Decimal("0.001"),
+                        priority_cap=Decimal("0.01"), bid_source="explicit", gateway="bench",
+                    )
                 )  # fmt: skip
-        except BudgetExhausted:
+        except BudgetExhaustedError:
             counts["refused"] += 1
             return
         except Exception:  # noqa: BLE001 (counted: the report says how many)

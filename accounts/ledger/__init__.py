@@ -1,7 +1,8 @@
 """The ledger store: every write that moves money or reserves it.
 
 One store, :class:`~accounts.ledger.postgres.PostgresLedger`, with three writes, a two-phase
-transfer per request: open a request with its hold (or place a hold alone), settle it (both its
+transfer per request: open requests with their holds (many at once, as if one after another;
+or place a hold alone), settle it (both its
 charges, the hold closed; many requests at once, as if one after another), or close its hold
 unsettled (a release, or a failed request's); and a read of a request's posted prices. Each
 write is one PostgreSQL statement
@@ -18,6 +19,7 @@ from __future__ import annotations
 from accounts.ledger.postgres import PostgresLedger
 from accounts.ledger.store import (
     BudgetExhausted,
+    Open,
     Outcome,
     PriorityCharge,
     Settled,
@@ -27,6 +29,7 @@ from accounts.ledger.store import (
 
 __all__ = [
     "BudgetExhausted",
+    "Open",
     "Outcome",
     "PriorityCharge",
     "Settled",

@@ -16,6 +16,7 @@ from accounts.ledger import statements
 from accounts.ledger.counters import budget_counters_ensure
 from accounts.ledger.store import (
     BudgetExhausted,
+    Open,
     Outcome,
     PriorityCharge,
     Settled,
@@ -65,10 +66,11 @@ class PostgresLedger:
     ) -> Hold:
         """Reserve ``amount`` against every budget that applies (BudgetExhausted, nothing
         written, when it does not fit); a replay returns the first hold."""
-        hold, _ = self._placed(
-            tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now
-        )
-        return hold
+        ask = statements.HoldAsk(request_id, tenant.pk, api_key.pk if api_key else None, amount)
+        placed = self._holds_placed(asks=[ask], now=now)[0]
+        if isinstance(placed, Exception):
+            raise placed
+        return placed[0]
 
     def request_open(
         self,
@@ -80,89 +82,115 @@ class PostgresLedger:
         now: datetime,
         fields: dict[str, Any],
     ) -> Request:
-        """:meth:`hold_place` and the request's row (``fields``: its market_id, bid, ...)
-        together; a replay returns the row as it is."""
-        request = {
-            "market": fields["market_id"],
-            **{k: v for k, v in fields.items() if k != "market_id"},
-        }
-        _, created = self._placed(
-            tenant=tenant,
-            api_key=api_key,
-            request_id=request_id,
-            amount=amount,
-            now=now,
-            request=request,
-        )
-        owner = {"tenant_id": tenant.pk, "api_key_id": api_key.pk if api_key else None}
-        if created:
-            return statements.model_loaded(
-                Request,
-                {
-                    "request_id": request_id,
-                    **owner,
-                    "status": RequestStatus.QUEUED,
-                    "created_at": now,
-                    **dict.fromkeys(_UNSET_AT_OPEN),
-                    **fields,
-                },
-            )
-        # A replay, or a hold for a request id that was held alone (``hold_place``) first.
-        row, _ = Request.objects.get_or_create(
-            request_id=request_id, defaults={**owner, "created_at": now, **fields}
-        )
-        return row
+        """:meth:`requests_open` of one (BudgetExhausted, ValueError: raised)."""
+        opened = self.requests_open(
+            opens=[Open(tenant, api_key, request_id, amount, fields)], now=now
+        )[0]
+        if isinstance(opened, Exception):
+            raise opened
+        return opened
 
-    def _placed(
-        self,
-        *,
-        tenant: Tenant,
-        api_key: ApiKey | None,
-        request_id: str,
-        amount: Decimal,
-        now: datetime,
-        request: dict[str, object] | None = None,
+    def requests_open(self, *, opens: Sequence[Open], now: datetime) -> list[Request | Exception]:
+        """Hold each request's amount and record the request (``fields``: its market_id, bid,
+        ...), as if one after another in the order of ``opens``: each one's row, or why it was
+        not opened (BudgetExhausted when a budget refused it, ValueError when the request is
+        held for another tenant or key); a replay returns the row as it is."""
+        asks = []
+        for o in opens:
+            request = {"market": o.fields["market_id"]}
+            request.update((k, v) for k, v in o.fields.items() if k != "market_id")
+            key_id = o.api_key.pk if o.api_key else None
+            asks.append(statements.HoldAsk(o.request_id, o.tenant.pk, key_id, o.amount, request))
+        results: list[Request | Exception] = []
+        for o, placed in zip(opens, self._holds_placed(asks=asks, now=now), strict=True):
+            if isinstance(placed, Exception):
+                results.append(placed)
+                continue
+            owner = {"tenant_id": o.tenant.pk, "api_key_id": o.api_key.pk if o.api_key else None}
+            if placed[1]:  # its row was written with the hold
+                results.append(
+                    statements.model_loaded(
+                        Request,
+                        {
+                            "request_id": o.request_id,
+                            **owner,
+                            "status": RequestStatus.QUEUED,
+                            "created_at": now,
+                            **dict.fromkeys(_UNSET_AT_OPEN),
+                            **o.fields,
+                        },
+                    )
+                )
+                continue
+            # A replay, or a hold for a request id that was held alone (``hold_place``) first.
+            row, _ = Request.objects.get_or_create(
+                request_id=o.request_id, defaults={**owner, "created_at": now, **o.fields}
+            )
+            results.append(row)
+        return results
+
+    def _holds_placed(
+        self, *, asks: Sequence[statements.HoldAsk], now: datetime
+    ) -> list[tuple[Hold, bool] | Exception]:
+        """The hold statement over ``asks``, as if one after another in their order: each
+        one's hold (the first one for a replay) and whether its request's row was written with
+        it, or why not (BudgetExhausted, ValueError). One statement places them all, unless one
+        is not placed as the others assumed (a budget refused it, its counter rows are
+        missing, a replay): it is then settled on its own, and its tenant's asks after it, and
+        a request id's second ask, go in the next statement."""
+        results: list[tuple[Hold, bool] | Exception | None] = [None] * len(asks)
+        pending = list(range(len(asks)))
+        while pending:
+            batch: list[int] = []
+            later: list[int] = []
+            ids: set[str] = set()
+            for k in pending:  # a request id asked twice: its second ask sees the first's hold
+                (later if asks[k].request_id in ids else batch).append(k)
+                ids.add(asks[k].request_id)
+            outcomes = statements.holds_place(asks=[asks[k] for k in batch], now=now)
+            for k, placed in zip(batch, outcomes, strict=True):
+                if placed.waits:
+                    later.append(k)
+                    continue
+                try:
+                    results[k] = self._hold_of(asks[k], placed, now=now)
+                except (BudgetExhausted, ValueError) as exc:
+                    results[k] = exc
+            pending = sorted(later)
+        return [r for r in results if r is not None]
+
+    def _hold_of(
+        self, ask: statements.HoldAsk, placed: statements.HoldOutcome, *, now: datetime
     ) -> tuple[Hold, bool]:
-        """The hold statement, with the request's row when ``request`` is given: the hold (the
-        first one for a replay) and whether the request's row was written with it.
-        BudgetExhausted when a budget refused it; ValueError when the request is held for
-        another tenant or key."""
-        api_key_id = api_key.pk if api_key else None
-        args = {
-            "tenant_id": tenant.pk,
-            "api_key_id": api_key_id,
-            "request_id": request_id,
-            "amount": amount,
-            "now": now,
-            "request": request,
-        }
-        placed = statements.hold_place(**args)
+        """An ask's hold from the statement's outcome for it: placed; declined (its counter
+        rows created, or locked, and the statement run again for it alone); refused; a
+        replay."""
         if not placed.counted:  # a counter row is missing, or the clock is behind a row's window
             with transaction.atomic():
-                budget_counters_ensure(tenant_id=tenant.pk, api_key_id=api_key_id, now=now)
-                statements.counters_lock(tenant_id=tenant.pk, api_key_id=api_key_id)
-                placed = statements.hold_place(**args, summed=True)
+                budget_counters_ensure(tenant_id=ask.tenant_id, api_key_id=ask.api_key_id, now=now)
+                statements.counters_lock(tenant_id=ask.tenant_id, api_key_id=ask.api_key_id)
+                (placed,) = statements.holds_place(asks=[ask], now=now, summed=True)
         if placed.hold_id is not None:
             hold = statements.model_loaded(
                 Hold,
                 {
                     "id": placed.hold_id,
-                    "request_id": request_id,
-                    "tenant_id": tenant.pk,
-                    "api_key_id": api_key_id,
-                    "amount": amount,
-                    "remaining": amount,
+                    "request_id": ask.request_id,
+                    "tenant_id": ask.tenant_id,
+                    "api_key_id": ask.api_key_id,
+                    "amount": ask.amount,
+                    "remaining": ask.amount,
                     "state": HoldState.OPEN,
                     "created_at": now,
                     "closed_at": None,
                 },
             )
             return hold, placed.request_created
-        existing = Hold.objects.filter(request_id=request_id).first()
+        existing = Hold.objects.filter(request_id=ask.request_id).first()
         if existing is None:
-            raise BudgetExhausted(status=_refusal(placed.budgets, now=now), amount=amount)
-        if existing.tenant_id != tenant.pk or existing.api_key_id != api_key_id:
-            raise ValueError(f"request {request_id!r} is held for another tenant or key")
+            raise BudgetExhausted(status=_refusal(placed.budgets, now=now), amount=ask.amount)
+        if existing.tenant_id != ask.tenant_id or existing.api_key_id != ask.api_key_id:
+            raise ValueError(f"request {ask.request_id!r} is held for another tenant or key")
         return existing, False  # a replay: the first hold, whatever the budget says now
 
     def request_settle(

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from accounts.figures import duration, usd, usd_apart
-from accounts.models import LedgerEntry
+from accounts.models import ApiKey, LedgerEntry, Tenant
 from accounts.models.ledger import TOKEN_COUNTS
 from accounts.money import PostedPrices, money_str
 from accounts.selectors.budgets import BudgetStatus
@@ -48,6 +48,18 @@ class Usage:
     def tokens_detail(self) -> dict[str, int]:
         """The token entry's detail (a TokensDetail)."""
         return {name: getattr(self, name) for name in TOKEN_COUNTS}
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    """A request to open: hold ``amount`` dollars for it and record its row (``fields``: its
+    market_id, bid, priority_cap, request_class, bid_source, gateway)."""
+
+    tenant: Tenant
+    api_key: ApiKey | None
+    request_id: str
+    amount: Decimal
+    fields: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,12 +5,14 @@ from accounts.services.budgets import budget_hold, budget_set, hold_release
 from accounts.services.invoices import invoice_generate, month_bounds, previous_month_bounds
 from accounts.services.keys import api_key_authenticate, api_key_create, api_key_revoke
 from accounts.services.settlement import (
+    Opening,
     Served,
     UnknownRequest,
     holds_sweep,
     request_fail,
     request_open,
     request_settle,
+    requests_open,
     requests_settle,
     token_charge,
 )
@@ -26,6 +28,7 @@ __all__ = [
     "DEMO_TENANTS",
     "BudgetExhausted",
     "PriorityCharge",
+    "Opening",
     "Served",
     "Settled",
     "UnknownRequest",
@@ -42,6 +45,7 @@ __all__ = [
     "previous_month_bounds",
     "request_fail",
     "request_open",
+    "requests_open",
     "request_settle",
     "requests_settle",
     "tenant_ensure",

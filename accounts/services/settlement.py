@@ -24,7 +24,7 @@ from decimal import Decimal
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from accounts.ledger import Outcome, PriorityCharge, Settled, ToSettle, Usage, ledger_store
+from accounts.ledger import Open, Outcome, PriorityCharge, Settled, ToSettle, Usage, ledger_store
 from accounts.models import ApiKey, ChargeKind, LedgerEntry, Request, RequestStatus, Tenant
 from accounts.money import ZERO, PostedPrices, money, per_million
 from accounts.services.budgets import hold_amount_checked
@@ -34,6 +34,27 @@ logger = logging.getLogger(__name__)
 
 class UnknownRequest(LookupError):
     """No request with this id was opened through the gateway."""
+
+
+@dataclass(frozen=True)
+class Opening:
+    """A request the gateway is about to forward (:func:`requests_open`): its hold of
+    ``hold_amount`` dollars and its row. ``bid`` is in dollars per second of waiting.
+    ``priority_cap`` (dollars) bounds the priority charge settled for it later: what the tenant
+    consented to, which may exceed the hold (the settlement rule keeps the budgets whole
+    whatever the hold); None leaves it uncapped. ``gateway``: the instance id of the gateway
+    process that holds it (``accounts.services.gateways``), written in the same row."""
+
+    request_id: str
+    tenant: Tenant
+    api_key: ApiKey | None
+    market: PostedPrices
+    bid: Decimal | float | str
+    hold_amount: Decimal | float | str
+    request_class: str = "interactive"
+    bid_source: str = "none"
+    priority_cap: Decimal | None = None
+    gateway: str = ""
 
 
 def request_open(
@@ -50,30 +71,51 @@ def request_open(
     gateway: str = "",
     now: datetime | None = None,
 ) -> Request:
-    """Record a request the gateway is about to forward, and hold ``hold_amount`` dollars.
+    """Record a request the gateway is about to forward, and hold ``hold_amount`` dollars
+    (:class:`Opening` says what each argument is). Raises ``BudgetExhausted`` (nothing
+    written) when the hold does not fit. Idempotent per ``request_id``."""
+    opening = Opening(
+        request_id, tenant, api_key, market, bid, hold_amount, request_class, bid_source,
+        priority_cap, gateway,
+    )  # fmt: skip
+    (opened,) = requests_open(openings=[opening], now=now)
+    if isinstance(opened, Exception):
+        raise opened
+    return opened
 
-    Raises ``BudgetExhausted`` (nothing written) when the hold does not fit. ``bid`` is in
-    dollars per second of waiting. ``priority_cap`` (dollars) bounds the priority charge
-    settled for it later: what the tenant consented to, which may exceed the hold (the
-    settlement rule keeps the budgets whole whatever the hold); None leaves it uncapped.
-    ``gateway``: the instance id of the gateway process that holds it (``accounts.services.
-    gateways``), written in the same row. Idempotent per ``request_id``.
-    """
+
+def requests_open(
+    *, openings: Sequence[Opening], now: datetime | None = None
+) -> list[Request | Exception]:
+    """:func:`request_open` for many requests at once, as if one after another in the order
+    of ``openings``, in one statement of the ledger store when each fits: each one's row, or
+    the exception :func:`request_open` raises for it (BudgetExhausted, ValueError), in the
+    order of ``openings``."""
     now = now or timezone.now()
-    amount = hold_amount_checked(tenant=tenant, api_key=api_key, amount=hold_amount)
-    if priority_cap is not None and Decimal(priority_cap) < ZERO:
-        raise ValueError(f"priority_cap {priority_cap} must not be negative")
-    fields = {
-        "market_id": market.pk,
-        "bid": money(bid),
-        "request_class": request_class,
-        "bid_source": bid_source,
-        "priority_cap": None if priority_cap is None else money(priority_cap),
-        "gateway": gateway,
-    }
-    return ledger_store().request_open(
-        tenant=tenant, api_key=api_key, request_id=request_id, amount=amount, now=now, fields=fields
-    )
+    results: list[Request | Exception | None] = [None] * len(openings)
+    opens: list[Open] = []
+    where: list[int] = []
+    for k, o in enumerate(openings):
+        try:
+            amount = hold_amount_checked(tenant=o.tenant, api_key=o.api_key, amount=o.hold_amount)
+            if o.priority_cap is not None and Decimal(o.priority_cap) < ZERO:
+                raise ValueError(f"priority_cap {o.priority_cap} must not be negative")
+        except ValueError as exc:
+            results[k] = exc
+            continue
+        fields = {
+            "market_id": o.market.pk,
+            "bid": money(o.bid),
+            "request_class": o.request_class,
+            "bid_source": o.bid_source,
+            "priority_cap": None if o.priority_cap is None else money(o.priority_cap),
+            "gateway": o.gateway,
+        }
+        opens.append(Open(o.tenant, o.api_key, o.request_id, amount, fields))
+        where.append(k)
+    for k, opened in zip(where, ledger_store().requests_open(opens=opens, now=now), strict=True):
+        results[k] = opened
+    return [r for r in results if r is not None]
 
 
 def request_fail(*, request_id: str, now: datetime | None = None) -> bool:

@@ -1,7 +1,10 @@
 """Admitting a request (the gateway's first step; docs/api.md, "A request's path: admit, forward,
 settle"): authenticate the API key, find
 the market, choose the bid (explicit, else the tenant's autobidder, else 0), render the prompt,
-and hold what it is likely to cost with ``request_open``.
+and hold what it is likely to cost (``requests_open``). The gateway writes the holds of a
+process's concurrent requests together, as it does their settlements (``batching``); an
+autobid's hold is written with its bid, under the tenant's admission lock, which sees the
+autobidder's requests in flight.
 
 The hold: the tokens' worst case (prompt tokens x input price + max_tokens x output price, per
 million) plus the priority hold (``accounts.rules.priority_hold``: effective bid x the
@@ -21,14 +24,15 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from accounts.models import ApiKey, BidSource, Tenant
+from accounts.models import ApiKey, BidSource, Request, Tenant
 from accounts.money import ZERO, money, per_million
 from accounts.rules import priority_hold
-from accounts.services import BudgetExhausted, request_fail, request_open
+from accounts.services import BudgetExhausted, Opening, request_fail, requests_open
 from accounts.services.autobidder import LatencyTarget, autobid, autobid_admission, autobids
 from market.models import Market
 from mechanism.requests import effective_bid
 from openai_api.gateway import metrics
+from openai_api.gateway.batching import ledger_batch
 from openai_api.gateway.chat_templates import Prompt, chat_template
 from openai_api.gateway.db import db_call, db_call_retried, detached
 from openai_api.gateway.errors import (
@@ -77,21 +81,56 @@ def _prompt(params: CompletionParams, market: Market) -> Prompt:
     return template.text(params.prompt_text)
 
 
-def request_admit(*, params: CompletionParams, key: str | None, request_id: str) -> Admitted:
-    """Authenticate, find the market, choose the bid, hold what it is likely to cost
-    (synchronous: run it on a database thread). GatewayError subclasses say why a request is
-    refused."""
+@dataclass(frozen=True)
+class Admission:
+    """A request admitted: what it is once opened (``admitted``), and its hold and row to write
+    (``opening``; None when they are written already: an autobid's, opened with its bid)."""
+
+    admitted: Admitted
+    opening: Opening | None
+
+
+def request_admit(*, params: CompletionParams, key: str | None, request_id: str) -> Admission:
+    """Authenticate, find the market, choose the bid and what to hold (synchronous: run it on
+    a database thread); the hold is then written in the process's batch of holds
+    (:func:`admitted_for`). GatewayError subclasses say why a request is refused."""
     api_key = api_key_authenticated(key=key)
-    return request_admit_for(
-        params=params, tenant=api_key.tenant, api_key=api_key, request_id=request_id
-    )
+    return _admission(params=params, tenant=api_key.tenant, api_key=api_key, request_id=request_id)
 
 
 def request_admit_for(
     *, params: CompletionParams, tenant: Tenant, api_key: ApiKey | None, request_id: str
 ) -> Admitted:
-    """:func:`request_admit` for a caller already known: ``tenant`` and its ``api_key`` (None:
-    the tenant's own console). Used by batch jobs, which keep no key's secret."""
+    """Admit a request and hold what it is likely to cost, now (synchronous), for a caller
+    already known: ``tenant`` and its ``api_key`` (None: the tenant's own console). Used by
+    batch jobs, which keep no key's secret."""
+    admission = _admission(params=params, tenant=tenant, api_key=api_key, request_id=request_id)
+    if admission.opening is not None:
+        _opened((requests_open(openings=[admission.opening]))[0])
+    return admission.admitted
+
+
+def _opened(result: Request | Exception) -> Request:
+    """A request's row once opened; BudgetExhaustedError when a budget refused its hold."""
+    if isinstance(result, BudgetExhausted):
+        raise _refused(result)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def _refused(exc: BudgetExhausted) -> BudgetExhaustedError:
+    return BudgetExhaustedError(str(exc), budget=exc.figures())
+
+
+def _openings(openings: list[Opening]) -> list[Request | Exception]:
+    """A batch of holds, in one statement (``accounts.services.requests_open``)."""
+    return requests_open(openings=openings)
+
+
+def _admission(
+    *, params: CompletionParams, tenant: Tenant, api_key: ApiKey | None, request_id: str
+) -> Admission:
     market = market_for_model(model=params.model)
     if market is None:
         raise ModelNotFound(f"no market serves the model {params.model!r}", param="model")
@@ -102,46 +141,44 @@ def request_admit_for(
         tokens=prompt.tokens, price_per_million=market.price_input_per_mtok
     ) + per_million(tokens=params.max_tokens, price_per_million=market.price_output_per_mtok)
 
-    def opened(
+    def opening(
         bid: Decimal, source: str, effective: Decimal, cap: Decimal, tier: str = "default"
-    ) -> Admitted:
+    ) -> Admission:
         priority = priority_hold(
             effective_bid=effective, horizon_s=market.hold_horizon_s, consent_cap=money(cap)
         )
         hold = money(tokens_hold + priority)
-        try:
-            request_open(
-                request_id=request_id,
-                tenant=tenant,
-                api_key=api_key,
-                market=market,
-                bid=bid,
-                hold_amount=hold,
-                request_class=params.request_class,
-                bid_source=source,
-                priority_cap=money(cap),
-                gateway=instance_id(),
-            )
-        except BudgetExhausted as exc:
-            raise BudgetExhaustedError(str(exc), budget=exc.figures()) from None
-        return Admitted(
+        to_open = Opening(
+            request_id=request_id,
+            tenant=tenant,
+            api_key=api_key,
+            market=market,
+            bid=bid,
+            hold_amount=hold,
+            request_class=params.request_class,
+            bid_source=source,
+            priority_cap=money(cap),
+            gateway=instance_id(),
+        )
+        admitted = Admitted(
             request_id, market, bid, effective, source, prompt, hold, owner=str(tenant.pk),
             service_tier=tier,
         )  # fmt: skip
+        return Admission(admitted, to_open)
 
     reserve = market.reserve
     wait_s = Decimal(repr(market.max_wait_s))
     if params.bid is not None:  # an explicit bid wins over the service tier
         effective = effective_bid(params.bid, reserve, zero=ZERO)
-        return opened(params.bid, BidSource.EXPLICIT, effective, effective * wait_s)
+        return opening(params.bid, BidSource.EXPLICIT, effective, effective * wait_s)
     if params.service_tier == "flex":  # served when capacity allows: no priority bought
-        return opened(ZERO, BidSource.TIER, ZERO, ZERO, tier="flex")
+        return opening(ZERO, BidSource.TIER, ZERO, ZERO, tier="flex")
     if params.service_tier == "priority":
         bid = capped_quote(priority_quote(market=market), tenant)
         effective = effective_bid(bid, reserve, zero=ZERO)
-        return opened(bid, BidSource.TIER, effective, effective * wait_s, tier="priority")
+        return opening(bid, BidSource.TIER, effective, effective * wait_s, tier="priority")
     if not autobids(tenant=tenant, request_class=params.request_class):
-        return opened(ZERO, BidSource.NONE, ZERO, ZERO)
+        return opening(ZERO, BidSource.NONE, ZERO, ZERO)
 
     def quoted(target: LatencyTarget) -> Decimal:  # a class's latency target, as tier priority
         return capped_quote(
@@ -152,10 +189,14 @@ def request_admit_for(
     with autobid_admission(tenant=tenant):
         auto = autobid(tenant=tenant, request_class=params.request_class, quoted=quoted)
         if auto is None:
-            return opened(ZERO, BidSource.NONE, ZERO, ZERO)
-        effective = effective_bid(auto.bid, reserve, zero=ZERO)
-        cap = auto.worst_case if effective > 0 else ZERO
-        return opened(auto.bid, BidSource.AUTOBID, effective, cap)
+            admission = opening(ZERO, BidSource.NONE, ZERO, ZERO)
+        else:
+            effective = effective_bid(auto.bid, reserve, zero=ZERO)
+            cap = auto.worst_case if effective > 0 else ZERO
+            admission = opening(auto.bid, BidSource.AUTOBID, effective, cap)
+        assert admission.opening is not None
+        _opened(requests_open(openings=[admission.opening])[0])
+        return Admission(admission.admitted, None)
 
 
 def capped_quote(quoted: Decimal | None, tenant: Tenant) -> Decimal:
@@ -166,9 +207,25 @@ def capped_quote(quoted: Decimal | None, tenant: Tenant) -> Decimal:
     return cap if quoted is None else min(quoted, cap)
 
 
+async def _admitted(params: CompletionParams, key: str | None, request_id: str) -> Admitted:
+    admission = await db_call(request_admit, params=params, key=key, request_id=request_id)
+    if admission.opening is not None:
+        await request_held(admission.opening)
+    return admission.admitted
+
+
+async def request_held(opening: Opening) -> Request:
+    """Hold a request and record it in this process's batch of holds (``batching``): its row;
+    BudgetExhaustedError when a budget refuses it."""
+    try:
+        return await ledger_batch(_openings).result(opening)
+    except BudgetExhausted as exc:
+        raise _refused(exc) from None
+
+
 async def admitted_for(params: CompletionParams, key: str | None, trace: Trace) -> Admitted:
     request_id = "gw-" + uuid.uuid4().hex
-    task = detached(db_call(request_admit, params=params, key=key, request_id=request_id))
+    task = detached(_admitted(params, key, request_id))
     try:
         admitted = await asyncio.shield(task)
     except asyncio.CancelledError:  # the client went away: release the hold once it is placed

@@ -1,15 +1,24 @@
 """The ledger writes of concurrent requests, gathered per gateway process into one statement.
 
-Each settlement is a few rows locked, written and committed; written one statement per request,
-the commit and the statement's fixed costs are most of PostgreSQL's work for a request. The
-gateway process therefore gathers the settlements of the requests that finish within
-``GATEWAY_LEDGER_BATCH_S`` seconds of the first one (or ``GATEWAY_LEDGER_BATCH_SIZE`` of them,
-whichever comes first) and hands them to the ledger in one call, which writes them in one
-statement, as if one after another in the order they arrived (``accounts.ledger``: each is
-checked against what the ones before it wrote; a request after one a budget cut goes in the
-next statement). Each request still gets its own result or its own error; a batch whose write
-failed (the database cannot be reached) fails each of its requests with that error, and each
-is tried again on its own (``db.retried``), in a later batch: settling is idempotent.
+Each hold and each settlement is a few rows locked, written and committed; written one
+statement per request, the commit and the statement's fixed costs are most of PostgreSQL's
+work for a request. The gateway process therefore gathers the holds (and, apart, the
+settlements) of its concurrent requests and hands them to the ledger in one call, which writes
+them in one statement, as if one after another in the order they arrived (``accounts.ledger``:
+each is checked against what the ones before it wrote; a request after one that was not
+written as assumed, such as one a budget refused or cut, goes in the next statement).
+
+When a batch is written: a group commit. While none of its kind is being written, the first
+request to arrive starts a batch, written ``GATEWAY_LEDGER_BATCH_S`` seconds later (0: as soon
+as the event loop turns); while one is being written, the requests that arrive wait for it and
+go together in the next, written as soon as it is done. At once, in any case, when
+``GATEWAY_LEDGER_BATCH_SIZE`` wait. So at a low rate a request is written alone without
+waiting, and as the rate rises, batches grow with it, up to the size.
+
+Each request still gets its own result or its own error; a batch whose write failed (the
+database cannot be reached) fails each of its requests with that error: a settlement is tried
+again on its own (``db.retried``), in a later batch (settling is idempotent), and a hold that
+may have been written is released.
 
 A batch runs in the process's event loop and writes on the gateway's database threads
 (``db.db_call``); the write of a batch always finishes, whether or not its requests still wait.
@@ -33,8 +42,8 @@ R = TypeVar("R")
 
 class LedgerBatch(Generic[I, R]):
     """Items gathered for one write (``write``: items in arrival order -> each one's result or
-    exception, in that order), written ``interval_s`` seconds after the first arrived, or at
-    once when there are ``size``."""
+    exception, in that order), written ``interval_s`` seconds after the first arrived, or, when
+    a write was running then, as soon as it is done; at once when there are ``size``."""
 
     def __init__(
         self,
@@ -50,6 +59,7 @@ class LedgerBatch(Generic[I, R]):
         self.size = size
         self._pending: list[tuple[I, asyncio.Future[R]]] = []
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._writing = 0  # writes running
 
     async def result(self, item: I) -> R:
         """``item``'s result once its batch is written (or the exception for it)."""
@@ -58,7 +68,7 @@ class LedgerBatch(Generic[I, R]):
         self._pending.append((item, future))
         if len(self._pending) >= self.size:
             self._flush()
-        elif self._timer is None:
+        elif self._timer is None and not self._writing:
             self._timer = (
                 loop.call_later(self.interval_s, self._flush)
                 if self.interval_s > 0
@@ -72,6 +82,7 @@ class LedgerBatch(Generic[I, R]):
             self._timer = None
         batch, self._pending = self._pending, []
         if batch:
+            self._writing += 1
             detached(self._written(batch))
 
     async def _written(self, batch: list[tuple[I, asyncio.Future[R]]]) -> None:
@@ -82,6 +93,10 @@ class LedgerBatch(Generic[I, R]):
                 if not future.done():
                     future.set_exception(exc)
             return
+        finally:
+            self._writing -= 1
+            if self._pending and not self._writing and self._timer is None:
+                self._flush()  # what arrived while it was written: the next batch, now
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():  # its request was cancelled: the write is done all the same
                 continue

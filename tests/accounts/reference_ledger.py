@@ -26,6 +26,7 @@ from accounts.algebra import VALUES
 from accounts.ledger.counters import budget_counters_ensure
 from accounts.ledger.store import (
     BudgetExhausted,
+    Open,
     Outcome,
     PriorityCharge,
     Settled,
@@ -149,6 +150,26 @@ class ReferenceLedger:
             defaults={"tenant": tenant, "api_key": api_key, "created_at": now, **fields},
         )
         return request
+
+    def requests_open(self, *, opens: Sequence[Open], now: datetime) -> list[Request | Exception]:
+        """:meth:`request_open` of each, one after another: its row, or why it was not
+        opened."""
+        results: list[Request | Exception] = []
+        for o in opens:
+            try:
+                results.append(
+                    self.request_open(
+                        tenant=o.tenant,
+                        api_key=o.api_key,
+                        request_id=o.request_id,
+                        amount=o.amount,
+                        now=now,
+                        fields=o.fields,
+                    )  # fmt: skip
+                )
+            except (BudgetExhausted, ValueError) as exc:
+                results.append(exc)
+        return results
 
     def _hold(
         self,

@@ -27,26 +27,26 @@ from __future__ import annotations
 
 from .charge import SETTLE_SQL, SettleAsk, SettleOutcome, request_prices, requests_settle
 from .hold import (
-    HOLD_AND_REQUEST_SQL,
-    HOLD_SQL,
+    HOLDS_SQL,
     RELEASE_SQL,
     BudgetRow,
+    HoldAsk,
     HoldOutcome,
     counters_lock,
     hold_close,
-    hold_place,
+    holds_place,
 )
 from .sql import model_loaded
 
 __all__ = [
-    "HOLD_AND_REQUEST_SQL",
-    "HOLD_SQL",
+    "HOLDS_SQL",
     "RELEASE_SQL",
     "BudgetRow",
+    "HoldAsk",
     "HoldOutcome",
     "counters_lock",
     "hold_close",
-    "hold_place",
+    "holds_place",
     "model_loaded",
     "SETTLE_SQL",
     "request_prices",

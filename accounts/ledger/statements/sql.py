@@ -79,6 +79,17 @@ PARAM_TYPES = {
     "ttft_s_each": "double precision[]",
     "e2e_s_each": "double precision[]",
     "summed": "boolean",
+    # A batch of holds, one array element each, in arrival order.
+    "tenants": "bigint[]",
+    "keys": "bigint[]",
+    "amounts": "numeric[]",
+    "with_requests": "boolean[]",
+    "markets": "bigint[]",
+    "bids": "numeric[]",
+    "priority_caps": "numeric[]",
+    "request_classes": "varchar[]",
+    "bid_sources": "varchar[]",
+    "gateways": "varchar[]",
 }
 
 

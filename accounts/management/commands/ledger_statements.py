@@ -9,8 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from accounts.ledger import statements
 
 STATEMENTS = {
-    "hold": statements.HOLD_SQL,
-    "hold_and_request": statements.HOLD_AND_REQUEST_SQL,
+    "hold": statements.HOLDS_SQL,
     "settle": statements.SETTLE_SQL,
     "release": statements.RELEASE_SQL,
 }

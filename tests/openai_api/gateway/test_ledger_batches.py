@@ -1,13 +1,16 @@
-"""The gateway's batches of settlements (``openai_api.gateway.batching``) on the real database
-threads and PostgreSQL: concurrent settlements written together, each with its own result; a
-request id twice in one batch charged once; a batch whose write cannot reach the database
-failing each of its requests with the error a lone settlement gets (``DatabaseUnavailable``, a
-503), losing nothing, and settled once when tried again."""
+"""The gateway's batches of holds and settlements (``openai_api.gateway.batching``) on the real
+database threads and PostgreSQL: concurrent holds and settlements written together, each with
+its own result (a hold a budget refuses refused alone); what arrives while a batch is written
+going together in the next (a group commit); a request id twice in one batch charged once; a
+batch whose write cannot reach the database failing each of its requests with the error a lone
+settlement gets (``DatabaseUnavailable``, a 503), losing nothing, and settled once when tried
+again."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 
@@ -15,9 +18,25 @@ import pytest
 from django.db import connections
 
 from accounts.ledger import Outcome, Usage
-from accounts.models import Hold, HoldState, LedgerEntry, RequestStatus
+from accounts.models import (
+    BudgetCounter,
+    Hold,
+    HoldState,
+    LedgerEntry,
+    Period,
+    Request,
+    RequestStatus,
+)
 from accounts.selectors.ledger_check import ledger_check
-from accounts.services import Served, request_open, requests_settle
+from accounts.services import (
+    BudgetExhausted,
+    Opening,
+    Served,
+    budget_set,
+    request_open,
+    requests_open,
+    requests_settle,
+)
 from openai_api.gateway import db as gateway_db
 from openai_api.gateway.batching import LedgerBatch
 from openai_api.gateway.errors import DatabaseUnavailable
@@ -82,6 +101,59 @@ def test_concurrent_settlements_are_written_together_each_with_its_result() -> N
     assert write.sizes == [4, 4, 2]
     assert [r.outcome for r in again] == [Outcome.DUPLICATE] * 10
     assert LedgerEntry.objects.count() == 20
+    assert ledger_check(grace_s=60).ok
+
+
+def test_concurrent_holds_are_written_together_and_a_refused_one_alone() -> None:
+    """A day budget of $0.0025 and four holds of $0.001 at once: one write for the four; the
+    first two fit ($0.002 held), the third and the fourth need $0.001 with $0.0005 left: each
+    refused, with its own figures."""
+    market = market_create("holds")
+    tenant = tenant_create("holds")
+    budget_set(tenant=tenant, limit=Decimal("0.0025"), period=Period.DAY)
+    sizes: list[int] = []
+
+    def write(openings: list[Opening]):  # type: ignore[no-untyped-def]
+        sizes.append(len(openings))
+        return requests_open(openings=openings)
+
+    openings = [
+        Opening(f"h-{i}", tenant, None, market, Decimal("0"), Decimal("0.001")) for i in range(4)
+    ]
+    results = asyncio.run(_all(LedgerBatch(write, interval_s=0.05, size=64), openings))
+    assert sizes == [4]
+    assert [type(r) for r in results] == [Request, Request, BudgetExhausted, BudgetExhausted]
+    assert [r.figures()["held"] for r in results[2:]] == ["0.002000000"] * 2
+    assert BudgetCounter.objects.get(tenant=tenant, api_key=None).held == Decimal("0.002")
+    assert Hold.objects.filter(state=HoldState.OPEN).count() == 2
+    assert ledger_check(grace_s=60).ok
+
+
+def test_what_arrives_while_a_batch_is_written_goes_in_the_next() -> None:
+    """A group commit, with no wait of its own (interval 0): the first settlement is written
+    alone at once; four arriving while its write runs (slowed to 0.3 s here) wait for it and
+    are written together right after it."""
+    ids, market = _opened(5)
+    sizes: list[int] = []
+
+    def write(served: list[Served]):  # type: ignore[no-untyped-def]
+        sizes.append(len(served))
+        if len(sizes) == 1:
+            time.sleep(0.3)
+        return requests_settle(served=served)
+
+    served = [Served(rid, USAGE, priority_charge("0.0002"), market) for rid in ids]
+
+    async def run() -> list[object]:
+        batch = LedgerBatch(write, interval_s=0, size=64)
+        first = asyncio.ensure_future(batch.result(served[0]))
+        await asyncio.sleep(0.1)  # the first write is running
+        rest = await _all(batch, served[1:])
+        return [await first, *rest]
+
+    results = asyncio.run(run())
+    assert sizes == [1, 4]
+    assert [r.outcome for r in results] == [Outcome.WRITTEN] * 5
     assert ledger_check(grace_s=60).ok
 
 

@@ -14,7 +14,7 @@ from market.models import ControlChange, Market, Replica, ReserveChange
 from market.tasks import engine_config_push_enqueue
 from market.wait_bounds import wait_bound_write
 from mechanism import MAX_BID, wait_bound
-from mechanism.aging import wait_bound_checked
+from mechanism.aging import WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S, wait_bound_checked
 from mechanism.policies import policy_offered
 
 logger = logging.getLogger(__name__)
@@ -138,9 +138,7 @@ def market_wait_bound_set(
     if mode not in wait_bound.MODES:
         raise ValueError(f"the wait bound is {', '.join(wait_bound.MODES)}, not {mode!r}")
     if mode == wait_bound.PINNED:
-        new = wait_bound_checked(wait_bound_s)
-        if new == 0:
-            raise ValueError("a pinned wait bound needs a length; to turn it off choose off")
+        new = _pinned(wait_bound_s)
     elif wait_bound_s is not None and not (mode == wait_bound.OFF and wait_bound_s == 0):
         raise ValueError(f"the wait bound's length is set by hand only when pinned, not {mode}")
     with transaction.atomic():
@@ -154,6 +152,20 @@ def market_wait_bound_set(
             engine_config_push_on_commit(market_id=market.pk)
     market.wait_bound_mode, market.wait_bound_s = locked.wait_bound_mode, locked.wait_bound_s
     return change
+
+
+def _pinned(wait_bound_s: object) -> float:
+    """A pinned wait bound, seconds: in the mechanism's range, 0 (off) excluded."""
+    try:
+        new = wait_bound_checked(wait_bound_s)
+    except ValueError:
+        new = 0.0
+    if new == 0:
+        raise ValueError(
+            f"a pinned wait bound is {WAIT_BOUND_MIN_S:g}..{WAIT_BOUND_MAX_S:g} seconds (to turn "
+            f"it off choose off), got {wait_bound_s!r}"
+        )
+    return new
 
 
 def market_reserve_max_set(

@@ -24,6 +24,7 @@ from tests.personas import PERSONAS, logged_in, world_create
 AT = datetime(2026, 12, 4, 5, tzinfo=UTC)
 CONSOLE = "/console/markets/test-llm/"
 OUT_OF_RANGE = "the wait bound must be 0 (off) or 0.5..3600 seconds"
+PINNED_RANGE = "a pinned wait bound is 0.5..3600 seconds"
 
 
 @pytest.mark.django_db
@@ -54,8 +55,8 @@ def test_the_bound_is_checked_audited_and_pushed_once_committed(
         with pytest.raises(ValueError, match="wait bound must be 0"):
             market_wait_bound_set(market=market, wait_bound_s=bad, user=operator)
     refusals = [
-        ({"mode": "pinned", "wait_bound_s": 0}, "a pinned wait bound needs a length"),
-        ({"mode": "pinned", "wait_bound_s": 0.25}, "wait bound must be 0"),
+        ({"mode": "pinned", "wait_bound_s": 0}, PINNED_RANGE + r" \(to turn it off choose off\)"),
+        ({"mode": "pinned", "wait_bound_s": 0.25}, PINNED_RANGE + ".*got 0.25"),
         ({"mode": "auto", "wait_bound_s": 30}, "set by hand only when pinned"),
         ({"mode": "off", "wait_bound_s": 30}, "set by hand only when pinned"),
         ({"mode": "sometimes"}, "the wait bound is auto, pinned, off, not 'sometimes'"),
@@ -196,7 +197,8 @@ def test_a_bad_bound_on_the_console_says_why_and_changes_nothing(client) -> None
         assert "Wait bound not changed" in text, bad
         assert (OUT_OF_RANGE in text) or "number of seconds" in text, bad
     for mode, bad, says in [
-        ("pinned", "0", "a pinned wait bound needs a length; to turn it off choose off"),
+        ("pinned", "0", "a pinned wait bound is 0.5..3600 seconds (to turn it off choose off)"),
+        ("pinned", "0.25", "a pinned wait bound is 0.5..3600 seconds"),
         ("pinned", "", "is not a number of seconds"),
         ("never", "", "the wait bound is auto, pinned, off, not &#x27;never&#x27;"),
     ]:

@@ -243,14 +243,8 @@ def _live(
     if replicas > 1:
         options = RouterOptions(port=dead_port(), worker_urls=tuple(s.url for s in sims))
         router = Router(options).start()
-    market = Market.objects.create(
-        slug=slug,
-        name="Live LLM",
-        served_model=f"org/{slug}",
-        price_input_per_mtok="0.15",
-        price_cached_input_per_mtok="0.075",
-        price_output_per_mtok="0.6",
-        engine_url=router.url if router is not None else sims[0].url,
+    market = browser_market_create(
+        slug, "Live LLM", engine_url=router.url if router is not None else sims[0].url
     )
     if router is not None:
         for i, sim in enumerate(sims):
@@ -283,6 +277,21 @@ def _live(
             sim.stop()
         caches_clear()
         api_key_cache_clear()
+
+
+def browser_market_create(slug: str, name: str, **fields: object) -> Market:
+    """A market at the demo's prices ($0.15 / $0.075 / $0.60 per million input, cached input
+    and output tokens), its engine at a port nothing listens on unless ``fields`` say
+    otherwise."""
+    prices = {
+        "price_input_per_mtok": "0.15",
+        "price_cached_input_per_mtok": "0.075",
+        "price_output_per_mtok": "0.6",
+        "engine_url": f"http://127.0.0.1:{dead_port()}",
+    }
+    return Market.objects.create(
+        slug=slug, name=name, served_model=f"org/{slug}", **{**prices, **fields}
+    )
 
 
 def now_utc() -> datetime:

@@ -16,8 +16,7 @@ import pytest
 
 from market.models import ControlChange, Market, ReserveChange
 from tests.accounts.factories import user_create
-from tests.browser.conftest import SCREENSHOTS, login, screenshot
-from tests.conftest import dead_port
+from tests.browser.conftest import SCREENSHOTS, browser_market_create, login, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -36,16 +35,8 @@ AUTO_VALUES = ("0.005239381", "0.005894304", "0.006631092", "0.007460  ", "0.008
 
 @pytest.fixture
 def logged_market(asgi_server, transactional_db) -> Market:
-    market = Market.objects.create(
-        slug="layout-llm",
-        name="Layout LLM",
-        served_model="org/layout-llm",
-        price_input_per_mtok="0.15",
-        price_cached_input_per_mtok="0.075",
-        price_output_per_mtok="0.6",
-        engine_url=f"http://127.0.0.1:{dead_port()}",
-        auto_reserve=True,
-        auto_reserve_target_s=2.5,
+    market = browser_market_create(
+        "layout-llm", "Layout LLM", auto_reserve=True, auto_reserve_target_s=2.5
     )
     operator = user_create("operator", staff=True)
     at = datetime(2026, 12, 6, 5, 0, tzinfo=UTC)

@@ -41,8 +41,7 @@ from market.live import whatif
 from market.live.book import book_publish, book_rows, state_key
 from market.models import Market
 from tests.accounts.factories import tenant_create, user_create
-from tests.browser.conftest import SCREENSHOTS, login
-from tests.conftest import dead_port
+from tests.browser.conftest import SCREENSHOTS, browser_market_create, login
 from tests.engines.contract.test_whatif_record import workload
 from tests.market.live_helpers import record, subtree
 
@@ -121,16 +120,7 @@ def view_shot(page, name: str) -> None:
 
 @pytest.fixture
 def market(asgi_server, transactional_db) -> Market:
-    market = Market.objects.create(
-        slug=SLUG,
-        name="Figures LLM",
-        served_model=f"org/{SLUG}",
-        price_input_per_mtok="0.15",
-        price_cached_input_per_mtok="0.075",
-        price_output_per_mtok="0.6",
-        engine_url=f"http://127.0.0.1:{dead_port()}",
-        reserve=RESERVE,
-    )
+    market = browser_market_create(SLUG, "Figures LLM", reserve=RESERVE)
     user_create("operator", staff=True)
     whatif.whatif_clear(SLUG)
     cache.delete(state_key(SLUG))

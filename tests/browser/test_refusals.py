@@ -20,8 +20,7 @@ import pytest
 
 from market.models import ControlChange, Market, ReserveChange
 from tests.accounts.factories import user_create
-from tests.browser.conftest import SCREENSHOTS, login
-from tests.conftest import dead_port
+from tests.browser.conftest import SCREENSHOTS, browser_market_create, login
 
 pytestmark = pytest.mark.browser
 
@@ -55,16 +54,7 @@ PLACED = """([control, field]) => {
 
 @pytest.fixture
 def market(asgi_server, transactional_db) -> Market:
-    market = Market.objects.create(
-        slug="refusal-llm",
-        name="Refusal LLM",
-        served_model="org/refusal-llm",
-        price_input_per_mtok="0.15",
-        price_cached_input_per_mtok="0.075",
-        price_output_per_mtok="0.6",
-        engine_url=f"http://127.0.0.1:{dead_port()}",
-        reserve=RESERVE,
-    )
+    market = browser_market_create("refusal-llm", "Refusal LLM", reserve=RESERVE)
     user_create("operator", staff=True)
     return market
 

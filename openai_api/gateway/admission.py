@@ -218,7 +218,7 @@ async def request_held(opening: Opening) -> Request:
     """Hold a request and record it in this process's batch of holds (``batching``): its row;
     BudgetExhaustedError when a budget refuses it."""
     try:
-        return await ledger_batch(_openings).result(opening)
+        return await ledger_batch(_openings, kind="holds").result(opening)
     except BudgetExhausted as exc:
         raise _refused(exc) from None
 

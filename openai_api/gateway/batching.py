@@ -34,6 +34,7 @@ from typing import Generic, TypeVar
 
 from django.conf import settings
 
+from openai_api.gateway import metrics
 from openai_api.gateway.db import db_call, detached
 
 I = TypeVar("I")  # noqa: E741 (an item of a batch)
@@ -43,7 +44,8 @@ R = TypeVar("R")
 class LedgerBatch(Generic[I, R]):
     """Items gathered for one write (``write``: items in arrival order -> each one's result or
     exception, in that order), written ``interval_s`` seconds after the first arrived, or, when
-    a write was running then, as soon as it is done; at once when there are ``size``."""
+    a write was running then, as soon as it is done; at once when there are ``size``. With a
+    ``kind``, each write's size is counted in ``gateway_ledger_batch_size``."""
 
     def __init__(
         self,
@@ -51,6 +53,7 @@ class LedgerBatch(Generic[I, R]):
         *,
         interval_s: float,
         size: int,
+        kind: str | None = None,
     ) -> None:
         if size < 1 or interval_s < 0:
             raise ValueError(f"a batch needs size >= 1 and interval >= 0 s: {size}, {interval_s}")
@@ -60,6 +63,7 @@ class LedgerBatch(Generic[I, R]):
         self._pending: list[tuple[I, asyncio.Future[R]]] = []
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._writing = 0  # writes running
+        self._sizes = None if kind is None else metrics.LEDGER_BATCH.labels(kind)
 
     async def result(self, item: I) -> R:
         """``item``'s result once its batch is written (or the exception for it)."""
@@ -83,6 +87,8 @@ class LedgerBatch(Generic[I, R]):
         batch, self._pending = self._pending, []
         if batch:
             self._writing += 1
+            if self._sizes is not None:
+                self._sizes.observe(len(batch))
             detached(self._written(batch))
 
     async def _written(self, batch: list[tuple[I, asyncio.Future[R]]]) -> None:
@@ -111,8 +117,11 @@ _batches: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
-def ledger_batch(write: Callable[[list[I]], Sequence[R | Exception]]) -> LedgerBatch[I, R]:
-    """The running event loop's batch for ``write`` (the settings read when it is made)."""
+def ledger_batch(
+    write: Callable[[list[I]], Sequence[R | Exception]], *, kind: str
+) -> LedgerBatch[I, R]:
+    """The running event loop's batch for ``write`` (the settings read when it is made), its
+    sizes counted as ``kind``'s."""
     loop = asyncio.get_running_loop()
     mine = _batches.setdefault(loop, {})
     batch = mine.get(write)
@@ -121,5 +130,6 @@ def ledger_batch(write: Callable[[list[I]], Sequence[R | Exception]]) -> LedgerB
             write,
             interval_s=settings.GATEWAY_LEDGER_BATCH_S,
             size=settings.GATEWAY_LEDGER_BATCH_SIZE,
+            kind=kind,
         )
     return batch

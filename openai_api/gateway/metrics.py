@@ -15,6 +15,7 @@ Labels: ``market`` (slug; ``-`` before a market is known), ``endpoint`` (``chat`
 | gateway_requests_waiting | gauge | of those, with no byte of the engine's answer yet |
 | gateway_engine_ttft_seconds | histogram | forward to the engine's first byte, seconds |
 | gateway_request_duration_seconds | histogram | a request's time in the gateway, to its last byte |
+| gateway_ledger_batch_size | histogram | holds or settlements written per statement, by kind |
 
 Served by several worker processes (``config.serving``), each counts its own requests: set
 ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory (the same for every worker, emptied before
@@ -107,6 +108,14 @@ DURATION = Histogram(
     registry=REGISTRY,
 )
 
+LEDGER_BATCH = Histogram(
+    "gateway_ledger_batch_size",
+    "Holds or settlements written in one statement (the gateway's batches), by kind.",
+    ["kind"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+    registry=REGISTRY,
+)
+
 
 def _children_kept(metric: Any) -> None:
     """``metric.labels(...)`` with each child kept in a dict once made: a request's several label
@@ -125,7 +134,7 @@ def _children_kept(metric: Any) -> None:
 
 
 for _metric in (REQUESTS, ERRORS, BIDS, TOKEN_CHARGES, PRIORITY_CHARGES, IN_FLIGHT, WAITING, TTFT,
-                DURATION):  # fmt: skip
+                DURATION, LEDGER_BATCH):  # fmt: skip
     _children_kept(_metric)
 
 

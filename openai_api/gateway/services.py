@@ -148,7 +148,7 @@ async def _settled(
 async def request_settled(served: Served, *, within_s: float = OUTAGE_RETRY_S) -> Settled:
     """Settle a served request in this process's batch of settlements (``batching``), tried
     again while the database cannot be reached, for up to ``within_s`` seconds."""
-    batch = ledger_batch(_settlements)
+    batch = ledger_batch(_settlements, kind="settlements")
     return await retried(lambda: batch.result(served), within_s=within_s)
 
 

@@ -38,6 +38,7 @@ from accounts.services import (
     requests_settle,
 )
 from openai_api.gateway import db as gateway_db
+from openai_api.gateway import metrics
 from openai_api.gateway.batching import LedgerBatch
 from openai_api.gateway.errors import DatabaseUnavailable
 from openai_api.gateway.services import request_settled
@@ -145,7 +146,7 @@ def test_what_arrives_while_a_batch_is_written_goes_in_the_next() -> None:
     served = [Served(rid, USAGE, priority_charge("0.0002"), market) for rid in ids]
 
     async def run() -> list[object]:
-        batch = LedgerBatch(write, interval_s=0, size=64)
+        batch = LedgerBatch(write, interval_s=0, size=64, kind="group-commit-test")
         first = asyncio.ensure_future(batch.result(served[0]))
         await asyncio.sleep(0.1)  # the first write is running
         rest = await _all(batch, served[1:])
@@ -153,6 +154,9 @@ def test_what_arrives_while_a_batch_is_written_goes_in_the_next() -> None:
 
     results = asyncio.run(run())
     assert sizes == [1, 4]
+    counted = {"kind": "group-commit-test"}
+    assert metrics.REGISTRY.get_sample_value("gateway_ledger_batch_size_count", counted) == 2
+    assert metrics.REGISTRY.get_sample_value("gateway_ledger_batch_size_sum", counted) == 5
     assert [r.outcome for r in results] == [Outcome.WRITTEN] * 5
     assert ledger_check(grace_s=60).ok
 

@@ -46,7 +46,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,7 +53,6 @@ from typing import Any
 
 import aiohttp
 from plotly.subplots import make_subplots
-from prometheus_client.parser import text_string_to_metric_families
 
 from engines.client.answers import generate_body, meta_parsed
 from engines.router import Router, RouterOptions, free_ports, http_wait
@@ -66,7 +64,7 @@ from .html import Section, Table, command_line, write_json, write_page
 from .live import admitted
 from .metrics import Served, mean, percentile, summarize
 from .progress import Progress
-from .replicas import ENGINE_POLICY, config_settings, scaled
+from .replicas import ENGINE_POLICY, Started, config_settings, engine_cache_counts, scaled
 from .runner import simulate, steady_throughput
 from .trace import load_trace
 from .workloads import BenchRequest, Workload, chat, gsp
@@ -113,7 +111,7 @@ def capacity_rps(workload: Workload, config: EngineConfig) -> float:
 
 
 @dataclass
-class Engines:
+class Engines(Started):
     """``len(configs)`` simulated engines over ``processes`` processes, and ``gateways`` smg
     instances in front of them (none: the engines are reached directly)."""
 
@@ -127,13 +125,6 @@ class Engines:
     urls: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     routers: list[Router] = field(default_factory=list)
-
-    def __enter__(self) -> Engines:
-        try:
-            return self._start()
-        except BaseException:
-            self.__exit__()
-            raise
 
     def _start(self) -> Engines:
         n = len(self.configs)
@@ -182,16 +173,8 @@ class Engines:
 
     def cache_counts(self) -> tuple[float, float]:
         """(cached, prompt) tokens over every engine (their ``/metrics``)."""
-        cached = prompt = 0.0
-        for url in self.urls:
-            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
-                text = answer.read().decode()
-            values = {
-                s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            }
-            cached += values.get("sglang:cached_tokens_total", 0.0)
-            prompt += values.get("sglang:prompt_tokens_total", 0.0)
-        return cached, prompt
+        counts = [engine_cache_counts(url) for url in self.urls]
+        return sum(c for c, _ in counts), sum(p for _, p in counts)
 
 
 async def drive(

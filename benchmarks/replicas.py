@@ -191,8 +191,38 @@ def setup_name(policy: str, variant: str, thresholds: dict[str, float | bool]) -
     return policy + "".join(f" {k}={v:g}" for k, v in thresholds.items())
 
 
+class Started:
+    """A context manager whose ``_start`` starts processes: on a failed start, what it had
+    started is stopped (``__exit__``) before the error goes on."""
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def __exit__(self, *exc: object) -> None:
+        raise NotImplementedError
+
+
+def engine_cache_counts(url: str) -> tuple[float, float]:
+    """An engine's (cached, prompt) tokens so far, from its ``/metrics``."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    families = text_string_to_metric_families(text)
+    values = {sample.name: sample.value for f in families for sample in f.samples}
+    return (
+        values.get("sglang:cached_tokens_total", 0.0),
+        values.get("sglang:prompt_tokens_total", 0.0),
+    )
+
+
 @dataclass
-class Fleet:
+class Fleet(Started):
     """Engines as child processes (and the gateway in front of them, with ``router_kwargs``:
     RouterOptions; None for one engine alone)."""
 
@@ -203,13 +233,6 @@ class Fleet:
     policy: str = ENGINE_POLICY
     engines: list[tuple[str, str, Path, subprocess.Popen[bytes]]] = field(default_factory=list)
     router: Router | None = None
-
-    def __enter__(self) -> Fleet:
-        try:
-            return self._start()
-        except BaseException:
-            self.__exit__()
-            raise
 
     def _start(self) -> Fleet:
         *ports, router_port, metrics_port = free_ports(len(self.configs) + 2)
@@ -255,17 +278,7 @@ class Fleet:
 
     def cache_counts(self) -> dict[str, tuple[float, float]]:
         """Engine id -> (cached, prompt) tokens from its ``/metrics``."""
-        out = {}
-        for engine_id, url, _, _ in self.engines:
-            with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
-                text = answer.read().decode()
-            families = text_string_to_metric_families(text)
-            values = {sample.name: sample.value for f in families for sample in f.samples}
-            out[engine_id] = (
-                values.get("sglang:cached_tokens_total", 0.0),
-                values.get("sglang:prompt_tokens_total", 0.0),
-            )
-        return out
+        return {engine_id: engine_cache_counts(url) for engine_id, url, _, _ in self.engines}
 
 
 async def drive(

@@ -49,22 +49,28 @@ What this module sets, and why:
   within seconds.
 - **Routing**: ``policy`` ``prefix_hash`` (``DEFAULT_POLICY``), chosen by the fleet benchmark
   (``benchmarks/fleet.py``; docs/engines.md, "A fleet of replicas"): at 8, 16 and 32 replicas
-  and with hundreds of prefixes it had the best cache hit rate of smg's policies, a lower
-  mean TTFT than ``cache_aware``, and it needs no state shared between gateways (two smg
-  instances route a prefix alike), where ``cache_aware`` piled every short request that
-  shares a common system prompt onto one replica. Its settings are smg's own (the first 256
-  tokens, or 1024 characters of a text prompt; the next replica along the ring above 1.25 x
-  the mean load) unless ``prefix_token_count`` or ``prefix_hash_load_factor`` say otherwise.
-  Under ``cache_aware`` its thresholds are smg's own unless given (``cache_threshold`` 0.3;
-  the balance gate, ``balance_abs_threshold`` 64 and ``balance_rel_threshold`` 1.5, which
-  spills a request off a replica that is busier than the fleet by both). Whatever the policy,
-  **smg's worker-overload protection is off** (``worker_overload_protection`` False): it
-  leaves out of routing a replica with 8 or more requests waiting, and in a market waiting is
-  the normal state (the queue is what bids order), so it scatters each prefix over the
-  replicas and the cache hit rate falls to round robin's (the replicas benchmark,
-  ``benchmarks/replicas.py``; docs/engines.md, "Replicas behind SGLang's model gateway": 2
-  replicas under ``cache_aware``, 2 seeds, loads 1 and 1.5, mean TTFT 0.18 and 0.26 s against
-  0.25 and 0.36 s with the protection on).
+  and with hundreds of prefixes it had the best cache hit rate of smg's policies, a lower mean
+  TTFT than ``cache_aware``, and it needs no state shared between gateways (two smg instances
+  route a prefix alike), where ``cache_aware`` piled every short request that shares a common
+  system prompt onto one replica. Its settings are smg's own unless ``prefix_token_count``,
+  ``prefix_hash_load_factor`` or ``prefix_hash_balance_abs_threshold`` say otherwise: the first
+  256 tokens, or 1024 characters of a text prompt, pick a replica on the ring, and a request
+  leaves it for the least loaded replica when its load (smg's own count of the requests it has
+  in flight there, nothing the engine reports) is above both 1.25 x the mean and the mean + 10
+  (smg 1.13's ``policies/prefix_hash.rs``, ``load_ok``; the mean counts the incoming request).
+  The absolute margin is what keeps a small fleet's hot prefix in place: with two replicas one
+  must hold 22 requests more than the other before any leaves it, so ``live_market``'s demo (two
+  replicas, four requests running on each) sets it to 0 and the factor to 1.0. Under
+  ``cache_aware`` its thresholds are smg's own unless given (``cache_threshold`` 0.3; the
+  balance gate, ``balance_abs_threshold`` 64 and ``balance_rel_threshold`` 1.5, which spills a
+  request off a replica that is busier than the fleet by both). Whatever the policy, **smg's
+  worker-overload protection is off** (``worker_overload_protection`` False): it leaves out of
+  routing a replica with 8 or more requests waiting, and in a market waiting is the normal state
+  (the queue is what bids order), so it scatters each prefix over the replicas and the cache hit
+  rate falls to round robin's (the replicas benchmark, ``benchmarks/replicas.py``;
+  docs/engines.md, "Replicas behind SGLang's model gateway": 2 replicas under ``cache_aware``, 2
+  seeds, loads 1 and 1.5, mean TTFT 0.18 and 0.26 s against 0.25 and 0.36 s with the protection
+  on).
 - **No hub**: smg registers a tokenizer job for each worker's ``tokenizer_path``, which it would
   look up on a model hub; nothing outside is reachable here, and routing needs no tokenizer
   (its policies read the text or the token ids as sent), so ``HF_ENDPOINT`` points at a closed
@@ -121,9 +127,11 @@ class RouterOptions:
     balance_rel_threshold: float | None = None
     worker_overload_protection: bool = False
     # prefix_hash: the request's first ``prefix_token_count`` tokens pick a replica on a hash
-    # ring, the next one along while its load is above ``prefix_hash_load_factor`` x the mean.
+    # ring, the least loaded instead while that one's requests in flight are above both
+    # ``prefix_hash_load_factor`` x the mean and the mean + ``prefix_hash_balance_abs_threshold``.
     prefix_token_count: int | None = None
     prefix_hash_load_factor: float | None = None
+    prefix_hash_balance_abs_threshold: int | None = None
     health_check_interval_s: int = 2
     health_failure_threshold: int = 2
     circuit_failure_threshold: int = 2
@@ -176,6 +184,7 @@ def router_argv(options: RouterOptions, *, python: str = sys.executable) -> list
         ("--balance-rel-threshold", options.balance_rel_threshold),
         ("--prefix-token-count", options.prefix_token_count),
         ("--prefix-hash-load-factor", options.prefix_hash_load_factor),
+        ("--prefix-hash-balance-abs-threshold", options.prefix_hash_balance_abs_threshold),
     ):
         if value is not None:
             argv += [flag, str(value)]

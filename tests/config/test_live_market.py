@@ -35,11 +35,15 @@ import psycopg
 import pytest
 import redis
 
-from config.management.commands.live_market import port_free
+from config.management.commands.live_market import (
+    DEMO_PREFIX_HASH_ABS_THRESHOLD,
+    DEMO_PREFIX_HASH_LOAD_FACTOR,
+    port_free,
+)
 from engines.contract.control import RedisControlStore, now_state
 from engines.contract.records import DEFAULT_STREAM
 from engines.contract.wire import ADMIN_TOKEN_ENV
-from engines.router import CONTROL_KEY_ENV, router_ready
+from engines.router import CONTROL_KEY_ENV, DEFAULT_POLICY, router_ready
 from engines.sim.background import ServerThread
 from engines.sim.server import ServerOptions
 from tests.conftest import REPO_ROOT, dead_port
@@ -580,6 +584,13 @@ def test_write_config_writes_a_reusable_file_and_starts_nothing(tmp_path, databa
     # rate that overloads a small machine.
     (agents,) = [c for c in commands.splitlines() if "benchmarks.agents" in c]
     assert "--load 0.85" in agents and "--sessions-per-minute" not in agents
+    # The fleet's routing, with the demo's overload test (two replicas, one per prompt at best).
+    (router,) = [c for c in commands.splitlines() if "engines.router" in c]
+    assert f" --policy {DEFAULT_POLICY} " in router
+    assert (
+        f" --prefix-hash-load-factor {DEMO_PREFIX_HASH_LOAD_FACTOR}"
+        f" --prefix-hash-balance-abs-threshold {DEMO_PREFIX_HASH_ABS_THRESHOLD} " in router
+    )
     assert not (tmp_path / "var" / "logs" / "engine-1.log").exists()
     assert not _listening(engine + 1)
 

@@ -17,6 +17,10 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from config.management.commands.live_market import (
+    DEMO_PREFIX_HASH_ABS_THRESHOLD,
+    DEMO_PREFIX_HASH_LOAD_FACTOR,
+)
 from engines.client import EngineClient, EngineError, EngineUnavailable, generate_body
 from engines.router import (
     CONTROL_KEY_ENV,
@@ -221,6 +225,45 @@ def test_cache_aware_keeps_a_prefix_on_one_replica() -> None:
     assert sorted(len(s) for s in served) == [0, 6]  # all six on the replica that has the head
 
 
+@pytest.mark.parametrize("demo", [False, True], ids=["smg", "demo"])
+def test_prefix_hash_moves_a_prefix_off_its_loaded_replica_only_under_the_demos_settings(
+    demo: bool,
+) -> None:
+    """One system prompt (longer than the 1024 characters prefix_hash hashes), 12 requests at
+    once, replicas that run one at a time: under smg's own overload test (above 1.25 x the mean
+    and above it by 10 requests) all 12 stay on the prompt's replica and the other idles (the
+    demo's two prompts on one replica); under live_market's both serve about half."""
+    settings = ("max_running_requests=1", "step_fixed_s=0.02")
+    with replicas("h1", "h2", settings=settings) as reps:
+        options = RouterOptions(
+            port=dead_port(), worker_urls=tuple(r.url for r in reps), policy="prefix_hash",
+            prefix_hash_balance_abs_threshold=DEMO_PREFIX_HASH_ABS_THRESHOLD if demo else None,
+            prefix_hash_load_factor=DEMO_PREFIX_HASH_LOAD_FACTOR if demo else None,
+        )  # fmt: skip
+        with Router(options) as front:
+
+            async def burst() -> None:
+                client = EngineClient()
+                head = " ".join(f"rule{i}" for i in range(200))  # 1290 characters
+                try:
+                    await asyncio.gather(*(
+                        client.generate(base_url=front.url, body=generate_body(
+                            rid=f"b{i}", max_new_tokens=20, bid=0.1, text=f"{head} question {i}"
+                        ))
+                        for i in range(12)
+                    ))  # fmt: skip
+                finally:
+                    await client.aclose()
+
+            asyncio.run(burst())
+    served = sorted(len(r.served()) for r in reps)
+    assert sum(served) == 12
+    if demo:
+        assert served[0] >= 4, served  # within a request or two of even
+    else:
+        assert served == [0, 12]
+
+
 def test_a_killed_replica_leaves_the_rotation_and_returns_when_restarted() -> None:
     with replicas("k1", "k2") as (alive, doomed), router([alive, doomed], "round_robin") as front:
         port = doomed.port
@@ -300,12 +343,17 @@ def test_the_command_line_maps_the_markets_settings_one_to_one() -> None:
     assert line.endswith(" --disable-worker-overload-protection")
     for flag in ("--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold",
                  "--prefix-token-count", "--prefix-hash-load-factor",
-                 "--priority-scheduler-enabled", "--control-plane-api-keys"):  # fmt: skip
+                 "--prefix-hash-balance-abs-threshold", "--priority-scheduler-enabled",
+                 "--control-plane-api-keys"):  # fmt: skip
         assert flag not in argv
     hashed = RouterOptions(
-        port=30000, worker_urls=urls, prefix_token_count=64, prefix_hash_load_factor=1.1
+        port=30000, worker_urls=urls, prefix_token_count=64, prefix_hash_load_factor=1.1,
+        prefix_hash_balance_abs_threshold=0,
+    )  # fmt: skip
+    assert (
+        "--prefix-token-count 64 --prefix-hash-load-factor 1.1 "
+        "--prefix-hash-balance-abs-threshold 0 " in " ".join(router_argv(hashed))
     )
-    assert "--prefix-token-count 64 --prefix-hash-load-factor 1.1 " in " ".join(router_argv(hashed))
     protected = RouterOptions(port=30000, worker_urls=urls, worker_overload_protection=True)
     assert "--disable-worker-overload-protection" not in router_argv(protected)
     opened = RouterOptions(

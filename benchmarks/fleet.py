@@ -79,6 +79,12 @@ ROUTINGS: dict[str, tuple[str, dict[str, float | int | bool]]] = {
     "consistent_hashing": ("consistent_hashing", {}),
     # cache-aware with smg's own defaults (its worker-overload protection on)
     "cache_aware/smg": ("cache_aware", {"worker_overload_protection": True}),
+    # prefix_hash that moves a request off its prefix's replica as soon as that replica's
+    # requests in flight are above the mean (smg's: above 1.25 x the mean and the mean + 10)
+    "prefix_hash/balanced": (
+        "prefix_hash",
+        {"prefix_hash_balance_abs_threshold": 0, "prefix_hash_load_factor": 1.0},
+    ),
 }
 BASELINES = (ENGINE_POLICY, BASE, UNCONSTRAINED)
 ENGINES_START_S = 60.0

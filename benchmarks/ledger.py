@@ -461,10 +461,12 @@ def main(argv: list[str] | None = None) -> None:
     progress = Progress(len(todo), enabled=not args.no_progress)
     points = []
     try:
-        for i, (rate, mode) in enumerate(todo):
+        for rate, mode in todo:
             progress.set_label(f"{mode} at {_rate(rate)} req/s")
             progress.advance(0)
-            point = run_point(mode=mode, rate=rate, args=args, world=world, seed=args.seed + i)
+            # Every way at a rate gets the same arrivals.
+            seed = args.seed + args.rates.index(rate)
+            point = run_point(mode=mode, rate=rate, args=args, world=world, seed=seed)
             points.append(point)
             progress.advance()
             connections.close_all()

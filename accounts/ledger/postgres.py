@@ -136,7 +136,7 @@ class PostgresLedger:
         one's hold (the first one for a replay) and whether its request's row was written with
         it, or why not (BudgetExhausted, ValueError). One statement places them all, unless one
         is not placed as the others assumed (a budget refused it, its counter rows are
-        missing, a replay): it is then settled on its own, and its tenant's asks after it, and
+        missing, a replay): it is then resolved on its own, and its tenant's asks after it, and
         a request id's second ask, go in the next statement."""
         results: list[tuple[Hold, bool] | Exception | None] = [None] * len(asks)
         pending = list(range(len(asks)))

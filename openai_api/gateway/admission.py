@@ -106,7 +106,7 @@ def request_admit_for(
     batch jobs, which keep no key's secret."""
     admission = _admission(params=params, tenant=tenant, api_key=api_key, request_id=request_id)
     if admission.opening is not None:
-        _opened((requests_open(openings=[admission.opening]))[0])
+        _opened(requests_open(openings=[admission.opening])[0])
     return admission.admitted
 
 

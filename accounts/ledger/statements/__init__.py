@@ -1,4 +1,4 @@
-"""The ledger's writes on PostgreSQL, one statement each: a hold, a charge, a release.
+"""The ledger's writes on PostgreSQL, one statement each: holds, charges, a release.
 
 Each function here does in one SQL statement (so in one round trip, atomic without BEGIN and
 COMMIT) what a write of the ledger needs; the store (``accounts.ledger.postgres``) runs them. A
@@ -11,16 +11,17 @@ Locks, in the same order everywhere so that two statements never deadlock: the r
 then its hold's, then the counter rows of its tenant and of its key, in that order
 (``ORDER BY api_key_id NULLS FIRST ... FOR UPDATE``); a batch of settlements takes its
 requests' rows in request id order, then their holds', then the counter rows of its tenants
-and keys in (tenant, key) order, then the autobidders' in id order. ``FOR UPDATE`` returns the
+and keys in (tenant, key) order, then the autobidders' in id order; a batch of holds takes
+the counter rows of its tenants and keys in (tenant, key) order. ``FOR UPDATE`` returns the
 newest committed version of a row it waited for, so every check below reads values no one else
 can change before the statement commits: concurrent holds cannot overspend a budget. The
 counters' window rule is ``accounts.rules.window_counted``.
 
-The modules: ``hold`` (a hold placed, a hold closed, counter rows locked), ``charge`` (a batch
-of requests settled as if one after another, a request's prices) and ``sql`` (the cursor,
-parameter types and SQL fragments they share). The money rules in them are not written here:
-each is ``accounts.rules``'s, read as SQL. To read the statements as PostgreSQL runs them:
-``manage.py ledger_statements``.
+The modules: ``hold`` (a batch of holds placed as if one after another, a hold closed,
+counter rows locked), ``charge`` (a batch of requests settled as if one after another, a
+request's prices) and ``sql`` (the cursor, parameter types and SQL fragments they share).
+The money rules in them are not written here: each is ``accounts.rules``'s, read as SQL. To
+read the statements as PostgreSQL runs them: ``manage.py ledger_statements``.
 """
 
 from __future__ import annotations

@@ -141,12 +141,7 @@ class PostgresLedger:
         results: list[tuple[Hold, bool] | Exception | None] = [None] * len(asks)
         pending = list(range(len(asks)))
         while pending:
-            batch: list[int] = []
-            later: list[int] = []
-            ids: set[str] = set()
-            for k in pending:  # a request id asked twice: its second ask sees the first's hold
-                (later if asks[k].request_id in ids else batch).append(k)
-                ids.add(asks[k].request_id)
+            batch, later = _this_statement(asks, pending)
             outcomes = statements.holds_place(asks=[asks[k] for k in batch], now=now)
             for k, placed in zip(batch, outcomes, strict=True):
                 if placed.waits:
@@ -223,12 +218,7 @@ class PostgresLedger:
         pending = list(range(len(asks)))
         ensured: set[tuple[int, int | None]] = set()
         while pending:
-            batch: list[int] = []
-            later: list[int] = []
-            ids: set[str] = set()
-            for k in pending:  # a request id asked twice: its second ask sees the first's result
-                (later if asks[k].request_id in ids else batch).append(k)
-                ids.add(asks[k].request_id)
+            batch, later = _this_statement(asks, pending)
             outcomes = statements.requests_settle(
                 asks=[_statement_ask(asks[k]) for k in batch], now=now
             )
@@ -271,6 +261,18 @@ class PostgresLedger:
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
         """The request's market's prices now; None when there is no such request."""
         return statements.request_prices(request_id=request_id)
+
+
+def _this_statement(asks: Sequence[Any], pending: list[int]) -> tuple[list[int], list[int]]:
+    """``pending``'s indices into ``asks`` split into this statement's and the next's: a
+    request id asked twice goes in the next, where its second ask sees the first's result."""
+    batch: list[int] = []
+    later: list[int] = []
+    ids: set[str] = set()
+    for k in pending:
+        (later if asks[k].request_id in ids else batch).append(k)
+        ids.add(asks[k].request_id)
+    return batch, later
 
 
 def _statement_ask(ask: ToSettle) -> statements.SettleAsk:

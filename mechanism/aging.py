@@ -23,9 +23,10 @@ less the request's own credit times the time its bid saves it. The ledger sees b
 only: a credit is never money.
 
 Rounds stay incremental: a request's credit changes k times at most, and ``AgeClock`` keeps the
-time of each request's next step in a heap, so a round gives new credits only to the requests
-that crossed a step since the last one (``RequestTree.set_credits`` marks their paths changed,
-as new bids would, in one version) and the planner redoes only those paths.
+requests waiting for each level in the order they reach it, so a round gives new credits only
+to the requests that crossed a step since the last one, at O(1) a step
+(``RequestTree.credit_entries`` marks their paths changed, as new bids would, in one version),
+and the planner redoes only those paths.
 
 The tenant-level charges (payments.TenantCharges) take off what the standard charge bills for
 the own tenant's other requests, so at their bids plus their credits, the same weights.
@@ -42,10 +43,11 @@ bid ranks as once its request has waited the bound (``wait_bound.ranks_as``).
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass
 
 from .requests import MAX_BID, number_checked, to_ticks
-from .tree import RequestTree
+from .tree import Entry, RequestTree
 
 # The credit's steps up to the bound and its density at the bound ($/s per prompt token), chosen
 # on the KV sweep (docs/benchmarks.md, "Bounded waiting"): with a 28 s bound, 16 steps of up to
@@ -124,49 +126,76 @@ class AgeClock:
 
     ``admit`` each request as it joins the tree; ``advance`` before each round gives the new
     credits of those that crossed a step. A request that left the tree is dropped when its next
-    step comes up. Each request costs O(log n) per step, ``steps`` steps at most.
+    step comes up.
+
+    A request reaches level ``l`` at ``arrival + l x wait_s / steps``, so the requests waiting
+    for one level reach it in the order they arrived. Each level keeps its own queue of them in
+    that order, and a round takes from each queue's front only the requests that are due: a step
+    costs O(1). A request whose time would break its queue's order (it joined the clock after a
+    later arrival: a request put back in the queue, or the clock started over a tree) waits in a
+    heap instead, O(log n) a step.
     """
 
     def __init__(self, credit: AgeCredit) -> None:
         self.credit = credit
-        self._next: list[tuple[float, str]] = []  # (time of the next step, request id)
+        # Level l's queue at index l - 1: (time it reaches l, request id), in time order.
+        self._queues: list[deque[tuple[float, str]]] = [deque() for _ in range(credit.steps)]
+        self._late: list[tuple[float, str]] = []  # the same, out of its queue's order
         self._level: dict[str, tuple[float, int]] = {}  # request id -> (arrival, level)
 
     def admit(self, request_id: str, arrival: float) -> None:
         """Start the clock of a request that arrived at ``arrival`` (seconds), at level 0."""
         self._level[request_id] = (arrival, 0)
-        heapq.heappush(self._next, (self.credit.step_at(arrival, 1), request_id))
+        self._schedule(self.credit.step_at(arrival, 1), request_id, 1)
+
+    def _schedule(self, due: float, request_id: str, level: int) -> None:
+        queue = self._queues[level - 1]
+        if queue and due < queue[-1][0]:
+            heapq.heappush(self._late, (due, request_id))
+        else:
+            queue.append((due, request_id))
 
     def advance(self, tree: RequestTree, now: float) -> int:
         """Give the requests that crossed a step by ``now`` their new credits (one change of
-        the tree: ``RequestTree.set_credits``); returns how many changed."""
-        heap = self._next
+        the tree: ``RequestTree.credit_entries``); returns how many changed."""
         levels = self._level
         credit = self.credit
         entries = tree.entries
-        credits: list[tuple[str, int]] = []
+        credits: list[tuple[Entry, int]] = []
         steps = credit.steps
         per_token = to_ticks(credit.density)  # ``credit_ticks`` written out, the same integers
         step_at = credit.step_at
+        queues = self._queues
+        late = self._late
         pop = heapq.heappop
-        push = heapq.heappush
-        while heap and heap[0][0] <= now:
-            _, rid = pop(heap)
+
+        def crossed(rid: str) -> None:
             entry = entries.get(rid)
             got = levels.get(rid)
             if entry is None or got is None or entry.req.arrival != got[0]:
                 levels.pop(rid, None)  # it left the tree (admitted, cancelled)
-                continue
+                return
             arrival, level = got
             # ``AgeCredit.level`` from the level reached: this entry is due, so it holds.
             while level < steps and step_at(arrival, level + 1) <= now:
                 level += 1
             levels[rid] = (arrival, level)
-            credits.append((rid, per_token * len(entry.req.tokens) * level // steps))
+            credits.append((entry, per_token * len(entry.req.tokens) * level // steps))
             if level < steps:
-                push(heap, (step_at(arrival, level + 1), rid))
+                due = step_at(arrival, level + 1)
+                queue = queues[level]
+                if queue and due < queue[-1][0]:
+                    heapq.heappush(late, (due, rid))
+                else:
+                    queue.append((due, rid))
+
+        for queue in queues:
+            while queue and queue[0][0] <= now:
+                crossed(queue.popleft()[1])
+        while late and late[0][0] <= now:
+            crossed(pop(late)[1])
         if credits:
-            tree.set_credits(credits)
+            tree.credit_entries(credits)
         return len(credits)
 
 

@@ -385,17 +385,14 @@ class RequestTree:
         entry.credit = credit
         self._changed_at(entry.node)
 
-    def set_credits(self, credits: Iterable[tuple[str, int]]) -> None:
-        """``set_credit`` for many requests at once, as one change of the tree (one version):
-        each path is marked up to where an earlier one of the batch marked it already, so a
-        round's credit steps cost their requests, not their depth times their number."""
+    def credit_entries(self, credits: Iterable[tuple[Entry, int]]) -> None:
+        """New age credits for many of this tree's entries at once, as one change of the tree
+        (one version): each path is marked up to where an earlier one of the batch marked it
+        already, so a round's credit steps cost their requests, not their depth times their
+        number. Unchecked: for the age clock, which reads the entries from the tree and works
+        the credits out itself as ints >= 0 (``set_credit`` checks one)."""
         v = self.version + 1
-        for request_id, credit in credits:
-            entry = self._waiting(request_id)
-            if isinstance(credit, bool) or not isinstance(credit, int) or credit < 0:
-                raise ValueError(
-                    f"request {request_id!r}: credit must be an int >= 0, got {credit!r}"
-                )
+        for entry, credit in credits:
             entry.credit = credit
             x: Node | None = entry.node
             while x is not None and x.changed != v:

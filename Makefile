@@ -19,8 +19,11 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE_PORT ?= 30000
 REPLICAS ?= 2
+# Extra `manage.py live_market` options for `make run`, e.g.
+# `make run RUN_ARGS="--router-policy cache_aware --load 0.7"` (`manage.py live_market --help`).
+RUN_ARGS ?=
 LIVE_MARKET := manage.py live_market --host "$(HOST)" --port "$(PORT)" \
-	--engine-port "$(ENGINE_PORT)" --replicas "$(REPLICAS)"
+	--engine-port "$(ENGINE_PORT)" --replicas "$(REPLICAS)" $(RUN_ARGS)
 # The SGLang plugin's CPU test stage has a venv of its own: SGLang 0.5.23 (installed without its
 # GPU dependencies), torch and the project.
 SGLANG_VENV := .venv-sglang

@@ -742,3 +742,20 @@ def test_the_automatic_reserve_steps_on_beat(tmp_path, database, seeded):
         # half (0.001423828 x 1.125 = 0.0016018065, the fifth step) may round either way.
         assert abs(new - old * Decimal("1.125")) <= Decimal("0.5e-9"), (old, new)
         expected = new
+
+
+def test_make_run_passes_run_args_to_both_live_market_calls() -> None:
+    """``make run RUN_ARGS=...`` gives the options to the port check and to the run itself
+    (``make -n``: printed, nothing run)."""
+    done = subprocess.run(
+        ["make", "-n", "run", "RUN_ARGS=--no-agents --load 0.5", "PORT=8123"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    calls = re.findall(r"manage\.py live_market ([^&'\\]*)", done.stdout)
+    assert len(calls) == 2, done.stdout
+    check, run = (c.split() for c in calls)
+    assert check[-1] == "--check-ports" and "--check-ports" not in run
+    for argv in (check, run):
+        assert argv[argv.index("--port") + 1] == '"8123"'
+        at = argv.index("--no-agents")
+        assert argv[at + 1 : at + 3] == ["--load", "0.5"]

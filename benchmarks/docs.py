@@ -8,7 +8,8 @@ A generated block of a Markdown file lies between two markers::
     <!-- end of generated block -->
 
 A sweep run in parts (``--sweep-kv``/``--sweep-groups`` each) names its files joined by ``+``:
-its grid is theirs in that order, and the block names every part's command.
+its grid is theirs in that order, and the block names every part's command. So do several fleet
+runs (``fleet-seeds``), whose rows stay apart, one set per run.
 
 ``python -m benchmarks.docs [DOC.md ...]`` (:data:`DEFAULT_DOCS` when none is named) rewrites every
 block from its JSON file (a path from the repository root) with the renderer ``KIND`` names
@@ -28,6 +29,7 @@ from pathlib import Path
 from accounts.figures import duration
 from mechanism.bench import KINDS
 
+from .fleet import seeds_table as fleet_seeds_table
 from .fleet import table as fleet_table
 from .goal import Goal
 from .html import Table, command_line
@@ -236,6 +238,37 @@ def fleet_block(doc: dict) -> str:
     )
 
 
+def fleet_seeds_block(doc: dict) -> str:
+    """Several ``python -m benchmarks.fleet --json`` runs (joined by ``+``): the gain kept per
+    run and its median (see its ``seeds_table``)."""
+    parts = doc["meta"]["parts"]
+    commands = "; ".join(f"`{m['command']}`" for m in parts)
+    return (
+        f"{commands}. Per routing measured by every run, each run (by its seed; a repeat of a "
+        "seed is a second run of it), the median over the runs and the runs pooled (the sums of "
+        "their gains in capture's ratio), the engines ordering by the DFS auction: the cache hit "
+        "rate, kept (capture over the one queue's, n/a where highest-bid gained nothing in the "
+        "fleet), and the welfare gains over lpm of the auction and of highest-bid, whose ratio "
+        "is capture, in the fleet and in the one queue.\n\n"
+        + fleet_seeds_table(
+            [(_run_label(m, parts[:i]), rows)
+             for i, (m, rows) in enumerate(zip(parts, doc["parts_rows"], strict=True))]
+        ).markdown()
+    )  # fmt: skip
+
+
+def _run_label(meta: dict, before: list[dict]) -> str:
+    """A run's seed from its command (``--seed N``, else 0), "repeat" when an earlier part
+    ran the same seed."""
+
+    def seed(m: dict) -> int:
+        words = m["command"].split()
+        return int(words[words.index("--seed") + 1]) if "--seed" in words else 0
+
+    own = seed(meta)
+    return f"seed {own}" + (" (repeat)" if any(seed(m) == own for m in before) else "")
+
+
 def pacing_block(doc: dict) -> str:
     """``python -m benchmarks.pacing --json``: per binding budget, the rule in force (the dual
     step alone) and the candidate (the path term) on the held-out seeds (its ``before_after``),
@@ -271,6 +304,7 @@ def ledger_block(doc: dict) -> str:
 
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "fleet": fleet_block,
+    "fleet-seeds": fleet_seeds_block,
     "pacing": pacing_block,
     "ledger": ledger_block,
     "policies": policies_block,
@@ -284,10 +318,13 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
 
 def _loaded(source: str, root: Path) -> dict:
     """The JSON document ``source`` names; parts joined by ``+``: one sweep, their grids in
-    order (see the module)."""
+    order, or several fleet runs, their rows apart (see the module)."""
     docs = [json.loads((root / part).read_text(encoding="utf-8")) for part in source.split("+")]
     if len(docs) == 1:
         return docs[0]
+    if all("rows" in d for d in docs):  # several fleet runs: their rows kept apart
+        return {"meta": {"parts": [d["meta"] for d in docs]},
+                "parts_rows": [d["rows"] for d in docs]}  # fmt: skip
     meta = {**docs[0]["meta"], "parts": [d["meta"] for d in docs]}
     return {
         **docs[0],

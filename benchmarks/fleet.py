@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -352,6 +353,60 @@ def table(rows: list[dict[str, Any]]) -> Table:
             _share(r["capture"]), _share(r["kept"]), f"{r['urgent_mean_ttft_s']:.3f}",
             f"{r['background_mean_ttft_s']:.3f}", balance,
         ))  # fmt: skip
+    return Table(columns, lines)
+
+
+def seeds_table(parts: Sequence[tuple[str, list[dict[str, Any]]]]) -> Table:
+    """The routings that several runs all measured (``parts``: a label, say the seed, and the
+    rows of one ``--json``): a row per workload, replicas, routing and run, then two rows over
+    the runs: the median of kept, and kept pooled (the sums of the gains over the runs in
+    capture's ratio, so that a run whose gains are small weighs little). Each row: the hit rate,
+    kept, and the welfare gains over lpm (dollars) of the auction and of highest-bid, in the
+    fleet and in the one queue. Where the fleet's gains are small, its capture is a ratio of
+    small differences of real-time runs: that is where "kept" swings from run to run."""
+    columns = (
+        "workload", "replicas", "routing", "run", "hit", "kept",
+        "fleet: auction / highest-bid gain $", "one queue: auction / highest-bid gain $",
+    )  # fmt: skip
+    # (workload, replicas, routing) -> per run: label, hit, kept, and the four gains
+    runs: dict[tuple[str, int, str], list[tuple[str, float, float, tuple[float, ...]]]] = {}
+    for label, rows in parts:
+        by = {(r["workload"], r["replicas"], r["name"], r["engine_policy"]): r["welfare"]
+              for r in rows if r.get("requests")}  # fmt: skip
+        for r in rows:
+            w, n, name = r["workload"], r["replicas"], r["name"]
+            if r["engine_policy"] != ENGINE_POLICY or name == ONE_QUEUE or not r.get("requests"):
+                continue
+            try:
+                gains = tuple(
+                    by[(w, n, setup, policy)] - by[(w, n, setup, BASE)]
+                    for setup in (name, ONE_QUEUE)
+                    for policy in (ENGINE_POLICY, UNCONSTRAINED)
+                )
+            except KeyError:  # a baseline missing from this run
+                continue
+            kept = math.nan if r["kept"] is None else r["kept"]
+            runs.setdefault((w, n, name), []).append((label, r["cache_hit_rate"], kept, gains))
+    lines = []
+    for (w, n, name), got in runs.items():
+        if len(got) < len(parts):  # a routing only some of the runs measured
+            continue
+        for label, hit, kept, (fa, fh, oa, oh) in got:
+            lines.append((w, str(n), name, label, f"{hit:.3f}", _share(kept),
+                          f"{fa:.2f} / {fh:.2f}", f"{oa:.2f} / {oh:.2f}"))  # fmt: skip
+        valued = [k for _, _, k, _ in got if not math.isnan(k)]
+        median = (
+            f"{statistics.median(valued):.2f} ({sum(k >= 0.9 for k in valued)} of {len(valued)}"
+            " runs at 0.9 or more)"
+            if valued
+            else "n/a"
+        )
+        hit = statistics.median(h for _, h, _, _ in got)
+        lines.append((w, str(n), name, f"median of {len(got)}", f"{hit:.3f}", median, "", ""))
+        fa, fh, oa, oh = (math.fsum(g[i] for *_, g in got) for i in range(4))
+        pooled = (fa / fh) / (oa / oh) if fh > 0 and oh > 0 and oa > 0 else math.nan
+        lines.append((w, str(n), name, "pooled", "", _share(pooled),
+                      f"{fa:.2f} / {fh:.2f}", f"{oa:.2f} / {oh:.2f}"))  # fmt: skip
     return Table(columns, lines)
 
 

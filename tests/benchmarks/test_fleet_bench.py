@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from benchmarks.fleet import ONE_QUEUE, main, table, with_gains
+from benchmarks.fleet import ONE_QUEUE, main, seeds_table, table, with_gains
 
 
 def row(routing: str, policy: str, welfare: float, replicas: int = 4) -> dict:
@@ -44,6 +44,45 @@ def test_capture_and_the_share_kept_against_each_setups_own_lpm_and_highest_bid(
     # The table shows the auction's rows only, with the busiest engine over the mean (4 / 2.5).
     text = table(rows).text()
     assert text.count("gsp") == 3 and "1.60" in text and "0.64" in text
+
+
+def run_of(auction: float, lpm: float, top: float, extra: bool = False) -> list[dict]:
+    """One run's rows: the one queue gains 16 over lpm (capture 1.25), the fleet ``top - lpm``."""
+    rows = [
+        row(ONE_QUEUE, "dfs-auction-density", -30.0), row(ONE_QUEUE, "lpm", -50.0),
+        row(ONE_QUEUE, "highest-bid", -34.0), row("prefix_hash", "dfs-auction-density", auction),
+        row("prefix_hash", "lpm", lpm), row("prefix_hash", "highest-bid", top),
+    ]  # fmt: skip
+    if extra:  # a routing this run alone measured
+        welfare = {"dfs-auction-density": -90.0, "lpm": -100.0, "highest-bid": -95.0}
+        rows += [row("round_robin", policy, w) for policy, w in welfare.items()]
+    return with_gains(rows)
+
+
+def test_the_seeds_table_gives_each_runs_kept_and_their_median() -> None:
+    parts = [
+        # kept = ((a - l) / (t - l)) / 1.25: (20 / 25) / 1.25 = 0.64; (20 / 10) / 1.25 = 1.6;
+        # (15 / 12) / 1.25 = 1.0; highest-bid gaining nothing: n/a, left out of the median.
+        ("seed 0", run_of(-110.0, -130.0, -105.0, extra=True)),
+        ("seed 1", run_of(-110.0, -130.0, -120.0)),
+        ("seed 2", run_of(-115.0, -130.0, -118.0)),
+        ("seed 3", run_of(-110.0, -130.0, -131.0)),
+    ]
+    lines = seeds_table(parts).rows
+    assert [line[3] for line in lines] == [
+        "seed 0", "seed 1", "seed 2", "seed 3", "median of 4", "pooled",
+    ]  # fmt: skip
+    assert [line[5] for line in lines[:4]] == ["0.64", "1.60", "1.00", "n/a"]
+    # The fleet's auction and highest-bid gains over lpm; the one queue's are 20 and 16.
+    assert [line[6] for line in lines[:4]] == [
+        "20.00 / 25.00", "20.00 / 10.00", "15.00 / 12.00", "20.00 / -1.00",
+    ]  # fmt: skip
+    assert all(line[7] == "20.00 / 16.00" for line in lines[:4])
+    # The median of 0.64, 1.0 and 1.6 is 1.0; two of the three are at 0.9 or more.
+    assert lines[4][5] == "1.00 (2 of 3 runs at 0.9 or more)"
+    # Pooled: the fleet's (20 + 20 + 15 + 20) / (25 + 10 + 12 - 1) = 75 / 46 = 1.630 over the
+    # one queue's 80 / 64 = 1.25: 1.304.
+    assert lines[5][5] == "1.30" and lines[5][6] == "75.00 / 46.00"
 
 
 def test_a_small_fleet_runs_behind_one_and_two_gateways(tmp_path) -> None:

@@ -8,8 +8,9 @@ A generated block of a Markdown file lies between two markers::
     <!-- end of generated block -->
 
 A sweep run in parts (``--sweep-kv``/``--sweep-groups`` each) names its files joined by ``+``:
-its grid is theirs in that order, and the block names every part's command. So do several fleet
-runs (``fleet-seeds``), whose rows stay apart, one set per run.
+its grid is theirs in that order, and the block names every part's command. So do several runs
+of a benchmark whose JSON keeps ``rows`` (``fleet-seeds``, ``plugin-round``): their rows stay
+apart, one set per run.
 
 ``python -m benchmarks.docs [DOC.md ...]`` (:data:`DEFAULT_DOCS` when none is named) rewrites every
 block from its JSON file (a path from the repository root) with the renderer ``KIND`` names
@@ -38,6 +39,8 @@ from .ledger import table as ledger_table
 from .pacing import before_after, diagnosis_table
 from .replicas import table as replicas_table
 from .report import GOAL_LEGEND, formatted, from_json, goal_checks, load_text, policy_rows
+from .sglang_plugin import COLUMNS as PLUGIN_COLUMNS
+from .sglang_plugin import NAMES as PLUGIN_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DOCS = (  # with blocks
@@ -167,6 +170,33 @@ def round_cost_block(doc: dict) -> str:
         f"`{command_line('mechanism.bench', doc['meta']['argv'])}`: the median of "
         f"{doc['meta']['repeat']} repetitions (half as many above 10,000 waiting), each cell "
         f"the time, then x its ratio to {ROUND_BASE} in the same run.\n\n" + table.markdown()
+    )
+
+
+def plugin_round_block(doc: dict) -> str:
+    """``.venv-sglang/bin/python -m benchmarks.sglang_plugin --json`` (several joined by
+    ``+``): per run and point, the plugin's round and SGLang's own, each in milliseconds and
+    as its ratio to SGLang's dfs-weight in the same run."""
+    if "parts_rows" in doc:
+        runs = list(zip(doc["meta"]["parts"], doc["parts_rows"], strict=True))
+    else:
+        runs = [(doc["meta"], doc["rows"])]
+    rows = []
+    for _, points in runs:
+        for r in points:
+            bound = f"{r['wait_bound_s']:g} s" if r["wait_bound_s"] else "off"
+            rows.append(
+                [f"{r['requests']:,}", f"{r['churn']:.0%}", bound]
+                + [f"{r[k + '_ms']:.1f} ms x{r[k + '_ratio']:.3f}" for k in PLUGIN_COLUMNS]
+            )
+    commands = "; ".join(f"`.venv-sglang/bin/{m['command']}`" for m, _ in runs)
+    return (
+        f"{commands}: one scheduling round (the median of {runs[0][1][0]['rounds']} after a "
+        "warm-up), the plugin's with the charges and records of its admitted requests; each "
+        "cell the time, then x its ratio to SGLang's dfs-weight in the same run.\n\n"
+        + Table(
+            ["waiting", "churn", "wait bound", *(PLUGIN_NAMES[k] for k in PLUGIN_COLUMNS)], rows
+        ).markdown()
     )
 
 
@@ -312,17 +342,18 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "loads-goals": loads_goals_block,
     "round-cost": round_cost_block,
     "quote-calibration": quote_calibration_block,
+    "plugin-round": plugin_round_block,
     "replicas": replicas_block,
 }
 
 
 def _loaded(source: str, root: Path) -> dict:
     """The JSON document ``source`` names; parts joined by ``+``: one sweep, their grids in
-    order, or several fleet runs, their rows apart (see the module)."""
+    order, or several runs with ``rows``, their rows apart (see the module)."""
     docs = [json.loads((root / part).read_text(encoding="utf-8")) for part in source.split("+")]
     if len(docs) == 1:
         return docs[0]
-    if all("rows" in d for d in docs):  # several fleet runs: their rows kept apart
+    if all("rows" in d for d in docs):  # several runs (fleet, plugin): their rows kept apart
         return {"meta": {"parts": [d["meta"] for d in docs]},
                 "parts_rows": [d["rows"] for d in docs]}  # fmt: skip
     meta = {**docs[0]["meta"], "parts": [d["meta"] for d in docs]}

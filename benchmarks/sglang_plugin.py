@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import random
 import statistics
@@ -47,6 +46,8 @@ import time
 import warnings
 from array import array
 from collections.abc import Callable
+
+from .html import command_line, write_json
 
 SYSTEM_TOKENS = 256  # per group's shared system prompt
 USER_TOKENS = (32, 160)  # per request's own part, min and max
@@ -293,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             f" / {row['cache_changes_plain_ms']:.2f}"
         )
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(rows, out, indent=2)
+        meta = {"command": command_line("benchmarks.sglang_plugin", argv)}
+        write_json(args.json, {"meta": meta, "rows": rows})
     return 0
 
 

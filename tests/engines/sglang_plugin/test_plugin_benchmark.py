@@ -1,6 +1,6 @@
 """The plugin's benchmark command runs (``python -m benchmarks.sglang_plugin``): a small size,
-its JSON rows, and ratios that are each contender's time over SGLang's dfs-weight, recomputed
-here from the same row."""
+its JSON (the command and its rows), and ratios that are each contender's time over SGLang's
+dfs-weight, recomputed here from the same row."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from benchmarks.sglang_plugin import COLUMNS, main
 def test_the_plugin_benchmark_runs_and_writes_its_rows(tmp_path, capsys) -> None:
     out = tmp_path / "plugin.json"
     main(["--sizes", "150", "--churn", "0.05", "--rounds", "2", "--json", str(out)])
-    (row,) = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["command"].startswith("python -m benchmarks.sglang_plugin --sizes 150")
+    (row,) = doc["rows"]
     assert (row["requests"], row["churn"], row["admitted_per_round"]) == (150, 0.05, 8)
     base = row["sglang_dfs_weight_ms"]
     for name in COLUMNS:

@@ -362,6 +362,13 @@ def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: lis
     kids = xs.kids
     for block in xs.own:
         xs.drop(block)
+    # The children gone go first. A new child's block can equal a gone one's in every field but
+    # its node or request, which do not compare: a request that left and came back between two
+    # rounds (SGLang re-queues a retracted request under its id) has a new leaf and entry.
+    if len(kids) + sum(c not in kids for c in changed) > len(x.children):
+        children = set(x.children.values())
+        for c in [c for c in kids if c not in children]:
+            xs.drop(kids.pop(c))
     # ``drop`` and ``add`` written out for the changed children: with the wait bound on, a
     # round patches every request that crossed a credit step here.
     blocks = xs.inside
@@ -390,9 +397,6 @@ def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: lis
     xs.work = work
     xs.tie = tie
     xs.retie = retie
-    if len(kids) > len(x.children):
-        for c in kids.keys() - set(x.children.values()):
-            xs.drop(kids.pop(c))
     for block in own:
         xs.add(block)
     xs.settle()

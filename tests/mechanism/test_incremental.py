@@ -285,3 +285,26 @@ def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
     finally:
         dfs_auction._patch = real_patch
     assert patched > 100
+
+
+@pytest.mark.parametrize("policy", sorted(DFS_AUCTIONS))
+def test_a_request_that_leaves_and_comes_back_between_rounds_is_planned_once(policy):
+    # SGLang puts a retracted request back in its waiting queue with the same id: between two
+    # rounds its leaf goes and a new leaf for it comes. The new block equals the old one in
+    # every field but the request's entry, and the node still holds the old block while it
+    # patches in the new one (a patch: a few of many children changed). The 100k-waiting plugin
+    # benchmark met this (TypeError comparing two entries; the round ran in queue order).
+    system = (7,) * 20
+    reqs = [
+        WaitingRequest(f"r{i}", system + (i,), 0.5 + (i % 3), float(i), cached_len=20)
+        for i in range(12)
+    ]
+    tree = RequestTree(reqs)
+    clear_tree(tree, policy, reserve=0.0, overhead_tokens=1)
+    for req in (reqs[3], reqs[8]):  # two of twelve: patched, not re-sorted
+        tree.remove(req.id)
+        tree.insert(req)
+    got = clear_tree(tree, policy, reserve=0.0, overhead_tokens=1)
+    want = clear_tree(RequestTree(reqs), policy, reserve=0.0, overhead_tokens=1)
+    assert got.order == want.order and len(set(got.order)) == len(reqs)
+    assert got.payments == want.payments

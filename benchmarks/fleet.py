@@ -368,7 +368,8 @@ def seeds_table(parts: Sequence[tuple[str, list[dict[str, Any]]]]) -> Table:
         "workload", "replicas", "routing", "run", "hit", "kept",
         "fleet: auction / highest-bid gain $", "one queue: auction / highest-bid gain $",
     )  # fmt: skip
-    # (workload, replicas, routing) -> per run: label, hit, kept, and the four gains
+    # (workload, replicas, routing) -> per run: label, hit, kept, and the welfare of the auction,
+    # lpm and highest-bid in the fleet, then in the one queue
     runs: dict[tuple[str, int, str], list[tuple[str, float, float, tuple[float, ...]]]] = {}
     for label, rows in parts:
         by = {(r["workload"], r["replicas"], r["name"], r["engine_policy"]): r["welfare"]
@@ -378,22 +379,21 @@ def seeds_table(parts: Sequence[tuple[str, list[dict[str, Any]]]]) -> Table:
             if r["engine_policy"] != ENGINE_POLICY or name == ONE_QUEUE or not r.get("requests"):
                 continue
             try:
-                gains = tuple(
-                    by[(w, n, setup, policy)] - by[(w, n, setup, BASE)]
+                welfare = tuple(
+                    by[(w, n, setup, policy)]
                     for setup in (name, ONE_QUEUE)
-                    for policy in (ENGINE_POLICY, UNCONSTRAINED)
+                    for policy in (ENGINE_POLICY, BASE, UNCONSTRAINED)
                 )
             except KeyError:  # a baseline missing from this run
                 continue
             kept = math.nan if r["kept"] is None else r["kept"]
-            runs.setdefault((w, n, name), []).append((label, r["cache_hit_rate"], kept, gains))
+            runs.setdefault((w, n, name), []).append((label, r["cache_hit_rate"], kept, welfare))
     lines = []
     for (w, n, name), got in runs.items():
         if len(got) < len(parts):  # a routing only some of the runs measured
             continue
-        for label, hit, kept, (fa, fh, oa, oh) in got:
-            lines.append((w, str(n), name, label, f"{hit:.3f}", _share(kept),
-                          f"{fa:.2f} / {fh:.2f}", f"{oa:.2f} / {oh:.2f}"))  # fmt: skip
+        for label, hit, kept, welfare in got:
+            lines.append((w, str(n), name, label, f"{hit:.3f}", _share(kept), *_gains(welfare)))
         valued = [k for _, _, k, _ in got if not math.isnan(k)]
         median = (
             f"{statistics.median(valued):.2f} ({sum(k >= 0.9 for k in valued)} of {len(valued)}"
@@ -403,11 +403,22 @@ def seeds_table(parts: Sequence[tuple[str, list[dict[str, Any]]]]) -> Table:
         )
         hit = statistics.median(h for _, h, _, _ in got)
         lines.append((w, str(n), name, f"median of {len(got)}", f"{hit:.3f}", median, "", ""))
-        fa, fh, oa, oh = (math.fsum(g[i] for *_, g in got) for i in range(4))
-        pooled = (fa / fh) / (oa / oh) if fh > 0 and oh > 0 and oa > 0 else math.nan
-        lines.append((w, str(n), name, "pooled", "", _share(pooled),
-                      f"{fa:.2f} / {fh:.2f}", f"{oa:.2f} / {oh:.2f}"))  # fmt: skip
+        summed = tuple(math.fsum(welfare[i] for *_, welfare in got) for i in range(6))
+        fleet, one = capture(*summed[:3]), capture(*summed[3:])
+        pooled = fleet / one if one > 0 else math.nan
+        lines.append((w, str(n), name, "pooled", "", _share(pooled), *_gains(summed)))
     return Table(columns, lines)
+
+
+def _gains(welfare: Sequence[float]) -> tuple[str, str]:
+    """The auction's and highest-bid's welfare gains over lpm, in the fleet and in the one
+    queue (``welfare``: the auction's, lpm's and highest-bid's, the fleet's then the one
+    queue's)."""
+    auction, base, top, one_auction, one_base, one_top = welfare
+    return (
+        f"{auction - base:.2f} / {top - base:.2f}",
+        f"{one_auction - one_base:.2f} / {one_top - one_base:.2f}",
+    )
 
 
 def _share(x: float) -> str:

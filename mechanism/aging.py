@@ -149,6 +149,8 @@ class AgeClock:
         self._schedule(self.credit.step_at(arrival, 1), request_id, 1)
 
     def _schedule(self, due: float, request_id: str, level: int) -> None:
+        """Wait for ``level`` (reached at ``due``) in its queue, or in the heap if ``due`` is
+        before the last in that queue."""
         queue = self._queues[level - 1]
         if queue and due < queue[-1][0]:
             heapq.heappush(self._late, (due, request_id))
@@ -168,6 +170,7 @@ class AgeClock:
         queues = self._queues
         late = self._late
         pop = heapq.heappop
+        schedule = self._schedule
 
         def crossed(rid: str) -> None:
             entry = entries.get(rid)
@@ -182,12 +185,7 @@ class AgeClock:
             levels[rid] = (arrival, level)
             credits.append((entry, per_token * len(entry.req.tokens) * level // steps))
             if level < steps:
-                due = step_at(arrival, level + 1)
-                queue = queues[level]
-                if queue and due < queue[-1][0]:
-                    heapq.heappush(late, (due, rid))
-                else:
-                    queue.append((due, rid))
+                schedule(step_at(arrival, level + 1), rid, level + 1)
 
         for queue in queues:
             while queue and queue[0][0] <= now:

@@ -301,7 +301,7 @@ def _run_label(meta: dict, before: list[dict]) -> str:
 
 def pacing_block(doc: dict) -> str:
     """``python -m benchmarks.pacing --json``: per binding budget, the rule in force (the dual
-    step alone) and the candidate (the path term) on the held-out seeds (its ``before_after``),
+    step alone) and the candidate (its design) on the held-out seeds (its ``before_after``),
     then the rule in force's worst seeds (its ``diagnosis_table``)."""
     seeds = doc["held_out_seeds"]
     return (

@@ -28,9 +28,10 @@ bound). What the budget cut is reported as ``uncollected``.
 
 **Strategies.** ``pacing-dual``, the autobidder as the gateway and settlement run it (the dual
 step alone, ``mechanism.pacing``'s defaults), and ``pacing``, the candidate design of issue 50
-(``PATH_TERM``: the path term, its gain K tuned with eta0 on the training seeds; ``pacing-cold``
-the same from mu = 0); ``fixed mu`` for every mu of a log-spaced grid (``mu=0``: the full value,
-within the budget), ``zero`` (bids 0) and ``free`` (the full value, no budget). For the worst
+(``--design``: ``path``, ``PATH_TERM``'s path term, or ``fall``, ``FALL_BY_MU``'s fall by mu,
+its gain tuned with eta0 on the training seeds; ``pacing-cold`` the same from mu = 0); ``fixed
+mu`` for every mu of a log-spaced grid (``mu=0``: the full value, within the budget), ``zero``
+(bids 0) and ``free`` (the full value, no budget). ``target`` (below) paces as live. For the worst
 seeds of each binding row and both designs the report shows where the unspent budget went
 (time at mu_max, requests the exposure reserve bid 0, what the end guard held back, the spend
 and mu paths).
@@ -83,6 +84,7 @@ from engines.sim.driver import ArrivalQueue, run_virtual
 from mechanism.pacing import (
     DEFAULT_ETA0,
     DUAL_STEP_ONLY,
+    FALL_BY_MU,
     PATH_TERM,
     Exposure,
     PacingAgent,
@@ -108,6 +110,26 @@ MU_GRID = (0.0, *(0.02 * 10 ** (4 * k / 22) for k in range(23)))
 ETA0_GRID = (0.5, 1.0, 2.0)
 PATH_GAIN_GRID = (1.0, 2.0, 3.0)  # the path term's gains tuned over, with eta0
 CANDIDATE_PATH_GAIN = 3.0  # the candidate's path gain when none is tuned
+
+
+@dataclass(frozen=True)
+class Design:
+    """A pacing design tried against the rule in force: ``mechanism.pacing``'s settings for it,
+    the one of them tuned on the training seeds (its gain), and the gains tuned over."""
+
+    name: str  # as tables say it
+    settings: dict[str, float]
+    gain: str  # the PacingAgent field the tuned gain sets
+    symbol: str  # the gain's letter in tables
+    grid: tuple[float, ...]
+
+
+# The candidates (``--design``): the path term and the fall by mu (``mechanism.pacing``'s
+# docstring says what each does and why neither is taken).
+DESIGNS = {
+    "path": Design("the path term", PATH_TERM, "path_gain", "K", PATH_GAIN_GRID),
+    "fall": Design("the fall by mu", FALL_BY_MU, "fall_gain", "c", (2.0, 4.0)),
+}
 TRAIN_SEEDS = (0, 1, 2, 3)
 HELD_OUT_SEEDS = tuple(range(100, 116))
 UPDATES = 400  # pacing updates in the period
@@ -175,7 +197,8 @@ class Spec:
     budget: float = math.inf
     share: float = math.inf  # the budget as a share of the free spend (inf: none)
     eta0: float = DEFAULT_ETA0
-    path_gain: float = CANDIDATE_PATH_GAIN  # the candidate's path term (the dual step has none)
+    design: str = "path"  # the candidate's design (DESIGNS); the dual step is the rule in force
+    gain: float = CANDIDATE_PATH_GAIN  # the candidate's tuned gain (its design's)
     mu0: float = 0.0  # pacing's warm start
     # The class's latency target (TTFT seconds, probability), for "target" (the autobidder
     # bidding the quote, paced) and "quote0" (the period's first quote, then fixed).
@@ -236,6 +259,15 @@ def workload(seed: int, setup: Setup) -> tuple[BenchRequest, ...]:
     )
 
 
+CANDIDATES = ("pacing", "pacing-cold")  # the candidate design's runs; the others pace as live
+
+
+def _candidate(spec: Spec) -> dict[str, float]:
+    """The pacing settings of the candidate design's run ``spec``, its gain set."""
+    design = DESIGNS[spec.design]
+    return {**design.settings, design.gain: spec.gain}
+
+
 class _Focal:
     """The focal tenant's bidder and its books for one run: the safety rule as live."""
 
@@ -273,11 +305,7 @@ class _Focal:
                 eta0=spec.eta0,
                 mu_max=mu_max,
                 mu=min(spec.mu0, mu_max),
-                **(
-                    DUAL_STEP_ONLY
-                    if spec.strategy == "pacing-dual"
-                    else {**PATH_TERM, "path_gain": spec.path_gain}
-                ),
+                **(_candidate(spec) if spec.strategy in CANDIDATES else DUAL_STEP_ONLY),
             )
         elif spec.strategy.startswith("mu="):
             self.mu = float(spec.strategy[3:])
@@ -530,20 +558,29 @@ def _budgeted(spec: Spec, free: Outcome, share: float) -> Spec:
 
 
 def train(
-    runner: Runner, *, tenants, shares, seeds, eta0s, grid, gains=(CANDIDATE_PATH_GAIN,)
+    runner: Runner,
+    *,
+    tenants,
+    shares,
+    seeds,
+    eta0s,
+    grid,
+    design: str = "path",
+    gains=(CANDIDATE_PATH_GAIN,),
 ) -> dict:
-    """The training seeds: the fixed grid (its best mu per tenant and share), eta0 and the path
-    gain for pacing (the best mean utility ratio over the binding shares, among those that spent
-    0.95-1.00 of the budget on every training seed), and the warm starts (the mean mu each
-    pacing design ended at). The baseline design (``pacing-dual``: the dual step alone,
-    ``DUAL_STEP_ONLY``) runs at its own tuned eta0, ``DEFAULT_ETA0``; every design's training
-    figures are kept (``designs``): the comparison is made before any held-out seed is run."""
+    """The training seeds: the fixed grid (its best mu per tenant and share), eta0 and the
+    candidate ``design``'s gain for pacing (the best mean utility ratio over the binding shares,
+    among those that spent 0.95-1.00 of the budget on every training seed), and the warm starts
+    (the mean mu each pacing design ended at). The baseline design (``pacing-dual``: the dual
+    step alone, ``DUAL_STEP_ONLY``) runs at its own tuned eta0, ``DEFAULT_ETA0``; every design's
+    training figures are kept (``designs``): the comparison is made before any held-out seed is
+    run."""
     free, zero = _bases(runner, seeds, tenants)
     specs = []
     for s, t, share in itertools.product(seeds, tenants, shares):
         specs += [_budgeted(Spec(s, t, f"mu={mu:g}"), free[s, t], share) for mu in grid]
         specs += [
-            _budgeted(Spec(s, t, "pacing", eta0=e, path_gain=k), free[s, t], share)
+            _budgeted(Spec(s, t, "pacing", eta0=e, design=design, gain=k), free[s, t], share)
             for e in eta0s
             for k in gains
         ]
@@ -561,7 +598,7 @@ def train(
     binding = [s for s in shares if s in BINDING]
 
     def tuned(r: Scored, eta0: float, gain: float) -> bool:
-        return r.spec.eta0 == eta0 and r.spec.path_gain == gain
+        return r.spec.eta0 == eta0 and r.spec.gain == gain
 
     def trained(strategy: str, eta0: float, gain: float) -> tuple[bool, float, dict]:
         """Whether a design spent 0.95-1.00 on every training seed of every binding row, its
@@ -584,7 +621,10 @@ def train(
     choices = [(*trained("pacing", e, k)[:2], e, k) for e in eta0s for k in gains]
     ok_choices = [c for c in choices if c[0]] or choices
     eta0, gain = max(ok_choices, key=lambda c: c[1])[2:]
-    designs = {f"pacing eta0={e:g} K={k:g}": trained("pacing", e, k)[2] for _, _, e, k in choices}
+    symbol = DESIGNS[design].symbol
+    designs = {
+        f"pacing eta0={e:g} {symbol}={k:g}": trained("pacing", e, k)[2] for _, _, e, k in choices
+    }
     designs["pacing-dual"] = trained("pacing-dual", DEFAULT_ETA0, CANDIDATE_PATH_GAIN)[2]
     warm, warm_dual = {}, {}
     for t, share in itertools.product(tenants, shares):
@@ -598,9 +638,10 @@ def train(
         "best_fixed": best_fixed,
         "fixed_curve": fixed_curve,
         "eta0": eta0,
-        "path_gain": gain,
+        "design": design,
+        "gain": gain,
         "eta0_choices": [
-            {"eta0": e, "path_gain": k, "spend_ok": o, "mean_ratio": m} for o, m, e, k in choices
+            {"eta0": e, "gain": k, "spend_ok": o, "mean_ratio": m} for o, m, e, k in choices
         ],
         "designs": designs,
         "warm_mu": warm,
@@ -618,17 +659,20 @@ def held_out(runner: Runner, trained: dict, *, tenants, shares, seeds, extras=Tr
     tenant and share. Without ``extras``, neither the cold start nor the full value runs."""
     free, zero = _bases(runner, seeds, tenants)
     specs = []
-    eta0, gain = trained["eta0"], trained["path_gain"]
+    eta0, design, gain = trained["eta0"], trained["design"], trained["gain"]
     for s, t, share in itertools.product(seeds, tenants, shares):
         b, warm, best = free[s, t], trained["warm_mu"][t, share], trained["best_fixed"][t, share]
         dual = trained["warm_mu_dual"][t, share]
         specs += [
-            _budgeted(Spec(s, t, "pacing", eta0=eta0, path_gain=gain, mu0=warm), b, share),
+            _budgeted(
+                Spec(s, t, "pacing", eta0=eta0, design=design, gain=gain, mu0=warm), b, share
+            ),
             _budgeted(Spec(s, t, "pacing-dual", eta0=DEFAULT_ETA0, mu0=dual), b, share),
             _budgeted(Spec(s, t, best), b, share),
         ]
         if extras:
-            specs.append(_budgeted(Spec(s, t, "pacing-cold", eta0=eta0, path_gain=gain), b, share))
+            cold = Spec(s, t, "pacing-cold", eta0=eta0, design=design, gain=gain)
+            specs.append(_budgeted(cold, b, share))
         if extras and best != "mu=0":
             specs.append(_budgeted(Spec(s, t, "mu=0"), b, share))
     outs = runner.many(specs, "held-out seeds")
@@ -669,7 +713,8 @@ def _summary(t, share, runs, trained, free_scored, seeds) -> dict:
         "binding": share in BINDING,
         "best_fixed_on_training": best,
         "eta0": trained["eta0"],
-        "path_gain": trained["path_gain"],
+        "design": trained["design"],
+        "gain": trained["gain"],
         "warm_start_mu": trained["warm_mu"][t, share],
         "seeds": order,
         "focal_requests_mean": avg("requests"),
@@ -891,15 +936,16 @@ def _figure(x: float | None, spec: str) -> str:
 
 def before_after(summary: dict) -> Table:
     """Per binding row, the rule in force (``pacing-dual``: the dual step alone) and the
-    candidate design (``pacing``: the path term) on the held-out seeds: spend / budget over the
-    seeds, the utility ratio's lower confidence bound against the best fixed multiplier, the
-    most uncollected."""
+    candidate design (``pacing``: its ``design``, the path term in runs that do not say) on the
+    held-out seeds: spend / budget over the seeds, the utility ratio's lower confidence bound
+    against the best fixed multiplier, the most uncollected."""
     rows = []
     for key, r in summary.items():
         base = r.get("baseline")
         if not r["binding"] or base is None:
             continue
-        for name, x in (("in force: the dual step", base), ("tried: the path term", r)):
+        tried = f"tried: {DESIGNS[r.get('design', 'path')].name}"
+        for name, x in (("in force: the dual step", base), (tried, r)):
             spend = x["spend_over_budget"]
             rows.append((key, name, f"{min(spend):.3f}-{max(spend):.3f}",
                          _figure(x["utility_ratio_lcb"], ".3f"),
@@ -1023,10 +1069,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="eta0 values tuned over on the training seeds",
     )
     parser.add_argument(
+        "--design",
+        choices=tuple(DESIGNS),
+        default="path",
+        help="the candidate design run beside the rule in force: "
+        + "; ".join(f"{k}: {d.name}, gain {d.symbol}" for k, d in DESIGNS.items()),
+    )
+    parser.add_argument(
+        "--gain",
         "--path-gain",
         type=floats,
-        default=PATH_GAIN_GRID,
-        help="path gains K tuned over (with eta0) on the training seeds",
+        help="the candidate's gains tuned over (with eta0) on the training seeds; its design's "
+        "grid unless given",
     )
     parser.add_argument("--grid", type=int, default=len(MU_GRID), help="fixed mu points used")
     parser.add_argument("--workers", type=int, default=max(1, multiprocessing.cpu_count()))
@@ -1048,7 +1102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate=args.rate, period_s=args.period, updates=args.updates, charge_scope=args.charge_scope
     )
     tenants = [t for t in args.tenants.split(",") if t]
-    shares, eta0s, gains = list(args.shares), list(args.eta0), list(args.path_gain)
+    design = DESIGNS[args.design]
+    shares, eta0s, gains = list(args.shares), list(args.eta0), list(args.gain or design.grid)
     step = max(1, len(MU_GRID) // args.grid) if args.grid < len(MU_GRID) else 1
     grid = MU_GRID[::step]
     train_seeds = TRAIN_SEEDS[: args.train_seeds]
@@ -1073,6 +1128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seeds=train_seeds,
                 eta0s=eta0s,
                 grid=grid,
+                design=args.design,
                 gains=gains,
             )
             held_result = held_out(
@@ -1102,7 +1158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = result["held_out"]
             sections = [
                 Section("Held-out seeds", text, figures=[figure(result)]),
-                Section("The rule in force (the dual step) and the candidate (the path term)",
+                Section(f"The rule in force (the dual step) and the candidate ({design.name})",
                         tables=[before_after(summary)]),
                 Section("Designs on the training seeds", tables=[designs_table(result)]),
                 Section("Where the unspent budget went: the worst seeds of each row",

@@ -32,6 +32,14 @@ under its target than over it), so it spends early and buys less: its utility fe
 the best fixed multiplier's (docs/mechanism.md has the figures). It is kept here, measured
 beside the rule in force, for the next design to beat.
 
+**The fall by mu, tried and not taken** (``FALL_BY_MU``, off by default: ``fall_gain`` 0). With
+``fall_gain`` c > 0, a step down (an interval under its target) is ``1 + c / (1 + mu)^2`` times
+as long: the multiplier comes back fast after a burst when the shading is light (the loose
+budgets, where the diagnosis found the unspent money) and as the rule in force when it is heavy
+(the tight ones, where a fast fall would spend early on cheap requests). It spends more of every
+budget, but buys less with the tight ones: on held-out seeds its utility against the best fixed
+multiplier fell in every row (docs/mechanism.md has the figures).
+
 ``mu_max`` (:func:`mu_max_for`) is derived, not fixed: it is the multiplier at which the tenant
 could not exceed its target rate even if every request were charged its full bid x wait bound.
 A new period starts from the last one's multiplier (:meth:`PacingAgent.next_period`).
@@ -80,15 +88,19 @@ from .requests import number_checked
 
 DEFAULT_ETA0 = 1.0  # tuned on the benchmark's training seeds (benchmarks.pacing)
 DEFAULT_PATH_GAIN = 0.0  # no path term: tried (PATH_TERM), it lost utility (the docstring)
+DEFAULT_FALL_GAIN = 0.0  # no faster fall: tried (FALL_BY_MU), it lost utility (the docstring)
 DEFAULT_GRADIENT_CLIP = 20.0  # overspend in one interval: up to 21x the target counts in full
 DEFAULT_END_GUARD_SHARE = 0.1  # the last tenth of a period: mu rises by at most eta a step
 DEFAULT_UPDATES = 400  # updates per period when the caller does not say
 MU_MAX_FLOOR = 1.0  # the derived mu_max is never below this
 # The rule in force: the dual step alone (the defaults above, spelled out for the benchmark).
-DUAL_STEP_ONLY = {"path_gain": 0.0, "gradient_clip": 20.0, "end_guard_share": 0.1}
+DUAL_STEP_ONLY = {"path_gain": 0.0, "fall_gain": 0.0, "gradient_clip": 20.0, "end_guard_share": 0.1}
 # The design tried for issue 50 and not taken (the benchmark's "pacing" candidate, with its
 # path_gain tuned): a burst counted as twice the target only, no end guard, and the path term.
 PATH_TERM = {"gradient_clip": 1.0, "end_guard_share": 0.0}
+# The second design tried and not taken: the rule in force with a step down made longer the
+# lighter the shading (``fall_gain``, tuned by the benchmark).
+FALL_BY_MU = dict(DUAL_STEP_ONLY)
 
 # The exposure reserve: the high quantile of charge / (bid x wait bound) over recent autobid
 # requests, taken as what a request in flight will cost per dollar of its worst case.
@@ -131,6 +143,7 @@ class PacingAgent:
     mu_max: float = 100.0
     mu: float = 0.0  # the multiplier now (a warm start: the previous period's)
     path_gain: float = DEFAULT_PATH_GAIN
+    fall_gain: float = DEFAULT_FALL_GAIN
     gradient_clip: float = DEFAULT_GRADIENT_CLIP
     end_guard_share: float = DEFAULT_END_GUARD_SHARE
     spent: float = 0.0  # dollars spent so far in the period
@@ -144,6 +157,7 @@ class PacingAgent:
         number_checked("eta0", self.eta0)
         number_checked("gradient_clip", self.gradient_clip)
         number_checked("path_gain", self.path_gain, allow_zero=True)
+        number_checked("fall_gain", self.fall_gain, allow_zero=True)
         if not 0 <= self.end_guard_share < 1:
             raise ValueError(f"end_guard_share must lie in [0, 1), got {self.end_guard_share!r}")
         if isinstance(self.updates, bool) or not isinstance(self.updates, int) or self.updates < 1:
@@ -207,6 +221,8 @@ class PacingAgent:
             rise = min(rise, 1.0)
             self.guard_held += self.eta * max(0.0, min(self.gradient_clip, gradient) - rise)
         gradient = max(-1.0, min(rise, gradient))
+        if gradient < 0:  # the fall by mu (0: off)
+            gradient *= 1.0 + self.fall_gain / (1.0 + self.mu) ** 2
         top = math.log1p(self.mu_max)
         base = min(top, max(0.0, base + self.eta * gradient))
         level = min(top, base + self.path_gain * self.ahead())

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from mechanism.pacing import (
     DUAL_STEP_ONLY,
+    FALL_BY_MU,
     PATH_TERM,
     Exposure,
     PacingAgent,
@@ -93,6 +94,20 @@ def test_the_defaults_are_the_dual_step_alone_and_the_path_term_is_off_with_gain
     # With path_gain 0 the same burst moves it by the clipped gradient only.
     a = agent(eta0=1.0, path_gain=0.0, gradient_clip=1.0)
     assert a.observe(21.0, 10.0) == pytest.approx(math.expm1(0.1))
+
+
+def test_the_fall_by_mu_by_hand():
+    # The second design tried (FALL_BY_MU), fall gain 3, eta 0.1. An interval with nothing spent
+    # is gradient -1. At mu = 1 the step down is 1 + 3 / 2^2 = 1.75 times as long: log(1 + mu)
+    # from log 2 to log 2 - 0.175. At mu = 9 it is 1 + 3 / 100 = 1.03 times: log 10 - 0.103.
+    # A step up is the rule in force's: spending twice the target is +0.1.
+    for mu, fall in ((1.0, 0.175), (9.0, 0.103)):
+        a = agent(eta0=1.0, mu=mu, **{**FALL_BY_MU, "fall_gain": 3.0})
+        assert a.observe(0.0, 10.0) == pytest.approx(math.exp(math.log(1 + mu) - fall) - 1)
+        a = agent(eta0=1.0, mu=mu, **{**FALL_BY_MU, "fall_gain": 3.0})
+        assert a.observe(2 * a.target(10.0), 10.0) == pytest.approx((1 + mu) * math.exp(0.1) - 1)
+    # With fall gain 0 (the rule in force) the same empty interval is one step of 0.1.
+    assert agent(eta0=1.0, mu=1.0).observe(0.0, 10.0) == pytest.approx(2 * math.exp(-0.1) - 1)
 
 
 def test_mu_is_clipped_at_mu_max():

@@ -5,7 +5,7 @@ A line is ``{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions"
 (dollars per second of waiting). The whole file is checked before anything is written: one bad
 line refuses the file, and the error lists every bad line with its number (the first
 ``MAX_ERRORS_LISTED``). Streaming makes no sense in a batch and is refused. Every string of a
-line (``custom_id``, the body's) must be text that can be kept (``validation.body_parsed``).
+line (``custom_id``, the body's) must be text that can be kept (``refusals.body_parsed``).
 A line is checked by ``BatchLineRequest``, its body by its endpoint's model.
 """
 
@@ -19,17 +19,8 @@ from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from openai_api.gateway.errors import GatewayError, InvalidValue, MalformedRequest
-from openai_api.gateway.validation import (
-    CHAT,
-    COMPLETIONS,
-    LEFT_OUT_AS_NULL,
-    CompletionParams,
-    Says,
-    body_parsed,
-    completion_params,
-    text_checked,
-    validated,
-)
+from openai_api.gateway.refusals import LEFT_OUT_AS_NULL, Says, body_parsed, text_checked, validated
+from openai_api.gateway.validation import CHAT, COMPLETIONS, CompletionParams, completion_params
 
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
 MAX_CUSTOM_ID_CHARS = 512

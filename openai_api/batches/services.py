@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 from accounts.models import ApiKey, Tenant
 from openai_api.batches.input import lines_checked
 from openai_api.gateway.errors import GatewayError, InvalidValue, MalformedRequest
-from openai_api.gateway.validation import LEFT_OUT_AS_NULL, as_validator
+from openai_api.gateway.refusals import LEFT_OUT_AS_NULL, as_validator
 from openai_api.models import BatchItem, BatchJob, BatchStatus, ItemStatus
 
 MAX_METADATA_KEYS = 16  # OpenAI's limits on a batch's metadata

@@ -29,7 +29,7 @@ from openai_api.batches.services import (
 from openai_api.gateway.db import db_call
 from openai_api.gateway.errors import MalformedRequest
 from openai_api.gateway.keys import api_key_authenticated
-from openai_api.gateway.validation import body_parsed, text_checked, validated
+from openai_api.gateway.refusals import body_parsed, text_checked, validated
 from openai_api.gateway.views import _bearer, refusals_answered
 from openai_api.models import BatchJob
 

@@ -71,8 +71,9 @@ from openai_api.gateway.errors import (
     ModelNotFound,
 )
 from openai_api.gateway.keys import api_key_authenticated
+from openai_api.gateway.queries import QuoteQuery
 from openai_api.gateway.selectors import market_for_model, models_served, quote_for
-from openai_api.gateway.validation import CHAT, CompletionParams, QuoteQuery
+from openai_api.gateway.validation import CHAT, CompletionParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -36,18 +36,10 @@ from openai_api.gateway.errors import (
     error_response,
 )
 from openai_api.gateway.keys import api_key_authenticated
+from openai_api.gateway.queries import CostsParams, QuoteQuery, UsageParams, usage_params
+from openai_api.gateway.refusals import body_parsed, validated
 from openai_api.gateway.selectors import budgets_for_key
-from openai_api.gateway.validation import (
-    CHAT,
-    COMPLETIONS,
-    CostsParams,
-    QuoteQuery,
-    UsageParams,
-    body_parsed,
-    completion_params,
-    usage_params,
-    validated,
-)
+from openai_api.gateway.validation import CHAT, COMPLETIONS, completion_params
 
 _View = Callable[..., Awaitable[HttpResponse]]
 
@@ -174,7 +166,7 @@ async def _usage_read(
     model: type[UsageParams] = UsageParams,
 ) -> HttpResponse:
     """A usage read of the key's tenant: authenticated, then ``select(tenant_id=, query=)``
-    over the page that the query asks for (``validation.usage_params``)."""
+    over the page that the query asks for (``queries.usage_params``)."""
     api_key = await db_call(api_key_authenticated, key=_bearer(request))
     query = usage_params(request.GET, model=model, groups=groups, now=int(time.time()))
     return JsonResponse(await db_call(select, tenant_id=api_key.tenant_id, query=query))

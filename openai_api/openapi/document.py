@@ -18,14 +18,12 @@ from openai_api.batches.input import BatchInputInvalid, BatchLineRequest, BatchT
 from openai_api.batches.services import BatchCreateRequest, BatchNotCancellable, BatchNotFound
 from openai_api.gateway import errors as e
 from openai_api.gateway.chat_templates import TemplateUnavailable
+from openai_api.gateway.queries import CostsParams, QuoteQuery, UsageParams
 from openai_api.gateway.validation import (
     MAX_BID,
     MAX_TOKENS_LIMIT,
     ChatCompletionRequest,
     CompletionRequest,
-    CostsParams,
-    QuoteQuery,
-    UsageParams,
 )
 from openai_api.openapi import answers
 

@@ -18,14 +18,8 @@ from openai_api.gateway.chat_templates import (
     chat_template,
 )
 from openai_api.gateway.errors import InvalidValue, MalformedRequest
-from openai_api.gateway.validation import (
-    CHAT,
-    COMPLETIONS,
-    Message,
-    bid_parsed,
-    body_parsed,
-    completion_params,
-)
+from openai_api.gateway.refusals import body_parsed
+from openai_api.gateway.validation import CHAT, COMPLETIONS, Message, bid_parsed, completion_params
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from openai_api.gateway.errors import GatewayError
-from openai_api.gateway.validation import CHAT, COMPLETIONS, body_parsed, completion_params
+from openai_api.gateway.refusals import body_parsed
+from openai_api.gateway.validation import CHAT, COMPLETIONS, completion_params
 from openai_api.openapi.document import openapi_document
 from tests.openai_api.openapi.schema_check import component, problems, schema_of
 

@@ -36,7 +36,7 @@ from .goal import Goal
 from .html import Table, command_line
 from .ledger import Point as LedgerPoint
 from .ledger import table as ledger_table
-from .pacing import before_after, diagnosis_table
+from .pacing import before_after, designs_table, diagnosis_table
 from .replicas import table as replicas_table
 from .report import GOAL_LEGEND, formatted, from_json, goal_checks, load_text, policy_rows
 from .sglang_plugin import COLUMNS as PLUGIN_COLUMNS
@@ -303,6 +303,32 @@ def pacing_block(doc: dict) -> str:
     """``python -m benchmarks.pacing --json``: per binding budget, the rule in force (the dual
     step alone) and the candidate (its design) on the held-out seeds (its ``before_after``),
     then the rule in force's worst seeds (its ``diagnosis_table``)."""
+    return (
+        _pacing_held_out(doc)
+        + "\n\nWhere the unspent budget of the rule in force went, on the worst seeds of each "
+        "row (by spend / budget): the share of the period's pacing steps that ended at mu_max, "
+        "the share of the period's requests the exposure reserve bid 0 (and their share of the "
+        "values), the rise of log(1 + mu) the end guard held back, the multiplier's mean over "
+        "the period against the best fixed one, and the spend by quarter of the period against "
+        "the same seed's at its full values with no budget, both / the budget.\n\n"
+        + diagnosis_table(doc["held_out"], designs=("pacing-dual",)).markdown()
+    )
+
+
+def pacing_designs_block(doc: dict) -> str:
+    """``python -m benchmarks.pacing --json``: the candidate design against the rule in force on
+    the training seeds (its ``designs_table``), then on the held-out seeds (``before_after``)."""
+    return (
+        "On the training seeds, every gain tried (the mean utility / the best fixed multiplier "
+        "over the seeds, spend / budget lowest to highest):\n\n"
+        + designs_table(doc).markdown()
+        + "\n\nOn the held-out seeds: "
+        + _pacing_held_out(doc)
+    )
+
+
+def _pacing_held_out(doc: dict) -> str:
+    """The run's command and seeds, then its held-out table (``before_after``)."""
     seeds = doc["held_out_seeds"]
     return (
         f"`{doc['command']}`: {len(doc['train_seeds'])} training and {len(seeds)} held-out seeds "
@@ -311,13 +337,6 @@ def pacing_block(doc: dict) -> str:
         "the lower end of the 95% interval of utility / the best fixed multiplier's; the most "
         "a seed left uncollected, as a share of its budget.\n\n"
         + before_after(doc["held_out"]).markdown()
-        + "\n\nWhere the unspent budget of the rule in force went, on the worst seeds of each "
-        "row (by spend / budget): the share of the period's pacing steps that ended at mu_max, "
-        "the share of the period's requests the exposure reserve bid 0 (and their share of the "
-        "values), the rise of log(1 + mu) the end guard held back, the multiplier's mean over "
-        "the period against the best fixed one, and the spend by quarter of the period against "
-        "the same seed's at its full values with no budget, both / the budget.\n\n"
-        + diagnosis_table(doc["held_out"], designs=("pacing-dual",)).markdown()
     )
 
 
@@ -336,6 +355,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "fleet": fleet_block,
     "fleet-seeds": fleet_seeds_block,
     "pacing": pacing_block,
+    "pacing-designs": pacing_designs_block,
     "ledger": ledger_block,
     "policies": policies_block,
     "sweep-goals": sweep_goals_block,

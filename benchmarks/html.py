@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -109,12 +110,18 @@ def _key(key: object) -> object:
     return "@".join(f"{p:g}" if isinstance(p, float) else str(p) for p in key)
 
 
+# An array of numbers (or nulls) only, as json.dumps indents it: one element a line.
+_FLAT_ARRAY = re.compile(r"\[\s+((?:-?[0-9.eE+-]+|null)(?:,\s+(?:-?[0-9.eE+-]+|null))*)\s+\]")
+
+
 def write_json(path: str | Path, doc: object) -> None:
-    """Write ``doc`` (through :func:`jsonable`) to ``path``, indented (its parent folders
-    made)."""
+    """Write ``doc`` (through :func:`jsonable`) to ``path``, indented, an array of numbers on
+    one line (a curve would take a line a number); its parent folders made."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(jsonable(doc), indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(jsonable(doc), indent=2)
+    text = _FLAT_ARRAY.sub(lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
+    out.write_text(text + "\n", encoding="utf-8")
 
 
 _STYLE = (

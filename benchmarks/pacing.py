@@ -792,8 +792,20 @@ def _diagnosis(r: Scored, free: Scored) -> dict:
         # spend is the budget / the share).
         "spend_by_quarter": [q * r.spend_over_budget for q in r.quarters],
         "free_spend_by_quarter": [q / r.spec.share for q in free.quarters],
-        "curve": r.curve,
+        "curve": plotted(r.curve),
     }
+
+
+PLOT_FIGURES = 4  # significant figures a curve keeps in the JSON (it is only plotted)
+
+
+def plotted(curve: Sequence[tuple[float, ...]]) -> list[tuple[float, ...]]:
+    """A curve as the report plots it: each number to ``PLOT_FIGURES`` significant figures (a
+    run's curves are most of its JSON)."""
+    return [
+        tuple(x if isinstance(x, int) else float(f"{x:.{PLOT_FIGURES}g}") for x in point)
+        for point in curve
+    ]
 
 
 def target_case(runner: Runner, target: tuple[float, float], *, tenants, shares, seeds) -> dict:
@@ -1136,7 +1148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extras=not args.no_extras,
             )  # fmt: skip
         curves = {
-            f"{r.spec.tenant}@{r.spec.share:g}": r.curve
+            f"{r.spec.tenant}@{r.spec.share:g}": plotted(r.curve)
             for r in held_result["runs"]
             if r.spec.seed == held[0] and r.spec.strategy == "pacing"
         }

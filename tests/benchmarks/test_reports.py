@@ -27,6 +27,16 @@ def test_json_has_null_for_nan_and_infinities_and_joins_tuple_keys(tmp_path) -> 
     assert "NaN" not in out.read_text()
 
 
+def test_json_keeps_an_array_of_numbers_on_one_line_and_indents_the_rest(tmp_path) -> None:
+    out = tmp_path / "r.json"
+    doc = {"curve": [[0.5, -1e-05, None, 3], [2, 1.25e20]], "names": ["a", "b"], "n": []}
+    write_json(out, doc)
+    assert json.loads(out.read_text()) == doc
+    text = out.read_text()
+    assert "[0.5, -1e-05, null, 3]" in text and "[2, 1.25e+20]" in text
+    assert '"names": [\n    "a",\n    "b"\n  ]' in text  # strings stay one a line
+
+
 def test_a_page_holds_its_command_sections_tables_and_figures_with_plotly_inline(tmp_path) -> None:
     out = tmp_path / "deep" / "r.html"
     fig = go.Figure(go.Bar(x=["lpm"], y=[3.0]))

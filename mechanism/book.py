@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .clearing import Clearing
 from .plan import BSUM, INNER, REQUESTS, WORK, Block
 from .requests import BID_SCALE, effective_bid
-from .tree import Node, RequestTree
+from .tree import Node, RequestTree, entries_below
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,49 +48,34 @@ def subtree_book(
     """
     clearing._check()
     plan = clearing._plan
-    credits = subtree_credits(tree)
     # A split plan (dfs-auction-kv-split) has no block for a fully cached subtree: walked.
     if plan.key is not None and not plan.key.split_cached:
-        return _dfs_book(tree, clearing, max_depth, limit, credits)
-    return _walked_book(tree, clearing, max_depth, limit, credits)
-
-
-def subtree_credits(tree: RequestTree) -> dict[Node, int]:
-    """The age credits (bid ticks) of each subtree that holds a credited request. Time
-    proportional to the credited requests times their depth; nothing when none has a credit."""
-    root = tree.root
-    sums: dict[Node, int] = {}
-    for e in tree.entries.values():
-        credit = e.credit
-        if not credit:
-            continue
-        x: Node | None = e.node
-        while x is not None and x is not root:
-            sums[x] = sums.get(x, 0) + credit
-            x = x.parent
-    return sums
+        return _dfs_book(tree, clearing, max_depth, limit)
+    return _walked_book(tree, clearing, max_depth, limit)
 
 
 def _walked_book(
-    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int, credits: dict[Node, int]
+    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int
 ) -> list[SubtreeRow]:
     """``subtree_book`` for any order: every node's totals from its children's."""
     position = {rid: i for i, rid in enumerate(clearing.order)}
     reserve = clearing._reserve_ticks
     overhead = clearing.overhead_tokens
-    stats: dict[Node, tuple[int, int, int, int]] = {}  # n, bid ticks, work, first
+    stats: dict[Node, tuple[int, int, int, int, int]] = {}  # n, bid ticks, credits, work, first
     for x in reversed(tree.nodes()):
         n = len(x.reqs)
-        bsum = 0
+        bsum = csum = 0
         first = len(position)
         for e in x.reqs.values():
             bsum += effective_bid(e.ticks, reserve, 0)
+            csum += e.credit
             first = min(first, position[e.req.id])
         work = n * overhead + x.ew
         for c in x.children.values():
-            cn, cb, cw, cf = stats[c]
-            n, bsum, work, first = n + cn, bsum + cb, work + cw, min(first, cf)
-        stats[x] = (n, bsum, work, first)
+            cn, cb, cc, cw, cf = stats[c]
+            n, bsum, csum, work = n + cn, bsum + cb, csum + cc, work + cw
+            first = min(first, cf)
+        stats[x] = (n, bsum, csum, work, first)
     rows: list[SubtreeRow] = []
     level = [(tree.root, 0)]
     while level and len(rows) < limit:
@@ -98,10 +83,10 @@ def _walked_book(
         for node, depth in level:
             if depth >= max_depth:
                 continue
-            children = sorted(node.children.values(), key=lambda c: stats[c][3])
+            children = sorted(node.children.values(), key=lambda c: stats[c][4])
             for rank, c in enumerate(children):
-                n, bsum, work, first = stats[c]
-                rows.append(_row(c, depth + 1, n, bsum, credits.get(c, 0), work, rank, first))
+                n, bsum, credit, work, first = stats[c]
+                rows.append(_row(c, depth + 1, n, bsum, credit, work, rank, first))
                 below.append((c, depth + 1))
         level = below
     rows.sort(key=lambda r: (r.depth, -r.requests, r.first_position))
@@ -109,12 +94,13 @@ def _walked_book(
 
 
 def _dfs_book(
-    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int, credits: dict[Node, int]
+    tree: RequestTree, clearing: Clearing, max_depth: int, limit: int
 ) -> list[SubtreeRow]:
     """``subtree_book`` read off a DFS plan: each subtree is a block of the order, with its
-    totals (a block's bid sum holds its credits: they are taken out), and its first position is
-    where its block starts. Time proportional to the blocks of the nodes down to
-    ``max_depth``, not to the queue."""
+    totals (a block's bid sum holds its credits: they are summed over the subtrees shown and
+    taken out), and its first position is where its block starts. Time proportional to the
+    blocks of the nodes down to ``max_depth`` and the requests of the subtrees shown, not to
+    the queue."""
     inside = clearing._plan.inside
     if inside is None:
         raise ValueError("the round's plan is not a DFS auction's: it keeps no blocks")
@@ -141,7 +127,7 @@ def _dfs_book(
     found.sort(key=lambda f: f[:3])  # positions are unique: the sort never reaches the nodes
     rows = []
     for depth, _, start, rank, c, block in found[:limit]:
-        credit = credits.get(c, 0)
+        credit = sum(e.credit for e in entries_below(c))
         n, bsum, work = block[REQUESTS], block[BSUM], block[WORK]
         rows.append(_row(c, depth, n, bsum - credit, credit, work, rank, start))
     return rows

@@ -464,7 +464,7 @@ class RequestTree:
             if pos + k < child.end:  # the path leaves toks (or toks ends) inside this edge
                 if pos + k < depth:
                     return []
-                return [(e, pos + k) for e in _entries_below(child)]
+                return [(e, pos + k) for e in entries_below(child)]
             x, pos = child, child.end
         out: list[tuple[Entry, int]] = []
         stack = [x]  # nodes whose path is a prefix of toks
@@ -479,7 +479,7 @@ class RequestTree:
                     stack.append(c)
                 else:
                     m = c.start + k
-                    out.extend((e, m) for e in _entries_below(c))
+                    out.extend((e, m) for e in entries_below(c))
         return out
 
     def nodes(self) -> list[Node]:
@@ -506,7 +506,7 @@ def _stale_batch(stamp: int) -> ValueError:
     return ValueError(f"batch {stamp} is not the tree's current batch (begin_batch)")
 
 
-def _entries_below(x: Node) -> Iterator[Entry]:
+def entries_below(x: Node) -> Iterator[Entry]:
     """The requests in the subtree of ``x``."""
     stack = [x]
     while stack:

@@ -34,7 +34,7 @@ from engines.contract.records import (
 from mechanism import BID_SCALE, Clearing, RequestTree
 from mechanism.book import block_of, subtree_book
 from mechanism.requests import effective_bid
-from mechanism.tree import Entry, Node
+from mechanism.tree import Node, entries_below
 from mechanism.whatif import QUEUE_LIMIT, queue_snapshot
 
 BOOK_DEPTH = 2  # subtree levels in a record
@@ -244,15 +244,8 @@ def _node_at(tree: RequestTree, prefix: tuple[int, ...]) -> Node:
 
 
 def _owners(node: Node) -> dict[str, int]:
-    """The subtree's requests by tenant tag (its entries gathered node by node, then counted in
-    one pass: a count per node costs more than the node's few requests)."""
-    entries: list[Entry] = []
-    stack = [node]
-    while stack:
-        x = stack.pop()
-        entries.extend(x.reqs.values())
-        stack.extend(x.children.values())
-    return dict(sorted(Counter(map(_owner_of, entries)).items()))
+    """The subtree's requests by tenant tag."""
+    return dict(sorted(Counter(map(_owner_of, entries_below(node))).items()))
 
 
 def waiting_bids(tree: RequestTree, limit: int = BOOK_BIDS) -> list[float]:

@@ -190,10 +190,11 @@ def test_sharing_finds_the_requests_with_the_prefix_and_their_common_length(seed
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_order_book_read_off_a_dfs_plan_equals_the_walked_one(seed):
-    from mechanism.book import _dfs_book, _walked_book, subtree_credits
+    from mechanism.book import _dfs_book, _walked_book
 
     # dfs-auction-kv-split's plan has no block for a fully cached subtree: its book is walked.
-    # Some requests hold age credits: the plan's block sums count them, the walk does not.
+    # Some requests hold age credits: the plan's block sums count them, the walk does not; each
+    # row's credits are those of the requests under its prefix, summed by brute force.
     read_off = sorted(p for p in DFS_AUCTIONS if not POLICY[p].block_key.split_cached)
     rng, tree, live = grown(seed, 0)
     for step in range(150):
@@ -201,12 +202,20 @@ def test_the_order_book_read_off_a_dfs_plan_equals_the_walked_one(seed):
         if step % 30 == 29:
             for rid in rng.sample(sorted(tree.entries), len(tree.entries) // 3):
                 tree.set_credit(rid, rng.randrange(0, 3 * BID_SCALE))
-            credits = subtree_credits(tree)
             for policy in read_off:
                 c = clear_tree(tree, policy, reserve=rng.choice([0.0, 1.0]), overhead_tokens=2)
                 for depth, limit in [(1, 64), (2, 32), (3, 8)]:
-                    read = _dfs_book(tree, c, depth, limit, credits)
-                    assert read == _walked_book(tree, c, depth, limit, credits)
+                    read = _dfs_book(tree, c, depth, limit)
+                    assert read == _walked_book(tree, c, depth, limit)
+                    for row in read:
+                        n = len(row.prefix)
+                        under = [
+                            e
+                            for e in tree.entries.values()
+                            if tuple(e.req.tokens[:n]) == row.prefix
+                        ]
+                        assert row.requests == len(under)
+                        assert row.credit_sum == sum(e.credit for e in under) / BID_SCALE
 
 
 @pytest.mark.parametrize("seed", range(3))

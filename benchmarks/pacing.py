@@ -28,8 +28,10 @@ bound). What the budget cut is reported as ``uncollected``.
 
 **Strategies.** ``pacing-dual``, the autobidder as the gateway and settlement run it (the dual
 step alone, ``mechanism.pacing``'s defaults), and ``pacing``, the candidate design of issue 50
-(``--design``: ``path``, ``PATH_TERM``'s path term, or ``fall``, ``FALL_BY_MU``'s fall by mu,
-its gain tuned with eta0 on the training seeds; ``pacing-cold`` the same from mu = 0); ``fixed
+(``--design``: ``path``, ``PATH_TERM``'s path term; ``fall``, ``FALL_BY_MU``'s fall by mu;
+``throttle``, throttling: the dual step as in force, each request bidding its full value with
+probability 1 / (1 + mu), else 0; a design's gain tuned with eta0 on the training seeds;
+``pacing-cold`` the same from mu = 0); ``fixed
 mu`` for every mu of a log-spaced grid (``mu=0``: the full value, within the budget), ``zero``
 (bids 0) and ``free`` (the full value, no budget). ``target`` (below) paces as live. For the worst
 seeds of each binding row and both designs the report shows where the unspent budget went
@@ -122,6 +124,9 @@ class Design:
     gain: str  # the PacingAgent field the tuned gain sets
     symbol: str  # the gain's letter in tables
     grid: tuple[float, ...]
+    # Throttling: a request bids its full value with probability 1 / (1 + mu), else 0 (the
+    # multiplier's dual step as the rule in force); otherwise every bid is value / (1 + mu).
+    throttle: bool = False
 
 
 # The candidates (``--design``): the path term and the fall by mu (``mechanism.pacing``'s
@@ -129,6 +134,7 @@ class Design:
 DESIGNS = {
     "path": Design("the path term", PATH_TERM, "path_gain", "K", PATH_GAIN_GRID),
     "fall": Design("the fall by mu", FALL_BY_MU, "fall_gain", "c", (2.0, 4.0)),
+    "throttle": Design("throttling", DUAL_STEP_ONLY, "path_gain", "K", (0.0,), throttle=True),
 }
 TRAIN_SEEDS = (0, 1, 2, 3)
 HELD_OUT_SEEDS = tuple(range(100, 116))
@@ -285,6 +291,7 @@ class _Focal:
         self.interval_forced = 0  # requests the safety rule bid 0 since the last update
         self.agent: PacingAgent | None = None
         self.mu = 0.0
+        self.throttled = spec.strategy in CANDIDATES and DESIGNS[spec.design].throttle
         # A latency target: what the class is worth now, the quote (the gateway's rule: the
         # tenant's cap when nothing is quoted, and never above it).
         self.cap = cap
@@ -337,6 +344,9 @@ class _Focal:
             value = self.spec.fixed_bid
         mu = self.agent.mu if self.agent is not None else self.mu
         shaded = value / (1.0 + mu)
+        if self.throttled:  # the full value, with probability 1 / (1 + mu); the same draw a seed
+            draw = random.Random(f"{self.spec.seed}:{rid}").random()
+            shaded = value if draw * (1.0 + mu) < 1.0 else 0.0
         bid = safe_bid(
             shaded=shaded,
             remaining=self.remaining,

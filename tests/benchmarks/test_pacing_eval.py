@@ -63,6 +63,24 @@ def test_shading_and_the_baselines():
     assert focal("free", math.inf).bid("r", 2.0, 1.0) == 2.0
 
 
+def test_throttling_bids_the_full_value_or_nothing_one_request_in_1_plus_mu():
+    # The throttling design at mu = 3: each request bids its whole value, 2 $/s, with
+    # probability 1 / 4, else 0; the draw is the request's own (the same for a seed).
+    spec = pacing.Spec(0, "A", "pacing", 100.0, 0.5, design="throttle", gain=0.0)
+
+    def throttled() -> pacing._Focal:
+        f = pacing._Focal(spec, pacing.Setup(period_s=10.0, updates=10), 1.0, 2.0)
+        f.agent.mu = 3.0
+        f.exposure.factor = 0.0  # nothing reserved for the requests in flight
+        return f
+
+    f = throttled()
+    bids = [f.bid(f"r{k}", 2.0, 1.0) for k in range(4000)]
+    assert set(bids) == {0.0, 2.0}
+    assert bids.count(2.0) / len(bids) == pytest.approx(0.25, abs=0.02)
+    assert [throttled().bid(f"r{k}", 2.0, 1.0) for k in range(50)] == bids[:50]
+
+
 def test_the_interval_by_hand():
     # 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303: 2 -/+ 4.303 / sqrt(3).
     mean, lo, hi = pacing.interval([1.0, 2.0, 3.0])

@@ -37,8 +37,8 @@ beside the rule in force, for the next design to beat.
 as long: the multiplier comes back fast after a burst when the shading is light (the loose
 budgets, where the diagnosis found the unspent money) and as the rule in force when it is heavy
 (the tight ones, where a fast fall would spend early on cheap requests). It spends more of every
-budget, but buys less with the tight ones: on held-out seeds its utility against the best fixed
-multiplier fell in every row (docs/mechanism.md has the figures).
+budget, but buys less: on the benchmark's held-out seeds its utility against the best fixed
+multiplier fell in five rows of six (docs/mechanism.md has the figures).
 
 ``mu_max`` (:func:`mu_max_for`) is derived, not fixed: it is the multiplier at which the tenant
 could not exceed its target rate even if every request were charged its full bid x wait bound.

@@ -31,12 +31,11 @@ step alone, ``mechanism.pacing``'s defaults), and ``pacing``, the candidate desi
 (``--design``: ``path``, ``PATH_TERM``'s path term; ``fall``, ``FALL_BY_MU``'s fall by mu;
 ``throttle``, throttling: the dual step as in force, each request bidding its full value with
 probability 1 / (1 + mu), else 0; a design's gain tuned with eta0 on the training seeds;
-``pacing-cold`` the same from mu = 0); ``fixed
-mu`` for every mu of a log-spaced grid (``mu=0``: the full value, within the budget), ``zero``
-(bids 0) and ``free`` (the full value, no budget). ``target`` (below) paces as live. For the worst
-seeds of each binding row and both designs the report shows where the unspent budget went
-(time at mu_max, requests the exposure reserve bid 0, what the end guard held back, the spend
-and mu paths).
+``pacing-cold`` the same from mu = 0); ``fixed mu`` for every mu of a log-spaced grid (``mu=0``:
+the full value, within the budget), ``zero`` (bids 0) and ``free`` (the full value, no budget).
+``target`` (below) paces as live. For the worst seeds of each binding row and both designs the
+report shows where the unspent budget went (time at mu_max, requests the exposure reserve bid 0,
+what the end guard held back, the spend and mu paths).
 A strategy's utility over the period's requests is the waiting cost it saves over bidding 0,
 less what it paid:
 
@@ -130,7 +129,7 @@ class Design:
 
 
 # The candidates (``--design``): the path term and the fall by mu (``mechanism.pacing``'s
-# docstring says what each does and why neither is taken).
+# docstring says what each does and why neither is taken), and throttling (docs/mechanism.md).
 DESIGNS = {
     "path": Design("the path term", PATH_TERM, "path_gain", "K", PATH_GAIN_GRID),
     "fall": Design("the fall by mu", FALL_BY_MU, "fall_gain", "c", (2.0, 4.0)),

@@ -41,6 +41,7 @@ _TYPE_NAMES = {"int_type": "an integer", "string_type": "a string", "bool_type":
 
 
 def short(value: Any) -> str:
+    """``value`` as a refusal quotes it: its repr (an exception's text), at most 80 characters."""
     text = repr(value) if not isinstance(value, Exception) else str(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

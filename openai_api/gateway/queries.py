@@ -37,6 +37,12 @@ from openai_api.gateway.refusals import (
 from openai_api.gateway.validation import BidText, NonEmptyText, bid_parsed
 
 
+def _query_field(check: Any, schema: Any, description: str) -> Any:
+    """A query parameter: checked by ``check`` (``as_validator``), described by ``schema``."""
+    validator = PlainValidator(as_validator(check), json_schema_input_type=schema)
+    return Annotated[Any, validator, Field(description=description)]
+
+
 def _one_of(name: str, value: str, choices: Collection[str]) -> str:
     """``value`` if it is one of ``choices``, else MalformedRequest naming ``name``."""
     if value not in choices:
@@ -101,40 +107,25 @@ class QuoteQuery(BaseModel):
 
     model_config = ConfigDict(json_schema_extra={"required": ["model"]})
 
-    model: Annotated[
-        str,
-        PlainValidator(as_validator(_quoted_model), json_schema_input_type=NonEmptyText),
-        Field(description="the market's model"),
-    ] = LEFT_OUT_AS_NULL
-    ttft_s: Annotated[
-        float | None,
-        PlainValidator(
-            as_validator(partial(_query_number, name="ttft_s", high=QUOTE_MAX_TTFT_S, closed=True)),
-            json_schema_input_type=Annotated[float, Field(gt=0, le=QUOTE_MAX_TTFT_S)],
-        ),
-        Field(description="seconds to first token"),
-    ] = LEFT_OUT_AS_NULL
-    probability: Annotated[
-        float,
-        PlainValidator(
-            as_validator(partial(_query_number, name="probability", high=1.0, closed=False)),
-            json_schema_input_type=Annotated[float, Field(gt=0, lt=1)],
-        ),
-        Field(description="the share of requests to meet ttft_s"),
-    ] = QUOTE_DEFAULT_PROBABILITY
-    bid: Annotated[
-        Decimal | None,
-        PlainValidator(as_validator(_query_bid), json_schema_input_type=BidText),
-        Field(description="dollars per second: the waits it buys are quoted"),
-    ] = LEFT_OUT_AS_NULL
-    prompt_tokens: Annotated[
-        int | None,
-        PlainValidator(
-            as_validator(partial(_query_count, name="prompt_tokens", high=QUOTE_MAX_PROMPT_TOKENS)),
-            json_schema_input_type=Annotated[int, Field(ge=1, le=QUOTE_MAX_PROMPT_TOKENS)],
-        ),
-        Field(description="the prompt's length in tokens: the wait bound's credit is counted"),
-    ] = LEFT_OUT_AS_NULL
+    model: _query_field(_quoted_model, NonEmptyText, "the market's model") = LEFT_OUT_AS_NULL
+    ttft_s: _query_field(
+        partial(_query_number, name="ttft_s", high=QUOTE_MAX_TTFT_S, closed=True),
+        Annotated[float, Field(gt=0, le=QUOTE_MAX_TTFT_S)],
+        "seconds to first token",
+    ) = LEFT_OUT_AS_NULL
+    probability: _query_field(
+        partial(_query_number, name="probability", high=1.0, closed=False),
+        Annotated[float, Field(gt=0, lt=1)],
+        "the share of requests to meet ttft_s",
+    ) = QUOTE_DEFAULT_PROBABILITY
+    bid: _query_field(_query_bid, BidText, "dollars per second: the waits it buys are quoted") = (
+        LEFT_OUT_AS_NULL
+    )
+    prompt_tokens: _query_field(
+        partial(_query_count, name="prompt_tokens", high=QUOTE_MAX_PROMPT_TOKENS),
+        Annotated[int, Field(ge=1, le=QUOTE_MAX_PROMPT_TOKENS)],
+        "the prompt's length in tokens: the wait bound's credit is counted",
+    ) = LEFT_OUT_AS_NULL
 
     @model_validator(mode="after")
     def _something_to_quote(self) -> QuoteQuery:
@@ -219,12 +210,6 @@ def _limit(value: Any, info: ValidationInfo) -> int | None:
     return limit
 
 
-def _usage_field(check: Any, schema: Any, description: str) -> Any:
-    """A usage query parameter: checked by ``check``, described by ``schema``."""
-    validator = PlainValidator(as_validator(check), json_schema_input_type=schema)
-    return Annotated[Any, validator, Field(description=description)]
-
-
 _UsageSeconds = Annotated[str, Field(pattern="^[0-9]+$")]
 _LIMITS = ", ".join(f"{w}: {d} (at most {m})" for w, (d, m) in PAGE_LIMITS.items())
 
@@ -238,24 +223,24 @@ class UsageParams(BaseModel):
 
     model_config = ConfigDict(json_schema_extra={"required": ["start_time"]})
 
-    start_time: _usage_field(_start_time, _UsageSeconds, "Unix seconds, included") = (
+    start_time: _query_field(_start_time, _UsageSeconds, "Unix seconds, included") = (
         LEFT_OUT_AS_NULL
     )
-    end_time: _usage_field(_end_time, _UsageSeconds, "Unix seconds, excluded; now unless given") = (
+    end_time: _query_field(_end_time, _UsageSeconds, "Unix seconds, excluded; now unless given") = (
         LEFT_OUT_AS_NULL
     )
-    bucket_width: _usage_field(
+    bucket_width: _query_field(
         _bucket_width, Literal[tuple(BUCKET_WIDTHS)], f"{DEFAULT_BUCKET_WIDTH} unless given"
     ) = DEFAULT_BUCKET_WIDTH
-    group_by: _usage_field(
+    group_by: _query_field(
         _group_by,
         list[Literal[tuple(USAGE_GROUPS)]],  # type: ignore[misc]
         "fields to group the results by (repeated, or comma-separated)",
     ) = ()
-    limit: _usage_field(_limit, _UsageSeconds, f"buckets per page, by bucket_width: {_LIMITS}") = (
+    limit: _query_field(_limit, _UsageSeconds, f"buckets per page, by bucket_width: {_LIMITS}") = (
         LEFT_OUT_AS_NULL
     )
-    page: _usage_field(_seconds, _UsageSeconds, "the next_page of the answer before") = (
+    page: _query_field(_seconds, _UsageSeconds, "the next_page of the answer before") = (
         LEFT_OUT_AS_NULL
     )
 
@@ -283,7 +268,7 @@ class UsageParams(BaseModel):
 class CostsParams(UsageParams):
     """``GET /v1/organization/costs``' query: that of usage, grouped by the costs' fields."""
 
-    group_by: _usage_field(
+    group_by: _query_field(
         _group_by,
         list[Literal[tuple(COST_GROUPS)]],  # type: ignore[misc]
         "fields to group the results by (repeated, or comma-separated)",

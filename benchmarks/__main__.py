@@ -25,13 +25,13 @@ from engines.contract.knobs import MarketKnobs
 from engines.sim import settings_split
 from mechanism import POLICIES
 from mechanism.aging import wait_bound_checked
-from mechanism.wait_bound import AUTO, OFF
+from mechanism.wait_bound import AUTO, MULTIPLE, OFF
 
 from . import figures
 from .bids import BID_DISTRIBUTIONS, BidSpec
 from .goal import point_goals
 from .html import arguments, command_line, write_json
-from .options import floats, ints
+from .options import floats, ints, positive
 from .progress import Progress
 from .report import findings_table, goal_table, policy_table
 from .runner import Capacities, Point, run_point
@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="auto|off|SECONDS",
         help="the market's wait bound: automatic (the product's default, mechanism.wait_bound), "
         "off, or pinned to SECONDS",
+    )
+    m.add_argument(
+        "--wait-multiple",
+        type=positive,
+        default=MULTIPLE,
+        metavar="X",
+        help="the automatic bound's multiple of the mean wait (default: the product's, "
+        "mechanism.wait_bound.MULTIPLE)",
     )
     m.add_argument(
         "--set",
@@ -246,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except (ValueError, OSError) as exc:  # TraceError is a ValueError
         parser.error(str(exc))
+    multiple = args.wait_multiple if args.wait_bound == AUTO else None
     loads: tuple[float | None, ...] = (None,) if args.trace else (args.load or (1.5,))
     total = len(loads) * len(policies) * workload.requests_total
     if args.sweep:
@@ -277,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     capacities=capacities,
                     on_served=progress.advance,
                     on_policy=label,
-                    wait_bound_auto=args.wait_bound == AUTO,
+                    wait_multiple=multiple,
                 )
             )
         if args.sweep:
@@ -296,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 capacities=capacities,
                 on_served=progress.advance,
                 on_policy=progress.set_label,
-                wait_bound_auto=args.wait_bound == AUTO,
+                wait_multiple=multiple,
             )
     except ValueError as exc:  # a request the engine refuses (too long for the KV cache, ...)
         progress.close()
@@ -317,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "engine": dataclasses.asdict(config),
             "market_knobs": dataclasses.asdict(knobs),
             "wait_bound": args.wait_bound,
+            "wait_multiple": multiple,
             "argv": arguments(argv),
         }
         write_json(args.json, to_json(main_points, sweep_points, meta))

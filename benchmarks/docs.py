@@ -41,6 +41,7 @@ from .replicas import table as replicas_table
 from .report import GOAL_LEGEND, formatted, from_json, goal_checks, load_text, policy_rows
 from .sglang_plugin import COLUMNS as PLUGIN_COLUMNS
 from .sglang_plugin import NAMES as PLUGIN_NAMES
+from .wait_multiples import goal_of
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DOCS = (  # with blocks
@@ -340,6 +341,38 @@ def _pacing_held_out(doc: dict) -> str:
     )
 
 
+CHECKS = ("hit", "mean TTFT", "capture", "p99")  # Goal.passes, in its order
+
+
+def wait_multiples_block(doc: dict) -> str:
+    """``python -m benchmarks.wait_multiples --json``: per candidate multiple of the automatic
+    wait bound, the KV sweep's points where the default policy met the goal, and how many
+    missed each check."""
+    meta, rows = doc["meta"], doc["rows"]
+    multiples = sorted({r["multiple"] for r in rows})
+    kvs = sorted({r["kv"] for r in rows}, reverse=True)
+
+    def met(at: list[dict]) -> str:
+        return f"{sum(goal_of(r).met for r in at)} of {len(at)}"
+
+    table = []
+    for m in multiples:
+        at = [r for r in rows if r["multiple"] == m]
+        missed = [sum(goal_of(r).passes[i] is False for r in at) for i in range(len(CHECKS))]
+        table.append(
+            [f"{m:g}" + (" (in force)" if m == meta["in_force"] else "")]
+            + [met([r for r in at if r["kv"] == kv]) for kv in kvs]
+            + [met(at), *missed]
+        )
+    titles = ["multiple", *(f"KV {kv / 1000:g}k" for kv in kvs), "all points"]
+    return (
+        f"`{command_line('benchmarks.wait_multiples', meta['argv'])}`: the points of the KV sweep "
+        f"where {meta['policy']} met the goal under the automatic bound at each multiple of the "
+        f"mean wait, and the points that missed each check ({GOAL_LEGEND}).\n\n"
+        + Table(titles + [f"missed {c}" for c in CHECKS], table).markdown()
+    )
+
+
 def ledger_block(doc: dict) -> str:
     """``python -m benchmarks.ledger --json``: its table (see its ``table``)."""
     points = [LedgerPoint(**p) for p in doc["points"]]
@@ -364,6 +397,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "quote-calibration": quote_calibration_block,
     "plugin-round": plugin_round_block,
     "replicas": replicas_block,
+    "wait-multiples": wait_multiples_block,
 }
 
 

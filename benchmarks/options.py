@@ -1,5 +1,6 @@
 """The benchmarks' one rule for a command-line list: comma-separated positive numbers
-(``--loads 0.8,1.2``), refused with the option's name on anything else."""
+(``--loads 0.8,1.2``), refused with the option's name on anything else; one positive number is
+a list of one (``--wait-multiple 8``)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,10 @@ def floats(text: str) -> tuple[float, ...]:
 def ints(text: str) -> tuple[int, ...]:
     """Comma-separated positive whole numbers, for argparse's ``type``."""
     return _positives(text, int, "integers")
+
+
+def positive(text: str) -> float:
+    """One positive finite number, for argparse's ``type``."""
+    if "," in text:
+        raise argparse.ArgumentTypeError(f"expected one positive number: {text!r}")
+    return float(_positives(text, float, "number")[0])

@@ -77,18 +77,19 @@ def simulate(
     *,
     knobs: MarketKnobs | None = None,
     on_served: Callable[[], None] | None = None,
-    wait_bound_auto: bool = False,
+    wait_multiple: float | None = None,
 ) -> PolicyRun:
     """Serve every request of ``workload`` under ``policy`` on a fresh engine (no order books:
-    the benchmark reads no round record's subtrees). ``wait_bound_auto``: the wait bound is the
-    market's automatic one (``mechanism.wait_bound``), renewed every ``WAIT_BOUND_RENEW_S``
-    virtual seconds from the times to first token served so far, as the market renews it."""
+    the benchmark reads no round record's subtrees). ``wait_multiple``: the wait bound is the
+    market's automatic one (``mechanism.wait_bound``, at this multiple of the mean wait; None:
+    the bound the knobs set), renewed every ``WAIT_BOUND_RENEW_S`` virtual seconds from the
+    times to first token served so far, as the market renews it."""
     knobs = replace(knobs or MarketKnobs(), book_interval_s=None)
-    if wait_bound_auto:
+    if wait_multiple is not None:
         knobs = knobs.with_wait_bound(auto_bound.PRIOR_S)
     engine = Engine(config, policy, knobs=knobs)
     recent: deque[float] = deque(maxlen=auto_bound.WINDOW)  # newest first
-    bounds = [knobs.wait_bound_s] if wait_bound_auto else []
+    bounds = [knobs.wait_bound_s] if wait_multiple is not None else []
     first = list(workload.requests)
     turns: dict[str, tuple[Session, int]] = {}
     classes = {r.id: r.bid_class for r in workload.requests}
@@ -124,7 +125,10 @@ def simulate(
         if step.end < renew_at:
             return
         renew_at = step.end + WAIT_BOUND_RENEW_S
-        bound = auto_bound.wait_bound_renewed(engine.knobs.wait_bound_s, recent)
+        assert wait_multiple is not None
+        bound = auto_bound.wait_bound_renewed(
+            engine.knobs.wait_bound_s, recent, multiple=wait_multiple
+        )
         if bound != engine.knobs.wait_bound_s:
             engine.set_wait_bound(bound)
             bounds.append(bound)
@@ -134,7 +138,7 @@ def simulate(
         engine,
         queue,
         on_finished=finished,
-        on_step=renewed if wait_bound_auto else None,
+        on_step=renewed if wait_multiple is not None else None,
         start=start,
     )
     wall = time.perf_counter() - t0
@@ -196,10 +200,11 @@ def run_point(
     capacities: Capacities | None = None,
     on_served: Callable[[], None] | None = None,
     on_policy: Callable[[str], None] | None = None,
-    wait_bound_auto: bool = False,
+    wait_multiple: float | None = None,
 ) -> Point:
     """Run ``policies`` on ``workload``: at ``load`` x capacity, or as given (a trace);
-    ``wait_bound_auto``: under the market's automatic wait bound (``simulate``)."""
+    ``wait_multiple``: under the market's automatic wait bound at that multiple
+    (``simulate``)."""
     capacity = rate = None
     if load is not None:
         if not load > 0:
@@ -217,6 +222,6 @@ def run_point(
             config,
             knobs=knobs,
             on_served=on_served,
-            wait_bound_auto=wait_bound_auto,
+            wait_multiple=wait_multiple,
         )
     return point

@@ -138,11 +138,12 @@ def run_sweep(
     capacities: Capacities | None = None,
     on_served: Callable[[], None] | None = None,
     on_policy: Callable[[str], None] | None = None,
-    wait_bound_auto: bool = False,
+    wait_multiple: float | None = None,
 ) -> list[SweepPoint]:
     """Every (KV capacity, groups, load) point; ``make_workload(groups, prompts_per_group)``
     builds the gsp workload with ``requests`` in all (rounded to a multiple of the groups);
-    ``wait_bound_auto``: under the market's automatic wait bound (``runner.simulate``)."""
+    ``wait_multiple``: under the market's automatic wait bound at that multiple
+    (``runner.simulate``)."""
     capacities = capacities or Capacities()
     out = []
     for kv in kv_capacities:
@@ -166,7 +167,7 @@ def run_sweep(
                     capacities=capacities,
                     on_served=on_served,
                     on_policy=label,
-                    wait_bound_auto=wait_bound_auto,
+                    wait_multiple=wait_multiple,
                 )
                 out.append(SweepPoint(g, per_group, kv, point, findings(point)))
     return out

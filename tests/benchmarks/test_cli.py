@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.__main__ import main
 from mechanism import POLICIES
+from mechanism.wait_bound import MULTIPLE
 
 # ~48 small requests: 4 groups x 12 over a 256-token system prompt
 TINY = [
@@ -45,6 +46,7 @@ def test_json_schema_of_a_tiny_run(tmp_path, capsys) -> None:
         assert doc["policies"][bid_blind]["revenue"] == 0.0
     assert doc["meta"]["requests"] == 48
     assert doc["meta"]["engine"]["step_fixed_s"] == 0.005
+    assert (doc["meta"]["wait_bound"], doc["meta"]["wait_multiple"]) == ("auto", MULTIPLE)
     assert doc["meta"]["rate_rps"] == pytest.approx(0.9 * doc["meta"]["capacity_rps"])
     table = capsys.readouterr().out
     assert table.count("\n") >= 8 and "x1.00" in table and "dfs-auction-density" in table
@@ -179,6 +181,8 @@ def test_other_workloads_run(workload, tmp_path) -> None:
         (["--sweep", "--policies", "lpm"], "--sweep needs"),
         (["--workload", "agents", "--sweep"], "gsp workload only"),
         (["--set", "kv_capacity_tokens=200"], "more than the cache"),
+        (["--wait-multiple", "0"], "--wait-multiple: expected positive number: '0'"),
+        (["--wait-multiple", "6,8"], "--wait-multiple: expected one positive number: '6,8'"),
     ],
 )
 def test_bad_arguments_exit_2(args, message, capsys) -> None:

@@ -91,10 +91,10 @@ def test_the_automatic_bound_follows_the_served_waits_by_the_hand_worked_rule(
     django_capture_on_commit_callbacks,
 ) -> None:
     market = market_create()
-    served(market, [2.0] * 31)
+    served(market, [1.5] * 31)
     assert wait_bound_auto_renew(market_id=market.pk, now=AT) is None  # 31 < 32: no evidence
-    served(market, [2.0], start=AT + timedelta(minutes=1))
-    # 32 waits of 2 s: target 6 x 2 = 12 s < 20 / 1.25: down an eighth, 17.5 -> 18 s.
+    served(market, [1.5], start=AT + timedelta(minutes=1))
+    # 32 waits of 1.5 s: target 8 x 1.5 = 12 s < 20 / 1.25: down an eighth, 17.5 -> 18 s.
     with django_capture_on_commit_callbacks(execute=False) as queued:
         change = wait_bound_auto_renew(market_id=market.pk, now=AT)
     assert not queued  # the task queues the push (below), not the renewal
@@ -105,9 +105,9 @@ def test_the_automatic_bound_follows_the_served_waits_by_the_hand_worked_rule(
     assert wait_bound_auto_renew(market_id=market.pk, now=AT).new == "16 (auto)"
     assert wait_bound_auto_renew(market_id=market.pk, now=AT).new == "14 (auto)"
     assert wait_bound_auto_renew(market_id=market.pk, now=AT) is None
-    # The newest 512 count: 512 waits of 10 s after them: target 60 > 14 x 1.25: 60 at once.
+    # The newest 512 count: 512 waits of 10 s after them: target 80 > 14 x 1.25: 80 at once.
     served(market, [10.0] * 512, start=AT + timedelta(minutes=2))
-    assert wait_bound_auto_renew(market_id=market.pk, now=AT).new == "60 (auto)"
+    assert wait_bound_auto_renew(market_id=market.pk, now=AT).new == "80 (auto)"
     assert wait_bound_auto_renew(market_id=market.pk, now=AT) is None
     # Pinned or off, the renewal leaves it alone.
     market_wait_bound_set(market=market, wait_bound_s=8, user=None)
@@ -213,7 +213,7 @@ def test_a_bad_bound_on_the_console_says_why_and_changes_nothing(client) -> None
     assert '<option value="auto" selected>' in form
     assert "In force: 20 s, set automatically from the market&#x27;s recent waits" in form
     assert (
-        "every 10 s: toward 6 x the mean time to first token of the last 512 requests served, "
+        "every 10 s: toward 8 x the mean time to first token of the last 512 requests served, "
         "up at once, down by at most 12.5% a renewal, left alone within 25%, 2-600 s"
     ) in form
     ok = client.post(f"{CONSOLE}wait-bound/", {"mode": "pinned", "wait_bound_s": "8"}, follow=True)

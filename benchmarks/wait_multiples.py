@@ -1,15 +1,18 @@
-"""How the automatic wait bound's multiple was chosen: the KV sweep at each candidate multiple.
+"""How the automatic wait bound was chosen: the KV sweep at each candidate multiple of the mean
+wait and credit density.
 
-    python -m benchmarks.wait_multiples [--multiples 4,5,6,7,8,9,10] [--workers 2] \\
-        [--json docs/results/wait_multiples.json]
+    python -m benchmarks.wait_multiples [--multiples 4,5,6,7,8,9,10] [--densities 0.004] \\
+        [--workers 2] [--json docs/results/wait_multiples.json]
 
 The product's bound is ``MULTIPLE`` x the mean time to first token of the last requests served
-(``mechanism.wait_bound``). For each candidate multiple this runs the KV sweep
-(``python -m benchmarks --sweep``, the product's default policy beside the goal's baselines)
-with the automatic bound at that multiple, one process per (KV capacity, groups) part,
-``--workers`` at a time, and keeps the default policy's goal figures at each point: capture,
-hit gap, mean TTFT against the best bid-blind policy, p99 TTFT against lpm's. The docs block
-``wait-multiples`` (``benchmarks.docs``) shows, per multiple, the points where the goal was met.
+(``mechanism.wait_bound``), and a request that has waited it ranks as if it bid
+``DEFAULT_DENSITY`` $/s per prompt token more (``mechanism.aging``). For each candidate pair
+this runs the KV sweep (``python -m benchmarks --sweep``, the product's default policy beside
+the goal's baselines) with the automatic bound at that multiple and that density, one process
+per (KV capacity, groups) part, ``--workers`` at a time, and keeps the default policy's goal
+figures at each point: capture, hit gap, mean TTFT against the best bid-blind policy, p99 TTFT
+against lpm's. The docs block ``wait-multiples`` (``benchmarks.docs``) shows, per pair, the
+points where the goal was met.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from mechanism import DEFAULT_POLICY
+from mechanism.aging import DEFAULT_DENSITY
 from mechanism.wait_bound import MULTIPLE
 
 from .goal import NEEDED, Goal
@@ -37,18 +41,20 @@ PART = ("--sweep", "--gsp-num-groups", "8", "--gsp-prompts-per-group", "4", "--l
 POLICIES = ",".join((*NEEDED, DEFAULT_POLICY))
 
 
-def part_argv(multiple: float, kv: int, groups: int) -> list[str]:
-    """The sweep command's arguments for one (KV capacity, groups) part at ``multiple``."""
+def part_argv(multiple: float, density: float, kv: int, groups: int) -> list[str]:
+    """The sweep command's arguments for one (KV capacity, groups) part at ``multiple`` and
+    ``density``."""
     return [
         *PART,
         "--sweep-kv", str(kv),
         "--sweep-groups", str(groups),
         "--policies", POLICIES,
         "--wait-multiple", f"{multiple:g}",
+        "--set", f"wait_density={density:g}",
     ]  # fmt: skip
 
 
-def part_rows(doc: dict, multiple: float) -> list[dict]:
+def part_rows(doc: dict, multiple: float, density: float) -> list[dict]:
     """A part's ``--json`` as rows: each point's place and the default policy's goal figures,
     worked out again from the point's metrics (``report.from_json``)."""
     rows = []
@@ -57,6 +63,7 @@ def part_rows(doc: dict, multiple: float) -> list[dict]:
         rows.append(
             {
                 "multiple": multiple,
+                "density": density,
                 "kv": point["kv_capacity_tokens"],
                 "groups": point["groups"],
                 "load": point["load"],
@@ -80,43 +87,47 @@ def goal_of(row: dict) -> Goal:
     )
 
 
-def _run_part(multiple: float, kv: int, groups: int) -> list[dict]:
+def _run_part(multiple: float, density: float, kv: int, groups: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "part.json"
-        argv = [*part_argv(multiple, kv, groups), "--json", str(out), "--no-progress"]
+        argv = [*part_argv(multiple, density, kv, groups), "--json", str(out), "--no-progress"]
         subprocess.run(
             [sys.executable, "-m", "benchmarks", *argv], check=True, stdout=subprocess.DEVNULL
         )
-        return part_rows(json.loads(out.read_text(encoding="utf-8")), multiple)
+        return part_rows(json.loads(out.read_text(encoding="utf-8")), multiple, density)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.wait_multiples", description=__doc__)
     p.add_argument("--multiples", type=floats, default=(4, 5, 6, 7, 8, 9, 10))
+    p.add_argument("--densities", type=floats, default=(DEFAULT_DENSITY,), help="$/s per token")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", metavar="OUT", help="write the rows as JSON")
     args = p.parse_args(argv)
-    parts = [(m, kv, g) for m in args.multiples for kv in DEFAULT_KV_CAPACITIES
+    pairs = [(m, d) for d in args.densities for m in args.multiples]
+    parts = [(m, d, kv, g) for m, d in pairs for kv in DEFAULT_KV_CAPACITIES
              for g in DEFAULT_GROUPS]  # fmt: skip
     rows: list[dict] = []
     with ThreadPoolExecutor(max(1, args.workers)) as pool:
         futures = {pool.submit(_run_part, *part): part for part in parts}
         for done, future in enumerate(as_completed(futures), 1):
-            m, kv, g = futures[future]
+            m, d, kv, g = futures[future]
             part = future.result()
             rows += part
             met = sum(goal_of(r).met for r in part)
             print(
-                f"[{done}/{len(parts)}] multiple {m:g}, KV {kv // 1000}k, {g} groups: "
-                f"goal met at {met} of {len(part)} loads",
+                f"[{done}/{len(parts)}] multiple {m:g}, density {d:g}, KV {kv // 1000}k, "
+                f"{g} groups: goal met at {met} of {len(part)} loads",
                 flush=True,
             )
-    rows.sort(key=lambda r: (r["multiple"], -r["kv"], r["groups"], r["load"]))
-    for m in args.multiples:
-        at = [r for r in rows if r["multiple"] == m]
-        print(f"multiple {m:g}: goal met at {sum(goal_of(r).met for r in at)} of {len(at)} points")
+    rows.sort(key=lambda r: (r["density"], r["multiple"], -r["kv"], r["groups"], r["load"]))
+    for m, d in pairs:
+        at = [r for r in rows if (r["multiple"], r["density"]) == (m, d)]
+        met = sum(goal_of(r).met for r in at)
+        print(f"multiple {m:g}, density {d:g}: goal met at {met} of {len(at)} points")
     if args.json:
-        meta = {"argv": arguments(argv), "policy": DEFAULT_POLICY, "in_force": MULTIPLE}
+        meta = {"argv": arguments(argv), "policy": DEFAULT_POLICY,
+                "in_force": [MULTIPLE, DEFAULT_DENSITY]}  # fmt: skip
         write_json(args.json, {"meta": meta, "rows": rows})
     return 0
 

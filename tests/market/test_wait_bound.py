@@ -170,9 +170,9 @@ def test_only_operators_set_the_bound_on_the_console(client, persona) -> None:
         )  # fmt: skip
         page = client.get(CONSOLE).content.decode()
         form = page[page.index('id="wait-bound-form"') :]
-        # The defaults: $0.004/s per prompt token at the bound, in 16 steps.
+        # The defaults: $0.003/s per prompt token at the bound, in 16 steps.
         assert (
-            "a request that has waited this long ranks as if it bid $4/s more per 1,000 prompt "
+            "a request that has waited this long ranks as if it bid $3/s more per 1,000 prompt "
             "tokens, reached in 16 steps as it waits"
         ) in form.lower()
         assert 'value="45"' in form and '<option value="pinned" selected>' in form

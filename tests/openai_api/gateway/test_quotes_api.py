@@ -136,18 +136,17 @@ def test_the_wait_bound_in_force_and_what_a_bid_ranks_as_once_it_has_waited_it(
     gateway, acme, quoted_market
 ) -> None:
     """The market's bound is on by default, automatic, at 20 s: a request that has waited it
-    ranks as if it bid $0.004/s per prompt token more ($4/s per 1,000). A bid of 0.01 with a
-    25-token prompt then ranks as 0.01 + 0.004 x 25 = 0.11 $/s, among the 0.1 bids (the nearest
-    group), whose 30 waits 0.1..3.0 s give p50 the 15th (1.5 s), p90 the 27th (2.7 s), p99 the
-    30th (3.0 s)."""
+    ranks as if it bid $0.003/s per prompt token more ($3/s per 1,000). A bid of 0.01 with a
+    30-token prompt then ranks as 0.01 + 0.003 x 30 = 0.1 $/s, among the 0.1 bids, whose 30
+    waits 0.1..3.0 s give p50 the 15th (1.5 s), p90 the 27th (2.7 s), p99 the 30th (3.0 s)."""
     model = quoted_market.served_model
-    body = ask(gateway, acme.key, model=model, bid="0.01", prompt_tokens="25").json()
+    body = ask(gateway, acme.key, model=model, bid="0.01", prompt_tokens="30").json()
     assert body["wait_bound"] == {
-        "wait_s": 20.0, "source": "auto", "steps": 16, "credit_per_1k_prompt_tokens": "4.000000000",
+        "wait_s": 20.0, "source": "auto", "steps": 16, "credit_per_1k_prompt_tokens": "3.000000000",
     }  # fmt: skip
     assert body["waits"]["ttft_p50_s"] == 15.0  # the bid's own group, as without the bound
     assert body["waits"]["at_bound"] == {
-        "after_s": 20.0, "prompt_tokens": 25, "ranks_as": "0.110000000",
+        "after_s": 20.0, "prompt_tokens": 30, "ranks_as": "0.100000000",
         "bids_from": "0.100000000", "bids_to": "0.100000000", "requests": 30,
         "ttft_p50_s": 1.5, "ttft_p90_s": 2.7, "ttft_p99_s": 3.0,
     }  # fmt: skip
@@ -155,13 +154,13 @@ def test_the_wait_bound_in_force_and_what_a_bid_ranks_as_once_it_has_waited_it(
     pinned = {"wait_bound_mode": "pinned", "wait_bound_s": 45.0}
     type(quoted_market).objects.filter(pk=quoted_market.pk).update(**pinned)
     caches_clear()  # the gateway keeps a market a few seconds
-    body = ask(gateway, acme.key, model=model, bid="0.01", prompt_tokens="25").json()
+    body = ask(gateway, acme.key, model=model, bid="0.01", prompt_tokens="30").json()
     assert (body["wait_bound"]["wait_s"], body["wait_bound"]["source"]) == (45.0, "pinned")
     assert body["waits"]["at_bound"]["after_s"] == 45.0
     for off in ({"wait_bound_mode": "off", "wait_bound_s": 0.0}, {"policy": "lpm"}):
         type(quoted_market).objects.filter(pk=quoted_market.pk).update(**off)
         caches_clear()
-        body = ask(gateway, acme.key, model=model, bid="0.01", prompt_tokens="25").json()
+        body = ask(gateway, acme.key, model=model, bid="0.01", prompt_tokens="30").json()
         assert body["wait_bound"] is None and "at_bound" not in body["waits"], off
     documented = openapi_document()["components"]["schemas"]["QuoteWaitBound"]["properties"]
     assert set(documented) == {"wait_s", "source", "steps", "credit_per_1k_prompt_tokens"}

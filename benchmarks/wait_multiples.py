@@ -1,7 +1,7 @@
 """How the automatic wait bound was chosen: the KV sweep at each candidate multiple of the mean
 wait and credit density.
 
-    python -m benchmarks.wait_multiples [--multiples 4,5,6,7,8,9,10] [--densities 0.004] \\
+    python -m benchmarks.wait_multiples [--multiples 4,5,6,7,8,9,10] [--densities 0.003] \\
         [--workers 2] [--json docs/results/wait_multiples.json]
 
 The product's bound is ``MULTIPLE`` x the mean time to first token of the last requests served

@@ -346,31 +346,34 @@ CHECKS = ("hit", "mean TTFT", "capture", "p99")  # Goal.passes, in its order
 
 def wait_multiples_block(doc: dict) -> str:
     """``python -m benchmarks.wait_multiples --json``: per candidate multiple of the automatic
-    wait bound and credit density, the KV sweep's points where the default policy met the goal,
-    and how many missed each check."""
+    wait bound, credit density and steps, the KV sweep's points where the default policy met
+    the goal, and how many missed each check."""
     meta, rows = doc["meta"], doc["rows"]
-    pairs = sorted({(r["density"], r["multiple"]) for r in rows})
+    settings = sorted({(r["steps"], r["density"], r["multiple"]) for r in rows})
     kvs = sorted({r["kv"] for r in rows}, reverse=True)
-    in_force = tuple(meta["in_force"])  # (multiple, density)
+    multiple, density, steps = meta["in_force"]
 
     def met(at: list[dict]) -> str:
         return f"{sum(goal_of(r).met for r in at)} of {len(at)}"
 
     table = []
-    for d, m in pairs:
-        at = [r for r in rows if (r["density"], r["multiple"]) == (d, m)]
+    for k, d, m in settings:
+        at = [r for r in rows if (r["steps"], r["density"], r["multiple"]) == (k, d, m)]
         missed = [sum(goal_of(r).passes[i] is False for r in at) for i in range(len(CHECKS))]
+        in_force = (m, d, k) == (multiple, density, steps)
         table.append(
-            [f"{m:g}", f"{d:g}" + (" (in force)" if (m, d) == in_force else "")]
+            [f"{m:g}", f"{d:g}", f"{k}" + (" (in force)" if in_force else "")]
             + [met([r for r in at if r["kv"] == kv]) for kv in kvs]
             + [met(at), *missed]
         )
-    titles = ["multiple", "density $/s per token", *(f"KV {kv / 1000:g}k" for kv in kvs)]
+    titles = ["multiple", "density $/s per token", "steps",
+              *(f"KV {kv / 1000:g}k" for kv in kvs)]  # fmt: skip
     return (
         f"`{command_line('benchmarks.wait_multiples', meta['argv'])}`: the points of the KV sweep "
         f"where {meta['policy']} met the goal under the automatic bound at each multiple of the "
-        f"mean wait and credit density, and the points that missed each check ({GOAL_LEGEND})."
-        "\n\n" + Table([*titles, "all points", *(f"missed {c}" for c in CHECKS)], table).markdown()
+        f"mean wait, credit density and number of credit steps, and the points that missed each "
+        f"check ({GOAL_LEGEND}).\n\n"
+        + Table([*titles, "all points", *(f"missed {c}" for c in CHECKS)], table).markdown()
     )
 
 

@@ -50,13 +50,14 @@ from .requests import MAX_BID, number_checked, to_ticks
 from .tree import Entry, RequestTree
 
 # The credit's steps up to the bound and its density at the bound ($/s per prompt token), chosen
-# on the KV sweep: with a 28 s bound, 16 steps met the market's goal on more points than 4 or 8
-# (docs/benchmarks.md, "Bounded waiting"), and 4 steps of $0.05 on none more than no bound;
-# under the automatic bound, $0.003 met it on as many points as $0.002 or more, and on more than
-# $0.004, at each multiple tried ("The bound's multiple and density"). A gentle credit in many
-# steps lifts the tail without undoing the auction: a stronger one puts every old request ahead
-# of all bids and costs capture.
-DEFAULT_STEPS = 16
+# on the KV sweep under the automatic bound (docs/benchmarks.md, "The bound's multiple, density
+# and steps"): $0.003 met the market's goal on as many points as $0.002 or more, and on more than
+# $0.004, at each multiple tried; 8 steps met it on as many points as 12 or 16 and on more than
+# 4, and a round's credit changes are the steps x churn of its queue, so 8 costs the scheduler
+# half what 16 does. (With a fixed 28 s bound, 4 steps of $0.05, the first defaults, met it on
+# none more than no bound.) A gentle credit in several steps lifts the tail without undoing the
+# auction: a stronger one puts every old request ahead of all bids and costs capture.
+DEFAULT_STEPS = 8
 DEFAULT_DENSITY = 0.003
 # The operator's bound, seconds: 0 (off) or in this range. Below half a second the credit would
 # step every round or two; above an hour no request waits that long behind a running engine.
@@ -162,38 +163,45 @@ class AgeClock:
     def advance(self, tree: RequestTree, now: float) -> int:
         """Give the requests that crossed a step by ``now`` their new credits (one change of
         the tree: ``RequestTree.credit_entries``); returns how many changed."""
-        levels = self._level
-        credit = self.credit
-        entries = tree.entries
-        credits: list[tuple[Entry, int]] = []
-        steps = credit.steps
-        per_token = to_ticks(credit.density)  # ``credit_ticks`` written out, the same integers
-        step_at = credit.step_at
         queues = self._queues
         late = self._late
-        pop = heapq.heappop
-        schedule = self._schedule
-
-        def crossed(rid: str) -> None:
+        due: list[str] = []
+        for queue in queues:
+            while queue and queue[0][0] <= now:
+                due.append(queue.popleft()[1])
+        while late and late[0][0] <= now:
+            due.append(heapq.heappop(late)[1])
+        if not due:
+            return 0
+        # ``AgeCredit.step_at``, ``credit_ticks`` and ``_schedule`` written out (the same
+        # arithmetic): with the bound on, a round comes here for the steps x churn of its queue.
+        levels = self._level
+        entries = tree.entries
+        credit = self.credit
+        wait_s = credit.wait_s
+        steps = credit.steps
+        per_token = to_ticks(credit.density)
+        push = heapq.heappush
+        credits: list[tuple[Entry, int]] = []
+        for rid in due:
             entry = entries.get(rid)
             got = levels.get(rid)
             if entry is None or got is None or entry.req.arrival != got[0]:
                 levels.pop(rid, None)  # it left the tree (admitted, cancelled)
-                return
+                continue
             arrival, level = got
             # ``AgeCredit.level`` from the level reached: this entry is due, so it holds.
-            while level < steps and step_at(arrival, level + 1) <= now:
+            while level < steps and arrival + (level + 1) * wait_s / steps <= now:
                 level += 1
             levels[rid] = (arrival, level)
             credits.append((entry, per_token * len(entry.req.tokens) * level // steps))
             if level < steps:
-                schedule(step_at(arrival, level + 1), rid, level + 1)
-
-        for queue in queues:
-            while queue and queue[0][0] <= now:
-                crossed(queue.popleft()[1])
-        while late and late[0][0] <= now:
-            crossed(pop(late)[1])
+                at = arrival + (level + 1) * wait_s / steps
+                queue = queues[level]
+                if queue and at < queue[-1][0]:
+                    push(late, (at, rid))
+                else:
+                    queue.append((at, rid))
         if credits:
             tree.credit_entries(credits)
         return len(credits)

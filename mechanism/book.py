@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from .clearing import Clearing
 from .plan import BSUM, INNER, REQUESTS, WORK, Block
 from .requests import BID_SCALE, effective_bid
 from .tree import Node, RequestTree, entries_below
+
+_credit_of = attrgetter("credit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,7 @@ def _dfs_book(
     found.sort(key=lambda f: f[:3])  # positions are unique: the sort never reaches the nodes
     rows = []
     for depth, _, start, rank, c, block in found[:limit]:
-        credit = sum(e.credit for e in entries_below(c))
+        credit = sum(map(_credit_of, entries_below(c)))
         n, bsum, work = block[REQUESTS], block[BSUM], block[WORK]
         rows.append(_row(c, depth, n, bsum - credit, credit, work, rank, start))
     return rows

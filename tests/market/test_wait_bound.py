@@ -170,10 +170,10 @@ def test_only_operators_set_the_bound_on_the_console(client, persona) -> None:
         )  # fmt: skip
         page = client.get(CONSOLE).content.decode()
         form = page[page.index('id="wait-bound-form"') :]
-        # The defaults: $0.003/s per prompt token at the bound, in 16 steps.
+        # The defaults: $0.003/s per prompt token at the bound, in 8 steps.
         assert (
             "a request that has waited this long ranks as if it bid $3/s more per 1,000 prompt "
-            "tokens, reached in 16 steps as it waits"
+            "tokens, reached in 8 steps as it waits"
         ) in form.lower()
         assert 'value="45"' in form and '<option value="pinned" selected>' in form
         assert "In force: 45 s, pinned" in form

@@ -91,8 +91,8 @@ def test_the_wait_bound_changes_through_the_same_check_and_runs_under_the_dfs_au
     on = knobs.with_wait_bound(30)
     assert on.wait_bound_s == 30.0 and isinstance(on.wait_bound_s, float)
     rule = on.age_credit("dfs-auction-kv")
-    # The defaults chosen on the KV sweep (mechanism.aging): 16 steps, $0.003/s per token.
-    assert (rule.wait_s, rule.steps, rule.density) == (30.0, 16, 0.003)
+    # The defaults chosen on the KV sweep (mechanism.aging): 8 steps, $0.003/s per token.
+    assert (rule.wait_s, rule.steps, rule.density) == (30.0, 8, 0.003)
     for policy in ("fcfs", "lpm", "dfs-weight", "highest-bid"):
         assert on.age_credit(policy) is None  # only the DFS auctions' keys take a credit
     with pytest.raises(ValueError, match="wait bound"):

@@ -136,13 +136,14 @@ def test_the_wait_bound_in_force_and_what_a_bid_ranks_as_once_it_has_waited_it(
     gateway, acme, quoted_market
 ) -> None:
     """The market's bound is on by default, automatic, at 20 s: a request that has waited it
-    ranks as if it bid $0.003/s per prompt token more ($3/s per 1,000). A bid of 0.01 with a
+    ranks as if it bid $0.003/s per prompt token more ($3/s per 1,000), reached in the default
+    8 steps (mechanism.aging). A bid of 0.01 with a
     30-token prompt then ranks as 0.01 + 0.003 x 30 = 0.1 $/s, among the 0.1 bids, whose 30
     waits 0.1..3.0 s give p50 the 15th (1.5 s), p90 the 27th (2.7 s), p99 the 30th (3.0 s)."""
     model = quoted_market.served_model
     body = ask(gateway, acme.key, model=model, bid="0.01", prompt_tokens="30").json()
     assert body["wait_bound"] == {
-        "wait_s": 20.0, "source": "auto", "steps": 16, "credit_per_1k_prompt_tokens": "3.000000000",
+        "wait_s": 20.0, "source": "auto", "steps": 8, "credit_per_1k_prompt_tokens": "3.000000000",
     }  # fmt: skip
     assert body["waits"]["ttft_p50_s"] == 15.0  # the bid's own group, as without the bound
     assert body["waits"]["at_bound"] == {

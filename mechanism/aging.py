@@ -163,45 +163,38 @@ class AgeClock:
     def advance(self, tree: RequestTree, now: float) -> int:
         """Give the requests that crossed a step by ``now`` their new credits (one change of
         the tree: ``RequestTree.credit_entries``); returns how many changed."""
+        levels = self._level
+        credit = self.credit
+        entries = tree.entries
+        credits: list[tuple[Entry, int]] = []
+        steps = credit.steps
+        per_token = to_ticks(credit.density)  # ``credit_ticks`` written out, the same integers
+        step_at = credit.step_at
         queues = self._queues
         late = self._late
-        due: list[str] = []
-        for queue in queues:
-            while queue and queue[0][0] <= now:
-                due.append(queue.popleft()[1])
-        while late and late[0][0] <= now:
-            due.append(heapq.heappop(late)[1])
-        if not due:
-            return 0
-        # ``AgeCredit.step_at``, ``credit_ticks`` and ``_schedule`` written out (the same
-        # arithmetic): with the bound on, a round comes here for the steps x churn of its queue.
-        levels = self._level
-        entries = tree.entries
-        credit = self.credit
-        wait_s = credit.wait_s
-        steps = credit.steps
-        per_token = to_ticks(credit.density)
-        push = heapq.heappush
-        credits: list[tuple[Entry, int]] = []
-        for rid in due:
+        pop = heapq.heappop
+        schedule = self._schedule
+
+        def crossed(rid: str) -> None:
             entry = entries.get(rid)
             got = levels.get(rid)
             if entry is None or got is None or entry.req.arrival != got[0]:
                 levels.pop(rid, None)  # it left the tree (admitted, cancelled)
-                continue
+                return
             arrival, level = got
             # ``AgeCredit.level`` from the level reached: this entry is due, so it holds.
-            while level < steps and arrival + (level + 1) * wait_s / steps <= now:
+            while level < steps and step_at(arrival, level + 1) <= now:
                 level += 1
             levels[rid] = (arrival, level)
             credits.append((entry, per_token * len(entry.req.tokens) * level // steps))
             if level < steps:
-                at = arrival + (level + 1) * wait_s / steps
-                queue = queues[level]
-                if queue and at < queue[-1][0]:
-                    push(late, (at, rid))
-                else:
-                    queue.append((at, rid))
+                schedule(step_at(arrival, level + 1), rid, level + 1)
+
+        for queue in queues:
+            while queue and queue[0][0] <= now:
+                crossed(queue.popleft()[1])
+        while late and late[0][0] <= now:
+            crossed(pop(late)[1])
         if credits:
             tree.credit_entries(credits)
         return len(credits)

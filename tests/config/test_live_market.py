@@ -560,10 +560,12 @@ def test_the_routers_control_plane_is_closed_to_whoever_lacks_the_runs_token(
 
 def test_write_config_writes_a_reusable_file_and_starts_nothing(tmp_path, database):
     path = tmp_path / "deploy" / "market.conf"
-    engine = dead_port()
+    # The entry point, its two replicas on the ports after it and smg's exporter after theirs,
+    # all free and below the ephemeral range (a port there can be a test's connection's).
+    engine = _free_ports(4)
     done = subprocess.run(
         [*MANAGE, "live_market", "--var", str(tmp_path / "var"), "--engine-port", str(engine),
-         "--port", str(dead_port()), "--write-config", str(path)],
+         "--port", str(_free_ports(1)), "--write-config", str(path)],
         env=_env(database), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -10,13 +10,13 @@ subtree. No single bid, no request id: the public book is aggregated and anonymo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from .clearing import Clearing
 from .plan import BSUM, INNER, REQUESTS, WORK, Block
 from .requests import BID_SCALE, effective_bid
-from .tree import Node, RequestTree, entries_below
+from .tree import Entry, Node, RequestTree, entries_below
 
 _credit_of = attrgetter("credit")
 
@@ -35,7 +35,11 @@ class SubtreeRow:
     work: int  # uncached tokens plus overheads of the whole subtree
     rank: int  # position among its siblings in the round's order
     first_position: int  # position of its first request in the round's order
+    # The subtree's node and its requests, for a caller that tallies more of them (a record's
+    # owners): read once here, and not compared (a row's figures are what it is).
+    node: Node = field(compare=False, repr=False)
     credit_sum: float = 0.0  # the age credits its requests have earned, $/s (never money)
+    entries: Sequence[Entry] = field(default=(), compare=False, repr=False)
 
 
 def subtree_book(
@@ -93,7 +97,7 @@ def _walked_book(
                 below.append((c, depth + 1))
         level = below
     rows.sort(key=lambda r: (r.depth, -r.requests, r.first_position))
-    return rows[:limit]
+    return [replace(r, entries=entries_below(r.node)) for r in rows[:limit]]
 
 
 def _dfs_book(
@@ -130,14 +134,23 @@ def _dfs_book(
     found.sort(key=lambda f: f[:3])  # positions are unique: the sort never reaches the nodes
     rows = []
     for depth, _, start, rank, c, block in found[:limit]:
-        credit = sum(map(_credit_of, entries_below(c)))
+        entries = entries_below(c)
+        credit = sum(map(_credit_of, entries))
         n, bsum, work = block[REQUESTS], block[BSUM], block[WORK]
-        rows.append(_row(c, depth, n, bsum - credit, credit, work, rank, start))
+        rows.append(_row(c, depth, n, bsum - credit, credit, work, rank, start, entries))
     return rows
 
 
 def _row(
-    c: Node, depth: int, n: int, bsum: int, credit: int, work: int, rank: int, first: int
+    c: Node,
+    depth: int,
+    n: int,
+    bsum: int,
+    credit: int,
+    work: int,
+    rank: int,
+    first: int,
+    entries: Sequence[Entry] = (),
 ) -> SubtreeRow:
     """A subtree's row, from its totals (effective bids and credits in ticks, work in tokens)."""
     dollars = bsum / BID_SCALE
@@ -154,6 +167,8 @@ def _row(
         rank=rank,
         first_position=first,
         credit_sum=credits,
+        node=c,
+        entries=entries,
     )
 
 

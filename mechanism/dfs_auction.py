@@ -21,7 +21,7 @@ visits every node, and most nodes are leaves.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter, itemgetter
 from typing import Generic, Protocol, TypeVar, final
@@ -245,15 +245,31 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
     split = key.split_cached
     for x, changed in zip(reversed(todo), reversed(changes), strict=True):
         xs = _state(x, token) or _new_state(x, token, live)
+        # Its order held requests only (as many as blocks; each block holds 1 or more).
+        singles = len(xs.flat) == len(xs.inside)
+        moves = None
         if split:
             _split_step(x, xs, changed, token, key, reserve, overhead)
         else:
-            _step(x, xs, changed, token, key, reserve, overhead)
+            moves = _step(x, xs, changed, token, key, reserve, overhead)
         xs.block = _node_block(x, xs, key)
         xs.built = version
         if xs.split:  # its blocks are its parent's: nothing is served from its own order
             continue
         blocks = xs.inside
+        if moves is not None and singles and len(blocks) == x.size and x.parent is not None:
+            # Requests only, before and after, its blocks patched: its order patched by the
+            # same moves (not the root's: a round's Plan holds that one).
+            order = xs.flat
+            held = xs.handles
+            for i, j, e in moves:
+                assert type(e) is Entry  # requests only, after the patch too
+                if i >= 0:
+                    del order[i]
+                    del held[i]
+                order.insert(j, e)
+                held.insert(j, e.handle)
+            continue
         if len(blocks) < x.size:  # some blocks are nodes' (each block holds 1 request or more)
             flat: list[Entry] = []
             handles: list[object] = []
@@ -338,12 +354,14 @@ def _step(
     key: BlockKey,
     reserve: int,
     overhead: int,
-) -> None:
+) -> list[tuple[int, int, Node | Entry]] | None:
     """A node's blocks brought up to date: patched (``_patch``), or, when most of them changed,
-    taken afresh from its children's (an unchanged child's kept) and sorted."""
+    taken afresh from its children's (an unchanged child's kept) and sorted. Returns the
+    patch's moves (``_patch``), or None."""
     fresh = _child_blocks(changed, token, key, reserve, overhead)
     own = _own_blocks(x, key, reserve, overhead, False) if x.reqs else []
     built = xs.built
+    moves = None
     if built < 0 or 4 * len(changed) > len(xs.kids):
         old = xs.kids
         kids = {c: old[c] for c in x.children.values() if c.changed <= built} if built >= 0 else {}
@@ -351,15 +369,24 @@ def _step(
         xs.kids = kids
         xs.sort_blocks([*kids.values(), *own])
     else:
-        _patch(x, xs, changed, fresh, own)
+        moves = _patch(x, xs, changed, fresh, own)
     xs.own = own
+    return moves
 
 
-def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: list[Block]) -> None:
+def _patch(
+    x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: list[Block]
+) -> list[tuple[int, int, Node | Entry]] | None:
     """Replace the blocks that changed in a node's sorted blocks: those of the ``changed``
     children (now ``fresh``), of children gone (cut off or merged away) and of the requests
-    ending here (now ``own``)."""
+    ending here (now ``own``).
+
+    Returns the moves, when only changed children's blocks moved: for each, in turn, the place
+    its old block was taken from (-1: a new child), the place the new one went to, and what it
+    holds (its request, for a leaf), so that an order of the blocks' requests can be patched
+    alike; None when others moved too."""
     kids = xs.kids
+    moves: list[tuple[int, int, Node | Entry]] | None = None if xs.own or own else []
     for block in xs.own:
         xs.drop(block)
     # The children gone go first. A new child's block can equal a gone one's in every field but
@@ -369,6 +396,7 @@ def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: lis
         children = set(x.children.values())
         for c in [c for c in kids if c not in children]:
             xs.drop(kids.pop(c))
+            moves = None
     # ``drop`` and ``add`` written out for the changed children: with the wait bound on, a
     # round patches every request that crossed a credit step here.
     blocks = xs.inside
@@ -378,6 +406,7 @@ def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: lis
     retie = xs.retie
     for c, block in zip(changed, fresh, strict=True):
         old = kids.get(c)
+        i = -1
         if old is not None:
             i = bisect_left(blocks, old)
             if i == len(blocks) or blocks[i][INNER] is not old[INNER]:
@@ -388,7 +417,10 @@ def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: lis
             if old[TIE] == tie:
                 retie = True
         kids[c] = block
-        insort(blocks, block)
+        j = bisect_right(blocks, block)  # ``insort``, the place kept
+        blocks.insert(j, block)
+        if moves is not None:
+            moves.append((i, j, block[INNER]))
         bsum += block[BSUM]
         work += block[WORK]
         if tie is None or block[TIE] < tie:
@@ -400,6 +432,7 @@ def _patch(x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: lis
     for block in own:
         xs.add(block)
     xs.settle()
+    return moves
 
 
 def _split_step(

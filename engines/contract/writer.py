@@ -34,7 +34,7 @@ from engines.contract.records import (
 from mechanism import BID_SCALE, Clearing, RequestTree
 from mechanism.book import block_of, subtree_book
 from mechanism.requests import effective_bid
-from mechanism.tree import Node, entries_below
+from mechanism.tree import Entry
 from mechanism.whatif import QUEUE_LIMIT, queue_snapshot
 
 BOOK_DEPTH = 2  # subtree levels in a record
@@ -205,7 +205,7 @@ def subtree_summaries(
     summaries: list[SubtreeSummary] = []
     for row in rows:
         prefix = tuple(row.prefix)
-        node = _node_at(tree, prefix)
+        node = row.node
         parent = node.parent.end if node.parent is not None else 0  # the root's end is 0
         summaries.append(
             {
@@ -223,7 +223,7 @@ def subtree_summaries(
                 "density": row.density,
                 "rank": row.rank,
                 "first_position": row.first_position,
-                "owners": _owners(node),
+                "owners": _owners(row.entries),
             }
         )
     return summaries
@@ -235,17 +235,9 @@ def prefix_key(prefix: Sequence[int]) -> str:
     return f"{hash(tuple(prefix)) & 0xFFFFFFFFFFFF:012x}"
 
 
-def _node_at(tree: RequestTree, prefix: tuple[int, ...]) -> Node:
-    """The node whose edge ends where ``prefix`` does (a book row's subtree)."""
-    node = tree.root
-    while node.end < len(prefix):
-        node = node.children[prefix[node.end]]
-    return node
-
-
-def _owners(node: Node) -> dict[str, int]:
-    """The subtree's requests by tenant tag."""
-    return dict(sorted(Counter(map(_owner_of, entries_below(node))).items()))
+def _owners(entries: Iterable[Entry]) -> dict[str, int]:
+    """A subtree's requests (``entries``) by tenant tag."""
+    return dict(sorted(Counter(map(_owner_of, entries)).items()))
 
 
 def waiting_bids(tree: RequestTree, limit: int = BOOK_BIDS) -> list[float]:

@@ -296,6 +296,65 @@ def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
     assert patched > 100
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_wide_nodes_of_requests_only_patch_their_order_alike(seed):
+    # A few system prompts, each under many requests that branch off it at once (one leaf
+    # each): most rounds change a few bids (as the wait bound's credit steps do) and the
+    # planner patches the node's order of requests by the same moves as its blocks. Now and
+    # then a request extends another's prompt (its leaf becomes a node, and back when one of
+    # the two leaves), or two of a node's requests change at once.
+    import mechanism.dfs_auction as dfs_auction
+
+    rng = random.Random(seed)
+    systems = [[s] * 30 for s in range(4)]
+    tree = RequestTree()
+    live: dict[str, WaitingRequest] = {}
+    made = 0
+
+    def arrive():
+        nonlocal made
+        made += 1
+        if live and rng.random() < 0.1:  # under another request's prompt
+            toks = [*rng.choice(sorted(live.values(), key=lambda r: r.id)).tokens, 7]
+        else:
+            toks = [*rng.choice(systems), 100 + made, rng.randrange(50)]
+        req = WaitingRequest(
+            f"w{made}", toks, rng.choice([0.0, 0.5, 1.0, 4.0]), float(made),
+            cached_len=rng.choice([0, 0, 30]),
+        )  # fmt: skip
+        tree.insert(req)
+        live[req.id] = req
+
+    for _ in range(160):
+        arrive()
+    moved = 0
+    real_patch = dfs_auction._patch
+
+    def counting_patch(*args):
+        nonlocal moved
+        moves = real_patch(*args)
+        moved += bool(moves)
+        return moves
+
+    dfs_auction._patch = counting_patch
+    try:
+        for _ in range(150):
+            for _ in range(rng.randint(1, 3)):
+                what = rng.random()
+                rid = rng.choice(sorted(live))
+                if what < 0.15:
+                    arrive()
+                elif what < 0.3:
+                    tree.remove(rid)
+                    del live[rid]
+                else:
+                    live[rid] = tree.update(rid, bid=rng.choice([0.0, 0.25, 2.0, 9.0]))
+            assert_same_round(tree, live, rng.choice(SETTINGS[:4]))
+    finally:
+        dfs_auction._patch = real_patch
+    assert moved > 100
+
+
 @pytest.mark.parametrize("policy", sorted(DFS_AUCTIONS))
 def test_a_request_that_leaves_and_comes_back_between_rounds_is_planned_once(policy):
     # SGLang puts a retracted request back in its waiting queue with the same id: between two

@@ -14,6 +14,7 @@ from market.services import (
     market_wait_bound_set,
 )
 from mechanism import OFFERED, wait_bound
+from mechanism.aging import WAIT_BOUND_HELP
 
 
 class _AuditInline(admin.TabularInline):
@@ -49,6 +50,13 @@ class MarketAdminForm(forms.ModelForm):
     class Meta:
         model = Market
         fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The rule's own words, from its constants (the model's text names them, so that a
+        # change of a default needs no migration).
+        help_text = f"The wait bound in force, seconds. {WAIT_BOUND_HELP}"
+        self.fields["wait_bound_s"].help_text = help_text
 
     def clean(self):
         data = super().clean()

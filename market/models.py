@@ -13,7 +13,7 @@ from django.db import models
 from accounts.money import MoneyField
 from accounts.rules import HOLD_HORIZON_PRIOR_S
 from mechanism import DEFAULT_POLICY, POLICIES, wait_bound
-from mechanism.aging import WAIT_BOUND_HELP, WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S, wait_bound_checked
+from mechanism.aging import WAIT_BOUND_MAX_S, WAIT_BOUND_MIN_S, wait_bound_checked
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 SIMPLE_CHAT_TEMPLATE = "simple"  # the simulated engine's tokenizer (engines.sim)
@@ -135,7 +135,8 @@ class Market(models.Model):
     wait_bound_s = models.FloatField(
         default=wait_bound.PRIOR_S,
         validators=[wait_bound_known],
-        help_text=f"The wait bound in force, seconds. {WAIT_BOUND_HELP}",
+        help_text="The wait bound in force, seconds (0: off). What it does: "
+        "mechanism.aging.WAIT_BOUND_HELP, which the console and the admin show.",
     )
     wait_bound_mode = models.CharField(
         max_length=8,

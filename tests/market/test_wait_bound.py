@@ -224,3 +224,16 @@ def test_a_bad_bound_on_the_console_says_why_and_changes_nothing(client) -> None
     off = client.post(f"{CONSOLE}wait-bound/", {"mode": "off"}, follow=True)
     assert "Wait bound off" in off.content.decode()
     assert Market.objects.get(slug="test-llm").wait_bound_s == 0.0
+
+
+@pytest.mark.django_db
+def test_the_admin_says_what_the_bound_does_in_the_rules_own_numbers(admin_client) -> None:
+    # The model's help text only names the rule (a default's change needs no migration); the
+    # admin's form says it with the defaults in force: $0.003/s per prompt token, 8 steps.
+    market = market_create()
+    page = admin_client.get(f"/admin/market/market/{market.pk}/change/").content.decode()
+    assert (
+        "The wait bound in force, seconds. A request that has waited this long ranks as if it "
+        "bid $3/s more per 1,000 prompt tokens, reached in 8 steps as it waits"
+    ) in page
+    assert "mechanism.aging.WAIT_BOUND_HELP" not in page

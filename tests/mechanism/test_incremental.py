@@ -243,14 +243,23 @@ def test_a_tree_of_array_tokens_clears_as_one_of_tuples(seed):
         tree.insert(WaitingRequest("huge", (2**70,), 1.0, 0.0))
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
-    # A few system prompts with many requests each: most rounds change a few of a node's
-    # children, which the planner patches into the node's sorted blocks instead of re-sorting.
+def _wide_rounds(
+    rng: random.Random,
+    tokens,
+    *,
+    start: int,
+    rounds: int,
+    arrive_p: float,
+    remove_p: float,
+    bids: list[float],
+) -> list[bool]:
+    """``start`` requests (``tokens(made, live)`` each), then ``rounds`` rounds of 1-3 changes
+    (an arrival, a removal or a new bid, by the odds given), each round equal to a fresh one.
+    Returns, for each of the planner's patches (``dfs_auction._patch``), whether it patched a
+    node of requests only, before and after (not the root): one whose order of requests is
+    then patched by the same moves."""
     import mechanism.dfs_auction as dfs_auction
 
-    rng = random.Random(seed)
-    systems = [[s] * 30 for s in range(4)]
     tree = RequestTree()
     live: dict[str, WaitingRequest] = {}
     made = 0
@@ -258,42 +267,60 @@ def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
     def arrive():
         nonlocal made
         made += 1
-        toks = rng.choice(systems) + [rng.randrange(50) for _ in range(rng.randint(1, 4))]
         req = WaitingRequest(
-            f"w{made}", toks, rng.choice([0.0, 0.5, 1.0, 4.0]), float(made),
+            f"w{made}", tokens(made, live), rng.choice([0.0, 0.5, 1.0, 4.0]), float(made),
             cached_len=rng.choice([0, 0, 30]),
         )  # fmt: skip
         tree.insert(req)
         live[req.id] = req
 
-    for _ in range(200):
+    for _ in range(start):
         arrive()
-    patched = 0
+    patches: list[bool] = []
     real_patch = dfs_auction._patch
 
-    def counting_patch(*args):
-        nonlocal patched
-        patched += 1
-        return real_patch(*args)
+    def recorded(x, xs, *args):
+        singles = len(xs.flat) == len(xs.inside)
+        moves = real_patch(x, xs, *args)
+        patches.append(
+            bool(moves) and singles and len(xs.inside) == x.size and x.parent is not None
+        )
+        return moves
 
-    dfs_auction._patch = counting_patch
+    dfs_auction._patch = recorded
     try:
-        for _ in range(120):
+        for _ in range(rounds):
             for _ in range(rng.randint(1, 3)):
                 what = rng.random()
-                if what < 0.4:
+                if what < arrive_p:
                     arrive()
-                elif what < 0.7:
+                elif what < arrive_p + remove_p:
                     rid = rng.choice(sorted(live))
                     tree.remove(rid)
                     del live[rid]
                 else:
                     rid = rng.choice(sorted(live))
-                    live[rid] = tree.update(rid, bid=rng.choice([0.0, 2.0, 9.0]))
+                    live[rid] = tree.update(rid, bid=rng.choice(bids))
             assert_same_round(tree, live, rng.choice(SETTINGS[:4]))
     finally:
         dfs_auction._patch = real_patch
-    assert patched > 100
+    return patches
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_wide_nodes_patched_in_place_equal_a_fresh_round(seed):
+    # A few system prompts with many requests each: most rounds change a few of a node's
+    # children, which the planner patches into the node's sorted blocks instead of re-sorting.
+    rng = random.Random(seed)
+    systems = [[s] * 30 for s in range(4)]
+
+    def tokens(made, live):
+        return rng.choice(systems) + [rng.randrange(50) for _ in range(rng.randint(1, 4))]
+
+    patches = _wide_rounds(
+        rng, tokens, start=200, rounds=120, arrive_p=0.4, remove_p=0.3, bids=[0.0, 2.0, 9.0]
+    )
+    assert len(patches) > 100
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -303,56 +330,19 @@ def test_wide_nodes_of_requests_only_patch_their_order_alike(seed):
     # planner patches the node's order of requests by the same moves as its blocks. Now and
     # then a request extends another's prompt (its leaf becomes a node, and back when one of
     # the two leaves), or two of a node's requests change at once.
-    import mechanism.dfs_auction as dfs_auction
-
     rng = random.Random(seed)
-    systems = [[s] * 30 for s in range(4)]
-    tree = RequestTree()
-    live: dict[str, WaitingRequest] = {}
-    made = 0
+    systems = [[s] * 30 for s in range(8)]
 
-    def arrive():
-        nonlocal made
-        made += 1
-        if live and rng.random() < 0.1:  # under another request's prompt
-            toks = [*rng.choice(sorted(live.values(), key=lambda r: r.id)).tokens, 7]
-        else:
-            toks = [*rng.choice(systems), 100 + made, rng.randrange(50)]
-        req = WaitingRequest(
-            f"w{made}", toks, rng.choice([0.0, 0.5, 1.0, 4.0]), float(made),
-            cached_len=rng.choice([0, 0, 30]),
-        )  # fmt: skip
-        tree.insert(req)
-        live[req.id] = req
+    def tokens(made, live):
+        if made > 160 and rng.random() < 0.1:  # under another request's prompt, once started
+            return [*rng.choice(sorted(live.values(), key=lambda r: r.id)).tokens, 7]
+        return [*rng.choice(systems), 100 + made, rng.randrange(50)]
 
-    for _ in range(160):
-        arrive()
-    moved = 0
-    real_patch = dfs_auction._patch
-
-    def counting_patch(*args):
-        nonlocal moved
-        moves = real_patch(*args)
-        moved += bool(moves)
-        return moves
-
-    dfs_auction._patch = counting_patch
-    try:
-        for _ in range(150):
-            for _ in range(rng.randint(1, 3)):
-                what = rng.random()
-                rid = rng.choice(sorted(live))
-                if what < 0.15:
-                    arrive()
-                elif what < 0.3:
-                    tree.remove(rid)
-                    del live[rid]
-                else:
-                    live[rid] = tree.update(rid, bid=rng.choice([0.0, 0.25, 2.0, 9.0]))
-            assert_same_round(tree, live, rng.choice(SETTINGS[:4]))
-    finally:
-        dfs_auction._patch = real_patch
-    assert moved > 100
+    patches = _wide_rounds(
+        rng, tokens, start=160, rounds=150, arrive_p=0.15, remove_p=0.15,
+        bids=[0.0, 0.25, 2.0, 9.0],
+    )  # fmt: skip
+    assert sum(patches) > 100
 
 
 @pytest.mark.parametrize("policy", sorted(DFS_AUCTIONS))

@@ -7,7 +7,7 @@ import market.models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("market", "0016_wait_bound_help_steps"),
+        ("market", "0015_wait_bound_help_density"),
     ]
 
     operations = [

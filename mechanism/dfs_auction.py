@@ -245,21 +245,22 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
     split = key.split_cached
     for x, changed in zip(reversed(todo), reversed(changes), strict=True):
         xs = _state(x, token) or _new_state(x, token, live)
-        # Its order held requests only (as many as blocks; each block holds 1 or more).
-        singles = len(xs.flat) == len(xs.inside)
+        # Its order held requests only (as many as blocks; each block holds 1 or more), and is
+        # not the root's (a round's Plan holds that one): it may be patched by the blocks' moves.
+        patchable = len(xs.flat) == len(xs.inside) and x.parent is not None
         moves = None
         if split:
             _split_step(x, xs, changed, token, key, reserve, overhead)
         else:
-            moves = _step(x, xs, changed, token, key, reserve, overhead)
+            moves = _step(x, xs, changed, token, key, reserve, overhead, patchable)
         xs.block = _node_block(x, xs, key)
         xs.built = version
         if xs.split:  # its blocks are its parent's: nothing is served from its own order
             continue
         blocks = xs.inside
-        if moves is not None and singles and len(blocks) == x.size and x.parent is not None:
+        if moves is not None and len(blocks) == x.size:
             # Requests only, before and after, its blocks patched: its order patched by the
-            # same moves (not the root's: a round's Plan holds that one).
+            # same moves.
             order = xs.flat
             held = xs.handles
             for i, j, e in moves:
@@ -354,10 +355,11 @@ def _step(
     key: BlockKey,
     reserve: int,
     overhead: int,
+    track: bool,
 ) -> list[tuple[int, int, Node | Entry]] | None:
     """A node's blocks brought up to date: patched (``_patch``), or, when most of them changed,
     taken afresh from its children's (an unchanged child's kept) and sorted. Returns the
-    patch's moves (``_patch``), or None."""
+    patch's moves if ``track`` (``_patch``), or None."""
     fresh = _child_blocks(changed, token, key, reserve, overhead)
     own = _own_blocks(x, key, reserve, overhead, False) if x.reqs else []
     built = xs.built
@@ -369,24 +371,26 @@ def _step(
         xs.kids = kids
         xs.sort_blocks([*kids.values(), *own])
     else:
-        moves = _patch(x, xs, changed, fresh, own)
+        moves = _patch(x, xs, changed, fresh, own, track)
     xs.own = own
     return moves
 
 
 def _patch(
-    x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: list[Block]
+    x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: list[Block], track: bool
 ) -> list[tuple[int, int, Node | Entry]] | None:
     """Replace the blocks that changed in a node's sorted blocks: those of the ``changed``
     children (now ``fresh``), of children gone (cut off or merged away) and of the requests
     ending here (now ``own``).
 
-    Returns the moves, when only changed children's blocks moved: for each, in turn, the place
-    its old block was taken from (-1: a new child), the place the new one went to, and what it
-    holds (its request, for a leaf), so that an order of the blocks' requests can be patched
-    alike; None when others moved too."""
+    Returns the moves if ``track`` and only changed children's blocks moved: for each, in turn,
+    the place its old block was taken from (-1: a new child), the place the new one went to,
+    and what it holds (its request, for a leaf), so that an order of the blocks' requests can
+    be patched alike; None otherwise."""
     kids = xs.kids
-    moves: list[tuple[int, int, Node | Entry]] | None = None if xs.own or own else []
+    moves: list[tuple[int, int, Node | Entry]] | None = (
+        [] if track and not (xs.own or own) else None
+    )
     for block in xs.own:
         xs.drop(block)
     # The children gone go first. A new child's block can equal a gone one's in every field but

@@ -68,10 +68,15 @@ class Answer:
     retry_after: str | None
 
 
+def _bidding(model: str) -> dict:
+    """The body of the tests' bidding request."""
+    return {"model": model, "messages": HELLO, "max_tokens": 4, "bid": str(BID)}
+
+
 def _load(base: str, key: str, model: str, seconds: float) -> list[Answer]:
     """CLIENTS loops posting chat completions with a bid for ``seconds``: every answer."""
     answers: list[Answer] = []
-    body = {"model": model, "messages": HELLO, "max_tokens": 4, "bid": str(BID)}
+    body = _bidding(model)
 
     async def run() -> None:
         start = time.monotonic()
@@ -103,10 +108,9 @@ def _load(base: str, key: str, model: str, seconds: float) -> list[Answer]:
 
 def _probe(base: str, key: str, model: str, into: list[Answer], *, at: float) -> None:
     """One bidding request sent now, its answer appended to ``into`` (as sent at ``at`` s)."""
-    body = {"model": model, "messages": HELLO, "max_tokens": 4, "bid": str(BID)}
     response = httpx.post(
         f"{base}/v1/chat/completions",
-        json=body,
+        json=_bidding(model),
         headers={"Authorization": f"Bearer {key}"},
         timeout=30,
     )
@@ -205,10 +209,11 @@ def test_postgres_outage_under_load_is_503_never_500_and_the_ledger_holds(
             # A request sent 2 s into the outage: the load's own clients may all be waiting
             # out settlements then (those are tried again until the database is back), so
             # this one is what shows a new request's answer while the database is away.
+            probe_at = 6.0
             probe = functools.partial(
-                _probe, base, program.key, market.served_model, probes, at=6.0
+                _probe, base, program.key, market.served_model, probes, at=probe_at
             )
-            schedule = [(4.0, postgres_proxy.down), (6.0, probe), (10.0, postgres_proxy.up)]
+            schedule = [(4.0, postgres_proxy.down), (probe_at, probe), (10.0, postgres_proxy.up)]
         else:
             schedule = [(t, postgres_proxy.cut) for t in (3.0, 5.0, 7.0, 9.0)]
         faults = _at(schedule)

@@ -38,7 +38,15 @@ from .ledger import Point as LedgerPoint
 from .ledger import table as ledger_table
 from .pacing import before_after, designs_table, diagnosis_table
 from .replicas import table as replicas_table
-from .report import GOAL_LEGEND, formatted, from_json, goal_checks, load_text, policy_rows
+from .report import (
+    GOAL_LEGEND,
+    formatted,
+    from_json,
+    goal_checks,
+    load_text,
+    policy_rows,
+    yes_no,
+)
 from .sglang_plugin import COLUMNS as PLUGIN_COLUMNS
 from .sglang_plugin import NAMES as PLUGIN_NAMES
 from .wait_multiples import goal_of
@@ -115,6 +123,62 @@ def sweep_goals_block(doc: dict) -> str:
         f"{_produced_by(doc['meta'])}: the points where each policy met the goal ({GOAL_LEGEND})"
         f":\n\n{met.markdown()}\n\nEach point:\n\n{points.markdown()}"
     )
+
+
+def kv_pressure_block(doc: dict) -> str:
+    """``python -m benchmarks [--sweep] --json`` under KV pressure: per point (the sweep's, or the
+    run's one), lpm's hit rate and prompt tokens computed again after an eviction, then each
+    checked policy's hit gap, TTFT against the best bid-blind policy, capture, those tokens
+    and whether it kept the cache (``Goal.cache_kept``); then on how many points
+    each kept it."""
+    meta = doc["meta"]
+    if "sweep" in doc:
+        points = [
+            (f"{p['kv_capacity_tokens'] / 1000:g}k / {p['groups']} groups / {p['load']:g}", p)
+            for p in doc["sweep"]["grid"]
+        ]
+    else:
+        kv = meta["engine"]["kv_capacity_tokens"]
+        workload = meta["workload"].split(" (")[0]  # its title, without the lengths
+        points = [(f"{kv / 1000:g}k / {workload} / {meta['load']:g}", doc)]
+    per_point = [from_json(p["policies"]) for _, p in points]
+    policies = list(per_point[0][1]) if per_point else []
+
+    def cell(metrics: dict, g: Goal, name: str) -> str:
+        hit, ttft, cap, _ = g.passes
+        return (
+            f"{g.hit_gap_pp:+.1f} / {g.ttft_vs_best:.2f} / {formatted('{:.2f}', g.capture)} / "
+            f"{_mtokens(metrics[name])} ({yes_no((hit, ttft, cap))})"
+        )
+
+    table = Table(
+        ["KV / workload / load (x capacity)", "lpm: hit / recomputed (M tokens)"]
+        + [
+            f"{name}: hit pp / TTFT ratio / capture / recomputed (M tokens) (checks)"
+            for name in policies
+        ],
+        [
+            [
+                label,
+                f"{m['lpm']['cache_hit_rate']:.3f} / {_mtokens(m['lpm'])}",
+            ]
+            + [cell(m, g[name], name) for name in policies]
+            for (label, _), (m, g) in zip(points, per_point, strict=True)
+        ],
+    )
+    kept = ", ".join(
+        f"{name} {sum(g[name].cache_kept for _, g in per_point)} of {len(per_point)}"
+        for name in policies
+    )
+    return (
+        f"{_produced_by(meta)}: points where each policy kept the cache (hit, mean TTFT and "
+        f"capture checks; {GOAL_LEGEND}; recomputed: prompt tokens computed again after their "
+        f"prefix was evicted, millions): {kept}.\n\n{table.markdown()}"
+    )
+
+
+def _mtokens(metrics: dict) -> str:
+    return f"{metrics['recomputed_prefix_tokens'] / 1e6:.2f}"
 
 
 def _goal_cell(g: Goal) -> str:
@@ -396,6 +460,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "ledger": ledger_block,
     "policies": policies_block,
     "sweep-goals": sweep_goals_block,
+    "kv-pressure": kv_pressure_block,
     "loads-goals": loads_goals_block,
     "round-cost": round_cost_block,
     "quote-calibration": quote_calibration_block,

@@ -11,6 +11,9 @@ the unconstrained priority order:
 - ``tail``: its 99th-percentile TTFT is at most ``TAIL_SLACK`` x lpm's: priority may not buy
   the mean at the price of starving the requests that bid least (issue 35's bounded waiting).
 
+Under KV pressure the first three are the check that the cache is kept (``Goal.cache_kept``):
+priority bought without losing hits or mean TTFT to prefixes evicted and computed again.
+
 Welfare is realized welfare, -sum(bid x TTFT) (metrics.py). Where highest-bid gains less than
 ``NO_GAIN`` of lpm's welfare loss (no queue to speak of: priority buys nothing), capture is NaN
 and its check does not apply (``None``): the ratio of two near-zero gains says nothing.
@@ -61,6 +64,11 @@ class Goal:
     def met(self) -> bool:
         """Every check that applies passes."""
         return all(ok is not False for ok in self.passes)
+
+    @property
+    def cache_kept(self) -> bool:
+        """The checks but the tail (hit, mean TTFT, capture) pass, each that applies."""
+        return all(ok is not False for ok in self.passes[:3])
 
     def as_dict(self) -> dict[str, object]:
         hit, ttft, capture, tail = self.passes

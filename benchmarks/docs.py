@@ -128,9 +128,8 @@ def sweep_goals_block(doc: dict) -> str:
 def kv_pressure_block(doc: dict) -> str:
     """``python -m benchmarks [--sweep] --json`` under KV pressure: per point (the sweep's, or the
     run's one), lpm's hit rate and prompt tokens computed again after an eviction, then each
-    checked policy's hit gap, TTFT against the best bid-blind policy, capture, those tokens
-    and whether it kept the cache (``Goal.cache_kept``); then on how many points
-    each kept it."""
+    checked policy's hit gap, TTFT against the best bid-blind policy, capture, those tokens and
+    whether it kept the cache (``Goal.cache_kept``); first, on how many points each kept it."""
     meta = doc["meta"]
     if "sweep" in doc:
         points = [

@@ -144,10 +144,9 @@ def kv_pressure_block(doc: dict) -> str:
     policies = list(per_point[0][1]) if per_point else []
 
     def cell(metrics: dict, g: Goal, name: str) -> str:
-        hit, ttft, cap, _ = g.passes
         return (
             f"{g.hit_gap_pp:+.1f} / {g.ttft_vs_best:.2f} / {formatted('{:.2f}', g.capture)} / "
-            f"{_mtokens(metrics[name])} ({yes_no((hit, ttft, cap))})"
+            f"{_mtokens(metrics[name])} ({yes_no(g.cache_checks)})"
         )
 
     table = Table(

@@ -66,9 +66,15 @@ class Goal:
         return all(ok is not False for ok in self.passes)
 
     @property
+    def cache_checks(self) -> tuple[bool, bool, bool | None]:
+        """The checks but the tail: (hit, ttft, capture), as in ``passes``."""
+        hit, ttft, capture, _ = self.passes
+        return hit, ttft, capture
+
+    @property
     def cache_kept(self) -> bool:
-        """The checks but the tail (hit, mean TTFT, capture) pass, each that applies."""
-        return all(ok is not False for ok in self.passes[:3])
+        """Every check of ``cache_checks`` that applies passes."""
+        return all(ok is not False for ok in self.cache_checks)
 
     def as_dict(self) -> dict[str, object]:
         hit, ttft, capture, tail = self.passes

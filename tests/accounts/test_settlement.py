@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
 
 from accounts.ledger import Outcome, Usage
 from accounts.models import ChargeKind, Hold, HoldState, LedgerEntry, Request, RequestStatus
@@ -252,3 +253,29 @@ def test_the_sweep_fails_what_a_lost_gateway_left_queued(tenant, market) -> None
     assert budget_status(tenant=tenant, now=NOW).held == D("1")  # young's
     assert holds_sweep(stale_after_s=3600, now=NOW + timedelta(seconds=61)).failed == 0
     assert not LedgerEntry.objects.exists()
+
+
+def test_the_ledger_statements_are_planned_once(tenant, market) -> None:
+    """PostgreSQL plans a prepared statement anew for each execution's parameters for its
+    first five executions, and after them while its default (``plan_cache_mode`` auto) judges
+    that pays; the ledger's statements are to be planned once per connection (a generic plan)
+    and never again. Eight requests opened and settled one at a time: the settle statement runs
+    eight times and the hold statement nine (the tenant's first hold declines until its counter
+    rows are made, then runs again), every one on the generic plan."""
+    for i in range(8):
+        open_(tenant, market, f"p{i}", hold="0.01")
+        request_settle(
+            request_id=f"p{i}", prompt_tokens=10, cached_tokens=0, completion_tokens=5,
+            priority=priority_charge(0.001), now=NOW,
+        )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%INSERT INTO accounts_hold%%'"
+            " OR statement LIKE '%%INSERT INTO accounts_ledgerentry%%'"
+        )
+        plans = {
+            ("hold" if "INSERT INTO accounts_hold" in s else "settle"): (generic, custom)
+            for s, generic, custom in cursor.fetchall()
+        }
+    assert plans == {"hold": (9, 0), "settle": (8, 0)}

@@ -20,7 +20,7 @@ Three ways, one after the other at each rate, on one tenant and market made for 
 - **unbatched**: ``GATEWAY_LEDGER_BATCH_SIZE=1``, each hold and settlement a statement of its
   own;
 - **batched**: the gateway's batches, of ``--batch SIZE:SECONDS,...`` (the settings' 64
-  requests or 2 ms by default; each one a way of its own).
+  requests or 20 ms by default; each one a way of its own).
 
 Reported per point: requests held and settled per second (achieved / offered), PostgreSQL's
 CPU per settled request (user + system, psutil, of the cluster's processes: the backends
@@ -428,7 +428,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--service-ms", type=float, default=5.0, help="ms between a hold and its settlement (5)"
     )
     parser.add_argument(
-        "--batch", default="64:0.002", help="the batched ways, SIZE:SECONDS,... (64:0.002)"
+        "--batch", default="64:0.02", help="the batched ways, SIZE:SECONDS,... (64:0.02)"
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write the figures here")

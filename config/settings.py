@@ -132,11 +132,11 @@ GATEWAY_MARKET_CACHE_S = env.env_seconds(
 # The gateway's database threads (openai_api.gateway.db). Its work is
 # Python under the GIL: more threads mostly contend.
 GATEWAY_DB_THREADS = env.env_int(os.environ, "GATEWAY_DB_THREADS", default=2)
-# The gateway's ledger batches (openai_api.gateway.batching): each process writes the
-# settlements that arrive within this many seconds of a batch's first, or this many, as one
-# statement.
+# The gateway's ledger batches (openai_api.gateway.batching): each process writes the holds
+# (and apart, the settlements) that arrive within this many seconds of a batch's first, when
+# they come that fast, or this many, as one statement.
 GATEWAY_LEDGER_BATCH_S = env.env_seconds(
-    os.environ, "GATEWAY_LEDGER_BATCH_S", default=0.002, zero=True
+    os.environ, "GATEWAY_LEDGER_BATCH_S", default=0.02, zero=True
 )
 GATEWAY_LEDGER_BATCH_SIZE = env.env_int(os.environ, "GATEWAY_LEDGER_BATCH_SIZE", default=64)
 # Batch jobs (openai_api.batches): the Celery queue of their runs (unset: the default

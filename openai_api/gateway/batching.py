@@ -9,11 +9,14 @@ each is checked against what the ones before it wrote; a request after one that 
 written as assumed, such as one a budget refused or cut, goes in the next statement).
 
 When a batch is written: a group commit. While none of its kind is being written, the first
-request to arrive starts a batch, written ``GATEWAY_LEDGER_BATCH_S`` seconds later (0: as soon
-as the event loop turns); while one is being written, the requests that arrive wait for it and
-go together in the next, written as soon as it is done. At once, in any case, when
-``GATEWAY_LEDGER_BATCH_SIZE`` wait. So at a low rate a request is written alone without
-waiting, and as the rate rises, batches grow with it, up to the size.
+request to arrive starts a batch. It waits at most ``GATEWAY_LEDGER_BATCH_S`` seconds for
+company when company comes that fast (requests of its kind have been arriving less than that
+apart: a moving mean of the gaps, ``GAP_WEIGHT``), and only while it comes (written when none
+has arrived for ``IDLE_GAPS`` mean gaps); it is written as soon as the event loop turns when
+company does not come that fast (it would wait for nothing). While one is being written, the
+requests that arrive wait for it and go together in the next, written as soon as it is done.
+At once, in any case, when ``GATEWAY_LEDGER_BATCH_SIZE`` wait. So at a low rate a request is
+written alone without waiting, and as the rate rises, batches grow with it, up to the size.
 
 Each request still gets its own result or its own error; a batch whose write failed (the
 database cannot be reached) fails each of its requests with that error: a settlement is tried
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -40,11 +44,20 @@ from openai_api.gateway.db import db_call, detached
 I = TypeVar("I")  # noqa: E741 (an item of a batch)
 R = TypeVar("R")
 
+# The weight of each new gap between two arrivals in their moving mean: the mean follows a
+# change of rate within a few tens of arrivals; a pause of 16 intervals ends the waits at once.
+GAP_WEIGHT = 1 / 16
+# A batch waiting for company is written once none has come for this many mean gaps (the
+# requests that were coming have come: a closed loop's burst, the end of a burst).
+IDLE_GAPS = 2
+
 
 class LedgerBatch(Generic[I, R]):
     """Items gathered for one write (``write``: items in arrival order -> each one's result or
-    exception, in that order), written ``interval_s`` seconds after the first arrived, or, when
-    a write was running then, as soon as it is done; at once when there are ``size``. With a
+    exception, in that order), written at most ``interval_s`` seconds after the first arrived
+    when the items have been arriving less than ``interval_s`` apart, and sooner when none has
+    come for ``IDLE_GAPS`` mean gaps (else at the next turn of the event loop), or, when a
+    write was running then, as soon as it is done; at once when there are ``size``. With a
     ``kind``, each write's size is counted in ``gateway_ledger_batch_size``."""
 
     def __init__(
@@ -63,21 +76,35 @@ class LedgerBatch(Generic[I, R]):
         self._pending: list[tuple[I, asyncio.Future[R]]] = []
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._writing = 0  # writes running
+        self._gap_s = math.inf  # the moving mean of the gaps between arrivals (loop seconds)
+        self._last_at: float | None = None
+        self._first_at = 0.0  # when the pending batch's first item arrived
         self._sizes = None if kind is None else metrics.LEDGER_BATCH.labels(kind)
 
     async def result(self, item: I) -> R:
         """``item``'s result once its batch is written (or the exception for it)."""
         loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._last_at is not None:
+            gap = now - self._last_at
+            self._gap_s = (
+                gap if self._gap_s == math.inf else self._gap_s + (gap - self._gap_s) * GAP_WEIGHT
+            )
+        self._last_at = now
         future: asyncio.Future[R] = loop.create_future()
+        if not self._pending:
+            self._first_at = now
         self._pending.append((item, future))
         if len(self._pending) >= self.size:
             self._flush()
-        elif self._timer is None and not self._writing:
-            self._timer = (
-                loop.call_later(self.interval_s, self._flush)
-                if self.interval_s > 0
-                else loop.call_soon(self._flush)
-            )
+        elif not self._writing:
+            if self._gap_s < self.interval_s:  # company is coming: wait for it, while it comes
+                if self._timer is not None:
+                    self._timer.cancel()
+                at = min(self._first_at + self.interval_s, now + IDLE_GAPS * self._gap_s)
+                self._timer = loop.call_at(at, self._flush)
+            elif self._timer is None:
+                self._timer = loop.call_soon(self._flush)
         return await future
 
     def _flush(self) -> None:

@@ -161,6 +161,47 @@ def test_what_arrives_while_a_batch_is_written_goes_in_the_next() -> None:
     assert ledger_check(grace_s=60).ok
 
 
+def test_a_batch_waits_for_company_only_when_requests_come_that_fast() -> None:
+    """Interval 0.5 s. Settlements 0.6 s apart: each is written alone, at once (no wait: none
+    would join it). Then, in a new batch, ten 10 ms apart: the first, with no rate known yet,
+    at once; the next comes 10 ms after it, so it waits for company, and the eight after it
+    join it. None comes after them: the nine are written once none has come for two mean gaps
+    (about 20 ms after the last, which came 80 ms after the second), not after the interval."""
+    ids, market = _opened(13)
+    sizes: list[int] = []
+
+    def write(served: list[Served]):  # type: ignore[no-untyped-def]
+        sizes.append(len(served))
+        return requests_settle(served=served)
+
+    served = [Served(rid, USAGE, priority_charge("0.0002"), market) for rid in ids]
+
+    async def spaced(batch: LedgerBatch, items: list[Served], gap_s: float) -> list[float]:
+        """Each item asked for ``gap_s`` after the one before; how long each waited."""
+
+        async def one(item: Served) -> float:
+            start = time.monotonic()
+            await batch.result(item)
+            return time.monotonic() - start
+
+        tasks = []
+        for item in items:
+            tasks.append(asyncio.ensure_future(one(item)))
+            await asyncio.sleep(gap_s)
+        return list(await asyncio.gather(*tasks))
+
+    slow = asyncio.run(spaced(LedgerBatch(write, interval_s=0.5, size=64), served[:3], 0.6))
+    assert sizes == [1, 1, 1]
+    assert max(slow) < 0.25, slow  # none waited the interval
+    sizes.clear()
+    fast = asyncio.run(spaced(LedgerBatch(write, interval_s=0.5, size=64), served[3:], 0.01))
+    assert sizes == [1, 9]
+    assert fast[0] < 0.25, fast
+    assert 0.09 < fast[1] < 0.4, fast  # the company's 80 ms and two gaps, not the interval
+    assert Request.objects.filter(status=RequestStatus.SERVED).count() == 13
+    assert ledger_check(grace_s=60).ok
+
+
 def test_a_request_id_twice_in_one_batch_is_charged_once() -> None:
     ids, market = _opened(2)
     write = Counted()

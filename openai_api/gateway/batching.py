@@ -10,10 +10,10 @@ written as assumed, such as one a budget refused or cut, goes in the next statem
 
 When a batch is written: a group commit. While none of its kind is being written, the first
 request to arrive starts a batch. It waits at most ``GATEWAY_LEDGER_BATCH_S`` seconds for
-company when company comes that fast (requests of its kind have been arriving less than that
-apart: a moving mean of the gaps, ``GAP_WEIGHT``), and only while it comes (written when none
-has arrived for ``IDLE_GAPS`` mean gaps); it is written as soon as the event loop turns when
-company does not come that fast (it would wait for nothing). While one is being written, the
+company when company comes that fast (``COMPANY`` requests of its kind due within that time,
+by a moving mean of the gaps between them, ``GAP_WEIGHT``), and only while it comes (written
+when none has arrived for ``IDLE_GAPS`` mean gaps); it is written as soon as the event loop
+turns when company does not come that fast (the wait would not pay). While one is being written, the
 requests that arrive wait for it and go together in the next, written as soon as it is done.
 At once, in any case, when ``GATEWAY_LEDGER_BATCH_SIZE`` wait. So at a low rate a request is
 written alone without waiting, and as the rate rises, batches grow with it, up to the size.
@@ -47,6 +47,9 @@ R = TypeVar("R")
 # The weight of each new gap between two arrivals in their moving mean: the mean follows a
 # change of rate within a few tens of arrivals; a pause of 16 intervals ends the waits at once.
 GAP_WEIGHT = 1 / 16
+# A batch waits for company when this many requests are due within the interval (fewer would
+# not pay the wait: one more halves a statement's cost a request, at the wait's price).
+COMPANY = 2
 # A batch waiting for company is written once none has come for this many mean gaps (the
 # requests that were coming have come: a closed loop's burst, the end of a burst).
 IDLE_GAPS = 2
@@ -55,7 +58,7 @@ IDLE_GAPS = 2
 class LedgerBatch(Generic[I, R]):
     """Items gathered for one write (``write``: items in arrival order -> each one's result or
     exception, in that order), written at most ``interval_s`` seconds after the first arrived
-    when the items have been arriving less than ``interval_s`` apart, and sooner when none has
+    when ``COMPANY`` more are due within ``interval_s`` (by the mean gap), and sooner when none has
     come for ``IDLE_GAPS`` mean gaps (else at the next turn of the event loop), or, when a
     write was running then, as soon as it is done; at once when there are ``size``. With a
     ``kind``, each write's size is counted in ``gateway_ledger_batch_size``."""
@@ -98,7 +101,7 @@ class LedgerBatch(Generic[I, R]):
         if len(self._pending) >= self.size:
             self._flush()
         elif not self._writing:
-            if self._gap_s < self.interval_s:  # company is coming: wait for it, while it comes
+            if self._gap_s * COMPANY < self.interval_s:  # company comes: wait while it comes
                 if self._timer is not None:
                     self._timer.cancel()
                 at = min(self._first_at + self.interval_s, now + IDLE_GAPS * self._gap_s)

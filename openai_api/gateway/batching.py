@@ -45,7 +45,7 @@ I = TypeVar("I")  # noqa: E741 (an item of a batch)
 R = TypeVar("R")
 
 # The weight of each new gap between two arrivals in their moving mean: the mean follows a
-# change of rate within a few tens of arrivals; a pause of 16 intervals ends the waits at once.
+# change of rate within a few tens of arrivals; a pause of 8 intervals ends the waits at once.
 GAP_WEIGHT = 1 / 16
 # A batch waits for company when this many requests are due within the interval (fewer would
 # not pay the wait: one more halves a statement's cost a request, at the wait's price).

@@ -144,11 +144,15 @@ class AgeClock:
         # Level l's queue at index l - 1: (time it reaches l, request id), in time order.
         self._queues: list[deque[tuple[float, str]]] = [deque() for _ in range(credit.steps)]
         self._late: list[tuple[float, str]] = []  # the same, out of its queue's order
-        self._level: dict[str, tuple[float, int]] = {}  # request id -> (arrival, level)
+        # Request id -> its arrival, and -> its level: dicts of numbers, which the garbage
+        # collector never walks (a dict of pairs it would, and this one holds every request).
+        self._arrival: dict[str, float] = {}
+        self._level: dict[str, int] = {}
 
     def admit(self, request_id: str, arrival: float) -> None:
         """Start the clock of a request that arrived at ``arrival`` (seconds), at level 0."""
-        self._level[request_id] = (arrival, 0)
+        self._arrival[request_id] = arrival
+        self._level[request_id] = 0
         self._schedule(self.credit.step_at(arrival, 1), request_id, 1)
 
     def _schedule(self, due: float, request_id: str, level: int) -> None:
@@ -163,7 +167,7 @@ class AgeClock:
     def advance(self, tree: RequestTree, now: float) -> int:
         """Give the requests that crossed a step by ``now`` their new credits (one change of
         the tree: ``RequestTree.credit_entries``); returns how many changed."""
-        levels = self._level
+        arrivals, levels = self._arrival, self._level
         credit = self.credit
         entries = tree.entries
         credits: list[tuple[Entry, int]] = []
@@ -177,15 +181,16 @@ class AgeClock:
 
         def crossed(rid: str) -> None:
             entry = entries.get(rid)
-            got = levels.get(rid)
-            if entry is None or got is None or entry.req.arrival != got[0]:
-                levels.pop(rid, None)  # it left the tree (admitted, cancelled)
+            arrival = arrivals.get(rid)
+            if entry is None or arrival is None or entry.req.arrival != arrival:
+                arrivals.pop(rid, None)  # it left the tree (admitted, cancelled)
+                levels.pop(rid, None)
                 return
-            arrival, level = got
+            level = levels[rid]
             # ``AgeCredit.level`` from the level reached: this entry is due, so it holds.
             while level < steps and step_at(arrival, level + 1) <= now:
                 level += 1
-            levels[rid] = (arrival, level)
+            levels[rid] = level
             credits.append((entry, per_token * len(entry.req.tokens) * level // steps))
             if level < steps:
                 schedule(step_at(arrival, level + 1), rid, level + 1)

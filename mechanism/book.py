@@ -131,7 +131,8 @@ def _dfs_book(
                         below.append((c, depth + 1, start))
                 start += n
         level = below
-    found.sort(key=lambda f: f[:3])  # positions are unique: the sort never reaches the nodes
+    # Positions are unique at a depth: the tuples compare no further than their third fields.
+    found.sort()
     rows = []
     for depth, _, start, rank, c, block in found[:limit]:
         entries = entries_below(c)

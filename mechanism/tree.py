@@ -123,9 +123,10 @@ class Entry:
     (arrival, id), its bid in whole ticks (requests.BID_SCALE), kept up to date by ``update``,
     and the engine's own handle on it (``RequestTree.insert``'s ``handle``; None if not given).
     ``credit``: its age credit in ticks (aging.py; 0 unless the tree's ``set_credit`` gave one),
-    which the DFS auctions add to its bid in their keys and the charges keep apart from it."""
+    which the DFS auctions add to its bid in their keys and the charges keep apart from it.
+    ``slot``: its place in the tree's array of bids (``RequestTree.bid_ticks``)."""
 
-    __slots__ = ("req", "node", "tie", "ticks", "handle", "credit")
+    __slots__ = ("req", "node", "tie", "ticks", "handle", "credit", "slot")
 
     def __init__(self, req: WaitingRequest, node: Node, handle: object = None) -> None:
         self.req = req
@@ -134,6 +135,7 @@ class Entry:
         self.ticks = to_ticks(req.bid)
         self.handle = handle
         self.credit = 0
+        self.slot = -1
 
 
 def common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:
@@ -169,6 +171,11 @@ class RequestTree:
         # order without a sort per round): keys and entries side by side.
         self._bid_keys: list[BidKey] | None = None
         self._bid_entries: list[Entry] = []
+        # Every request's bid in ticks, as floats, one slot each in no order (``bid_ticks``), and
+        # whose each slot is: the order book reads the bids' spread from an array, not from
+        # thousands of entries scattered in memory.
+        self._ticks = array("d")
+        self._slotted: list[Entry] = []
         # The type of the requests' token sequences (tuple or array("q")), set by the first:
         # edges are compared as slices, and a tuple slice never equals an array's.
         self._token_type: type[Sequence[int]] | None = None
@@ -241,6 +248,9 @@ class RequestTree:
         self.entries[req.id] = entry
         self._raise_cached(node, req.cached_len)
         self._bid_file(entry)
+        entry.slot = len(self._slotted)
+        self._slotted.append(entry)
+        self._ticks.append(entry.ticks)
         self.version += 1
 
     def _tokens(self, tokens: Sequence[int]) -> Sequence[int]:
@@ -280,6 +290,11 @@ class RequestTree:
             self._bid_entries = entries
         return self._bid_keys, self._bid_entries
 
+    def bid_ticks(self) -> array[float]:
+        """The waiting requests' bids in ticks, as floats (exact: ticks stay below 2**53), one
+        each, in no order; do not modify."""
+        return self._ticks
+
     def _bid_file(self, entry: Entry) -> None:
         if self._bid_keys is not None:
             key = (-entry.ticks, entry.tie)
@@ -317,6 +332,11 @@ class RequestTree:
         entry = self._waiting(request_id)
         del self.entries[request_id]
         self._bid_unfile(entry)
+        last, ticks = self._slotted.pop(), self._ticks.pop()  # the last slot fills the gap
+        if last is not entry:
+            self._slotted[entry.slot] = last
+            self._ticks[entry.slot] = ticks
+            last.slot = entry.slot
         node = entry.node
         del node.reqs[request_id]
         v = self.version + 1
@@ -366,6 +386,7 @@ class RequestTree:
             )
             self._bid_unfile(entry)
             entry.ticks = to_ticks(req.bid)
+            self._ticks[entry.slot] = entry.ticks
             self._bid_file(entry)
         entry.req = req
         self._changed_at(entry.node)

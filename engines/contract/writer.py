@@ -42,7 +42,6 @@ BOOK_LIMIT = 32  # subtrees in a record
 LABEL_TOKENS = 16  # tokens of a subtree's prefix that its label shows
 BOOK_BIDS = 1000  # waiting bids in a record with the book, at most
 _owner_of = attrgetter("req.owner")
-_ticks_of = attrgetter("ticks")
 # The waiting queue in a record with the book at most this often (engine seconds): the market
 # keeps one every 10 s (market.live.whatif), so more would only fill the stream.
 QUEUE_INTERVAL_S = 5.0
@@ -97,9 +96,12 @@ class RoundRecorder:
         self._next_book = 0.0  # engine seconds
         self.queue_interval_s = QUEUE_INTERVAL_S
         self._next_queue = 0.0  # engine seconds
-        # Each waiting request's place in the first round that ordered it: (position, 0 first;
-        # requests in that round's queue). Taken when it is admitted, dropped if it leaves.
-        self._places: dict[str, tuple[int, int]] = {}
+        # Each waiting request's place in the first round that ordered it (position, 0 first)
+        # and the requests in that round's queue. Taken when it is admitted, dropped if it
+        # leaves. Two dicts of ints, not one of pairs: a dict of ints is no container the
+        # garbage collector walks, and these hold every waiting request.
+        self._places: dict[str, int] = {}
+        self._queue_lens: dict[str, int] = {}
 
     def placed(self, clearing: Clearing, arrived: Iterable[str]) -> None:
         """Note where the round ``clearing`` put the requests ``arrived`` (those it is the first
@@ -110,13 +112,14 @@ class RoundRecorder:
         that cleared, before the round admits; scans the order only as far as the last of them."""
         ids = [rid for rid in arrived if rid not in self._places]
         if ids:
-            queue_len = len(clearing)
-            for rid, position in clearing.positions(ids).items():
-                self._places[rid] = (position, queue_len)
+            positions = clearing.positions(ids)
+            self._places.update(positions)
+            self._queue_lens.update(dict.fromkeys(positions, len(clearing)))
 
     def forget(self, request_id: str) -> None:
         """Drop a request's place: it left the queue without being admitted."""
         self._places.pop(request_id, None)
+        self._queue_lens.pop(request_id, None)
 
     def record(
         self,
@@ -133,7 +136,7 @@ class RoundRecorder:
             self.seq += 1
             seq = self.seq
         position = clearing.positions(a.request_id for a in admitted)
-        places = self._places
+        places, queue_lens = self._places, self._queue_lens
         reserve = clearing.reserve
         blocks: dict[Any, Any] = {}  # block_of's cache: one walk per top-level subtree
         entries: list[AdmittedRequest] = []
@@ -148,7 +151,8 @@ class RoundRecorder:
                 "density": block.density,
             }
             # Not placed (an engine that did not say it arrived): its place in this round.
-            first, queue_len = places.pop(rid, (position[rid], len(clearing)))
+            first = places.pop(rid, position[rid])
+            queue_len = queue_lens.pop(rid, len(clearing))
             entry: AdmittedRequest = {
                 "request_id": rid,
                 "bid": bid,
@@ -243,9 +247,9 @@ def _owners(entries: Iterable[Entry]) -> dict[str, int]:
 def waiting_bids(tree: RequestTree, limit: int = BOOK_BIDS) -> list[float]:
     """The waiting requests' bids ($/s, ascending): all of them, or ``limit`` evenly spaced
     through them when more wait (the lowest and the highest always among them)."""
-    # Sorted as floats, which compare faster than ticks of more than 30 bits: exact, as ticks
-    # stay below 2**53 (MAX_BID x BID_SCALE), so the order and each t / BID_SCALE are the ints'.
-    ticks = sorted(map(float, map(_ticks_of, tree.entries.values())))
+    # The tree's array of bids in ticks, as floats (exact below 2**53), which sort faster than
+    # ints of more than 30 bits and than the same bids read from the entries one by one.
+    ticks = sorted(tree.bid_ticks())
     n = len(ticks)
     if n > limit:
         ticks = [ticks[i * (n - 1) // (limit - 1)] for i in range(limit)]

@@ -5,6 +5,7 @@ import random
 import pytest
 
 from mechanism import POLICIES, RequestTree, WaitingRequest, clear, clear_tree
+from mechanism.requests import to_ticks
 
 
 def check_structure(tree: RequestTree) -> None:
@@ -41,6 +42,8 @@ def check_structure(tree: RequestTree) -> None:
         assert node.cached == deepest
         assert node.ew == max(0, node.end - max(node.start, deepest))
     assert count == len(tree)
+    # The array of bids the order book reads holds each waiting request's bid once.
+    assert sorted(tree.bid_ticks()) == sorted(to_ticks(r.bid) for r in tree)
 
 
 def random_request(rng: random.Random, i: int) -> WaitingRequest:

@@ -69,6 +69,11 @@ def test_a_record_with_the_book_carries_the_waiting_bids_sorted_or_an_even_sampl
     assert waiting_bids(tree()) == [0.0, 0.001, 0.004, 0.02, 0.05]
     # Three of five: the lowest, the middle one and the highest (sorted positions 0, 2, 4).
     assert waiting_bids(tree(), limit=3) == [0.0, 0.004, 0.05]
+    # As requests leave and bids change: a3 (0.05) admitted, b2 now bids 0.03.
+    t = tree()
+    t.remove("a3")
+    t.update("b2", bid=0.03)
+    assert waiting_bids(t) == [0.001, 0.004, 0.02, 0.03]
 
 
 def test_a_record_whose_waiting_bids_are_not_amounts_is_refused():

@@ -235,7 +235,16 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
         i += 1
         xs = _state(x, token)
         built = -1 if xs is None else xs.built
-        changed = [c for c in x.children.values() if c.changed > built]
+        noted = x.noted
+        if noted is not None and built >= x.noted_since:  # the children it noted: fewer
+            kids = x.children
+            changed = [
+                c
+                for c in dict.fromkeys(noted)
+                if c.changed > built and kids.get(c.seq[c.start]) is c  # still its child
+            ]
+        else:
+            changed = [c for c in x.children.values() if c.changed > built]
         changes.append(changed)
         for c in changed:
             if c.size > 1:
@@ -254,7 +263,8 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
         else:
             moves = _step(x, xs, changed, token, key, reserve, overhead, patchable)
         xs.block = _node_block(x, xs, key)
-        xs.built = version
+        xs.built = x.noted_since = version
+        x.noted = []
         if xs.split:  # its blocks are its parent's: nothing is served from its own order
             continue
         blocks = xs.inside

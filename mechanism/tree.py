@@ -67,6 +67,13 @@ class Node:
         # cached length changed, the edge cut or merged): what an incremental planner compares
         # with the version it last planned the node at.
         "changed",
+        # The children whose ``changed`` moved since version ``noted_since`` (repeats
+        # possible), so that a planner that last planned the node at or after that version
+        # finds its changed children without reading every child; None: not kept (the node
+        # is new, or the list grew as long as its children, when reading them all costs no
+        # more). The planner starts it again at each node it plans.
+        "noted",
+        "noted_since",
         # An incremental planner's state at this node, by planner token (dfs_auction._dfs_states);
         # None until one plans it. It lives and dies with the node.
         "memo",
@@ -84,6 +91,8 @@ class Node:
         self.size = 0
         self.mark = -1
         self.changed = 0
+        self.noted: list[Node] | None = None
+        self.noted_since = 0
         # By planner token; each state of its planner's own type (dfs_auction._Memo), which
         # the planner names where it reads one: this module cannot import it (a cycle).
         self.memo: dict[int, Any] | None = None
@@ -115,6 +124,16 @@ class Node:
             if c.cached > cached:
                 cached = c.cached
         return cached
+
+
+def _note(parent: Node, child: Node) -> None:
+    """``child``'s ``changed`` just moved: its parent notes it (``Node.noted``)."""
+    noted = parent.noted
+    if noted is not None:
+        if len(noted) < len(parent.children):
+            noted.append(child)
+        else:
+            parent.noted = None
 
 
 @final
@@ -223,10 +242,12 @@ class RequestTree:
                 leaf.size = 1
                 leaf.changed = v
                 node.children[toks[depth]] = leaf
+                _note(node, leaf)
                 node, depth = leaf, length
                 break
             k = common_len(child.seq, toks, depth, min(child.end, length))
             if depth + k == child.end:
+                _note(node, child)
                 node, depth = child, child.end
                 node.size += 1
                 node.changed = v
@@ -237,6 +258,7 @@ class RequestTree:
             mid.size = child.size + 1
             mid.changed = v
             node.children[toks[depth]] = mid
+            _note(node, mid)
             child.parent, child.start = mid, cut
             child.changed = v
             child.set_cached(child.cached)
@@ -344,7 +366,9 @@ class RequestTree:
         while x is not None:
             x.size -= 1
             x.changed = v
-            x = x.parent
+            if (up := x.parent) is not None:
+                _note(up, x)
+            x = up
         root = self.root
         gone = entry.req.cached_len
         # Keep the trie compressed: drop empty leaves, merge nodes left with one child.
@@ -361,6 +385,7 @@ class RequestTree:
                 (child,) = node.children.values()
                 child.start, child.parent = node.start, parent
                 child.changed = v
+                _note(parent, child)
                 child.set_cached(child.cached)
                 parent.children[child.seq[child.start]] = child
                 node = parent
@@ -418,7 +443,9 @@ class RequestTree:
             x: Node | None = entry.node
             while x is not None and x.changed != v:
                 x.changed = v
-                x = x.parent
+                if (up := x.parent) is not None:
+                    _note(up, x)
+                x = up
         self.version = v
 
     def _waiting(self, request_id: str) -> Entry:
@@ -432,7 +459,9 @@ class RequestTree:
         v = self.version = self.version + 1
         while x is not None:
             x.changed = v
-            x = x.parent
+            if (up := x.parent) is not None:
+                _note(up, x)
+            x = up
 
     # --- in-batch sharing (for the engines' admission loop) -----------------------------------
 

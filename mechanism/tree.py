@@ -190,9 +190,9 @@ class RequestTree:
         # order without a sort per round): keys and entries side by side.
         self._bid_keys: list[BidKey] | None = None
         self._bid_entries: list[Entry] = []
-        # Every request's bid in ticks, as floats, one slot each in no order (``bid_ticks``), and
-        # whose each slot is: the order book reads the bids' spread from an array, not from
-        # thousands of entries scattered in memory.
+        # Every waiting request's bid in ticks, as floats, one slot each in no order
+        # (``bid_ticks``), and the entry in each slot: the order book reads the bids' spread
+        # from one array, not from thousands of entries scattered in memory.
         self._ticks = array("d")
         self._slotted: list[Entry] = []
         # The type of the requests' token sequences (tuple or array("q")), set by the first:

@@ -105,9 +105,9 @@ def _dfs_book(
 ) -> list[SubtreeRow]:
     """``subtree_book`` read off a DFS plan: each subtree is a block of the order, with its
     totals (a block's bid sum holds its credits: they are summed over the subtrees shown and
-    taken out), and its first position is where its block starts. Time proportional to the
-    blocks of the nodes down to ``max_depth`` and the requests of the subtrees shown, not to
-    the queue."""
+    taken out), its first position is where its block starts, and its requests are the
+    order's from there (no walk of the tree). Time proportional to the blocks of the nodes down
+    to ``max_depth`` and the requests of the subtrees shown, not to the queue."""
     inside = clearing._plan.inside
     if inside is None:
         raise ValueError("the round's plan is not a DFS auction's: it keeps no blocks")
@@ -134,10 +134,11 @@ def _dfs_book(
     # Positions are unique at a depth: the tuples compare no further than their third fields.
     found.sort()
     rows = []
+    order = clearing._entries  # a block's requests are its stretch of the order
     for depth, _, start, rank, c, block in found[:limit]:
-        entries = entries_below(c)
-        credit = sum(map(_credit_of, entries))
         n, bsum, work = block[REQUESTS], block[BSUM], block[WORK]
+        entries = order[start : start + n]
+        credit = sum(map(_credit_of, entries))
         rows.append(_row(c, depth, n, bsum - credit, credit, work, rank, start, entries))
     return rows
 

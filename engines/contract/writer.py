@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+import numpy
+
 from engines.contract.records import (
     SCHEMA,
     AdmittedRequest,
@@ -247,10 +249,12 @@ def _owners(entries: Iterable[Entry]) -> dict[str, int]:
 def waiting_bids(tree: RequestTree, limit: int = BOOK_BIDS) -> list[float]:
     """The waiting requests' bids ($/s, ascending): all of them, or ``limit`` evenly spaced
     through them when more wait (the lowest and the highest always among them)."""
-    # The tree's array of bids in ticks, as floats (exact below 2**53), which sort faster than
-    # ints of more than 30 bits and than the same bids read from the entries one by one.
-    ticks = sorted(tree.bid_ticks())
+    # The tree's array of bids in ticks (floats, exact below 2**53), copied and sorted by numpy:
+    # 10,000 bids in about a quarter of what Python's sort of them takes.
+    ticks = numpy.array(tree.bid_ticks(), dtype=numpy.float64)
+    ticks.sort()
     n = len(ticks)
     if n > limit:
-        ticks = [ticks[i * (n - 1) // (limit - 1)] for i in range(limit)]
-    return [t / BID_SCALE for t in ticks]
+        ticks = ticks[numpy.arange(limit) * (n - 1) // (limit - 1)]
+    bids: list[float] = (ticks / BID_SCALE).tolist()
+    return bids

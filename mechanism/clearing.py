@@ -117,8 +117,9 @@ class Clearing:
         return (e.req.id for e in self._entries)
 
     def handles(self) -> list[object]:
-        """The engine's handles on the requests (``RequestTree.insert``), in service order (a
-        list the round may share with the planner's state: do not modify it)."""
+        """The engine's handles on the requests (``RequestTree.insert``), in service order: a
+        list the round may share with the planner's state, which a later round on the changed
+        tree refills; do not modify it."""
         self._check()
         handles = self._plan.handles
         return list(map(_handle, self._entries)) if handles is None else handles

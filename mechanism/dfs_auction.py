@@ -281,26 +281,39 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
                 order.insert(j, e)
                 held.insert(j, e.handle)
             continue
-        if len(blocks) < x.size:  # some blocks are nodes' (each block holds 1 request or more)
-            flat: list[Entry] = []
-            handles: list[object] = []
-            for block in blocks:
-                inner = block[INNER]
-                if type(inner) is Node:
-                    memo = inner.memo  # ``_kept``, written out: once per block of a node
-                    assert memo is not None
-                    inner_state: _Memo = memo[token]
-                    flat.extend(inner_state.flat)
-                    handles.extend(inner_state.handles)
-                else:
-                    flat.append(inner)
-                    handles.append(inner.handle)
-        else:  # requests only (a node whose children are all leaves): no loop in Python
-            flat = list(map(_inner_of, blocks))
-            handles = list(map(_handle_of, flat))
+        flat, handles = _orders(blocks, x.size, token)
         xs.flat = flat
-        xs.handles = handles
+        if x is root:
+            # The root's handles go into the same list every round: it holds every waiting
+            # request, and a new list is walked by each young collection of the garbage
+            # collector until it is old (about 0.3 ms of a round at 10,000 waiting). No valid
+            # round sees it change: ``Clearing.handles`` checks the tree is as it was cleared.
+            xs.handles[:] = handles
+        else:
+            xs.handles = handles
     return token, _kept(root, token)
+
+
+def _orders(blocks: list[Block], size: int, token: int) -> tuple[list[Entry], list[object]]:
+    """The requests of a node's sorted ``blocks`` (``size`` of them) in order, and their
+    handles: each node block's kept orders, in turn."""
+    if len(blocks) == size:  # requests only (a node whose children are all leaves): no loop
+        flat = list(map(_inner_of, blocks))
+        return flat, list(map(_handle_of, flat))
+    flat = []
+    handles: list[object] = []
+    for block in blocks:
+        inner = block[INNER]
+        if type(inner) is Node:
+            memo = inner.memo  # ``_kept``, written out: once per block of a node
+            assert memo is not None
+            inner_state: _Memo = memo[token]
+            flat.extend(inner_state.flat)
+            handles.extend(inner_state.handles)
+        else:
+            flat.append(inner)
+            handles.append(inner.handle)
+    return flat, handles
 
 
 def _node_block(x: Node, xs: _Memo, key: BlockKey) -> Block:

@@ -150,9 +150,16 @@ def test_handles_positions_and_the_order_read_lazily():
     assert c.positions(reversed(c.order)) == {rid: i for i, rid in enumerate(c.order)}
     with pytest.raises(ValueError, match="nope"):
         c.positions([*c.order, "nope"])
+    handles = c.handles()
     tree.remove("r0")
     with pytest.raises(RuntimeError, match="changed"):
         c.handles()
+    # The next round refills the same list (an old list is not walked by the garbage
+    # collector's young collections; a new one of every request would be, each round).
+    again = clear_tree(tree, "dfs-auction")
+    assert again.handles() is handles
+    assert handles == [("engine", rid) for rid in again.order]
+    assert "r0" not in again.order and len(handles) == 11
 
 
 def brute_sharing(reqs, tokens, depth):

@@ -9,7 +9,8 @@ subtree. No single bid, no request id: the public book is aggregated and anonymo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
@@ -19,6 +20,7 @@ from .requests import BID_SCALE, effective_bid
 from .tree import Entry, Node, RequestTree, entries_below
 
 _credit_of = attrgetter("credit")
+_owner_of = attrgetter("owner")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +37,11 @@ class SubtreeRow:
     work: int  # uncached tokens plus overheads of the whole subtree
     rank: int  # position among its siblings in the round's order
     first_position: int  # position of its first request in the round's order
-    # The subtree's node and its requests, for a caller that tallies more of them (a record's
-    # owners): read once here, and not compared (a row's figures are what it is).
+    # The subtree's node, not compared (a row's figures are what it is).
     node: Node = field(compare=False, repr=False)
     credit_sum: float = 0.0  # the age credits its requests have earned, $/s (never money)
-    entries: Sequence[Entry] = field(default=(), compare=False, repr=False)
+    # Its requests by tenant tag ("" for none), the tags in order.
+    owners: dict[str, int] = field(default_factory=dict)
 
 
 def subtree_book(
@@ -97,7 +99,7 @@ def _walked_book(
                 below.append((c, depth + 1))
         level = below
     rows.sort(key=lambda r: (r.depth, -r.requests, r.first_position))
-    return [replace(r, entries=entries_below(r.node)) for r in rows[:limit]]
+    return [replace(r, owners=_owners(entries_below(r.node))) for r in rows[:limit]]
 
 
 def _dfs_book(
@@ -139,7 +141,8 @@ def _dfs_book(
         n, bsum, work = block[REQUESTS], block[BSUM], block[WORK]
         entries = order[start : start + n]
         credit = sum(map(_credit_of, entries))
-        rows.append(_row(c, depth, n, bsum - credit, credit, work, rank, start, entries))
+        owners = _owners(entries)  # the same entries again, while they are in the CPU's cache
+        rows.append(_row(c, depth, n, bsum - credit, credit, work, rank, start, owners))
     return rows
 
 
@@ -152,7 +155,7 @@ def _row(
     work: int,
     rank: int,
     first: int,
-    entries: Sequence[Entry] = (),
+    owners: dict[str, int] | None = None,
 ) -> SubtreeRow:
     """A subtree's row, from its totals (effective bids and credits in ticks, work in tokens)."""
     dollars = bsum / BID_SCALE
@@ -170,8 +173,13 @@ def _row(
         first_position=first,
         credit_sum=credits,
         node=c,
-        entries=entries,
+        owners={} if owners is None else owners,
     )
+
+
+def _owners(entries: Iterable[Entry]) -> dict[str, int]:
+    """Requests by tenant tag, the tags in order."""
+    return dict(sorted(Counter(map(_owner_of, entries)).items()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,9 +143,11 @@ class Entry:
     and the engine's own handle on it (``RequestTree.insert``'s ``handle``; None if not given).
     ``credit``: its age credit in ticks (aging.py; 0 unless the tree's ``set_credit`` gave one),
     which the DFS auctions add to its bid in their keys and the charges keep apart from it.
-    ``slot``: its place in the tree's array of bids (``RequestTree.bid_ticks``)."""
+    ``slot``: its place in the tree's array of bids (``RequestTree.bid_ticks``). ``owner``: its
+    tenant tag (the request's, which never changes), beside its credit for the order book,
+    which reads both of every request it shows."""
 
-    __slots__ = ("req", "node", "tie", "ticks", "handle", "credit", "slot")
+    __slots__ = ("req", "node", "tie", "ticks", "handle", "credit", "slot", "owner")
 
     def __init__(self, req: WaitingRequest, node: Node, handle: object = None) -> None:
         self.req = req
@@ -155,6 +157,7 @@ class Entry:
         self.handle = handle
         self.credit = 0
         self.slot = -1
+        self.owner = req.owner
 
 
 def common_len(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> int:

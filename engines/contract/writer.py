@@ -18,10 +18,8 @@ Units: bids in $/s of waiting, charges in dollars, times in seconds of the engin
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
 import numpy
@@ -36,14 +34,12 @@ from engines.contract.records import (
 from mechanism import BID_SCALE, Clearing, RequestTree
 from mechanism.book import block_of, subtree_book
 from mechanism.requests import effective_bid
-from mechanism.tree import Entry
 from mechanism.whatif import QUEUE_LIMIT, queue_snapshot
 
 BOOK_DEPTH = 2  # subtree levels in a record
 BOOK_LIMIT = 32  # subtrees in a record
 LABEL_TOKENS = 16  # tokens of a subtree's prefix that its label shows
 BOOK_BIDS = 1000  # waiting bids in a record with the book, at most
-_owner_of = attrgetter("req.owner")
 # The waiting queue in a record with the book at most this often (engine seconds): the market
 # keeps one every 10 s (market.live.whatif), so more would only fill the stream.
 QUEUE_INTERVAL_S = 5.0
@@ -229,7 +225,7 @@ def subtree_summaries(
                 "density": row.density,
                 "rank": row.rank,
                 "first_position": row.first_position,
-                "owners": _owners(row.entries),
+                "owners": row.owners,
             }
         )
     return summaries
@@ -239,11 +235,6 @@ def prefix_key(prefix: Sequence[int]) -> str:
     """A subtree's key: a hash of its prefix, so that the same subtree has the same key in every
     engine's records (the hash of a tuple of ints is the same in every process)."""
     return f"{hash(tuple(prefix)) & 0xFFFFFFFFFFFF:012x}"
-
-
-def _owners(entries: Iterable[Entry]) -> dict[str, int]:
-    """A subtree's requests (``entries``) by tenant tag."""
-    return dict(sorted(Counter(map(_owner_of, entries)).items()))
 
 
 def waiting_bids(tree: RequestTree, limit: int = BOOK_BIDS) -> list[float]:

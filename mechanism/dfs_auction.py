@@ -255,33 +255,19 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
     for x, changed in zip(reversed(todo), reversed(changes), strict=True):
         xs = _state(x, token) or _new_state(x, token, live)
         # Its order held requests only (as many as blocks; each block holds 1 or more), and is
-        # not the root's (a round's Plan holds that one): it may be patched by the blocks' moves.
+        # not the root's (a round's Plan holds that one): it may be patched with its blocks.
         patchable = len(xs.flat) == len(xs.inside) and x.parent is not None
-        moves = None
+        patched = False
         if split:
             _split_step(x, xs, changed, token, key, reserve, overhead)
         else:
-            moves = _step(x, xs, changed, token, key, reserve, overhead, patchable)
+            patched = _step(x, xs, changed, token, key, reserve, overhead, patchable)
         xs.block = _node_block(x, xs, key)
         xs.built = x.noted_since = version
         x.noted = []
-        if xs.split:  # its blocks are its parent's: nothing is served from its own order
+        if xs.split or patched:  # its blocks are its parent's; or its orders were patched
             continue
-        blocks = xs.inside
-        if moves is not None and len(blocks) == x.size:
-            # Requests only, before and after, its blocks patched: its order patched by the
-            # same moves.
-            order = xs.flat
-            held = xs.handles
-            for i, j, e in moves:
-                assert type(e) is Entry  # requests only, after the patch too
-                if i >= 0:
-                    del order[i]
-                    del held[i]
-                order.insert(j, e)
-                held.insert(j, e.handle)
-            continue
-        flat, handles = _orders(blocks, x.size, token)
+        flat, handles = _orders(xs.inside, x.size, token)
         xs.flat = flat
         if x is root:
             # The root's handles go into the same list every round: it holds every waiting
@@ -379,14 +365,14 @@ def _step(
     reserve: int,
     overhead: int,
     track: bool,
-) -> list[tuple[int, int, Node | Entry]] | None:
+) -> bool:
     """A node's blocks brought up to date: patched (``_patch``), or, when most of them changed,
-    taken afresh from its children's (an unchanged child's kept) and sorted. Returns the
-    patch's moves if ``track`` (``_patch``), or None."""
+    taken afresh from its children's (an unchanged child's kept) and sorted. Returns whether
+    its orders were patched with them (``_patch``, ``track``)."""
     fresh = _child_blocks(changed, token, key, reserve, overhead)
     own = _own_blocks(x, key, reserve, overhead, False) if x.reqs else []
     built = xs.built
-    moves = None
+    patched = False
     if built < 0 or 4 * len(changed) > len(xs.kids):
         old = xs.kids
         kids = {c: old[c] for c in x.children.values() if c.changed <= built} if built >= 0 else {}
@@ -394,26 +380,23 @@ def _step(
         xs.kids = kids
         xs.sort_blocks([*kids.values(), *own])
     else:
-        moves = _patch(x, xs, changed, fresh, own, track)
+        patched = _patch(x, xs, changed, fresh, own, track)
     xs.own = own
-    return moves
+    return patched
 
 
 def _patch(
     x: Node, xs: _Memo, changed: list[Node], fresh: list[Block], own: list[Block], track: bool
-) -> list[tuple[int, int, Node | Entry]] | None:
+) -> bool:
     """Replace the blocks that changed in a node's sorted blocks: those of the ``changed``
     children (now ``fresh``), of children gone (cut off or merged away) and of the requests
     ending here (now ``own``).
 
-    Returns the moves if ``track`` and only changed children's blocks moved: for each, in turn,
-    the place its old block was taken from (-1: a new child), the place the new one went to,
-    and what it holds (its request, for a leaf), so that an order of the blocks' requests can
-    be patched alike; None otherwise."""
+    With ``track`` (its blocks are requests only, one each, as its orders have them), the
+    orders are patched by the same moves while every block is a request's and only changed
+    children's blocks move; returns whether they were (else they are to be built again)."""
     kids = xs.kids
-    moves: list[tuple[int, int, Node | Entry]] | None = (
-        [] if track and not (xs.own or own) else None
-    )
+    patch = track and not (xs.own or own)
     for block in xs.own:
         xs.drop(block)
     # The children gone go first. A new child's block can equal a gone one's in every field but
@@ -423,7 +406,7 @@ def _patch(
         children = set(x.children.values())
         for c in [c for c in kids if c not in children]:
             xs.drop(kids.pop(c))
-            moves = None
+            patch = False
     # ``drop`` and ``add`` written out for the changed children: with the wait bound on, a
     # round patches every request that crossed a credit step here.
     blocks = xs.inside
@@ -431,6 +414,8 @@ def _patch(
     work = xs.work
     tie = xs.tie
     retie = xs.retie
+    order = xs.flat
+    held = xs.handles
     for c, block in zip(changed, fresh, strict=True):
         old = kids.get(c)
         i = -1
@@ -446,8 +431,16 @@ def _patch(
         kids[c] = block
         j = bisect_right(blocks, block)  # ``insort``, the place kept
         blocks.insert(j, block)
-        if moves is not None:
-            moves.append((i, j, block[INNER]))
+        if patch:
+            inner = block[INNER]
+            if type(inner) is Entry:  # the orders' places are the blocks': requests only
+                if i >= 0:
+                    del order[i]
+                    del held[i]
+                order.insert(j, inner)
+                held.insert(j, inner.handle)
+            else:  # a leaf grew a child: its block is a node's now
+                patch = False
         bsum += block[BSUM]
         work += block[WORK]
         if tie is None or block[TIE] < tie:
@@ -459,7 +452,7 @@ def _patch(
     for block in own:
         xs.add(block)
     xs.settle()
-    return moves
+    return patch
 
 
 def _split_step(

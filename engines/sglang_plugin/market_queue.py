@@ -477,7 +477,7 @@ class MarketQueue:
             fields = auction_fields(record, entry)
             # One value per output token, as SGLang's customized_info is: ours at the first.
             info = req.customized_info if req.customized_info is not None else {}
-            info.update((name, [value]) for name, value in fields.items())
+            info.update({name: [value] for name, value in fields.items()})
             req.customized_info = info
         if self.emit is not None:
             self.emit(record)

@@ -35,6 +35,8 @@ def assert_same_round(tree: RequestTree, live: dict[str, WaitingRequest], settin
     got = clear_tree(tree, policy, reserve=reserve, overhead_tokens=overhead)
     want = clear(list(live.values()), policy, reserve=reserve, overhead_tokens=overhead)
     assert got.order == want.order
+    # The engine's handles in the same order (the planner patches them with its blocks).
+    assert got.handles() == [tree.entries[rid].handle for rid in got.order]
     assert got.completion == want.completion
     assert got.payments == want.payments
     for rid in want.order[:5]:
@@ -59,7 +61,7 @@ def churn(rng: random.Random, tree: RequestTree, live: dict, step: int) -> None:
     else:
         req = random_request(rng, 0)
         req = WaitingRequest(fresh, req.tokens, req.bid, req.arrival, req.cached_len)
-        tree.insert(req)
+        tree.insert(req, handle=("engine", req.id))
         live[req.id] = req
 
 
@@ -263,8 +265,8 @@ def _wide_rounds(
     """``start`` requests (``tokens(made, live)`` each), then ``rounds`` rounds of 1-3 changes
     (an arrival, a removal or a new bid, by the odds given), each round equal to a fresh one.
     Returns, for each of the planner's patches (``dfs_auction._patch``), whether it patched a
-    node of requests only, before and after (not the root): one whose order of requests is
-    then patched by the same moves."""
+    node of requests only, before and after (not the root), and its orders of requests and
+    handles with its blocks."""
     import mechanism.dfs_auction as dfs_auction
 
     tree = RequestTree()
@@ -278,7 +280,7 @@ def _wide_rounds(
             f"w{made}", tokens(made, live), rng.choice([0.0, 0.5, 1.0, 4.0]), float(made),
             cached_len=rng.choice([0, 0, 30]),
         )  # fmt: skip
-        tree.insert(req)
+        tree.insert(req, handle=("engine", req.id))
         live[req.id] = req
 
     for _ in range(start):
@@ -288,11 +290,9 @@ def _wide_rounds(
 
     def recorded(x, xs, *args):
         singles = len(xs.flat) == len(xs.inside)
-        moves = real_patch(x, xs, *args)
-        patches.append(
-            bool(moves) and singles and len(xs.inside) == x.size and x.parent is not None
-        )
-        return moves
+        patched = real_patch(x, xs, *args)
+        patches.append(patched and singles and len(xs.inside) == x.size and x.parent is not None)
+        return patched
 
     dfs_auction._patch = recorded
     try:

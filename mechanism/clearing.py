@@ -58,7 +58,10 @@ class Clearing:
         # Amounts in bid ticks x tokens become dollars; tokens become seconds:
         self._dollars = 1.0 / (BID_SCALE * tokens_per_second)
         self._seconds = 1.0 / tokens_per_second
+        # The order, which the DFS planner refills in its next round once the tree changed:
+        # read only after ``_check``.
         self._entries = plan.order
+        self._size = len(plan.order)
         # Cumulative work at each completion, extended on demand by a marking walk (each node's
         # uncached tokens counted once, on the way to the first request that needs it, which in
         # a DFS order is where the order enters the node): ``_counted`` holds the shared nodes
@@ -101,12 +104,13 @@ class Clearing:
         return cums
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._size
 
     @property
     def order(self) -> list[str]:
         """Request ids in service order (a list of all of them, made on first use)."""
         if self._order is None:
+            self._check()
             self._order = [e.req.id for e in self._entries]
         return self._order
 
@@ -175,7 +179,8 @@ class Clearing:
     @property
     def completion(self) -> dict[str, float]:
         """Planned completion of every waiting request, seconds."""
-        cums = self._cums_upto(len(self._entries))
+        self._check()
+        cums = self._cums_upto(self._size)
         seconds = self._seconds
         return {rid: cum * seconds for rid, cum in zip(self.order, cums, strict=True)}
 
@@ -185,7 +190,8 @@ class Clearing:
 
         Summed exactly, in bid ticks x tokens, then converted to dollars.
         """
-        cums = self._cums_upto(len(self._entries))
+        self._check()
+        cums = self._cums_upto(self._size)
         r = self._reserve_ticks
         ticks_tokens = planned_welfare(
             (effective_bid(e.ticks, r, 0), cum) for e, cum in zip(self._entries, cums, strict=True)

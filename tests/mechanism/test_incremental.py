@@ -162,6 +162,15 @@ def test_handles_positions_and_the_order_read_lazily():
     assert again.handles() is handles
     assert handles == [("engine", rid) for rid in again.order]
     assert "r0" not in again.order and len(handles) == 11
+    # Its order of requests too: a round whose tree changed reads it no more, and keeps its size.
+    tree.remove("r1")
+    with pytest.raises(RuntimeError, match="changed"):
+        again.completion  # noqa: B018 (a property)
+    later = clear_tree(tree, "dfs-auction")
+    tree.remove("r2")
+    with pytest.raises(RuntimeError, match="changed"):
+        later.order  # noqa: B018 (a property, made on first use)
+    assert (len(again), len(later)) == (11, 10)
 
 
 def brute_sharing(reqs, tokens, depth):

@@ -116,7 +116,8 @@ class Clearing:
 
     def iter_order(self) -> Iterator[str]:
         """Request ids in service order, one at a time: for engines that admit from the front
-        and stop (no list of the whole queue made)."""
+        and stop (no list of the whole queue made); read it before the next round on the
+        changed tree, which refills the order."""
         self._check()
         return (e.req.id for e in self._entries)
 

@@ -255,7 +255,8 @@ def _dfs_states(tree: RequestTree, key: BlockKey, reserve: int, overhead: int) -
     for x, changed in zip(reversed(todo), reversed(changes), strict=True):
         xs = _state(x, token) or _new_state(x, token, live)
         # Its order held requests only (as many as blocks; each block holds 1 or more), and is
-        # not the root's (a round's Plan holds that one): it may be patched with its blocks.
+        # not the root's (refilled whole, below, into the lists the round's Plan reads): it
+        # may be patched with its blocks.
         patchable = len(xs.flat) == len(xs.inside) and x.parent is not None
         patched = False
         if split:

@@ -29,9 +29,14 @@ _instance = ""
 def instance_id() -> str:
     """This process's instance id, written in each request it admits (synchronous: the first
     call beats once, on the caller's thread, and starts the heartbeat thread)."""
-    if _pid == os.getpid():
+    if instance_started():
         return _instance
     return _started()
+
+
+def instance_started() -> bool:
+    """Whether this process's instance id is made (and its first beat sent)."""
+    return _pid == os.getpid()
 
 
 def _started() -> str:

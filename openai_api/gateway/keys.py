@@ -28,7 +28,7 @@ def api_key_authenticated(*, key: str | None) -> ApiKey:
         raise InvalidApiKey("missing API key: send Authorization: Bearer <key>")
     if not api_key_well_formed(key):
         raise InvalidApiKey("invalid API key: keys read im_<12 hex>_<43 characters>")
-    digest = hashlib.sha256(key.encode()).hexdigest()
+    digest = _digest(key)
     found, api_key = _api_keys.get(digest)
     if not found:
         api_key = api_key_authenticate(key=key)
@@ -37,6 +37,18 @@ def api_key_authenticated(*, key: str | None) -> ApiKey:
         _api_keys.put(digest, api_key)
     assert api_key is not None
     return api_key
+
+
+def api_key_cached(*, key: str | None) -> ApiKey | None:
+    """The key ``key`` when this process's cache holds it (no database read), else None."""
+    if not key or not api_key_well_formed(key):
+        return None
+    found, api_key = _api_keys.get(_digest(key))
+    return api_key if found else None
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def api_key_cache_clear() -> None:

@@ -86,8 +86,8 @@ _markets: TtlCache[str, Market] = TtlCache(ttl_s=lambda: settings.GATEWAY_MARKET
 def market_for_model(*, model: str) -> Market | None:
     """The active market whose ``served_model`` (or else slug) is ``model``; None if none
     (not cached: a miss is looked up again, so unknown names take no memory)."""
-    found, market = _markets.get(model)
-    if found:
+    market = market_cached(model=model)
+    if market is not None:
         return market
     candidates = list(
         Market.objects.filter(Q(served_model=model) | Q(slug=model), is_active=True).order_by(
@@ -100,6 +100,12 @@ def market_for_model(*, model: str) -> Market | None:
     if market is not None:
         _markets.put(model, market)
     return market
+
+
+def market_cached(*, model: str) -> Market | None:
+    """The market for ``model`` when this process's cache holds it (no database read)."""
+    found, market = _markets.get(model)
+    return market if found else None
 
 
 def models_served() -> list[dict[str, Any]]:

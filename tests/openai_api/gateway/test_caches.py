@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from decimal import Decimal
 
 import httpx
 import pytest
@@ -146,3 +147,44 @@ def test_a_new_reserve_a_cut_budget_and_a_revoked_key_take_effect_within_their_c
         time.sleep(0.6)  # past the key's cache
         revoked = http.post("/v1/completions", json=body)
         assert revoked.status_code == 401, revoked.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_needing_no_database_read_is_admitted_without_a_thread_hop(
+    gateway, acme, sim, monkeypatch
+):
+    """Admitting a request whose bid is explicit (or tier flex), once its key and market are
+    cached, reads nothing from the database: it is done on the event loop, not handed to a
+    database thread. A cold cache, a request for the autobidder and tier priority (a quote)
+    go to a thread; each is recorded with its bid either way."""
+    from accounts.models import BidSource, Request
+
+    hops: list[str] = []
+    real = admission.db_call
+
+    async def counted(fn, /, **kwargs):
+        hops.append(fn.__name__)
+        return await real(fn, **kwargs)
+
+    monkeypatch.setattr(admission, "db_call", counted)
+    market = market_create(engine_url=sim.url)
+    asked = {"model": market.served_model, "prompt": "Hi", "max_tokens": 1}
+    sent = [  # (body, admitted on a database thread, recorded bid source, bid)
+        ({**asked, "bid": "0.001"}, True, BidSource.EXPLICIT, "0.001"),  # nothing cached yet
+        ({**asked, "bid": "0.002"}, False, BidSource.EXPLICIT, "0.002"),
+        ({**asked, "service_tier": "flex"}, False, BidSource.TIER, "0"),
+        ({**asked, "service_tier": "priority"}, True, BidSource.TIER, None),  # the quote's
+        (asked, True, BidSource.NONE, "0"),  # the tenant's autobidder is asked: it has none
+        ({**asked, "bid": "0.003"}, False, BidSource.EXPLICIT, "0.003"),
+    ]
+    with acme.http(gateway) as http:
+        for body, on_thread, _, _ in sent:
+            before = len(hops)
+            answer = http.post("/v1/completions", json=body)
+            assert answer.status_code == 200, answer.text
+            assert hops[before:] == (["request_admit"] if on_thread else []), body
+    rows = list(Request.objects.filter(tenant=acme.tenant).order_by("created_at"))
+    assert [r.bid_source for r in rows] == [source for _, _, source, _ in sent]
+    for row, (_, _, _, bid) in zip(rows, sent, strict=True):
+        if bid is not None:
+            assert row.bid == Decimal(bid)

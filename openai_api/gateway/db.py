@@ -64,7 +64,8 @@ _executor: ThreadPoolExecutor | None = None
 _threads = 0
 _background: set[asyncio.Task[Any]] = set()
 _requests: set[asyncio.Task[Any]] = set()
-# Each event loop's own connections, by lane (``statement_run``).
+# Each event loop's own connections, by lane (``statement_run``); those of a closed loop are
+# closed when another connects (``_closed_loops_forgotten``) or by ``connections_close``.
 _loop_connections: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, dict[str, psycopg.AsyncConnection]
 ] = weakref.WeakKeyDictionary()
@@ -163,6 +164,7 @@ async def statement_run(statement: Statement[T], /, *, lane: str) -> T:
     try:
         conn = mine.get(lane)
         if conn is None or conn.closed:
+            _closed_loops_forgotten()
             conn = await _connected()
             if (other := mine.get(lane)) is not None and not other.closed:
                 await conn.close()  # another statement of the lane connected meanwhile
@@ -180,6 +182,14 @@ async def statement_run(statement: Statement[T], /, *, lane: str) -> T:
             raise
         raise refusal from exc
     return statement.read(rows)
+
+
+def _closed_loops_forgotten() -> None:
+    """Close the connections of event loops that are closed (a test's, or a thread's that
+    ended): a connection keeps its loop alive, so the weak map would not drop them itself."""
+    for loop in [loop for loop in _loop_connections if loop.is_closed()]:
+        for conn in _loop_connections.pop(loop).values():
+            conn.pgconn.finish()
 
 
 async def _connected() -> psycopg.AsyncConnection:

@@ -26,14 +26,7 @@ read the statements as PostgreSQL runs them: ``manage.py ledger_statements``.
 
 from __future__ import annotations
 
-from .charge import (
-    SETTLE_SQL,
-    SettleAsk,
-    SettleOutcome,
-    request_prices,
-    requests_settle,
-    settle_statement,
-)
+from .charge import SETTLE_SQL, SettleAsk, SettleOutcome, request_prices, requests_settle
 from .hold import (
     HOLDS_SQL,
     RELEASE_SQL,
@@ -43,9 +36,8 @@ from .hold import (
     counters_lock,
     hold_close,
     holds_place,
-    holds_statement,
 )
-from .sql import Statement, model_loaded
+from .sql import model_loaded
 
 __all__ = [
     "HOLDS_SQL",
@@ -56,10 +48,7 @@ __all__ = [
     "counters_lock",
     "hold_close",
     "holds_place",
-    "holds_statement",
     "model_loaded",
-    "settle_statement",
-    "Statement",
     "SETTLE_SQL",
     "request_prices",
     "requests_settle",

@@ -33,7 +33,7 @@ from market.models import Market
 from mechanism.requests import effective_bid
 from openai_api.gateway import metrics
 from openai_api.gateway.batching import ledger_batch
-from openai_api.gateway.chat_templates import Prompt, chat_template
+from openai_api.gateway.chat_templates import Prompt, chat_template, chat_template_loaded
 from openai_api.gateway.db import db_call, db_call_retried, detached
 from openai_api.gateway.errors import (
     BudgetExhaustedError,
@@ -223,16 +223,19 @@ def _admission_cached(
     *, params: CompletionParams, key: str | None, request_id: str
 ) -> Admission | None:
     """:func:`request_admit` on the event loop, for a request whose admission reads nothing
-    from the database: its bid chosen without a quote or the autobidder (an explicit bid, or
-    tier flex), its key and market in this process's caches, and the process's instance id
-    made (its first beat goes to Redis). None otherwise: the caller admits it on a database
-    thread. When everything is cached, as it is for nearly every request, the thread hop there
-    and back costs more than the admission's own work."""
+    from the database or a file: its bid chosen without a quote or the autobidder (an explicit
+    bid, or tier flex), its key and market in this process's caches, its market's chat
+    template loaded, and the process's instance id made (its first beat goes to Redis). None
+    otherwise: the caller admits it on a database thread. When everything is cached, as it is
+    for nearly every request, the thread hop there and back costs more than the admission's
+    own work."""
     if params.bid is None and params.service_tier != "flex":
         return None
     api_key = api_key_cached(key=key)
     market = market_cached(model=params.model)
     if api_key is None or market is None or not instance_started():
+        return None
+    if not chat_template_loaded(market.chat_template):
         return None
     return _admission(
         params=params, tenant=api_key.tenant, api_key=api_key, request_id=request_id, market=market

@@ -97,13 +97,22 @@ class TemplateUnavailable(EngineDown):
 
 
 _SIMPLE = SimpleTemplate()
+_loaded: set[str] = set()  # the Hugging Face templates loaded once in this process
 
 
 def chat_template(name: str) -> ChatTemplate:
     """The template a market names; TemplateUnavailable when it cannot be loaded."""
     if name == SIMPLE_CHAT_TEMPLATE:
         return _SIMPLE
-    return _hugging_face(name)
+    template = _hugging_face(name)
+    _loaded.add(name)
+    return template
+
+
+def chat_template_loaded(name: str) -> bool:
+    """Whether the template ``name`` needs no loading (files, maybe the network) to use: the
+    simple one, or one this process has loaded (the event loop must not wait for a load)."""
+    return name == SIMPLE_CHAT_TEMPLATE or name in _loaded
 
 
 @functools.lru_cache(maxsize=16)

@@ -11,11 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accounts.money import money_str
+from market.models import SIMPLE_CHAT_TEMPLATE
 from openai_api.gateway.chat_templates import (
     HuggingFaceTemplate,
     TemplateUnavailable,
     _hugging_face,
     chat_template,
+    chat_template_loaded,
 )
 from openai_api.gateway.errors import InvalidValue, MalformedRequest
 from openai_api.gateway.refusals import body_parsed
@@ -136,6 +138,27 @@ def test_hugging_face_template_without_transformers_is_503(monkeypatch):
     with pytest.raises(TemplateUnavailable) as caught:
         chat_template("org/real-model")
     assert caught.value.status == 503
+
+
+def test_a_template_counts_as_loaded_only_once_it_loaded(monkeypatch):
+    """The gateway admits a request on its event loop only when the market's template needs
+    no loading: the simple one always, a Hugging Face one after it loaded, never one whose
+    load failed (each request would try again, on the loop)."""
+    assert chat_template_loaded(SIMPLE_CHAT_TEMPLATE)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    _hugging_face.cache_clear()
+    with pytest.raises(TemplateUnavailable):
+        chat_template("org/unloadable")
+    assert not chat_template_loaded("org/unloadable")
+    fake = types.ModuleType("transformers")
+    fake.AutoTokenizer = types.SimpleNamespace(from_pretrained=lambda name: object())
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    assert not chat_template_loaded("org/loads")
+    try:
+        chat_template("org/loads")
+        assert chat_template_loaded("org/loads")
+    finally:
+        _hugging_face.cache_clear()
 
 
 @pytest.mark.parametrize(

@@ -22,12 +22,21 @@ Three ways, one after the other at each rate, on one tenant and market made for 
 - **batched**: the gateway's batches, of ``--batch SIZE:SECONDS,...`` (the settings' 64
   requests or 20 ms by default; each one a way of its own).
 
+The ledger first holds a history (``--history``, 20,000 settled requests by default, written in
+large batches for a tenant of their own), and its tables' statistics are refreshed before each
+point, as autovacuum keeps them in a deployment that has been running. Without it, the first
+points ran on nearly empty tables: PostgreSQL planned the prepared statements for them
+(sequential scans) and kept those plans while the run added rows, so a point's CPU depended on
+how many rows the points before it had left (on one database, 1.0 to 2.1 ms a request for the
+same batched point).
+
 Reported per point: requests held and settled per second (achieved / offered), PostgreSQL's
 CPU per settled request (user + system, psutil, of the cluster's processes: the backends
-serving the writers, and all of them, WAL writer and checkpointer included), and the settle
-latency's p50 and p99 (from asking to the result: the batch's wait included). Then the ledger
-check (``manage.py ledger_check``). Not a test: the figures depend on the machine; the ratios
-to the floor in the same run are the point.
+serving the writers, and all of them, WAL writer and checkpointer included), the write-ahead log
+the cluster wrote per settled request (bytes: the ledger's rows and their indexes, with none of
+the CPU's noise), and the settle latency's p50 and p99 (from asking to the result: the batch's
+wait included). Then the ledger check (``manage.py ledger_check``). Not a test: the figures
+depend on the machine; the ratios to the floor in the same run are the point.
 """
 
 from __future__ import annotations
@@ -75,6 +84,7 @@ class Point:
     settled_per_s: float
     pg_backends_cpu_ms: float  # per settled request: the backends serving the writers
     pg_cpu_ms: float  # per settled request: every process of the cluster
+    wal_bytes: float  # per settled request: the WAL the cluster wrote
     settle_p50_ms: float
     settle_p99_ms: float
     hold_p50_ms: float
@@ -108,6 +118,61 @@ def _world() -> dict[str, int]:
         reserve=Decimal("0"),
     )  # fmt: skip
     return {"tenant": tenant.pk, "key": key.pk, "market": market.pk}
+
+
+HISTORY_BATCH = 500  # requests a statement while the history is written
+
+
+def history_write(requests: int, progress: Progress) -> int:
+    """Bring the ledger to at least ``requests`` settled requests, written for a tenant of their
+    own in large batches, as a deployment that has been running holds: PostgreSQL plans each
+    prepared statement once per connection, for the tables as they are then, and a plan made
+    on empty tables (sequential scans) costs more with every row the run adds. Returns how many
+    were written."""
+    from django.utils import timezone  # noqa: PLC0415
+
+    from accounts.ledger import Open, PriorityCharge, ToSettle, Usage, ledger_store  # noqa: PLC0415
+    from accounts.models import ApiKey, Request, Tenant  # noqa: PLC0415
+    from market.models import Market  # noqa: PLC0415
+
+    missing = requests - Request.objects.count()
+    if missing <= 0:
+        return 0
+    world = _world()
+    tenant, key = Tenant.objects.get(pk=world["tenant"]), ApiKey.objects.get(pk=world["key"])
+    market = Market.objects.get(pk=world["market"])
+    fields = {
+        "market_id": market.pk, "bid": Decimal("0.01"), "priority_cap": Decimal("0.01"),
+        "request_class": "", "bid_source": "explicit", "gateway": "history",
+    }  # fmt: skip
+    usage = Usage(prompt_tokens=120, cached_tokens=40, completion_tokens=16)
+    charge = PriorityCharge(Decimal("0.0002"), "history:1", {"bid": 0.01, "position": 0})
+    store, written = ledger_store(), 0
+    progress.set_label(f"writing a history of {missing:,} requests")
+    while written < missing:
+        ids = [f"lh-{uuid.uuid4().hex}" for _ in range(min(HISTORY_BATCH, missing - written))]
+        opened = store.requests_open(
+            opens=[Open(tenant, key, i, Decimal("0.001"), fields) for i in ids], now=timezone.now()
+        )
+        if any(isinstance(o, Exception) for o in opened):
+            raise RuntimeError(f"the history's requests were not all opened: {opened[:3]}")
+        store.requests_settle(
+            asks=[ToSettle(i, usage, Decimal("0.0005"), charge, market) for i in ids],
+            now=timezone.now(),
+        )
+        written += len(ids)
+    return written
+
+
+def tables_analyzed() -> None:
+    """Refresh PostgreSQL's statistics of the ledger's tables, as autovacuum keeps them in a
+    running deployment (it would not within a point of a few seconds)."""
+    from django.db import connection  # noqa: PLC0415
+
+    with connection.cursor() as cursor:
+        for table in ("accounts_request", "accounts_hold", "accounts_ledgerentry",
+                      "accounts_budgetcounter", "accounts_budget"):  # fmt: skip
+            cursor.execute(f"ANALYZE {table}")
 
 
 def cluster_processes() -> list[psutil.Process]:
@@ -298,6 +363,7 @@ def run_point(
         cluster = cluster_processes()
         backends = [p for p in cluster if _serves(p)]
         before_all, before_backends = _cpu_s(cluster), _cpu_s(backends)
+        wal_before = _wal_at()
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("go\n")
@@ -307,6 +373,7 @@ def run_point(
             assert p.stdout is not None
             results.append(json.loads(p.stdout.readline()))
         after_all, after_backends = _cpu_s(cluster), _cpu_s(backends)
+        wal = _wal_at() - wal_before
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("bye\n")
@@ -330,9 +397,19 @@ def run_point(
         refused=sum(r["refused"] for r in results), errors=sum(r["errors"] for r in results),
         held_per_s=sum(r["held"] for r in results) / seconds, settled_per_s=settled / seconds,
         pg_backends_cpu_ms=per(cpu_backends), pg_cpu_ms=per(cpu_all),
+        wal_bytes=wal / settled if settled else math.nan,
         settle_p50_ms=percentile(settles, 50), settle_p99_ms=percentile(settles, 99),
         hold_p50_ms=percentile(holds, 50), hold_p99_ms=percentile(holds, 99),
     )  # fmt: skip
+
+
+def _wal_at() -> int:
+    """Where the cluster's write-ahead log ends now, in bytes."""
+    from django.db import connection  # noqa: PLC0415
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int(cursor.fetchone()[0])
 
 
 def _serves(p: psutil.Process) -> bool:
@@ -357,6 +434,7 @@ def table(points: list[Point]) -> Table:
         rows.append((
             p.mode, _rate(p.offered), f"{p.held_per_s:.0f}", f"{p.settled_per_s:.0f}", achieved,
             f"{p.pg_backends_cpu_ms:.3f}", f"{p.pg_cpu_ms:.3f}", f"{ratio:.2f}",
+            f"{p.wal_bytes:,.0f}",
             f"{p.settle_p50_ms:.1f}", f"{p.settle_p99_ms:.1f}", f"{p.hold_p99_ms:.1f}",
             p.refused + p.errors,
         ))  # fmt: skip
@@ -370,6 +448,7 @@ def table(points: list[Point]) -> Table:
             "PostgreSQL backends CPU (ms/request)",
             "PostgreSQL CPU (ms/request)",
             "CPU / floor's",
+            "WAL (bytes/request)",
             "settle p50 (ms)",
             "settle p99 (ms)",
             "hold p99 (ms)",
@@ -430,6 +509,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--batch", default="64:0.02", help="the batched ways, SIZE:SECONDS,... (64:0.02)"
     )
+    parser.add_argument(
+        "--history", type=int, default=20_000, help="settled requests the ledger holds before "
+        "the first point, written first if it has fewer (20000)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--html", help="write the Plotly report here")
@@ -461,7 +544,9 @@ def main(argv: list[str] | None = None) -> None:
     progress = Progress(len(todo), enabled=not args.no_progress)
     points = []
     try:
+        history_write(args.history, progress)
         for rate, mode in todo:
+            tables_analyzed()
             progress.set_label(f"{mode} at {_rate(rate)} req/s")
             progress.advance(0)
             # Every way at a rate gets the same arrivals.

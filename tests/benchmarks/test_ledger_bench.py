@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+
+from accounts.models import LedgerEntry, Request, RequestStatus
 from benchmarks.docs import ledger_block
-from benchmarks.ledger import Point, parse_args, table
+from benchmarks.ledger import Point, history_write, parse_args, table
+from benchmarks.progress import Progress
 
 
 def _point(mode: str, offered: float | None, cpu_ms: float, settled_per_s: float) -> Point:
     return Point(
         mode=mode, offered=offered, seconds=10.0, held=3000, settled=3000, refused=0, errors=1,
         held_per_s=settled_per_s, settled_per_s=settled_per_s, pg_backends_cpu_ms=cpu_ms * 0.9,
-        pg_cpu_ms=cpu_ms, settle_p50_ms=2.0, settle_p99_ms=9.5, hold_p50_ms=1.0,
+        pg_cpu_ms=cpu_ms, wal_bytes=3950.4, settle_p50_ms=2.0, settle_p99_ms=9.5, hold_p50_ms=1.0,
         hold_p99_ms=4.25,
     )  # fmt: skip
 
@@ -30,7 +34,7 @@ def test_each_way_is_compared_with_the_floor_at_its_own_rate() -> None:
     ]  # fmt: skip
     assert [row[4] for row in rows] == ["1.00", "0.97", "", ""]
     assert [row[7] for row in rows] == ["1.00", "2.50", "1.00", "4.50"]
-    assert rows[1][5:] == ("0.450", "0.500", "2.50", "2.0", "9.5", "4.2", 1)
+    assert rows[1][5:] == ("0.450", "0.500", "2.50", "3,950", "2.0", "9.5", "4.2", 1)
 
 
 def test_the_docs_block_names_its_command_and_holds_the_table() -> None:
@@ -48,3 +52,15 @@ def test_the_batched_ways_are_named_by_size_and_interval() -> None:
     args = parse_args(["--batch", "64:0.002,8:0.01", "--rates", "100,max"])
     assert args.batches == {"batched 64 / 2 ms": (64, 0.002), "batched 8 / 10 ms": (8, 0.01)}
     assert args.rates == [100.0, None]
+
+
+@pytest.mark.django_db
+def test_the_history_brings_the_ledger_to_its_size_once() -> None:
+    Request.objects.all().delete()
+    progress = Progress(1, enabled=False)
+    assert history_write(3, progress) == 3
+    assert history_write(3, progress) == 0  # already that many
+    served = Request.objects.filter(status=RequestStatus.SERVED)
+    assert served.count() == 3
+    # Each one settled with a token charge and a priority charge.
+    assert LedgerEntry.objects.filter(request__in=served).count() == 6

@@ -32,7 +32,8 @@ request on new databases).
 
 Reported per point: requests held and settled per second (achieved / offered), PostgreSQL's
 CPU per settled request (user + system, psutil, of the cluster's processes: the backends
-serving the writers, and all of them, WAL writer and checkpointer included), the write-ahead log
+serving the writers, and all of them, WAL writer and checkpointer included; those started
+during the point counted whole), the write-ahead log
 the cluster wrote per settled request (bytes: the ledger's rows and their indexes, with none of
 the CPU's noise), and the settle latency's p50 and p99 (from asking to the result: the batch's
 wait included). Then the ledger check (``manage.py ledger_check``). Not a test: the figures
@@ -183,6 +184,12 @@ def cluster_processes() -> list[psutil.Process]:
     pid = int((Path(data) / "postmaster.pid").read_text().split()[0])
     root = psutil.Process(pid)
     return [root, *root.children()]
+
+
+def _cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two readings of :func:`_cpu_s`: all of a process's that
+    started between them; none of one that ended (its CPU went with it)."""
+    return sum(s - before.get(pid, 0.0) for pid, s in after.items())
 
 
 def _cpu_s(procs: list[psutil.Process]) -> dict[int, float]:
@@ -369,7 +376,11 @@ def run_point(
         for p in procs:
             assert p.stdout is not None
             results.append(json.loads(p.stdout.readline()))
-        after_all, after_backends = _cpu_s(cluster), _cpu_s(backends)
+        # The processes of the cluster now, those started during the point included: a writer
+        # may connect again under load (a gateway's database threads connect when first used).
+        cluster = cluster_processes()
+        after_all = _cpu_s(cluster)
+        after_backends = _cpu_s([p for p in cluster if _serves(p)])
         wal = _wal_at() - wal_before
         for p in procs:
             assert p.stdin is not None
@@ -381,8 +392,8 @@ def run_point(
                 p.wait(timeout=30)
             if p.poll() is None:
                 p.kill()
-    cpu_all = sum(after_all.get(pid, s) - s for pid, s in before_all.items())
-    cpu_backends = sum(after_backends.get(pid, s) - s for pid, s in before_backends.items())
+    cpu_all = _cpu_spent(before_all, after_all)
+    cpu_backends = _cpu_spent(before_backends, after_backends)
     settled = sum(r["settled"] for r in results)
     seconds = max(r["seconds"] for r in results)
     per = (lambda cpu: cpu * 1000 / settled) if settled else (lambda cpu: math.nan)

@@ -6,7 +6,7 @@ import pytest
 
 from accounts.models import LedgerEntry, Request, RequestStatus
 from benchmarks.docs import ledger_block
-from benchmarks.ledger import Point, history_write, parse_args, table
+from benchmarks.ledger import Point, _cpu_spent, history_write, parse_args, table
 from benchmarks.progress import Progress
 
 
@@ -64,3 +64,10 @@ def test_the_history_brings_the_ledger_to_its_size_once() -> None:
     assert served.count() == 3
     # Each one settled with a token charge and a priority charge.
     assert LedgerEntry.objects.filter(request__in=served).count() == 6
+
+
+def test_the_cpu_of_a_process_started_during_a_point_counts_whole() -> None:
+    # pid 1 ran throughout (2.0 -> 2.5 s), pid 2 started during the point (0.75 s since its
+    # start), pid 3 ended during it (its CPU went with it): 0.5 + 0.75 = 1.25 s. Counting only
+    # the processes read before the point (as the benchmark did) gives 0.5 s.
+    assert _cpu_spent({1: 2.0, 3: 4.0}, {1: 2.5, 2: 0.75}) == 1.25

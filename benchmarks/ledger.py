@@ -7,7 +7,8 @@ in one run.
         --json var/bench/ledger.json --html var/bench/ledger.html
 
 ``--writers`` processes stand for as many gateway processes. Each runs an event loop with the
-gateway's database threads and its batches (``openai_api.gateway.batching``), and carries its
+gateway's batches (``openai_api.gateway.batching``: on the loop's own connections, and its
+database threads for what a batch's statement leaves), and carries its
 share of the offered rate: an open-loop Poisson stream of requests (``max``: a closed loop,
 ``--concurrency`` requests in flight per writer, as many as PostgreSQL takes). A request is
 held (the gateway's ``request_held``, in its batch of holds), waits ``--service-ms`` (the

@@ -10,6 +10,11 @@ write is one PostgreSQL statement
 must fit, what a settlement may charge, what a budget has left) read as SQL. The results are
 typed: :class:`Settled` says what a settlement did, with the entries it wrote.
 
+A batch of holds and a batch of settlements each also has its first statement as a
+:class:`Statement` (``requests_open_first``, ``requests_settle_first``), which a caller may run
+on a connection of its own (the gateway: on its event loop, with psycopg's async driver) and
+read as the store would; the requests it did not decide are then written by the store itself.
+
 The tests check the statements against a plain reference with the ORM
 (``tests/accounts/reference_ledger.py``), which they put in the store's place.
 """
@@ -17,6 +22,7 @@ The tests check the statements against a plain reference with the ORM
 from __future__ import annotations
 
 from accounts.ledger.postgres import PostgresLedger
+from accounts.ledger.statements import Statement
 from accounts.ledger.store import (
     BudgetExhausted,
     Open,
@@ -33,6 +39,7 @@ __all__ = [
     "Outcome",
     "PriorityCharge",
     "Settled",
+    "Statement",
     "ToSettle",
     "Usage",
     "ledger_store",

@@ -95,39 +95,46 @@ class PostgresLedger:
         ...), as if one after another in the order of ``opens``: each one's row, or why it was
         not opened (BudgetExhausted when a budget refused it, ValueError when the request is
         held for another tenant or key); a replay returns the row as it is."""
-        asks = []
-        for o in opens:
-            request = {"market": o.fields["market_id"]}
-            request.update((k, v) for k, v in o.fields.items() if k != "market_id")
-            key_id = o.api_key.pk if o.api_key else None
-            asks.append(statements.HoldAsk(o.request_id, o.tenant.pk, key_id, o.amount, request))
         results: list[Request | Exception] = []
-        for o, placed in zip(opens, self._holds_placed(asks=asks, now=now), strict=True):
+        for o, placed in zip(
+            opens, self._holds_placed(asks=_hold_asks(opens), now=now), strict=True
+        ):
             if isinstance(placed, Exception):
                 results.append(placed)
-                continue
-            owner = {"tenant_id": o.tenant.pk, "api_key_id": o.api_key.pk if o.api_key else None}
-            if placed[1]:  # its row was written with the hold
-                results.append(
-                    statements.model_loaded(
-                        Request,
-                        {
-                            "request_id": o.request_id,
-                            **owner,
-                            "status": RequestStatus.QUEUED,
-                            "created_at": now,
-                            **dict.fromkeys(_UNSET_AT_OPEN),
-                            **o.fields,
-                        },
-                    )
+            elif placed[1]:  # its row was written with the hold
+                results.append(_opened(o, now=now))
+            else:  # a replay, or a hold for a request id held alone (``hold_place``) first
+                owner = {
+                    "tenant_id": o.tenant.pk,
+                    "api_key_id": o.api_key.pk if o.api_key else None,
+                }
+                row, _ = Request.objects.get_or_create(
+                    request_id=o.request_id, defaults={**owner, "created_at": now, **o.fields}
                 )
-                continue
-            # A replay, or a hold for a request id that was held alone (``hold_place``) first.
-            row, _ = Request.objects.get_or_create(
-                request_id=o.request_id, defaults={**owner, "created_at": now, **o.fields}
-            )
-            results.append(row)
+                results.append(row)
         return results
+
+    def requests_open_first(
+        self, *, opens: Sequence[Open], now: datetime
+    ) -> statements.Statement[list[Request | None]]:
+        """The first statement of :meth:`requests_open`, to run on any connection (in a
+        transaction of its own): each request's row where it opened the request (its hold
+        placed and its row written with it, as for nearly every request); None where it wrote
+        nothing (a budget refused it, its counter rows are missing, a replay, an earlier request
+        of its tenant was one of these, or it is a request id's second ask):
+        :meth:`requests_open` of those, in their order, decides them."""
+        asks = _hold_asks(opens)
+        batch, _ = _this_statement(asks, list(range(len(asks))))
+        first = statements.holds_statement(asks=[asks[k] for k in batch], now=now)
+
+        def read(rows: list[tuple[Any, ...]]) -> list[Request | None]:
+            results: list[Request | None] = [None] * len(opens)
+            for k, placed in zip(batch, first.read(rows), strict=True):
+                if _placed_with_row(placed):
+                    results[k] = _opened(opens[k], now=now)
+            return results
+
+        return statements.Statement(first.sql, first.params, read)
 
     def _holds_placed(
         self, *, asks: Sequence[statements.HoldAsk], now: datetime
@@ -226,7 +233,7 @@ class PostgresLedger:
             for k, fast in zip(batch, outcomes, strict=True):
                 if fast.waits:
                     later.append(k)
-                elif fast.status == RequestStatus.QUEUED and fast.priced and not fast.counted:
+                elif _declined(fast):
                     # Its tenant's or key's counter rows are missing: created, then settled.
                     assert fast.tenant_id is not None
                     owner = (fast.tenant_id, fast.api_key_id)
@@ -243,6 +250,26 @@ class PostgresLedger:
             ensured |= missing
             pending = sorted(later)
         return [r for r in results if r is not None]
+
+    def requests_settle_first(
+        self, *, asks: Sequence[ToSettle], now: datetime
+    ) -> statements.Statement[list[Settled | None]]:
+        """The first statement of :meth:`requests_settle`, to run on any connection (in a
+        transaction of its own): each request's result where it decided it; None where it wrote
+        nothing and :meth:`requests_settle` is to decide it (an earlier request of its tenant
+        was cut by a budget, its counter rows are missing, or it is a request id's second
+        ask)."""
+        batch, _ = _this_statement(asks, list(range(len(asks))))
+        first = statements.settle_statement(asks=[_statement_ask(asks[k]) for k in batch], now=now)
+
+        def read(rows: list[tuple[Any, ...]]) -> list[Settled | None]:
+            results: list[Settled | None] = [None] * len(asks)
+            for k, fast in zip(batch, first.read(rows), strict=True):
+                if not (fast.waits or _declined(fast)):
+                    results[k] = _settled(asks[k], fast, now=now)
+            return results
+
+        return statements.Statement(first.sql, first.params, read)
 
     def hold_close(self, *, request_id: str, now: datetime, fail_request: bool) -> bool:
         """Release the request's open hold, nothing charged; ``fail_request``: also mark the
@@ -261,6 +288,48 @@ class PostgresLedger:
     def posted_prices(self, *, request_id: str) -> PostedPrices | None:
         """The request's market's prices now; None when there is no such request."""
         return statements.request_prices(request_id=request_id)
+
+
+def _hold_asks(opens: Sequence[Open]) -> list[statements.HoldAsk]:
+    asks = []
+    for o in opens:
+        request = {"market": o.fields["market_id"]}
+        request.update((k, v) for k, v in o.fields.items() if k != "market_id")
+        key_id = o.api_key.pk if o.api_key else None
+        asks.append(statements.HoldAsk(o.request_id, o.tenant.pk, key_id, o.amount, request))
+    return asks
+
+
+def _placed_with_row(placed: statements.HoldOutcome) -> bool:
+    """Whether the hold statement placed an ask's hold and wrote its request's row with it."""
+    return (
+        not placed.waits
+        and placed.counted
+        and placed.hold_id is not None
+        and placed.request_created
+    )
+
+
+def _opened(o: Open, *, now: datetime) -> Request:
+    """The row of a request the hold statement opened, from what it wrote."""
+    return statements.model_loaded(
+        Request,
+        {
+            "request_id": o.request_id,
+            "tenant_id": o.tenant.pk,
+            "api_key_id": o.api_key.pk if o.api_key else None,
+            "status": RequestStatus.QUEUED,
+            "created_at": now,
+            **dict.fromkeys(_UNSET_AT_OPEN),
+            **o.fields,
+        },
+    )
+
+
+def _declined(fast: statements.SettleOutcome) -> bool:
+    """Whether the settle statement declined a request: it is queued and priced as asked, but
+    its tenant's or key's counter rows are missing (created, then it is settled again)."""
+    return fast.status == RequestStatus.QUEUED and fast.priced and not fast.counted
 
 
 def _this_statement(asks: Sequence[Any], pending: list[int]) -> tuple[list[int], list[int]]:

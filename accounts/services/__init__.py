@@ -13,7 +13,9 @@ from accounts.services.settlement import (
     request_open,
     request_settle,
     requests_open,
+    requests_open_first,
     requests_settle,
+    requests_settle_first,
     token_charge,
 )
 from accounts.services.tenants import (
@@ -46,8 +48,10 @@ __all__ = [
     "request_fail",
     "request_open",
     "requests_open",
+    "requests_open_first",
     "request_settle",
     "requests_settle",
+    "requests_settle_first",
     "tenant_ensure",
     "token_charge",
 ]

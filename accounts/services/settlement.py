@@ -20,11 +20,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from accounts.ledger import Open, Outcome, PriorityCharge, Settled, ToSettle, Usage, ledger_store
+from accounts.ledger import (
+    Open,
+    Outcome,
+    PriorityCharge,
+    Settled,
+    Statement,
+    ToSettle,
+    Usage,
+    ledger_store,
+)
 from accounts.models import ApiKey, ChargeKind, LedgerEntry, Request, RequestStatus, Tenant
 from accounts.money import ZERO, PostedPrices, money, per_million
 from accounts.services.budgets import hold_amount_checked
@@ -92,6 +102,36 @@ def requests_open(
     the exception :func:`request_open` raises for it (BudgetExhausted, ValueError), in the
     order of ``openings``."""
     now = now or timezone.now()
+    results, opens, where = _opens(openings)
+    for k, opened in zip(where, ledger_store().requests_open(opens=opens, now=now), strict=True):
+        results[k] = opened
+    return [r for r in results if r is not None]
+
+
+def requests_open_first(
+    *, openings: Sequence[Opening], now: datetime
+) -> Statement[list[Request | Exception | None]]:
+    """The first statement of :func:`requests_open`, to run on any connection (in a transaction
+    of its own): for each opening, its row or its exception where the statement (or the checks
+    before it) decided it, None where :func:`requests_open` of those, in their order, is to
+    decide it (the statement wrote nothing for them)."""
+    results, opens, where = _opens(openings)
+    first = ledger_store().requests_open_first(opens=opens, now=now)
+
+    def read(rows: list[tuple[Any, ...]]) -> list[Request | Exception | None]:
+        decided = list(results)
+        for k, opened in zip(where, first.read(rows), strict=True):
+            decided[k] = opened
+        return decided
+
+    return Statement(first.sql, first.params, read)
+
+
+def _opens(
+    openings: Sequence[Opening],
+) -> tuple[list[Request | Exception | None], list[Open], list[int]]:
+    """The openings checked: each one's exception where a check refused it (else None), the
+    ledger's opens of the others, and where each of those is in ``openings``."""
     results: list[Request | Exception | None] = [None] * len(openings)
     opens: list[Open] = []
     where: list[int] = []
@@ -113,9 +153,7 @@ def requests_open(
         }
         opens.append(Open(o.tenant, o.api_key, o.request_id, amount, fields))
         where.append(k)
-    for k, opened in zip(where, ledger_store().requests_open(opens=opens, now=now), strict=True):
-        results[k] = opened
-    return [r for r in results if r is not None]
+    return results, opens, where
 
 
 def request_fail(*, request_id: str, now: datetime | None = None) -> bool:
@@ -221,12 +259,11 @@ def requests_settle(
             if price is None:
                 results[k] = UnknownRequest(f"no request {one.request_id!r}")
                 continue
-            try:
-                tokens = token_charge(market=price, usage=one.usage)
-            except ValueError as exc:
-                results[k] = exc
-                continue
-            asks.append((k, ToSettle(one.request_id, one.usage, tokens, one.priority, price)))
+            ask = _to_settle(one, price)
+            if isinstance(ask, ValueError):
+                results[k] = ask
+            else:
+                asks.append((k, ask))
         settled = store.requests_settle(asks=[ask for _, ask in asks], now=now)
         pending = []
         for (k, _), result in zip(asks, settled, strict=True):
@@ -235,6 +272,50 @@ def requests_settle(
                 prices[k] = None  # the market's prices changed since they were read: again
                 pending.append(k)
     return [r for r in results if r is not None]
+
+
+def requests_settle_first(
+    *, served: Sequence[Served], now: datetime
+) -> Statement[list[Settled | Exception | None]]:
+    """The first statement of :func:`requests_settle`, to run on any connection (in a
+    transaction of its own): for each request, its result or its exception where the statement
+    (or the checks before it) decided it: written, or not to be charged (unknown, failed);
+    None where :func:`requests_settle` of those, in their order, is to decide it (a replay, new
+    prices, prices not given, a budget's cut before it, counter rows missing). The statement
+    wrote nothing for those, and settling is idempotent."""
+    results: list[Settled | Exception | None] = [None] * len(served)
+    asks: list[tuple[int, ToSettle]] = []
+    for k, one in enumerate(served):
+        if one.market is not None:
+            ask = _to_settle(one, one.market)
+            if isinstance(ask, ValueError):
+                results[k] = ask
+            else:
+                asks.append((k, ask))
+    first = ledger_store().requests_settle_first(asks=[ask for _, ask in asks], now=now)
+
+    def read(rows: list[tuple[Any, ...]]) -> list[Settled | Exception | None]:
+        decided = list(results)
+        for (k, _), settled in zip(asks, first.read(rows), strict=True):
+            if settled is not None and settled.outcome in _DECIDED_FIRST:
+                decided[k] = _settled_result(served[k].request_id, settled)
+        return decided
+
+    return Statement(first.sql, first.params, read)
+
+
+# What the first statement decides alone: the others read the ledger again (a replay's
+# entries) or price the request again.
+_DECIDED_FIRST = frozenset({Outcome.WRITTEN, Outcome.UNKNOWN, Outcome.NOT_SERVED})
+
+
+def _to_settle(one: Served, price: PostedPrices) -> ToSettle | ValueError:
+    """The ledger's ask to settle ``one`` at ``price``, or why its counts cannot be charged."""
+    try:
+        tokens = token_charge(market=price, usage=one.usage)
+    except ValueError as exc:
+        return exc
+    return ToSettle(one.request_id, one.usage, tokens, one.priority, price)
 
 
 def _settled_result(request_id: str, settled: Settled) -> Settled | Exception:

@@ -23,16 +23,23 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
+from django.utils import timezone
 
 from accounts.models import ApiKey, BidSource, Request, Tenant
 from accounts.money import ZERO, money, per_million
 from accounts.rules import priority_hold
-from accounts.services import BudgetExhausted, Opening, request_fail, requests_open
+from accounts.services import (
+    BudgetExhausted,
+    Opening,
+    request_fail,
+    requests_open,
+    requests_open_first,
+)
 from accounts.services.autobidder import LatencyTarget, autobid, autobid_admission, autobids
 from market.models import Market
 from mechanism.requests import effective_bid
 from openai_api.gateway import metrics
-from openai_api.gateway.batching import ledger_batch
+from openai_api.gateway.batching import decided_first, ledger_batch
 from openai_api.gateway.chat_templates import Prompt, chat_template, chat_template_loaded
 from openai_api.gateway.db import db_call, db_call_retried, detached
 from openai_api.gateway.errors import (
@@ -128,9 +135,15 @@ def _refused(exc: BudgetExhausted) -> BudgetExhaustedError:
     return BudgetExhaustedError(str(exc), budget=exc.figures())
 
 
-def _openings(openings: list[Opening]) -> list[Request | Exception]:
-    """A batch of holds, in one statement (``accounts.services.requests_open``)."""
-    return requests_open(openings=openings)
+async def _openings(openings: list[Opening]) -> list[Request | Exception]:
+    """A batch of holds, in one statement on the event loop's connection
+    (``accounts.services.requests_open_first``; the few it leaves: ``requests_open``)."""
+    now = timezone.now()
+    return await decided_first(
+        requests_open_first(openings=openings, now=now),
+        lane="holds",
+        rest=lambda undecided: requests_open(openings=[openings[k] for k in undecided], now=now),
+    )
 
 
 def _admission(

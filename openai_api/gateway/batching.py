@@ -23,8 +23,12 @@ database cannot be reached) fails each of its requests with that error: a settle
 again on its own (``db.retried``), in a later batch (settling is idempotent), and a hold that
 may have been written is released.
 
-A batch runs in the process's event loop and writes on the gateway's database threads
-(``db.db_call``); the write of a batch always finishes, whether or not its requests still wait.
+A batch runs in the process's event loop. Its write is the ledger's first statement for the
+batch, run on the loop's own connection (``db.statement_run``: no thread hop), which decides
+nearly every request; the few it leaves (a refusal, a replay, counter rows to create) are
+written by the ledger on a database thread (``db.db_call``), as if on their own after it
+(:func:`decided_first`). The write of a batch always finishes, whether or not its requests still
+wait.
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ import asyncio
 import functools
 import math
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from django.conf import settings
 
+from accounts.ledger import Statement
 from openai_api.gateway import metrics
-from openai_api.gateway.db import db_call, detached
+from openai_api.gateway.db import db_call, detached, statement_run
 
 I = TypeVar("I")  # noqa: E741 (an item of a batch)
 R = TypeVar("R")
@@ -65,7 +70,7 @@ class LedgerBatch(Generic[I, R]):
 
     def __init__(
         self,
-        write: Callable[[list[I]], Sequence[R | Exception]],
+        write: Callable[[list[I]], Awaitable[Sequence[R | Exception]]],
         *,
         interval_s: float,
         size: int,
@@ -123,7 +128,7 @@ class LedgerBatch(Generic[I, R]):
 
     async def _written(self, batch: list[tuple[I, asyncio.Future[R]]]) -> None:
         try:
-            results = await db_call(functools.partial(self._write, [i for i, _ in batch]))
+            results = await self._write([i for i, _ in batch])
         except Exception as exc:  # noqa: BLE001 (the batch's write failed: each request's error)
             for _, future in batch:
                 if not future.done():
@@ -147,8 +152,27 @@ _batches: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
+async def decided_first(
+    first: Statement[list[R | Exception | None]],
+    *,
+    lane: str,
+    rest: Callable[[list[int]], Sequence[R | Exception]],
+) -> list[R | Exception]:
+    """A batch's results: its ``first`` statement run on the event loop's connection for
+    ``lane``, then ``rest(indices)`` (synchronous: the ledger's own write of the requests at
+    those indices, in their order) on a database thread for the requests the statement left
+    undecided (it wrote nothing for them)."""
+    results = await statement_run(first, lane=lane)
+    undecided = [k for k, result in enumerate(results) if result is None]
+    if undecided:
+        written = await db_call(functools.partial(rest, undecided))
+        for k, result in zip(undecided, written, strict=True):
+            results[k] = result
+    return [r for r in results if r is not None]
+
+
 def ledger_batch(
-    write: Callable[[list[I]], Sequence[R | Exception]], *, kind: str
+    write: Callable[[list[I]], Awaitable[Sequence[R | Exception]]], *, kind: str
 ) -> LedgerBatch[I, R]:
     """The running event loop's batch for ``write`` (the settings read when it is made), its
     sizes counted as ``kind``'s."""

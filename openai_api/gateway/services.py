@@ -30,12 +30,19 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from accounts.figures import usd
 from accounts.ledger import Outcome, Usage
 from accounts.models import PriorityDetail
 from accounts.money import money
-from accounts.services import PriorityCharge, Served, Settled, requests_settle
+from accounts.services import (
+    PriorityCharge,
+    Served,
+    Settled,
+    requests_settle,
+    requests_settle_first,
+)
 from engines.client import (
     EngineChunk,
     EngineError,
@@ -51,7 +58,7 @@ from engines.client import (
 from market.models import Market
 from openai_api.gateway import metrics, responses
 from openai_api.gateway.admission import Admitted, Trace, admitted_for, released
-from openai_api.gateway.batching import ledger_batch
+from openai_api.gateway.batching import decided_first, ledger_batch
 from openai_api.gateway.db import (
     OUTAGE_RETRY_S,
     db_call,
@@ -153,9 +160,15 @@ async def request_settled(served: Served, *, within_s: float = OUTAGE_RETRY_S) -
     return await retried(lambda: batch.result(served), within_s=within_s)
 
 
-def _settlements(served: list[Served]) -> list[Settled | Exception]:
-    """A batch of settlements, in one statement (``accounts.services.requests_settle``)."""
-    return requests_settle(served=served)
+async def _settlements(served: list[Served]) -> list[Settled | Exception]:
+    """A batch of settlements, in one statement on the event loop's connection
+    (``accounts.services.requests_settle_first``; the few it leaves: ``requests_settle``)."""
+    now = timezone.now()
+    return await decided_first(
+        requests_settle_first(served=served, now=now),
+        lane="settlements",
+        rest=lambda undecided: requests_settle(served=[served[k] for k in undecided], now=now),
+    )
 
 
 def engine_timeouts() -> EngineTimeouts:

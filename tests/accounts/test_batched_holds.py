@@ -24,6 +24,7 @@ from accounts.services import (
     request_open,
     request_settle,
     requests_open,
+    requests_open_first,
 )
 from tests.accounts.factories import NOW, counters_mismatches, market_create, tenant_create
 from tests.accounts.reference_ledger import ReferenceLedger
@@ -77,6 +78,17 @@ def _world(spec: list[tuple], name: str, spent: list[int]) -> tuple[list[Opening
     return openings, tenants
 
 
+def opened_first_then_rest(*, openings: list[Opening], now) -> list[Request | Exception]:
+    """The batch as the gateway writes it (``batching.decided_first``), on Django's
+    connection: ``requests_open_first``, then ``requests_open`` of those it left."""
+    results = requests_open_first(openings=openings, now=now).run()
+    undecided = [k for k, r in enumerate(results) if r is None]
+    rest = requests_open(openings=[openings[k] for k in undecided], now=now)
+    for k, result in zip(undecided, rest, strict=True):
+        results[k] = result
+    return results
+
+
 def _seen(result: Request | Exception) -> tuple:
     """What opening a request did, without the world's names and ids."""
     if isinstance(result, BudgetExhausted):
@@ -108,15 +120,19 @@ def _holds(tenants: list) -> list[tuple]:
     again=st.lists(st.integers(min_value=0, max_value=13), max_size=3),
     spent=st.tuples(st.integers(0, 12), st.integers(0, 12)),
 )
-def test_a_batch_holds_as_the_reference_does_one_by_one(spec, again, spent, monkeypatch) -> None:
+@pytest.mark.parametrize("write", [requests_open, opened_first_then_rest])
+def test_a_batch_holds_as_the_reference_does_one_by_one(
+    write, spec, again, spent, monkeypatch
+) -> None:
     """Holds that fit and holds a budget refuses (the tenant's or the key's), two tenants
     with keys, budgets partly spent, replays of requests opened before, and a request asked a
     second time later in the batch (``again``): the batch's results, holds and counters are
-    the reference's, one request after another in the batch's order."""
+    the reference's, one request after another in the batch's order. Written by the store, or
+    as the gateway writes it: the first statement alone, then the store for the rest."""
     n = next(_worlds)
     order = list(range(len(spec))) + [i for i in again if i < len(spec)]
     batched_openings, batched_tenants = _world(spec, f"b{n}", list(spent))
-    batched = requests_open(openings=[batched_openings[i] for i in order], now=NOW)
+    batched = write(openings=[batched_openings[i] for i in order], now=NOW)
     with monkeypatch.context() as patch:
         patch.setattr(ledger, "_LEDGER", ReferenceLedger())
         reference_openings, reference_tenants = _world(spec, f"s{n}", list(spent))

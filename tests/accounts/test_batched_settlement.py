@@ -27,6 +27,7 @@ from accounts.services import (
     request_open,
     request_settle,
     requests_settle,
+    requests_settle_first,
 )
 from tests.accounts.factories import (
     NOW,
@@ -45,6 +46,7 @@ KEY_LIMIT = D("0.006")
 # 100 prompt tokens at $3/M and 10 output tokens at $15/M: $0.00045 of tokens each.
 USAGE = Usage(prompt_tokens=100, cached_tokens=0, completion_tokens=10)
 _worlds = itertools.count()
+_markets: dict[str, object] = {}  # each world's market, by its name
 
 # One request of a batch: (which tenant, with the key?, its hold's priority part, the priority
 # charge its engine reports (None: none), what happens to it before the batch).
@@ -59,8 +61,8 @@ request = st.tuples(
 
 def _world(spec: list[tuple], name: str) -> tuple[list[str], list]:
     """Two tenants, each with a day budget and a key with its own; the requests of ``spec``
-    opened (or not) as it says: their ids, and the tenants."""
-    market = market_create(f"m-{name}")
+    opened (or not) as it says: their ids, and the tenants (the market: ``_markets[name]``)."""
+    market = _markets[name] = market_create(f"m-{name}")
     tenants, keys = [], []
     for t in range(2):
         tenant = tenant_create(f"{name}-t{t}")
@@ -110,15 +112,27 @@ def _counters(tenants: list) -> list[tuple]:
     return [(r.api_key_id is None, r.held, r.spent_total, r.day_start, r.day_spent) for r in rows]
 
 
-def _served(ids: list[str], spec: list[tuple], order: list[int]) -> list[Served]:
+def _served(ids: list[str], spec: list[tuple], order: list[int], market=None) -> list[Served]:
     return [
         Served(
             ids[i],
             USAGE,
             None if spec[i][3] is None else priority_charge(spec[i][3], round_id=f"rd-{i}"),
+            market,
         )
         for i in order
     ]
+
+
+def settled_first_then_rest(*, served: list[Served], now) -> list[Settled | Exception]:
+    """The batch as the gateway writes it (``batching.decided_first``), on Django's
+    connection: ``requests_settle_first``, then ``requests_settle`` of those it left."""
+    results = requests_settle_first(served=served, now=now).run()
+    undecided = [k for k, r in enumerate(results) if r is None]
+    rest = requests_settle(served=[served[k] for k in undecided], now=now)
+    for k, result in zip(undecided, rest, strict=True):
+        results[k] = result
+    return results
 
 
 @settings(
@@ -131,16 +145,20 @@ def _served(ids: list[str], spec: list[tuple], order: list[int]) -> list[Served]
     spec=st.lists(request, min_size=1, max_size=14),
     again=st.lists(st.integers(min_value=0, max_value=13), max_size=3),
 )
-def test_a_batch_settles_as_the_reference_does_one_by_one(spec, again, monkeypatch) -> None:
+@pytest.mark.parametrize("write", [requests_settle, settled_first_then_rest])
+def test_a_batch_settles_as_the_reference_does_one_by_one(write, spec, again, monkeypatch) -> None:
     """Requests that fit and requests a budget cuts, several tenants and keys, duplicates
     inside the batch (``again``: a request's id asked a second time, later in the batch),
     replays of settled requests, failed and unknown ones: the batch's results and counters are
-    the reference's, one request after another in the batch's order."""
+    the reference's, one request after another in the batch's order. Written by the store, or
+    as the gateway writes it: the first statement alone, then the store for the rest."""
     n = next(_worlds)
     order = list(range(len(spec))) + [i for i in again if i < len(spec)]
     batched_ids, batched_tenants = _world(spec, f"b{n}")
     reference_ids, reference_tenants = _world(spec, f"s{n}")
-    batched = requests_settle(served=_served(batched_ids, spec, order), now=NOW)
+    # The gateway settles with the market as it admitted the request (its prices known).
+    market = _markets[f"b{n}"] if write is settled_first_then_rest else None
+    batched = write(served=_served(batched_ids, spec, order, market), now=NOW)
     with monkeypatch.context() as patch:
         patch.setattr(ledger, "_LEDGER", ReferenceLedger())
         one_by_one = []

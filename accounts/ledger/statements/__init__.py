@@ -26,7 +26,14 @@ read the statements as PostgreSQL runs them: ``manage.py ledger_statements``.
 
 from __future__ import annotations
 
-from .charge import SETTLE_SQL, SettleAsk, SettleOutcome, request_prices, requests_settle
+from .charge import (
+    SETTLE_SQL,
+    SettleAsk,
+    SettleOutcome,
+    request_prices,
+    requests_settle,
+    settle_statement,
+)
 from .hold import (
     HOLDS_SQL,
     RELEASE_SQL,
@@ -36,8 +43,9 @@ from .hold import (
     counters_lock,
     hold_close,
     holds_place,
+    holds_statement,
 )
-from .sql import model_loaded
+from .sql import Statement, model_loaded
 
 __all__ = [
     "HOLDS_SQL",
@@ -48,7 +56,10 @@ __all__ = [
     "counters_lock",
     "hold_close",
     "holds_place",
+    "holds_statement",
     "model_loaded",
+    "settle_statement",
+    "Statement",
     "SETTLE_SQL",
     "request_prices",
     "requests_settle",

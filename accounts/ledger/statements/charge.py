@@ -19,6 +19,7 @@ from .sql import (
     COUNTERS_FOUND,
     COUNTERS_NEEDED,
     WINDOW_SPENT_AT_MOST,
+    Statement,
     prepared_cursor,
     typed,
     window_bound,
@@ -304,6 +305,11 @@ def requests_settle(*, asks: list[SettleAsk], now: datetime) -> list[SettleOutco
     hold closed, both counted, marked served. A request after one its tenant's budget cut
     waits (``waits``): the running sums that check each request against what the ones before
     it left hold only while none was cut. The outcomes, in the order of ``asks``."""
+    return settle_statement(asks=asks, now=now).run()
+
+
+def settle_statement(*, asks: list[SettleAsk], now: datetime) -> Statement[list[SettleOutcome]]:
+    """:func:`requests_settle`'s statement, to run on any connection."""
     params = {
         "request_ids": [a.request_id for a in asks],
         "tokens_asked": [a.tokens for a in asks],
@@ -318,9 +324,10 @@ def requests_settle(*, asks: list[SettleAsk], now: datetime) -> list[SettleOutco
         "now": now,
         **windows(now),
     }
-    with prepared_cursor() as cursor:
-        cursor.execute(SETTLE_SQL, params)
-        rows = cursor.fetchall()
+    return Statement(SETTLE_SQL, params, _settle_outcomes)
+
+
+def _settle_outcomes(rows: list[tuple[Any, ...]]) -> list[SettleOutcome]:
     return [SettleOutcome(*row) for row in rows]
 
 

@@ -17,6 +17,7 @@ from .sql import (
     COUNTERS_NEEDED,
     LEDGER_SPENT,
     WINDOW_SPENT,
+    Statement,
     prepared_cursor,
     typed,
     windows,
@@ -196,6 +197,13 @@ def holds_place(*, asks: list[HoldAsk], now: datetime, summed: bool = False) -> 
     placed (refused, declined, a replay) wait (``waits``). ``summed``: the spend of a window
     older than its counter row's is summed from the ledger; only with the counter rows locked
     already (:func:`counters_lock`). The outcomes, in the order of ``asks``."""
+    return holds_statement(asks=asks, now=now, summed=summed).run()
+
+
+def holds_statement(
+    *, asks: list[HoldAsk], now: datetime, summed: bool = False
+) -> Statement[list[HoldOutcome]]:
+    """:func:`holds_place`'s statement, to run on any connection."""
     requests = [a.request or {} for a in asks]
     params = {
         "request_ids": [a.request_id for a in asks],
@@ -208,9 +216,10 @@ def holds_place(*, asks: list[HoldAsk], now: datetime, summed: bool = False) -> 
         "summed": summed,
         **windows(now),
     }
-    with prepared_cursor() as cursor:
-        cursor.execute(HOLDS_SQL, params)
-        rows = cursor.fetchall()
+    return Statement(HOLDS_SQL, params, _hold_outcomes)
+
+
+def _hold_outcomes(rows: list[tuple[Any, ...]]) -> list[HoldOutcome]:
     outcomes: list[HoldOutcome] = []
     for _, group in itertools.groupby(rows, key=lambda row: row[0]):
         items = list(group)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -21,6 +22,7 @@ from accounts.models.budgets import WINDOWED_PERIODS
 from accounts.windows import window_for
 
 M = TypeVar("M", bound=Model)
+R = TypeVar("R")
 
 
 def model_loaded(model: type[M], values: dict[str, Any]) -> M:
@@ -133,6 +135,31 @@ def _prepared_cursor_class() -> type:
     return PreparedCursor
 
 
+@dataclass(frozen=True)
+class Statement(Generic[R]):
+    """One of the ledger's statements, ready to run on any connection to the database:
+    ``sql`` with named parameters (``%(name)s``, or PostgreSQL's own numbering by
+    :func:`numbered`), their values ``params``, and ``read``, what the statement's rows say.
+    :meth:`run` runs it on Django's connection; the gateway runs the same on its event loop."""
+
+    sql: str
+    params: dict[str, Any]
+    read: Callable[[list[tuple[Any, ...]]], R]
+
+    def run(self) -> R:
+        """Run on Django's connection (:func:`prepared_cursor`), in the caller's transaction."""
+        with prepared_cursor() as cursor:
+            cursor.execute(self.sql, self.params)
+            return self.read(cursor.fetchall())
+
+
+# psycopg's prepare threshold that lets a statement be prepared only when it asks to be
+# (``prepare=True``): psycopg prepares nothing on a connection whose threshold is None.
+PREPARE_WHEN_ASKED = 2**31 - 1
+# PostgreSQL plans each prepared statement once, for any parameters (:func:`generic_plans`).
+GENERIC_PLANS_SQL = "SET plan_cache_mode = force_generic_plan"
+
+
 def prepared_cursor() -> CursorWrapper:
     """A cursor on Django's connection whose statements are bound on the server and prepared
     once per connection: PostgreSQL parses and plans each statement here once, not at every
@@ -143,7 +170,7 @@ def prepared_cursor() -> CursorWrapper:
         # Django switches psycopg's prepared statements off (None); its own cursors bind on the
         # client and never prepare anyway, so turning them on affects only the cursors made
         # here, which ask for it (prepare=True) whatever the threshold.
-        connection.connection.prepare_threshold = 2**31 - 1
+        connection.connection.prepare_threshold = PREPARE_WHEN_ASKED
     cursor = _prepared_cursor_class()(connection.connection)
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
@@ -159,7 +186,7 @@ def generic_plans(*, connection: BaseDatabaseWrapper, **_: Any) -> None:
     :func:`prepared_cursor` are prepared (Django binds on the client), so only they are
     affected. Connected to Django's ``connection_created`` (``accounts.apps``)."""
     with connection.cursor() as cursor:
-        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute(GENERIC_PLANS_SQL)
 
 
 def windows(now: datetime) -> dict[str, datetime | None]:

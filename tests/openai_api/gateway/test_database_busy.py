@@ -9,11 +9,11 @@ from __future__ import annotations
 import httpx
 import psycopg.errors
 import pytest
-from django.db import IntegrityError, OperationalError
+from django.db import IntegrityError, InterfaceError, OperationalError
 
 from accounts.models import Hold, HoldState, LedgerEntry
 from openai_api.gateway import admission
-from openai_api.gateway.db import database_busy
+from openai_api.gateway.db import database_busy, database_unreachable
 from tests.openai_api.helpers import HELLO, lock_timeout
 
 
@@ -36,12 +36,42 @@ def _wrapped(cause: Exception, message: str) -> OperationalError:
         (OperationalError("no such table: accounts_hold"), False),
         (OperationalError("unable to open database file"), False),
         (_wrapped(psycopg.errors.AdminShutdown("terminating connection"), "shutdown"), False),
+        # The driver's own, as the event loop's connection raises them (``db.statement_run``).
+        (psycopg.errors.LockNotAvailable("lock timeout"), True),
+        (psycopg.errors.DeadlockDetected("deadlock detected"), True),
+        (psycopg.errors.AdminShutdown("terminating connection"), False),
+        (psycopg.OperationalError("connection refused"), False),
         (IntegrityError("UNIQUE constraint failed"), False),
         (ValueError("database is locked"), False),
     ],
 )
 def test_lock_timeouts_are_told_from_broken_databases(exc: Exception, busy: bool) -> None:
     assert database_busy(exc) is busy
+
+
+@pytest.mark.parametrize(
+    ("exc", "unreachable"),
+    [
+        # The server went away or was never there: no SQLSTATE (the driver's own error), class
+        # 08, or a shutdown; Django's wrapping of them and the driver's own alike.
+        (_wrapped(psycopg.OperationalError("connection refused"), "refused"), True),
+        (psycopg.OperationalError("connection refused"), True),
+        (_wrapped(psycopg.errors.AdminShutdown("terminating connection"), "shutdown"), True),
+        (psycopg.errors.AdminShutdown("terminating connection"), True),
+        (psycopg.errors.CannotConnectNow("the database system is starting up"), True),
+        (psycopg.InterfaceError("the connection is closed"), True),
+        (InterfaceError("connection already closed"), True),
+        # A statement that failed on a server that is there.
+        (psycopg.errors.LockNotAvailable("lock timeout"), False),
+        (_wrapped(psycopg.errors.LockNotAvailable("lock timeout"), "lock timeout"), False),
+        (OperationalError("disk I/O error"), False),
+        (ValueError("connection refused"), False),
+    ],
+)
+def test_a_database_away_is_told_from_a_statement_that_failed(
+    exc: Exception, unreachable: bool
+) -> None:
+    assert database_unreachable(exc) is unreachable
 
 
 def _chat(gateway, acme, market) -> httpx.Response:

@@ -166,12 +166,12 @@ async def test_a_complete_answer_cut_off_while_it_is_settled_is_settled_and_answ
     whose settlement is under way: the settlement ends, and the view still returns the answer
     it charged (sent if the client is there), instead of a 500 for a charged request."""
     settling = threading.Event()
-    settle = services._settlements  # a batch of settlements, on a database thread
+    settle = services._settlements  # the write of a batch of settlements
 
-    def slow_settle(served):
+    async def slow_settle(served):
         settling.set()
-        time.sleep(0.3)
-        return settle(served)
+        await asyncio.sleep(0.3)
+        return await settle(served)
 
     monkeypatch.setattr(services, "_settlements", slow_settle)
     body = {"model": market.served_model, "messages": HELLO, "max_tokens": 3}

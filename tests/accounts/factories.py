@@ -210,3 +210,14 @@ def priority_charge(
             "engine": "sim",
         },
     )
+
+
+def decided_first_then_rest(first, rest) -> list:  # type: ignore[no-untyped-def]
+    """A batch written as the gateway writes it (``batching.decided_first``), on Django's
+    connection: the ``first`` statement run, then ``rest(indices)`` for the requests it left
+    undecided, each result in its place."""
+    results = first.run()
+    undecided = [k for k, r in enumerate(results) if r is None]
+    for k, result in zip(undecided, rest(undecided), strict=True):
+        results[k] = result
+    return results

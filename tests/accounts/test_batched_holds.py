@@ -26,7 +26,13 @@ from accounts.services import (
     requests_open,
     requests_open_first,
 )
-from tests.accounts.factories import NOW, counters_mismatches, market_create, tenant_create
+from tests.accounts.factories import (
+    NOW,
+    counters_mismatches,
+    decided_first_then_rest,
+    market_create,
+    tenant_create,
+)
 from tests.accounts.reference_ledger import ReferenceLedger
 
 pytestmark = pytest.mark.django_db
@@ -81,12 +87,10 @@ def _world(spec: list[tuple], name: str, spent: list[int]) -> tuple[list[Opening
 def opened_first_then_rest(*, openings: list[Opening], now) -> list[Request | Exception]:
     """The batch as the gateway writes it (``batching.decided_first``), on Django's
     connection: ``requests_open_first``, then ``requests_open`` of those it left."""
-    results = requests_open_first(openings=openings, now=now).run()
-    undecided = [k for k, r in enumerate(results) if r is None]
-    rest = requests_open(openings=[openings[k] for k in undecided], now=now)
-    for k, result in zip(undecided, rest, strict=True):
-        results[k] = result
-    return results
+    return decided_first_then_rest(
+        requests_open_first(openings=openings, now=now),
+        lambda undecided: requests_open(openings=[openings[k] for k in undecided], now=now),
+    )
 
 
 def _seen(result: Request | Exception) -> tuple:

@@ -32,6 +32,7 @@ from accounts.services import (
 from tests.accounts.factories import (
     NOW,
     counters_mismatches,
+    decided_first_then_rest,
     market_create,
     priority_charge,
     tenant_create,
@@ -127,12 +128,10 @@ def _served(ids: list[str], spec: list[tuple], order: list[int], market=None) ->
 def settled_first_then_rest(*, served: list[Served], now) -> list[Settled | Exception]:
     """The batch as the gateway writes it (``batching.decided_first``), on Django's
     connection: ``requests_settle_first``, then ``requests_settle`` of those it left."""
-    results = requests_settle_first(served=served, now=now).run()
-    undecided = [k for k, r in enumerate(results) if r is None]
-    rest = requests_settle(served=[served[k] for k in undecided], now=now)
-    for k, result in zip(undecided, rest, strict=True):
-        results[k] = result
-    return results
+    return decided_first_then_rest(
+        requests_settle_first(served=served, now=now),
+        lambda undecided: requests_settle(served=[served[k] for k in undecided], now=now),
+    )
 
 
 @settings(
